@@ -1,0 +1,1 @@
+"""Consumers of the dataflow: rollout workers, trainers, the scaler."""

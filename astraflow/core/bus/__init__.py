@@ -1,0 +1,51 @@
+"""The bus: ``connect(url)`` gives a :class:`Bus` for the embedded or the Kafka backend.
+
+>>> bus = connect("embedded:///tmp/run/bus.db")          # the default: a SQLite file
+>>> bus = connect("kafka://127.0.0.1:9092", config={"security.protocol": "SASL_SSL", ...})
+
+Everything a component needs is on the returned object: ``create_topics``, ``producer()``,
+``consumer(group, topics)``, ``committed``/``lag``. See :mod:`astraflow.core.bus.types` for the
+contract both backends meet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from astraflow.core.bus.types import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    Bus,
+    Consumer,
+    Headers,
+    Message,
+    Producer,
+    TopicInfo,
+)
+from astraflow.core.bus.url import BusURL, parse_url
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES", "Bus", "BusURL", "Consumer", "Headers", "Message", "Producer",
+    "TopicInfo", "connect", "parse_url",
+]
+
+
+def connect(url: str, *, config: Mapping[str, str] | None = None,
+            max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Bus:
+    """Open the bus at ``url``.
+
+    ``config`` holds extra backend settings: for Kafka, any librdkafka client property
+    (``security.protocol``, ``sasl.mechanism``, ``sasl.username``, ``ssl.ca.location``, ...),
+    applied to producers, consumers and the admin client; settings in the URL's query string
+    are merged under it. For the embedded bus, ``synchronous`` (``normal`` | ``full``).
+    ``max_message_bytes`` is the largest record accepted (Kafka's default, 1 MB).
+    """
+    parsed = parse_url(url)
+    options = {**parsed.options, **dict(config or {})}
+    if parsed.scheme == "embedded":
+        from astraflow.core.bus.embedded import EmbeddedBus
+
+        assert parsed.path is not None
+        return EmbeddedBus(parsed.path, options=options, max_message_bytes=max_message_bytes)
+    from astraflow.core.bus.kafka import KafkaBus
+
+    return KafkaBus(parsed.bootstrap, options=options, max_message_bytes=max_message_bytes)

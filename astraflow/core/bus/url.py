@@ -1,0 +1,44 @@
+"""Bus URLs: ``embedded:///abs/path/bus.db``, ``embedded://rel/path.db``,
+``kafka://host:port[,host:port][?client.setting=value&...]``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
+
+from astraflow.core.errors import BusURLError
+
+SCHEMES = ("embedded", "kafka")
+
+
+@dataclass(frozen=True)
+class BusURL:
+    scheme: str
+    path: Path | None = None  # embedded
+    bootstrap: str = ""  # kafka: "host:port,host:port"
+    options: dict[str, str] = field(default_factory=dict)
+
+
+def parse_url(url: str) -> BusURL:
+    parts = urlsplit(url)
+    if parts.scheme not in SCHEMES:
+        raise BusURLError(
+            f"unknown bus scheme {parts.scheme!r} in {url!r}; valid: "
+            "embedded:///path/to/bus.db, kafka://host:port[,host:port]")
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    if parts.scheme == "embedded":
+        raw = parts.netloc + parts.path
+        if not raw:
+            raise BusURLError(f"embedded bus URL {url!r} has no file path; "
+                              "e.g. embedded:///tmp/run/bus.db")
+        return BusURL("embedded", path=Path(raw).expanduser(), options=options)
+    hosts = parts.netloc
+    if not hosts:
+        raise BusURLError(f"kafka bus URL {url!r} has no bootstrap servers; "
+                          "e.g. kafka://127.0.0.1:9092")
+    for hp in hosts.split(","):
+        host, sep, port = hp.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise BusURLError(f"bad bootstrap server {hp!r} in {url!r}; expected host:port")
+    return BusURL("kafka", bootstrap=hosts, options=options)

@@ -1,0 +1,334 @@
+"""The wire format: one typed, versioned msgpack schema per record type (DESIGN.md §3).
+
+Every record is a msgpack *map*. Two keys are present on every record:
+
+* ``schema`` — the record type name (``"Task"``, ``"Trajectory"``, ...), and
+* ``v`` — the schema version of that type (an int, currently 1 for all).
+
+The remaining keys are the fields below, by name. Numeric arrays (token ids, logprobs, masks,
+per-token versions) are msgpack ``bin`` values holding packed little-endian arrays (``<i4`` for
+ints, ``<f4`` for floats, ``u1`` for masks), never lists of numbers. No pickle anywhere: any
+msgpack decoder in any language reads these records. Kafka messages additionally carry the
+header ``af-schema: <schema>/<v>``.
+
+Decoding validates types and required fields and rejects unknown schema versions with a
+:class:`~astraflow.core.errors.SchemaError` that names the record and the field.
+
+Field docs say who writes a field, who reads it, and what "absent" (the default) means.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+
+import msgspec
+
+from astraflow.core.errors import SchemaError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+SCHEMA_HEADER = "af-schema"
+
+
+class Record(msgspec.Struct, kw_only=True, tag_field="schema", omit_defaults=False):
+    """Base of every record. ``v`` is the schema version; ``schema`` (the tag) its type name."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+    v: int = 1
+
+    def __post_init__(self) -> None:
+        if self.v != self.SCHEMA_VERSION:
+            raise SchemaError(
+                f"unknown schema version {self.v} for {type(self).__name__} (this build reads "
+                f"version {self.SCHEMA_VERSION}); upgrade the reader or re-produce the record"
+            )
+
+    @classmethod
+    def schema_name(cls) -> str:
+        return cls.__struct_config__.tag  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------------
+# packed numeric arrays
+# ---------------------------------------------------------------------------------------------
+
+def pack_i32(values: Iterable[int] | np.ndarray) -> bytes:
+    """Pack ints as little-endian int32 bytes (token ids, versions)."""
+    import numpy as np
+
+    return np.ascontiguousarray(np.asarray(values, dtype="<i4")).tobytes()
+
+
+def pack_f32(values: Iterable[float] | np.ndarray) -> bytes:
+    """Pack floats as little-endian float32 bytes (logprobs)."""
+    import numpy as np
+
+    return np.ascontiguousarray(np.asarray(values, dtype="<f4")).tobytes()
+
+
+def pack_u8(values: Iterable[int] | np.ndarray) -> bytes:
+    """Pack 0/1 flags as uint8 bytes (loss masks)."""
+    import numpy as np
+
+    return np.ascontiguousarray(np.asarray(values, dtype="u1")).tobytes()
+
+
+def unpack(data: bytes, dtype: str) -> np.ndarray:
+    """Read a packed array (read-only numpy view). ``dtype`` is ``"<i4"``, ``"<f4"`` or ``"u1"``."""
+    import numpy as np
+
+    if len(data) % np.dtype(dtype).itemsize:
+        raise SchemaError(f"packed array of {len(data)} bytes is not a whole number of {dtype}")
+    return np.frombuffer(data, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# records
+# ---------------------------------------------------------------------------------------------
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    """One message of a conversation (OpenAI chat shape)."""
+
+    role: str
+    content: str
+    name: str | None = None  # tool name for role="tool"; absent otherwise
+
+
+class Task(Record, tag="Task", kw_only=True):
+    """A unit of rollout work. Key: ``id``. Written by producers/gate, read by rollout workers."""
+
+    id: str
+    dataset: str
+    prompt: list[ChatMessage]
+    reference: dict[str, Any] = {}  # answer / tests for the reward; absent: no reference
+    workflow: str = "single_turn"  # registered name or "module:function"
+    n_samples: int = 1  # trajectories to produce per policy (the group size)
+    attempt: int = 0  # 0 on first release; +1 each time the task is re-released
+    group_id: str = ""  # one group per (task, attempt); absent: f"{id}#{attempt}"
+    metadata: dict[str, str] = {}
+    created_at: float = msgspec.field(default_factory=time.time)
+
+    def resolved_group_id(self) -> str:
+        return self.group_id or f"{self.id}#{self.attempt}"
+
+
+class TurnSpan(msgspec.Struct, kw_only=True, array_like=False):
+    """A half-open token range [start, end) of a trajectory and who wrote it."""
+
+    start: int
+    end: int
+    role: str  # "prompt", "assistant", "tool", "user", ...
+
+
+class Trajectory(Record, tag="Trajectory", kw_only=True):
+    """One episode's tokens for one policy. Key: ``group_id``. Rollout → assembler.
+
+    Arrays are aligned per token over the whole sequence (prompt + every turn):
+    ``token_ids`` <i4, ``loss_mask`` u1 (1 = generated by this policy, trained on),
+    ``logprobs`` <f4 (behaviour logprob; 0 where mask is 0), ``versions`` <i4 (policy version
+    that generated the token; -1 where mask is 0).
+    """
+
+    id: str
+    task_id: str
+    group_id: str
+    policy: str = "default"
+    sample_index: int = 0
+    token_ids: bytes
+    loss_mask: bytes
+    logprobs: bytes
+    versions: bytes
+    prompt_len: int = 0
+    spans: list[TurnSpan] = []  # absent: one prompt span and one completion span implied
+    reward: float = 0.0
+    rewards: dict[str, float] = {}  # named reward components; absent: only ``reward``
+    finish_reason: Literal["stop", "length", "error", "timeout", "aborted"] = "stop"
+    error: str | None = None  # set when finish_reason == "error"
+    worker_id: str = ""
+    timings: dict[str, float] = {}  # seconds: "generate", "reward", "total", ...
+    created_at: float = msgspec.field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = len(self.token_ids) // 4
+        if len(self.token_ids) % 4:
+            raise SchemaError("token_ids is not a whole number of int32")
+        for name, size in (("loss_mask", 1), ("logprobs", 4), ("versions", 4)):
+            if len(getattr(self, name)) != n * size:
+                raise SchemaError(f"{name} has {len(getattr(self, name)) // size} entries, "
+                                 f"token_ids has {n}; every per-token array must align")
+
+
+class GroupStats(Record, tag="GroupStats", kw_only=True):
+    """Reward statistics of one finished group. Key: ``task_id``. Assembler → gate (GRESO)."""
+
+    task_id: str
+    group_id: str
+    policy: str = "default"
+    n: int
+    reward_mean: float
+    reward_std: float
+    zero_variance: Literal["easy", "hard", "none"]
+    version: int  # trainer version of the newest token in the group
+
+
+class Group(msgspec.Struct, kw_only=True):
+    """The whole group of trajectories of one (task, attempt) inside a batch."""
+
+    group_id: str
+    task_id: str
+    trajectories: list[Trajectory]
+    replayed: bool = False  # true when drawn from the replay buffer
+
+
+class Batch(Record, tag="Batch", kw_only=True):
+    """A training batch of whole groups for one policy. Key: ``policy``. Batcher → trainer."""
+
+    id: str
+    policy: str
+    seq: int  # batch sequence number within the policy, from 0
+    groups: list[Group]
+    created_at: float = msgspec.field(default_factory=time.time)
+
+
+class TensorEntry(msgspec.Struct, kw_only=True):
+    """One tensor of a weight version: where its bytes are and how to check them."""
+
+    name: str
+    shape: list[int]
+    dtype: str  # "bfloat16", "float16", "float32"
+    uri: str  # blob path relative to the weight store
+    offset: int = 0  # byte range inside the blob
+    length: int = 0
+    digest: str = ""  # hex digest of the tensor's bytes after applying
+    changed: int = -1  # delta only: elements changed; -1: not counted / full
+
+
+class WeightManifest(Record, tag="WeightManifest", kw_only=True):
+    """The commit marker of a weight version. Key: ``policy``. Trainer → rollout workers."""
+
+    policy: str
+    version: int
+    base_version: int | None = None  # delta: the version it applies to; full: absent
+    kind: Literal["full", "delta"]
+    codec: str
+    tensors: list[TensorEntry]
+    total_bytes: int  # bytes of blobs to fetch for this version
+    full_bytes: int  # bytes of a dense snapshot of the same tensors
+    created_at: float = msgspec.field(default_factory=time.time)
+
+
+class Metric(Record, tag="Metric", kw_only=True):
+    """A heartbeat and metric snapshot of one process. Key: ``component``. Everyone → reporter."""
+
+    component: str  # unique id of the process, e.g. "rollout-3f2a"
+    role: str  # "rollout", "trainer", "policy", "producer", ...
+    host: str
+    pid: int
+    ts: float = msgspec.field(default_factory=time.time)
+    status: Literal["starting", "running", "draining", "stopped", "failed"] = "running"
+    counters: dict[str, float] = {}  # monotonically increasing since process start
+    gauges: dict[str, float] = {}  # current values
+
+
+class WorkerStatus(msgspec.Struct, kw_only=True):
+    component: str
+    host: str
+    status: str
+    episodes_per_s: float
+    last_seen: float
+
+
+class LoadReport(Record, tag="LoadReport", kw_only=True):
+    """The reporter's view of a window. Key: run. Reporter → scaler, humans."""
+
+    run: str
+    window_start: float
+    window_end: float
+    trainer_step: int
+    wait_ratio: float  # fraction of the window the trainer waited for input
+    produced: int  # trajectories produced in the window
+    consumed: int  # trajectories trained on in the window
+    workers: list[WorkerStatus] = []
+    current_workers: int
+    target_workers: int
+    reason: str = ""
+
+
+class DeadLetter(Record, tag="DeadLetter", kw_only=True):
+    """A record a consumer could not decode or process. Key: the original key. Any → dlq."""
+
+    origin: str  # "topic[partition]@offset"
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None = None
+    value: bytes
+    headers: list[tuple[str, bytes]] = []
+    error: str
+    error_type: str
+    group: str = ""  # consumer group that failed on it
+    component: str = ""
+    ts: float = msgspec.field(default_factory=time.time)
+
+
+SCHEMAS: dict[str, type[Record]] = {
+    cls.schema_name(): cls
+    for cls in (Task, Trajectory, GroupStats, Batch, WeightManifest, Metric, LoadReport,
+                DeadLetter)
+}
+
+AnyRecord = (Task | Trajectory | GroupStats | Batch | WeightManifest | Metric | LoadReport
+             | DeadLetter)
+
+R = TypeVar("R", bound=Record)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
+
+
+def _decoder(kind: Any) -> msgspec.msgpack.Decoder[Any]:
+    dec = _decoders.get(kind)
+    if dec is None:
+        dec = _decoders[kind] = msgspec.msgpack.Decoder(kind)
+    return dec
+
+
+def encode(record: Record) -> bytes:
+    """Encode a record to msgpack bytes."""
+    return _encoder.encode(record)
+
+
+def schema_header(record: Record | type[Record]) -> tuple[str, bytes]:
+    """The ``af-schema`` header value for a record, e.g. ``("af-schema", b"Task/1")``."""
+    cls = record if isinstance(record, type) else type(record)
+    return SCHEMA_HEADER, f"{cls.schema_name()}/{cls.SCHEMA_VERSION}".encode()
+
+
+def decode(data: bytes, kind: type[R] | None = None) -> R | AnyRecord:
+    """Decode and validate msgpack bytes into a record.
+
+    ``kind`` restricts the accepted type; without it any known schema is accepted. Raises
+    :class:`SchemaError` naming the record type and the offending field.
+    """
+    target: Any = kind if kind is not None else AnyRecord
+    try:
+        return _decoder(target).decode(data)  # type: ignore[no-any-return]
+    except msgspec.ValidationError as e:
+        expected = kind.schema_name() if kind is not None else "a known record"
+        raise SchemaError(f"invalid {expected}: {e}") from e
+    except msgspec.DecodeError as e:
+        raise SchemaError(f"not a msgpack record ({e}); expected "
+                          f"{kind.schema_name() if kind else 'a known record'}") from e
+
+
+def decode_many(items: Sequence[bytes], kind: type[R]) -> list[R]:
+    return [decode(b, kind) for b in items]  # type: ignore[misc]
+
+
+def to_builtins(record: Record) -> Any:
+    """A JSON-friendly view of a record (bytes as base64), for ``astraflow inspect``."""
+    return msgspec.to_builtins(record)

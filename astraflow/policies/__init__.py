@@ -1,0 +1,1 @@
+"""Data-algorithm policies: stream processors between topics (gate, GRESO, assembler, replay)."""

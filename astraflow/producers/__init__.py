@@ -1,0 +1,1 @@
+"""Task sources: datasets, synthetic tasks, curricula (they produce to ``tasks.raw`` / ``tasks``)."""

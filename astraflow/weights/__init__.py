@@ -1,0 +1,1 @@
+"""Weights: sparse bf16 delta codec, weight stores, publisher and syncer."""
