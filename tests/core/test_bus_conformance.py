@@ -332,3 +332,5 @@ def test_topic_errors(bus: Bus, new_topic) -> None:
     p.close()
     with pytest.raises(TopicError):
         bus.describe_topic("no-such-topic-xyz")
+    with pytest.raises(TopicError, match="no-such-topic-xyz"):
+        bus.consumer("g", [topic, "no-such-topic-xyz"])

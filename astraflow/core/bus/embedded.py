@@ -186,6 +186,11 @@ class EmbeddedBus:
                  start: str = "earliest", session_timeout: float = 10.0,
                  on_assign: RebalanceCallback | None = None,
                  on_revoke: RebalanceCallback | None = None) -> EmbeddedConsumer:
+        missing = sorted(set(topics) - set(self.list_topics()))
+        if missing:  # the same rule as Kafka, where auto-creation is off
+            raise TopicError(f"cannot subscribe group {group!r} to missing topic(s) "
+                             f"{', '.join(missing)}; create them first with bus.create_topics() "
+                             "or `astraflow topics create`")
         consumer = EmbeddedConsumer(self, group, topics, client_id=client_id, start=start,
                                     session_timeout=session_timeout, on_assign=on_assign,
                                     on_revoke=on_revoke)

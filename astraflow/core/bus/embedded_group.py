@@ -155,10 +155,6 @@ class EmbeddedConsumer:
         self._ends_sql = ("SELECT topic, partition, next_offset FROM log_ends "
                           f"WHERE topic IN ({marks})")
 
-        missing = sorted(set(self.topics) - set(bus.list_topics()))
-        if missing:
-            log.warning("group=%s member=%s subscribed to unknown topic(s) %s; they are "
-                        "assigned once created", group, self.member_id, ", ".join(missing))
         write_tx(self._conn, self._register)
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                            name=f"astraflow-heartbeat-{self.member_id}")

@@ -1,0 +1,401 @@
+"""A local single-node Apache Kafka (KRaft, broker + controller in one JVM) for development and
+tests, run from jars that Maven fetches from Maven Central (DESIGN.md §4).
+
+>>> broker = LocalBroker(Path("~/.cache/astraflow/broker"))
+>>> broker.start()                     # fetches the jars once, formats storage once
+>>> connect(f"kafka://{broker.bootstrap}")
+>>> broker.stop()
+
+The data directory holds everything: ``server.properties``, ``log4j2.properties``, the Kafka log
+dirs (``kraft/``), the broker's own log (``broker.log``, JVM output in ``jvm.log``) and a state
+file (``broker.json``: pid and ports) through which another process attaches to a running broker
+(:meth:`LocalBroker.attach`). Data and ports survive restarts.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from astraflow.core.broker.jars import (
+    Progress,
+    fetch_jars,
+    kafka_version,
+    require_java,
+    tail_text,
+)
+from astraflow.core.errors import BrokerError
+
+log = logging.getLogger("astraflow.broker")
+
+_STATE = "broker.json"
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    running: bool
+    pid: int | None
+    bootstrap: str
+    data_dir: Path
+    log_file: Path
+
+
+def _free_port(exclude: int | None = None) -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port != exclude:
+            return int(port)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the JVM binds
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _cluster_id() -> str:
+    """A Kafka cluster id, as ``StorageTool random-uuid`` makes them (without a JVM start)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return tail_text(path.read_text(errors="replace"), lines)
+    except OSError:
+        return ""
+
+
+class LocalBroker:
+    """A single-node KRaft Kafka broker in its own JVM, with its data in ``data_dir``.
+
+    Ports not given are taken from the data dir's state file (so a restart or another process
+    uses the same ones), else chosen free. The JVM runs detached in its own session and
+    outlives this object until :meth:`stop`.
+    """
+
+    def __init__(self, data_dir: Path | str, *, port: int | None = None,
+                 controller_port: int | None = None, heap: str = "512m") -> None:
+        self.data_dir = Path(data_dir).expanduser().resolve()
+        state = self._read_state()
+        self.port = int(port or state.get("port") or _free_port())
+        self.controller_port = int(controller_port or state.get("controller_port")
+                                   or _free_port(exclude=self.port))
+        if self.port == self.controller_port:
+            raise BrokerError(f"port {self.port} given for both the broker and the controller")
+        self.heap = heap
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def attach(cls, data_dir: Path | str) -> LocalBroker:
+        """The broker whose state file is in ``data_dir`` (started by any process)."""
+        path = Path(data_dir).expanduser().resolve()
+        state_file = path / _STATE
+        if not state_file.is_file():
+            raise BrokerError(f"no local broker in {path} (no {_STATE}); "
+                              f"start one with: astraflow broker start --dir {path}")
+        state = json.loads(state_file.read_text())
+        return cls(path, heap=state.get("heap", "512m"))
+
+    # ---- paths and config
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def config_file(self) -> Path:
+        return self.data_dir / "server.properties"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "broker.log"
+
+    @property
+    def jvm_log_file(self) -> Path:
+        return self.data_dir / "jvm.log"
+
+    @property
+    def kafka_dir(self) -> Path:
+        return self.data_dir / "kraft"
+
+    def server_properties(self) -> dict[str, str]:
+        """The broker's configuration (written to ``server.properties``)."""
+        host = "127.0.0.1"
+        return {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{host}:{self.controller_port}",
+            "listeners": f"PLAINTEXT://{host}:{self.port},CONTROLLER://{host}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{host}:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self.kafka_dir),
+            "num.partitions": "1",
+            # One node: the internal topics cannot have 3 replicas (the default), and without
+            # them idempotent producers, groups and transactions do not work.
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "10",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "group.min.session.timeout.ms": "1000",  # tests use short sessions
+            "auto.create.topics.enable": "false",  # topics come from the topic table only
+        }
+
+    def write_config(self) -> None:
+        """Write ``server.properties`` and ``log4j2.properties`` into the data dir."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        lines = [f"{k}={v}" for k, v in self.server_properties().items()]
+        header = "# Written by astraflow (LocalBroker); rewritten at every start.\n"
+        self.config_file.write_text(header + "\n".join(lines) + "\n")
+        template = resources.files("astraflow.core.broker").joinpath("log4j2.properties")
+        text = template.read_text().replace("@LOG_FILE@", str(self.log_file))
+        (self.data_dir / "log4j2.properties").write_text(text)
+
+    # ---- state file
+
+    def _read_state(self) -> dict[str, Any]:
+        try:
+            state: dict[str, Any] = json.loads((self.data_dir / _STATE).read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            raise BrokerError(f"unreadable broker state file {self.data_dir / _STATE}: {e}; "
+                              "delete it if no broker runs from this directory") from e
+        return state
+
+    def _write_state(self, pid: int | None) -> None:
+        state = {"pid": pid, "port": self.port, "controller_port": self.controller_port,
+                 "bootstrap": self.bootstrap, "heap": self.heap,
+                 "kafka_version": kafka_version(), "updated_at": time.time()}
+        tmp = self.data_dir / f".{_STATE}.tmp"
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        os.replace(tmp, self.data_dir / _STATE)
+
+    def _pid_alive(self, pid: int) -> bool:
+        if self._proc is not None and self._proc.pid == pid:
+            return self._proc.poll() is None  # also reaps our own child
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        proc = Path(f"/proc/{pid}")
+        if not proc.exists():  # no procfs (macOS): trust kill(0)
+            return True
+        try:
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return False
+        if stat.rpartition(")")[2].split()[0] == "Z":
+            return False
+        # Guards against a reused pid: it must be the broker of this data dir.
+        return "kafka.Kafka" in cmdline and str(self.config_file) in cmdline
+
+    def pid(self) -> int | None:
+        """The pid of this data dir's running broker, or None."""
+        pid = self._read_state().get("pid")
+        return int(pid) if pid and self._pid_alive(int(pid)) else None
+
+    def status(self) -> BrokerStatus:
+        pid = self.pid()
+        return BrokerStatus(running=pid is not None, pid=pid, bootstrap=self.bootstrap,
+                            data_dir=self.data_dir, log_file=self.log_file)
+
+    # ---- lifecycle
+
+    def _format(self, java: str, libs: Path) -> None:
+        if (self.kafka_dir / "meta.properties").is_file():
+            return  # formatted before: keep the data
+        cmd = [java, "-Xmx256m", f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+               "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format", "-t", _cluster_id(),
+               "-c", str(self.config_file), "--ignore-formatted"]
+        proc = subprocess.run(cmd, cwd=self.data_dir, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise BrokerError(f"formatting the Kafka storage in {self.kafka_dir} failed "
+                              f"(exit {proc.returncode}):\n{tail_text(proc.stdout + proc.stderr, 20)}")
+
+    def _heap_flags(self) -> list[str]:
+        m = re.fullmatch(r"(\d+)([kKmMgG]?)", self.heap)
+        if m is None:
+            raise BrokerError(f"bad heap size {self.heap!r}; use e.g. 512m or 2g")
+        mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
+        xms = "256m" if int(m.group(1)) * mult >= 256 << 20 else self.heap
+        return [f"-Xms{xms}", f"-Xmx{self.heap}"]
+
+    def start(self, timeout: float = 60.0, progress: Progress | None = None) -> None:
+        """Start the broker (fetching jars and formatting storage on first use) and return once
+        it answers clients. A no-op when it already runs."""
+        if self.pid() is not None:
+            return
+        deadline = time.monotonic() + timeout
+        libs = fetch_jars(progress)
+        java = require_java()
+        for port in (self.port, self.controller_port):
+            if not _port_free(port):
+                raise BrokerError(f"port {port} on 127.0.0.1 is in use; stop what listens there "
+                                  "or choose other ports (--port)")
+        self.write_config()
+        self._format(java, libs)
+        cmd = [java, *self._heap_flags(), "-XX:+ExitOnOutOfMemoryError",
+               "-Djava.awt.headless=true",
+               f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+               "-cp", f"{libs}/*", "kafka.Kafka", str(self.config_file)]
+        if progress:
+            progress(f"Starting Kafka {kafka_version()} on {self.bootstrap}")
+        with open(self.jvm_log_file, "wb") as out:
+            self._proc = subprocess.Popen(cmd, cwd=self.data_dir, stdin=subprocess.DEVNULL,
+                                          stdout=out, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+        self._write_state(self._proc.pid)
+        log.info("broker starting pid=%d bootstrap=%s dir=%s", self._proc.pid, self.bootstrap,
+                 self.data_dir)
+        try:
+            self._wait_ready(deadline)
+        except BrokerError:
+            self.stop(timeout=10)
+            raise
+
+    def _failure_context(self) -> str:
+        parts = [f"--- {p.name} (last lines) ---\n{t}" for p in (self.jvm_log_file, self.log_file)
+                 if (t := _tail(p))]
+        return "\n".join(parts) or f"(no output in {self.jvm_log_file})"
+
+    def _wait_ready(self, deadline: float) -> None:
+        assert self._proc is not None
+        probe = _Probe(self.bootstrap, self.log_file)
+        try:
+            while True:
+                code = self._proc.poll()
+                if code is not None:
+                    raise BrokerError(f"the Kafka broker exited with code {code} while starting "
+                                      f"(data dir {self.data_dir}):\n{self._failure_context()}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BrokerError(f"the Kafka broker did not answer on {self.bootstrap} "
+                                      f"within the start timeout:\n{self._failure_context()}")
+                if probe.ready(min(1.0, max(left, 0.1))):
+                    log.info("broker ready bootstrap=%s pid=%d", self.bootstrap, self._proc.pid)
+                    return
+        finally:
+            probe.close()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (a clean shutdown), then SIGKILL after ``timeout``; waits for the exit."""
+        pid = self.pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            if not self._wait_exit(pid, timeout):
+                log.warning("broker pid=%d did not stop in %.0fs; killing it", pid, timeout)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                if not self._wait_exit(pid, 10):
+                    raise BrokerError(f"broker pid {pid} survived SIGKILL")
+        if (self.data_dir / _STATE).is_file():
+            self._write_state(None)
+        self._proc = None
+
+    def _wait_exit(self, pid: int, timeout: float) -> bool:
+        if self._proc is not None and self._proc.pid == pid:
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        deadline = time.monotonic() + timeout
+        while self._pid_alive(pid):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def restart(self, timeout: float = 60.0) -> None:
+        """Stop and start again, keeping the data and the ports."""
+        self.stop()
+        self.start(timeout)
+
+    def __enter__(self) -> LocalBroker:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+class _Probe:
+    """Asks the broker whether it serves clients: metadata through the admin client, or (without
+    confluent-kafka) the "Kafka Server started" line in its log plus an open port."""
+
+    def __init__(self, bootstrap: str, log_file: Path) -> None:
+        self.bootstrap = bootstrap
+        self.log_file = log_file
+        self.admin: Any = None
+        try:
+            from confluent_kafka.admin import AdminClient
+        except ImportError:
+            return
+        conf: dict[str, Any] = {
+            "bootstrap.servers": bootstrap, "logger": _DebugLog(),
+            "error_cb": lambda err: log.debug("probe: %s", err),
+            "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 250,
+        }
+        self.admin = AdminClient(conf)
+
+    def ready(self, timeout: float) -> bool:
+        if self.admin is not None:
+            from confluent_kafka import KafkaException
+
+            try:
+                md = self.admin.list_topics(timeout=timeout)
+            except KafkaException:
+                return False
+            finally:
+                self.admin.poll(0)
+            return bool(md.brokers)
+        host, _, port = self.bootstrap.rpartition(":")
+        if "Kafka Server started" not in _tail(self.log_file, 200):
+            time.sleep(min(timeout, 0.2))
+            return False
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout).close()
+        except OSError:
+            return False
+        return True
+
+    def close(self) -> None:
+        self.admin = None
+
+
+class _DebugLog:
+    """A librdkafka ``logger`` that keeps the probe's connection-refused lines at DEBUG."""
+
+    def log(self, _level: int, fmt: str, *args: object) -> None:
+        log.debug("probe: " + fmt, *args)

@@ -1,0 +1,500 @@
+"""The Kafka bus's producer and consumer (confluent-kafka), and librdkafka's log routing.
+
+Imported only through :mod:`astraflow.core.bus.kafka`, itself imported lazily by ``connect()``,
+so confluent-kafka is needed only by those who use the Kafka bus.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from astraflow.core.bus.types import Headers, Message, RebalanceCallback
+from astraflow.core.errors import BusError, CommitError, RecordTooLargeError, TopicError
+
+try:
+    import confluent_kafka as ck
+    from confluent_kafka import admin as ck_admin
+except ImportError as _e:  # pragma: no cover - exercised only without the extra
+    raise BusError("the kafka bus needs confluent-kafka: pip install 'astraflow[kafka]'") from _e
+
+if TYPE_CHECKING:
+    from astraflow.core.bus.kafka import KafkaBus
+
+log = logging.getLogger("astraflow.bus.kafka")
+
+TIMEOUT = 30.0  # metadata and offset requests
+COMMIT_RETRY_S = 30.0  # how long a commit is retried while the coordinator is unreachable
+NOISE_EVERY_S = 5.0
+#: Protocol overhead allowed on top of max_message_bytes in librdkafka's and the topic's
+#: limits, so that our own exact, up-front size check is the one that fires.
+OVERHEAD = 64 * 1024
+
+E = ck.KafkaError
+_REBALANCE = {E.REBALANCE_IN_PROGRESS, E.ILLEGAL_GENERATION, E.UNKNOWN_MEMBER_ID,
+              E.FENCED_INSTANCE_ID, E._ASSIGNMENT_LOST, E.STALE_MEMBER_EPOCH,
+              E.FENCED_MEMBER_EPOCH}
+_RETRY = {E._TRANSPORT, E._TIMED_OUT, E._WAIT_COORD, E.COORDINATOR_NOT_AVAILABLE,
+          E.NOT_COORDINATOR, E.COORDINATOR_LOAD_IN_PROGRESS, E.REQUEST_TIMED_OUT,
+          E._ALL_BROKERS_DOWN, E.NETWORK_EXCEPTION}
+_TRANSIENT = _RETRY | {E._MAX_POLL_EXCEEDED, E._PARTITION_EOF, E._RESOLVE,
+                       E.NOT_LEADER_FOR_PARTITION, E.LEADER_NOT_AVAILABLE}
+_UNKNOWN_TOPIC = {E.UNKNOWN_TOPIC_OR_PART, E._UNKNOWN_TOPIC, E._UNKNOWN_PARTITION}
+#: librdkafka warnings about states it recovers from by itself: logged at INFO.
+_BENIGN = (": retrying", "not found in cache", "Coordinator load in progress")
+_NOISE = ("Connection refused", "Connect to", "brokers are down", "Disconnected",
+          "Connection reset", "connection close", "Receive failed", "Send failed",
+          "Failed to resolve", "timed out")
+
+
+def too_large_message(topic: str, size: int, limit: int | str, where: str) -> str:
+    lim = f"{limit:,}" if isinstance(limit, int) else limit
+    return (f"record of {size:,} bytes for topic {topic!r} is over {where} of {lim} bytes. "
+            "Large payloads such as weights go through the weight store with only a manifest "
+            "on the bus; or raise max_message_bytes in connect() AND the broker's "
+            "message.max.bytes / the topic's max.message.bytes.")
+
+
+def kafka_error(e: BaseException) -> ck.KafkaError:
+    err = e.args[0] if e.args else None
+    return err if isinstance(err, ck.KafkaError) else ck.KafkaError(E._FAIL, str(e))
+
+
+class ClientLog:
+    """librdkafka's ``logger`` and ``error_cb`` for one client: forwards to Python logging and
+    turns the stream of connection failures while a broker is down into one WARNING every
+    few seconds (the rest at DEBUG)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self._last_noise = -NOISE_EVERY_S
+        self._suppressed = 0
+        self.fatal: ck.KafkaError | None = None
+
+    def noise(self, text: str) -> None:
+        now = time.monotonic()
+        if now - self._last_noise >= NOISE_EVERY_S:
+            more = f" (+{self._suppressed} similar)" if self._suppressed else ""
+            log.warning("kafka at %s unreachable: %s%s", self.bootstrap, text, more)
+            self._last_noise, self._suppressed = now, 0
+        else:
+            self._suppressed += 1
+            log.debug("%s", text)
+
+    def log(self, level: int, fmt: str, *args: object) -> None:
+        """Called by librdkafka as ``logger.log(level, "%s [%s] %s", facility, name, text)``."""
+        text = fmt % args if args else fmt
+        if level >= logging.WARNING and any(n in text for n in _NOISE):
+            self.noise(text)
+        elif level >= logging.WARNING and any(b in text for b in _BENIGN):
+            log.info("%s", text)
+        else:
+            log.log(level, "%s", text)
+
+    def error(self, err: ck.KafkaError) -> None:
+        if err.fatal():
+            self.fatal = err
+            log.error("fatal kafka client error: %s", err.str())
+        elif err.code() in _RETRY or any(n in err.str() for n in _NOISE):
+            self.noise(err.str())
+        else:
+            log.warning("kafka client error: %s", err.str())
+
+    def check(self, what: str) -> None:
+        if self.fatal is not None:
+            raise BusError(f"the kafka {what} hit a fatal error and must be recreated: "
+                           f"{self.fatal.str()}")
+
+
+class KafkaProducer:
+    """An idempotent, zstd-compressing producer that routes keys with murmur2."""
+
+    def __init__(self, bus: KafkaBus, *, client_id: str = "") -> None:
+        self._bus = bus
+        self._max = bus.max_message_bytes
+        self._log = ClientLog(bus.bootstrap)
+        self._p = ck.Producer(bus.client_config({
+            "client.id": client_id or "astraflow-producer",
+            "enable.idempotence": True,  # librdkafka's default is off, unlike Java's
+            "acks": "all",
+            "compression.type": "zstd",
+            "linger.ms": 5,
+            "partitioner": "murmur2_random",  # as Java and the embedded bus
+            "message.max.bytes": max(1_000_000, self._max + OVERHEAD),
+            "on_delivery": self._on_delivery,
+        }, self._log))
+        self._partitions: dict[str, int] = {}
+        self._failures: list[tuple[ck.KafkaError, str, str, int]] = []
+        self._failed = 0
+
+    def _on_delivery(self, err: ck.KafkaError | None, msg: Any) -> None:
+        if err is None:
+            return
+        self._failed += 1
+        if len(self._failures) < 10:
+            size = len(msg.value() or b"") + len(msg.key() or b"")
+            self._failures.append((err, msg.topic(), f"{msg.topic()}[{msg.partition()}]", size))
+
+    def _partition_count(self, topic: str, refresh: bool = False) -> int:
+        n = self._partitions.get(topic)
+        if n is not None and not refresh:
+            return n
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            try:
+                t = self._p.list_topics(topic, timeout=TIMEOUT).topics.get(topic)
+            except ck.KafkaException as e:
+                raise BusError(f"metadata for topic {topic!r} from {self._bus.bootstrap}: "
+                               f"{kafka_error(e).str()}; is the broker running?") from e
+            if t is None or (t.error is not None and t.error.code() in _UNKNOWN_TOPIC):
+                raise TopicError(f"topic {topic!r} does not exist on {self._bus.bootstrap}; "
+                                 "create it with bus.create_topics (automatic creation is off)")
+            if t.partitions:
+                break
+            if time.monotonic() > deadline:  # e.g. LEADER_NOT_AVAILABLE for too long
+                raise BusError(f"metadata for topic {topic!r}: {t.error}")
+            time.sleep(0.05)
+        self._partitions[topic] = len(t.partitions)
+        return len(t.partitions)
+
+    def produce(self, topic: str, value: bytes, *, key: bytes | None = None,
+                headers: Headers | None = None, partition: int | None = None) -> None:
+        self._log.check("producer")
+        size = len(value) + len(key or b"") + sum(
+            len(k.encode()) + len(v or b"") for k, v in headers or ())
+        if size > self._max:
+            raise RecordTooLargeError(too_large_message(
+                topic, size, self._max, "the bus's limit (max_message_bytes)"))
+        n = self._partition_count(topic)
+        if partition is not None and not 0 <= partition < n:
+            n = self._partition_count(topic, refresh=True)  # partitions may have been added
+            if not 0 <= partition < n:
+                raise TopicError(f"partition {partition} of topic {topic!r} does not exist; "
+                                 f"it has {n} (0..{n - 1})")
+        kwargs: dict[str, Any] = {"value": value, "key": key}
+        if headers:
+            kwargs["headers"] = headers
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self._p.produce(topic, **kwargs)
+                break
+            except BufferError:  # the local queue is full: serve deliveries to drain it
+                self._p.poll(0.1)
+            except ck.KafkaException as e:
+                err = kafka_error(e)
+                if err.code() == E.MSG_SIZE_TOO_LARGE:
+                    raise RecordTooLargeError(too_large_message(
+                        topic, size, self._max, "librdkafka's message.max.bytes")) from e
+                if err.code() in _UNKNOWN_TOPIC:
+                    raise TopicError(f"topic {topic!r}: {err.str()}") from e
+                raise BusError(f"producing to {topic!r}: {err.str()}") from e
+        self._p.poll(0)
+
+    def flush(self, timeout: float | None = None) -> None:
+        left = self._p.flush() if timeout is None else self._p.flush(timeout)
+        if left:
+            raise BusError(f"{left} record(s) not acknowledged by kafka at {self._bus.bootstrap} "
+                           f"within {timeout}s; is the broker running?")
+        self._raise_failures()
+
+    def _topic_limit(self, topic: str) -> str:
+        """The topic's max.message.bytes, for the error message (best effort)."""
+        try:
+            res = ck_admin.ConfigResource(ck_admin.ConfigResource.Type.TOPIC, topic)
+            fut = self._bus.admin.describe_configs([res], request_timeout=5)[res]
+            return f"{int(fut.result(timeout=5)['max.message.bytes'].value):,}"
+        except Exception:  # noqa: BLE001 - only decorates an error message
+            return "(unknown)"
+
+    def _raise_failures(self) -> None:
+        if not self._failed:
+            return
+        failures, count = self._failures, self._failed
+        self._failures, self._failed = [], 0
+        for err, topic, where, size in failures:
+            if err.code() == E.MSG_SIZE_TOO_LARGE:
+                raise RecordTooLargeError(
+                    f"the broker refused {count} record(s) ({where}): " + too_large_message(
+                        topic, size, self._topic_limit(topic),
+                        "the topic's limit (max.message.bytes)"))
+        first = "; ".join(f"{where}: {err.str()}" for err, _t, where, _s in failures[:5])
+        if all(err.code() in _UNKNOWN_TOPIC for err, *_ in failures):
+            raise TopicError(f"{count} record(s) failed, topic unknown: {first}")
+        raise BusError(f"{count} record(s) were not delivered to {self._bus.bootstrap}: {first}")
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            close = getattr(self._p, "close", None)  # confluent-kafka >= 2.13
+            if close is not None:
+                close()
+
+
+class KafkaConsumer:
+    """A member of a consumer group (cooperative-sticky) that commits only when asked."""
+
+    def __init__(self, bus: KafkaBus, group: str, topics: list[str], *, client_id: str,
+                 start: str, session_timeout: float, on_assign: RebalanceCallback | None,
+                 on_revoke: RebalanceCallback | None) -> None:
+        self.group = group
+        self._client_id = client_id or f"astraflow-{group}"
+        self.member_id = self._client_id  # the broker's member id once joined
+        self._start = start
+        self._user_assign, self._user_revoke = on_assign, on_revoke
+        self._log = ClientLog(bus.bootstrap)
+        session_ms = max(1, round(session_timeout * 1000))
+        conf = bus.client_config({
+            "group.id": group,
+            "client.id": self._client_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": session_ms,
+            "heartbeat.interval.ms": max(50, session_ms // 4),
+            "max.poll.interval.ms": max(300_000, session_ms),
+            "auto.offset.reset": start,
+            "enable.partition.eof": False,
+        }, self._log)
+        self._cooperative = "cooperative" in str(conf["partition.assignment.strategy"])
+        self._c = ck.Consumer(conf)
+        self._assigned: set[tuple[str, int]] = set()
+        self._pending: dict[tuple[str, int], int] = {}  # newest delivered, not yet committed
+        self._lost: set[tuple[str, int]] = set()  # delivered, then revoked before a commit
+        self._next: dict[tuple[str, int], int] = {}
+        self._closed = False
+        self._c.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                          on_lost=self._on_lost)
+
+    # ---- rebalances (served inside poll/consume/close)
+
+    def _start_offsets(self, parts: list[Any]) -> list[Any]:
+        """With start="latest", pin each partition without a committed offset to its end now,
+        so records produced once assignment() lists it are delivered (librdkafka would
+        otherwise resolve "latest" later, skipping records produced in between)."""
+        fresh = [ck.TopicPartition(tp.topic, tp.partition) for tp in parts]
+        try:
+            committed = self._c.committed(fresh, timeout=TIMEOUT)
+            out = []
+            for tp in committed:
+                off = tp.offset
+                if off < 0:
+                    _lo, off = self._c.get_watermark_offsets(
+                        ck.TopicPartition(tp.topic, tp.partition), timeout=TIMEOUT, cached=False)
+                out.append(ck.TopicPartition(tp.topic, tp.partition, off))
+                self._next[(tp.topic, tp.partition)] = off
+            return out
+        except ck.KafkaException as e:
+            log.warning("group=%s could not pin start offsets (%s); librdkafka resolves them",
+                        self.group, kafka_error(e).str())
+            return parts
+
+    def _on_assign(self, consumer: Any, parts: list[Any]) -> None:
+        pairs = [(tp.topic, tp.partition) for tp in parts]
+        for pair in pairs:
+            self._next.pop(pair, None)
+        tps = self._start_offsets(parts) if self._start == "latest" and parts else parts
+        if self._cooperative:
+            consumer.incremental_assign(tps)
+            self._assigned.update(pairs)
+        else:
+            consumer.assign(tps)
+            self._assigned = set(pairs)
+        self.member_id = consumer.memberid() or self._client_id
+        log.info("group=%s member=%s assigned=%s", self.group, self.member_id, pairs)
+        if pairs and self._user_assign is not None:
+            self._user_assign(pairs)
+
+    def _drop(self, pairs: list[tuple[str, int]]) -> None:
+        for pair in pairs:
+            self._assigned.discard(pair)
+            self._next.pop(pair, None)
+            if self._pending.pop(pair, None) is not None:
+                self._lost.add(pair)
+
+    def _unassign(self, consumer: Any, parts: list[Any]) -> None:
+        if self._cooperative:
+            consumer.incremental_unassign(parts)
+        else:
+            consumer.unassign()
+
+    def _on_revoke(self, consumer: Any, parts: list[Any]) -> None:
+        pairs = [(tp.topic, tp.partition) for tp in parts]
+        log.info("group=%s member=%s revoked=%s", self.group, self.member_id, pairs)
+        try:
+            if pairs and self._user_revoke is not None:
+                self._user_revoke(pairs)  # may still commit: the partitions are ours until return
+        finally:
+            self._drop(pairs)
+            self._unassign(consumer, parts)
+
+    def _on_lost(self, consumer: Any, parts: list[Any]) -> None:
+        pairs = [(tp.topic, tp.partition) for tp in parts]
+        log.warning("group=%s member=%s lost=%s (session expired?)", self.group, self.member_id,
+                    pairs)
+        self._drop(pairs)  # already someone else's: commits for them must fail
+        try:
+            if pairs and self._user_revoke is not None:
+                self._user_revoke(pairs)
+        finally:
+            self._unassign(consumer, parts)
+
+    # ---- reading
+
+    def _message(self, msg: Any) -> Message | None:
+        err = msg.error()
+        if err is not None:
+            self._on_error(err, msg)
+            return None
+        topic, part, off = msg.topic(), msg.partition(), msg.offset()
+        self._pending[(topic, part)] = off
+        self._next[(topic, part)] = off + 1
+        _kind, ts = msg.timestamp()
+        return Message(topic=topic, partition=part, offset=off, key=msg.key(),
+                       value=msg.value() or b"",
+                       headers=[(k, v or b"") for k, v in msg.headers() or ()],
+                       timestamp=ts / 1000.0 if ts > 0 else 0.0)
+
+    def _on_error(self, err: ck.KafkaError, msg: Any) -> None:
+        where = f"{msg.topic()}[{msg.partition()}]" if msg.topic() else ""
+        if err.code() in _TRANSIENT or err.retriable():
+            self._log.noise(f"group={self.group} {where} {err.str()}")
+            return
+        if err.code() in _UNKNOWN_TOPIC:
+            raise TopicError(f"group {self.group!r}: {where or 'topic'}: {err.str()}")
+        raise BusError(f"group {self.group!r} consumer error {where}: {err.str()}")
+
+    def poll(self, timeout: float = 1.0) -> Message | None:
+        self._log.check("consumer")
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self._c.poll(max(0.0, deadline - time.monotonic()))
+            if msg is None:
+                return None
+            out = self._message(msg)
+            if out is not None:
+                return out
+            if time.monotonic() >= deadline:
+                return None
+
+    def consume(self, max_records: int = 500, timeout: float = 1.0) -> list[Message]:
+        if max_records <= 0:
+            return []
+        first = self.poll(timeout)
+        if first is None:
+            return []
+        out = [first]
+        if max_records > 1:  # what is already buffered, without waiting
+            for msg in self._c.consume(max_records - 1, 0):
+                m = self._message(msg)
+                if m is not None:
+                    out.append(m)
+        return out
+
+    # ---- offsets
+
+    def commit(self, messages: Message | Sequence[Message] | None = None) -> None:
+        """Commit synchronously. Partitions this member owns are committed; then CommitError
+        names any that it no longer owns (their records will be delivered again)."""
+        if messages is None:
+            offsets = dict(self._pending)
+            lost, self._lost = set(self._lost), set()
+        else:
+            msgs = [messages] if isinstance(messages, Message) else list(messages)
+            offsets = {}
+            for m in msgs:
+                pair = (m.topic, m.partition)
+                offsets[pair] = max(offsets.get(pair, -1), m.offset)
+            lost = {pair for pair in offsets if pair not in self._assigned}
+        for pair in lost:
+            offsets.pop(pair, None)
+        if offsets:
+            self._commit(offsets)
+        if lost:
+            names = ", ".join(f"{t}[{p}]" for t, p in sorted(lost))
+            raise CommitError(f"group {self.group!r}: {names} no longer assigned to member "
+                              f"{self.member_id}; those records will be delivered again")
+
+    def _commit(self, offsets: dict[tuple[str, int], int]) -> None:
+        tps = [ck.TopicPartition(t, p, off + 1) for (t, p), off in offsets.items()]
+        what = ", ".join(f"{t}[{p}]@{off + 1}" for (t, p), off in sorted(offsets.items()))
+        deadline = time.monotonic() + COMMIT_RETRY_S
+        delay = 0.1
+        while True:
+            try:
+                res = self._c.commit(offsets=tps, asynchronous=False)
+                bad = [tp.error for tp in res or () if tp.error is not None]
+                err = bad[0] if bad else None
+            except ck.KafkaException as e:
+                err = kafka_error(e)
+            if err is None or err.code() == E._NO_OFFSET:
+                break
+            if err.code() in _REBALANCE:
+                raise CommitError(f"group {self.group!r} refused the commit of {what}: "
+                                  f"{err.str()} (a rebalance moved partitions; the records "
+                                  "will be delivered again)")
+            if (err.code() in _RETRY or err.retriable()) and time.monotonic() < deadline:
+                self._log.noise(f"group={self.group} commit: {err.str()}; retrying")
+                time.sleep(delay)
+                delay = min(1.0, delay * 2)
+                continue
+            raise BusError(f"group {self.group!r} commit of {what} failed: {err.str()}")
+        for pair, off in offsets.items():
+            if self._pending.get(pair, -1) <= off:
+                self._pending.pop(pair, None)
+
+    def assignment(self) -> list[tuple[str, int]]:
+        return sorted(self._assigned)
+
+    def position(self, topic: str, partition: int) -> int | None:
+        pair = (topic, partition)
+        if pair not in self._assigned:
+            return None
+        if pair in self._next:
+            return self._next[pair]
+        tp = ck.TopicPartition(topic, partition)
+        try:
+            pos = self._c.position([tp])[0].offset
+            if pos >= 0:
+                return int(pos)
+            committed = self._c.committed([tp], timeout=TIMEOUT)[0].offset
+            if committed >= 0:
+                return int(committed)
+            lo, hi = self._c.get_watermark_offsets(tp, timeout=TIMEOUT, cached=False)
+        except ck.KafkaException as e:
+            raise BusError(f"position of {topic}[{partition}]: {kafka_error(e).str()}") from e
+        return int(lo if self._start == "earliest" else hi)
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        pair = (topic, partition)
+        if pair not in self._assigned:
+            raise BusError(f"cannot seek {topic}[{partition}]: not assigned to member "
+                           f"{self.member_id} of group {self.group!r}; assigned: "
+                           f"{self.assignment()}")
+        tp = ck.TopicPartition(topic, partition, offset)
+        try:
+            self._c.seek(tp)
+        except ck.KafkaException as e:
+            if kafka_error(e).code() != E._STATE or not self._cooperative:
+                raise BusError(f"seek {topic}[{partition}]@{offset}: "
+                               f"{kafka_error(e).str()}") from e
+            # Assigned but not fetching yet: seek() is refused, an assignment with the offset
+            # is the way to set where fetching starts.
+            self._c.incremental_unassign([ck.TopicPartition(topic, partition)])
+            self._c.incremental_assign([tp])
+        self._next[pair] = offset
+
+    def close(self) -> None:
+        """Leave the group (on_revoke runs for the partitions held); commits nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._c.close()
+        except ck.KafkaException as e:
+            if kafka_error(e).code() != E._NO_OFFSET:
+                log.warning("group=%s closing consumer: %s", self.group, kafka_error(e).str())
