@@ -1,0 +1,54 @@
+"""The `astraflow` command. Heavy imports (torch, confluent_kafka) happen inside commands only,
+so `astraflow --help` stays fast."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Annotated
+
+import typer
+
+from astraflow.cli import broker, demo, inspect_cmd, topics
+
+app = typer.Typer(
+    name="astraflow",
+    help="AstraFlow: dataflow-oriented RL for LLM agents. Nobody is in charge: every role is "
+         "a process on durable topics.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(broker.app, name="broker")
+app.add_typer(topics.app, name="topics")
+app.command("inspect")(inspect_cmd.inspect)
+app.command("demo")(demo.demo)
+
+
+@app.command("demo-worker", hidden=True)
+def demo_worker(url: str, run: str, worker_id: str, delay: float = 0.01) -> None:
+    demo.worker(url, run, worker_id, delay)
+
+
+@app.callback()
+def _root(
+    log_level: Annotated[str, typer.Option(help="Log level of the astraflow logger.")]
+    = "WARNING",
+) -> None:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("astraflow").setLevel(log_level.upper())
+
+
+def main() -> None:
+    from astraflow.core.errors import AstraflowError
+
+    try:
+        app()
+    except AstraflowError as e:
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

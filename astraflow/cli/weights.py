@@ -1,0 +1,194 @@
+"""`astraflow weights`: diff, apply and inspect weight files; benchmark the codec; serve blobs.
+
+Module-level imports stay light (typer and the stdlib): numpy and the codec load inside the
+commands. Every file is written to a temporary name and renamed, so an error leaves no output.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from astraflow.cli.common import fail
+
+app = typer.Typer(help="Sparse bf16 weight deltas: diff, apply, inspect, bench, serve.",
+                  no_args_is_help=True)
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+
+
+def _echo_json(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=2, sort_keys=True))
+
+
+@app.command()
+def diff(
+    old: Annotated[Path, typer.Argument(help="Base .safetensors file.", exists=True,
+                                        dir_okay=False)],
+    new: Annotated[Path, typer.Argument(help="New .safetensors file.", exists=True,
+                                        dir_okay=False)],
+    out: Annotated[Path, typer.Option("--output", "-o", help="Delta blob to write.")],
+    base_version: Annotated[int, typer.Option(help="Version number of OLD.")] = 0,
+    version: Annotated[int | None, typer.Option(help="Version of NEW (default base+1).")] = None,
+    level: Annotated[int, typer.Option(help="zstd level.")] = 1,
+    as_json: JsonOption = False,
+) -> None:
+    """Write the delta that turns OLD into NEW (same tensor names, shapes and dtypes)."""
+    from astraflow.core.errors import AstraflowError
+    from astraflow.weights.blob import encode_version
+    from astraflow.weights.files import write_atomic
+    from astraflow.weights.safetensors_io import read_safetensors
+
+    try:
+        base, _ = read_safetensors(old)
+        target, _ = read_safetensors(new)
+        enc = encode_version(target, base=base, base_version=base_version,
+                             version=base_version + 1 if version is None else version,
+                             level=level)
+        write_atomic(out, enc.blob)
+    except AstraflowError as e:
+        raise fail(str(e)) from None
+    _report(_summary_blob(enc.header, len(enc.blob), out), as_json)
+
+
+@app.command("apply")
+def apply_(
+    base: Annotated[Path, typer.Argument(help="Base .safetensors file.", exists=True,
+                                         dir_okay=False)],
+    delta: Annotated[Path, typer.Argument(help="Delta (or full) blob.", exists=True,
+                                          dir_okay=False)],
+    out: Annotated[Path, typer.Option("--output", "-o", help=".safetensors file to write.")],
+    verify_base: Annotated[bool, typer.Option(help="Check BASE against the delta's base "
+                                                   "digests first.")] = True,
+) -> None:
+    """Apply DELTA to BASE and write the result, bit-exact, verified by per-tensor digests."""
+    from astraflow.core.errors import AstraflowError
+    from astraflow.weights.blob import apply_version, parse_blob
+    from astraflow.weights.safetensors_io import read_safetensors, write_safetensors
+
+    try:
+        tensors, meta = read_safetensors(base)
+        blob = parse_blob(delta.read_bytes(), source=str(delta))
+        result = apply_version(blob, tensors, verify_base=verify_base)
+        size = write_safetensors(out, result, meta)
+    except AstraflowError as e:
+        raise fail(str(e)) from None
+    typer.echo(f"wrote {out} ({len(result)} tensors, {size} bytes, version "
+               f"{blob.header.version})")
+
+
+def _summary_blob(header: Any, size: int, path: Path) -> dict[str, Any]:
+    from math import prod
+
+    from astraflow.weights.bits import dtype_info
+
+    numel = sum(prod(t.shape) for t in header.tensors)
+    dense = sum(prod(t.shape) * dtype_info(t.dtype).bits.itemsize for t in header.tensors)
+    changed = sum(max(t.changed, 0) for t in header.tensors)
+    return {
+        "file": str(path), "kind": header.kind, "version": header.version,
+        "base_version": header.base_version, "tensors": len(header.tensors), "elements": numel,
+        "changed": changed if header.kind == "delta" else None,
+        "changed_fraction": (changed / numel if numel else 0.0) if header.kind == "delta"
+        else None,
+        "bytes": size, "dense_bytes": dense, "ratio": dense / size if size else None,
+        "encodings": sorted({t.enc for t in header.tensors}),
+    }
+
+
+def _report(summary: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        _echo_json(summary)
+        return
+    for key, value in summary.items():
+        if value is None:
+            continue
+        if isinstance(value, float):
+            value = f"{value:.6g}"
+        typer.echo(f"{key:>16}: {value}")
+
+
+@app.command()
+def inspect(
+    file: Annotated[Path, typer.Argument(help="A weight blob or .safetensors file.", exists=True,
+                                         dir_okay=False)],
+    tensors: Annotated[bool, typer.Option("--tensors", help="List every tensor.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Kind, versions, tensors, changed fraction, bytes and ratio to dense of a weight file."""
+    from astraflow.core.errors import AstraflowError
+    from astraflow.weights.blob import MAGIC, parse_blob
+    from astraflow.weights.safetensors_io import read_safetensors
+
+    try:
+        with open(file, "rb") as f:
+            magic = f.read(4)
+        if magic == MAGIC:
+            blob = parse_blob(file.read_bytes(), source=str(file))
+            summary = _summary_blob(blob.header, file.stat().st_size, file)
+            rows = [{"name": t.name, "dtype": t.dtype, "shape": t.shape, "encoding": t.enc,
+                     "bytes": t.length, "changed": t.changed, "digest": t.digest}
+                    for t in blob.header.tensors]
+        else:
+            st, meta = read_safetensors(file)
+            dense = sum(b.nbytes for _d, b in st.values())
+            summary = {"file": str(file), "kind": "safetensors", "tensors": len(st),
+                       "elements": sum(b.size for _d, b in st.values()),
+                       "bytes": file.stat().st_size, "dense_bytes": dense, "metadata": meta}
+            rows = [{"name": n, "dtype": d, "shape": list(b.shape), "bytes": b.nbytes}
+                    for n, (d, b) in st.items()]
+    except AstraflowError as e:
+        raise fail(str(e)) from None
+    if tensors:
+        summary["tensor_list"] = rows
+    if as_json:
+        _echo_json(summary)
+        return
+    _report({k: v for k, v in summary.items() if k != "tensor_list"}, False)
+    for r in rows if tensors else []:
+        typer.echo("  " + "  ".join(f"{k}={v}" for k, v in r.items()))
+
+
+@app.command()
+def bench(
+    params: Annotated[int, typer.Option(help="Parameters of the synthetic bf16 model.")]
+    = 100_000_000,
+    unchanged: Annotated[list[float] | None, typer.Option(
+        help="Fraction of values unchanged per step (repeat).")] = None,
+    repeat: Annotated[int, typer.Option(help="Timing repeats (best is reported).")] = 3,
+    as_json: JsonOption = False,
+) -> None:
+    """Size and one-core speed of the delta codec on a synthetic bf16 model, against dense,
+    dense+zstd, uint32 index + value, and the entropy floor."""
+    from astraflow.weights import bench as wbench
+
+    results = wbench.run(params, tuple(unchanged or (0.989, 0.978)), repeat=repeat)
+    if as_json:
+        _echo_json([r.row() for r in results])
+    else:
+        typer.echo(wbench.table(results))
+
+
+@app.command()
+def serve(
+    directory: Annotated[Path, typer.Argument(help="Weight store directory to serve.",
+                                              exists=True, file_okay=False)],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0: pick a free one).")] = 8470,
+    token: Annotated[str | None, typer.Option(envvar="ASTRAFLOW_WEIGHTS_TOKEN",
+                                              help="Require this bearer token.")] = None,
+) -> None:
+    """Serve a weight store over HTTP (ranged, resumable GETs; read-only)."""
+    from astraflow.weights.http import make_server
+
+    server = make_server(directory, host=host, port=port, token=token)
+    typer.echo(f"serving {directory} at {server.url}" + (" (token required)" if token else ""))
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
