@@ -150,10 +150,10 @@ def pct(xs: list[float], q: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--records", type=int, default=20000, help="records per 1 KB run")
+    ap.add_argument("--records", type=int, default=60000, help="records per 1 KB run")
     ap.add_argument("--sizes", default="1024,65536")
     ap.add_argument("--latency-records", type=int, default=500)
-    ap.add_argument("--repeats", type=int, default=3, help="throughput runs per backend (median)")
+    ap.add_argument("--repeats", type=int, default=5, help="throughput runs per backend (median)")
     ap.add_argument("--pace", type=float, default=0.004, help="seconds between paced records")
     args = ap.parse_args()
 

@@ -184,6 +184,24 @@ class Group(msgspec.Struct, kw_only=True):
     replayed: bool = False  # true when drawn from the replay buffer
 
 
+class TrajectoryGroup(Record, tag="TrajectoryGroup", kw_only=True):
+    """A finished group after post-rollout policies. Key: ``group_id``. Assembler → batcher.
+
+    ``version`` is the oldest policy version of any generated token in the group (what the
+    staleness rules compare against the trainer's version); -1 if no token was generated.
+    """
+
+    group_id: str
+    task_id: str
+    policy: str = "default"
+    trajectories: list[Trajectory]
+    reward_mean: float
+    reward_std: float
+    version: int
+    replayed: bool = False
+    created_at: float = msgspec.field(default_factory=time.time)
+
+
 class Batch(Record, tag="Batch", kw_only=True):
     """A training batch of whole groups for one policy. Key: ``policy``. Batcher → trainer."""
 
@@ -277,12 +295,12 @@ class DeadLetter(Record, tag="DeadLetter", kw_only=True):
 
 SCHEMAS: dict[str, type[Record]] = {
     cls.schema_name(): cls
-    for cls in (Task, Trajectory, GroupStats, Batch, WeightManifest, Metric, LoadReport,
-                DeadLetter)
+    for cls in (Task, Trajectory, GroupStats, TrajectoryGroup, Batch, WeightManifest, Metric,
+                LoadReport, DeadLetter)
 }
 
-AnyRecord = (Task | Trajectory | GroupStats | Batch | WeightManifest | Metric | LoadReport
-             | DeadLetter)
+AnyRecord = (Task | Trajectory | GroupStats | TrajectoryGroup | Batch | WeightManifest | Metric
+             | LoadReport | DeadLetter)
 
 R = TypeVar("R", bound=Record)
 

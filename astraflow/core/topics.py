@@ -20,6 +20,7 @@ from astraflow.core.records import (
     Record,
     Task,
     Trajectory,
+    TrajectoryGroup,
     WeightManifest,
 )
 
@@ -46,6 +47,8 @@ TOPICS: dict[str, TopicDef] = {
         TopicDef("trajectories", Trajectory, "group_id", 32,
                  doc="episodes from rollout workers, keyed by group so a group stays together"),
         TopicDef("stats", GroupStats, "task_id", 8, doc="per-group reward statistics (GRESO)"),
+        TopicDef("groups", TrajectoryGroup, "group_id", 8, per_policy=True,
+                 doc="finished groups after the post-rollout policies, before batching"),
         TopicDef("batches", Batch, "policy", 1, per_policy=True, doc="training batches"),
         TopicDef("weights", WeightManifest, "policy", 1, per_policy=True,
                  doc="weight-version manifests (blobs live in the weight store)"),
