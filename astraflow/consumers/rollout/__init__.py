@@ -1,0 +1,1 @@
+"""Rollout as a service: workers, engines, workflows, rewards (DESIGN.md §5)."""

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from astraflow.config import ExperimentConfig, load_experiment, open_bus
+from astraflow.core.config import Section, apply_overrides, dump, load, parse_override
+from astraflow.core.errors import ConfigError
+
+
+class Inner(Section):
+    lr: float = 1e-3
+    agg: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+
+
+class Outer(Section):
+    run: str = "x"
+    trainer: Inner = Inner()
+
+
+def test_every_problem_is_reported_at_once_with_its_path(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("trainer:\n  lr: fast\n  agg: bad\n  oops: 1\nzzz: 2\n")
+    with pytest.raises(ConfigError) as err:
+        load(Outer, f)
+    problems = err.value.problems
+    assert len(problems) == 4
+    text = "\n".join(problems)
+    assert "trainer.lr" in text and "'fast'" in text
+    assert "trainer.agg" in text and "'token-mean' or 'seq-mean-token-mean'" in text
+    assert "trainer.oops: unknown key; valid keys here: agg, lr" in text
+    assert "zzz: unknown key; valid keys here: run, trainer" in text
+
+
+def test_overrides_parse_yaml_values_and_create_sections() -> None:
+    assert parse_override("a.b=0.5") == (["a", "b"], 0.5)
+    # YAML 1.1 reads 3e-4 as a string; the float field still gets a float
+    assert load(Outer, None, ["trainer.lr=3e-4"]).trainer.lr == 3e-4
+    assert parse_override("a=[x, y]") == (["a"], ["x", "y"])
+    assert parse_override("a=true") == (["a"], True)
+    assert apply_overrides({}, ["t.lr=0.5", "run=r"]) == {"t": {"lr": 0.5}, "run": "r"}
+    with pytest.raises(ConfigError, match="expected key.path=value"):
+        parse_override("novalue")
+    with pytest.raises(ConfigError, match="run is not a section"):
+        apply_overrides({"run": "r"}, ["run.x=1"])
+
+
+def test_load_and_dump_round_trip(tmp_path: Path) -> None:
+    cfg = load(Outer, None, ["trainer.lr=0.25"])
+    f = tmp_path / "c.yaml"
+    f.write_text(dump(cfg))
+    assert load(Outer, f) == cfg
+
+
+def test_file_errors_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load(Outer, tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load(Outer, bad)
+    bad.write_text("- 1\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load(Outer, bad)
+
+
+def test_experiment_defaults_and_bus(tmp_path: Path) -> None:
+    cfg = load_experiment(None, ["run=r1", "policies=[solver, verifier]"])
+    assert isinstance(cfg, ExperimentConfig) and cfg.policies == ["solver", "verifier"]
+    with pytest.raises(ConfigError, match="run"):
+        load_experiment(None, ["run=bad name"])
+    bus = open_bus(cfg, tmp_path)
+    assert "af.r1.batches.verifier" in bus.list_topics()
+    assert bus.url == f"embedded://{tmp_path.resolve()}/bus.db"
+    bus.close()
