@@ -1,0 +1,90 @@
+"""A character-level tokenizer and a tiny Qwen2 model, made in code.
+
+>>> tok = build_tokenizer("arith")            # 17 tokens: <pad> <bos> <eos> 0-9 + - * =
+>>> model = build_model(tok, seed=0)          # ~0.53M parameters
+>>> save(model, tok, "runs/tiny")             # a normal Hugging Face model directory
+
+The tokenizer splits every character, prepends ``<bos>``, pads on the left, and decodes
+without spaces between characters. Its chat template concatenates message contents, so
+``apply_chat_template`` works for workflows that build prompts from messages.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from astraflow.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+SPECIALS = ["<pad>", "<bos>", "<eos>"]
+ALPHABETS = {
+    "arith": "0123456789+-*=",
+    # printable ASCII and newline: enough for tool calls and JSON in multi-turn tests
+    "ascii": "".join(chr(c) for c in range(32, 127)) + "\n",
+}
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+def build_tokenizer(alphabet: str = "arith") -> PreTrainedTokenizerFast:
+    """A character-level fast tokenizer over a named alphabet (or a literal string of chars)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    chars = ALPHABETS.get(alphabet, alphabet)
+    if len(set(chars)) != len(chars) or not chars:
+        raise ConfigError(f"alphabet {alphabet!r}: give a name ({', '.join(ALPHABETS)}) or a "
+                          "string of distinct characters")
+    vocab = {t: i for i, t in enumerate(SPECIALS + list(chars))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
+    # Every character is its own token (spaces included): Split on the empty pattern.
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])])
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
+                                   pad_token="<pad>", padding_side="left")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_model(tokenizer: Any, *, hidden: int = 128, layers: int = 2, heads: int = 4,
+                intermediate: int = 512, max_positions: int = 64, seed: int = 0
+                ) -> PreTrainedModel:
+    """A randomly initialised Qwen2 causal LM sized for ``tokenizer`` (fp32, CPU)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=heads, intermediate_size=intermediate,
+        max_position_embeddings=max_positions, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)
+
+
+def save(model: Any, tokenizer: Any, path: str | Path) -> Path:
+    """Save model and tokenizer as a Hugging Face directory (safetensors weights)."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def load(path: str | Path, *, device: str = "cpu", dtype: Any = None) -> tuple[Any, Any]:
+    """Load a model directory saved by :func:`save` (or any local HF causal-LM directory)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    p = Path(path)
+    if not (p / "config.json").exists():
+        raise ConfigError(f"model directory {p} has no config.json; build one with "
+                          "astraflow.models.tiny.save() or give a Hugging Face model directory")
+    tok = AutoTokenizer.from_pretrained(p)
+    model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or torch.float32).to(device)
+    return model, tok

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from astraflow.core.errors import ConfigError
+from astraflow.models.tiny import build_model, build_tokenizer, load, save
+
+
+def test_tokenizer_is_character_level_with_bos_and_clean_decoding() -> None:
+    tok = build_tokenizer("arith")
+    assert len(tok) == 17
+    ids = tok("12+7=")["input_ids"]
+    assert ids[0] == tok.bos_token_id and len(ids) == 6
+    assert tok.decode(ids, skip_special_tokens=True) == "12+7="
+    batch = tok(["1+1=", "10+10="], padding=True)["input_ids"]
+    assert batch[0][0] == tok.pad_token_id  # left padding
+    text = tok.apply_chat_template([{"role": "user", "content": "3+4="}], tokenize=False)
+    assert text == "3+4="
+
+
+def test_ascii_tokenizer_round_trips_text_with_spaces() -> None:
+    tok = build_tokenizer("ascii")
+    s = 'call {"x": 1}\nok'
+    assert tok.decode(tok(s)["input_ids"], skip_special_tokens=True) == s
+    with pytest.raises(ConfigError, match="distinct"):
+        build_tokenizer("aab")
+
+
+def test_model_generates_and_round_trips_through_disk(tmp_path: Path) -> None:
+    tok = build_tokenizer("arith")
+    model = build_model(tok, seed=0)
+    assert 400_000 < sum(p.numel() for p in model.parameters()) < 700_000
+    save(model, tok, tmp_path / "m")
+    model2, tok2 = load(tmp_path / "m")
+    enc = tok(["1+1=", "22+33="], return_tensors="pt", padding=True)
+    out1 = model.generate(**enc, max_new_tokens=3, do_sample=False, pad_token_id=tok.pad_token_id)
+    out2 = model2.generate(**enc, max_new_tokens=3, do_sample=False,
+                           pad_token_id=tok2.pad_token_id)
+    assert torch.equal(out1, out2)
+    with pytest.raises(ConfigError, match="config.json"):
+        load(tmp_path / "nothing")
