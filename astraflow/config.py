@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 import pydantic
 
@@ -34,6 +35,17 @@ class BusConfig(Section):
         default_factory=dict, description="partition count per logical topic, e.g. tasks: 8")
 
 
+class ModelConfig(Section):
+    """The model of one policy: a local Hugging Face directory, optionally built here."""
+
+    path: str = pydantic.Field("{out}/models/{policy}",
+                               description="HF model directory ({out}: run dir, {policy})")
+    build: Literal["none", "tiny-arith", "tiny-ascii"] = pydantic.Field(
+        "none", description="build a tiny model at `path` when it does not exist "
+                            "(quickstart and tests; no downloads)")
+    seed: int = 0
+
+
 class ExperimentConfig(Section):
     """An experiment: its run name, bus, trainable policies and every role's section."""
 
@@ -43,6 +55,8 @@ class ExperimentConfig(Section):
     policies: list[str] = pydantic.Field(["default"], min_length=1,
                                          description="trainable policies (roles)")
     bus: BusConfig = BusConfig()
+    models: dict[str, ModelConfig] = pydantic.Field(
+        default_factory=dict, description="per policy; a policy absent here gets the defaults")
     producer: ProducerConfig = ProducerConfig()
     rollout: RolloutConfig = RolloutConfig()
     data: DataConfig = DataConfig()
@@ -64,3 +78,26 @@ def open_bus(config: ExperimentConfig, out: str | Path = ".") -> Bus:
     bus = connect(url, config=config.bus.options)
     bus.create_topics(run_topics(config.run, config.policies, config.bus.partitions))
     return bus
+
+
+def model_dir(config: ExperimentConfig, policy: str, out: str | Path = ".") -> Path:
+    """The model directory of ``policy``, built first when its config asks for a tiny model
+    and it does not exist yet (atomically: built aside, then renamed)."""
+    mc = config.models.get(policy, ModelConfig())
+    path = Path(mc.path.replace("{out}", str(Path(out).resolve())).replace("{policy}", policy))
+    if mc.build != "none" and not (path / "config.json").exists():
+        import tempfile
+
+        from astraflow.models.tiny import build_model, build_tokenizer, save
+
+        tok = build_tokenizer(mc.build.removeprefix("tiny-"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
+        save(build_model(tok, seed=mc.seed), tok, tmp)
+        try:
+            tmp.rename(path)
+        except OSError:  # another process built it first: use theirs
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path

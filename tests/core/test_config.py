@@ -75,3 +75,15 @@ def test_experiment_defaults_and_bus(tmp_path: Path) -> None:
     assert "af.r1.batches.verifier" in bus.list_topics()
     assert bus.url == f"embedded://{tmp_path.resolve()}/bus.db"
     bus.close()
+
+
+def test_model_dir_builds_a_tiny_model_once(tmp_path: Path) -> None:
+    from astraflow.config import model_dir
+
+    cfg = load_experiment(None, ["models.default.build=tiny-arith"])
+    path = model_dir(cfg, "default", tmp_path)
+    assert path == tmp_path.resolve() / "models" / "default"
+    assert (path / "config.json").exists() and (path / "tokenizer.json").exists()
+    stamp = (path / "config.json").stat().st_mtime_ns
+    assert model_dir(cfg, "default", tmp_path) == path
+    assert (path / "config.json").stat().st_mtime_ns == stamp  # not rebuilt

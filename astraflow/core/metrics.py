@@ -1,0 +1,81 @@
+"""Heartbeats and metrics: every process emits :class:`Metric` records to ``metrics``.
+
+>>> m = MetricsEmitter(bus, run="r", role="rollout")
+>>> m.inc("episodes"); m.set("inflight", 3)
+>>> m.tick()              # emits at most every ``interval`` seconds (also a heartbeat)
+>>> m.close("stopped")
+
+Counters only grow from process start; gauges are current values. Readers (the reporter,
+``astraflow top``) key by ``component``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+from astraflow.core.bus.types import Bus
+from astraflow.core.errors import BusError
+from astraflow.core.records import Metric, encode, schema_header
+from astraflow.core.topics import topic_name
+
+log = logging.getLogger("astraflow.metrics")
+
+
+def component_id(role: str) -> str:
+    """A unique, readable id for this process: ``<role>-<host>-<pid>-<4 hex>``."""
+    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+
+
+class MetricsEmitter:
+    """Counts and gauges for one process, sent to the run's ``metrics`` topic."""
+
+    def __init__(self, bus: Bus, *, run: str, role: str, component: str | None = None,
+                 interval: float = 2.0) -> None:
+        self.role = role
+        self.component = component or component_id(role)
+        self.interval = interval
+        self.counters: dict[str, float] = {}
+        self.gauges: dict[str, float] = {}
+        self._topic = topic_name(run, "metrics")
+        self._producer = bus.producer(client_id=self.component)
+        self._last: float | None = None
+        self._lock = threading.Lock()
+        self._host = socket.gethostname()
+
+    def inc(self, name: str, n: float = 1.0) -> None:
+        with self._lock:
+            self.counters[name] = self.counters.get(name, 0.0) + n
+
+    def set(self, name: str, value: float) -> None:
+        with self._lock:
+            self.gauges[name] = float(value)
+
+    def tick(self, status: str = "running") -> bool:
+        """Emit if ``interval`` passed since the last emission. Returns whether it emitted."""
+        if self._last is not None and time.monotonic() - self._last < self.interval:
+            return False
+        self.emit(status)
+        return True
+
+    def emit(self, status: str = "running") -> None:
+        """Emit now. A bus failure is logged, not raised: metrics never stop the work."""
+        with self._lock:
+            rec = Metric(component=self.component, role=self.role, host=self._host,
+                         pid=os.getpid(), status=status,  # type: ignore[arg-type]
+                         counters=dict(self.counters), gauges=dict(self.gauges))
+        self._last = time.monotonic()
+        try:
+            self._producer.produce(self._topic, encode(rec), key=self.component.encode(),
+                                   headers=[schema_header(rec)])
+            self._producer.flush()
+        except BusError as e:
+            log.warning("metrics not emitted component=%s error=%s", self.component, e)
+
+    def close(self, status: str = "stopped") -> None:
+        self.emit(status)
+        self._producer.close()
