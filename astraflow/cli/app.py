@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from astraflow.cli import broker, demo, inspect_cmd, topics
+from astraflow.cli import broker, demo, inspect_cmd, topics, weights
 
 app = typer.Typer(
     name="astraflow",
@@ -20,6 +20,7 @@ app = typer.Typer(
 )
 app.add_typer(broker.app, name="broker")
 app.add_typer(topics.app, name="topics")
+app.add_typer(weights.app, name="weights")
 app.command("inspect")(inspect_cmd.inspect)
 app.command("demo")(demo.demo)
 

@@ -108,6 +108,8 @@ def _report(summary: dict[str, Any], as_json: bool) -> None:
             continue
         if isinstance(value, float):
             value = f"{value:.6g}"
+        elif isinstance(value, list):
+            value = ", ".join(map(str, value))
         typer.echo(f"{key:>16}: {value}")
 
 

@@ -49,3 +49,12 @@ class CommitError(BusError):
 
 class BrokerError(AstraflowError):
     """The local Kafka broker could not be fetched, started, or stopped."""
+
+
+class WeightIntegrityError(AstraflowError):
+    """A weight blob or an applied tensor failed a check: bad magic, truncated or corrupt bytes,
+    a digest mismatch, or a delta applied to the wrong base. Names the tensor and offset."""
+
+
+class WeightStoreError(AstraflowError):
+    """A weight store could not read or write a blob (missing, unreachable, refused path)."""

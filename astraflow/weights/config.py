@@ -1,9 +1,112 @@
-"""Config section: Weight publishing and sync: codec, store, full-snapshot interval (issue 3)."""
+"""Config section ``weights``: serving dtype, full-snapshot interval, codec level, the weight
+store the trainer writes and the one workers read, and the syncer's cache and rate limit.
+
+    weights:
+      full_every: 20
+      store: {type: file, path: "{out}/weights"}                 # the trainer writes here
+      fetch: {type: http, url: "http://trainer:8470", token: s3cret}   # workers read here
+
+``{out}`` is the run directory. Without ``fetch`` workers read ``store`` (a shared mount, or the
+same host). This module imports nothing heavy; the ``build_*`` factories import the weights
+package when called.
+"""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import pydantic
+
 from astraflow.core.config import Section
+
+if TYPE_CHECKING:
+    from astraflow.core.bus import Bus
+    from astraflow.weights.publisher import Publisher
+    from astraflow.weights.store import WeightStore
+    from astraflow.weights.syncer import Syncer
+
+
+class StoreConfig(Section):
+    """A weight store: ``file`` (a directory, local or a shared mount) or ``http`` (a server
+    started with ``astraflow weights serve DIR``)."""
+
+    type: Literal["file", "http"] = "file"
+    path: str = pydantic.Field(default="{out}/weights",
+                               description="file: the blob directory")
+    url: str = pydantic.Field(default="", description="http: base URL of the weight server")
+    token: str | None = pydantic.Field(
+        default=None, description="http: bearer token (default: $ASTRAFLOW_WEIGHTS_TOKEN)")
+
+    @pydantic.model_validator(mode="after")
+    def _url_for_http(self) -> StoreConfig:
+        if self.type == "http" and not self.url.startswith(("http://", "https://")):
+            raise ValueError("an http store needs url: http(s)://host:port")
+        return self
 
 
 class WeightsConfig(Section):
-    """Weight publishing and sync: codec, store, full-snapshot interval (issue 3)."""
+    """Weight publishing and sync (DESIGN.md §8, docs/weights.md)."""
+
+    dtype: Literal["bfloat16", "float16", "float32"] | None = pydantic.Field(
+        default="bfloat16",
+        description="serving dtype the trainer's tensors are cast to; null: as they are")
+    full_every: int = pydantic.Field(default=20, ge=1,
+                                     description="a full snapshot every K versions")
+    max_delta_fraction: float = pydantic.Field(
+        default=0.5, gt=0, le=1,
+        description="a delta larger than this fraction of dense is replaced by a full")
+    zstd_level: int = pydantic.Field(default=1, ge=-7, le=22, description="1 measured best")
+    store: StoreConfig = StoreConfig()
+    fetch: StoreConfig | None = pydantic.Field(
+        default=None, description="where workers read blobs; absent: store")
+    cache_dir: str = pydantic.Field(default="{out}/weights-cache/{worker}",
+                                    description="workers' download directory")
+    rate_limit: float | None = pydantic.Field(
+        default=None, gt=0,
+        description="bytes/s cap on a worker's downloads (emulates a slow link)")
+
+
+def _fill(template: str, out: str | Path, worker: str = "") -> str:
+    return template.replace("{out}", str(Path(out).resolve())).replace("{worker}", worker)
+
+
+def _file_store(cfg: StoreConfig, out: str | Path) -> WeightStore:
+    from astraflow.weights.store import FileStore
+
+    return FileStore(_fill(cfg.path, out))
+
+
+def _http_store(cfg: StoreConfig, out: str | Path) -> WeightStore:
+    from astraflow.weights.http import HttpStore
+
+    return HttpStore(cfg.url, token=cfg.token or os.environ.get("ASTRAFLOW_WEIGHTS_TOKEN"))
+
+
+STORES: dict[str, Any] = {"file": _file_store, "http": _http_store}
+
+
+def build_store(cfg: StoreConfig, out: str | Path = ".") -> WeightStore:
+    """The weight store a :class:`StoreConfig` describes."""
+    return STORES[cfg.type](cfg, out)  # type: ignore[no-any-return]
+
+
+def build_publisher(bus: Bus, cfg: WeightsConfig, *, run: str, policy: str,
+                    out: str | Path = ".") -> Publisher:
+    """The trainer's publisher for ``policy``."""
+    from astraflow.weights.publisher import Publisher
+
+    return Publisher(bus, run=run, policy=policy, store=build_store(cfg.store, out),
+                     full_every=cfg.full_every, max_delta_fraction=cfg.max_delta_fraction,
+                     dtype=cfg.dtype, level=cfg.zstd_level)
+
+
+def build_syncer(bus: Bus, cfg: WeightsConfig, target: Any, *, run: str, policy: str,
+                 worker: str, out: str | Path = ".") -> Syncer:
+    """A rollout worker's syncer for ``policy`` into ``target`` (a WeightTarget)."""
+    from astraflow.weights.syncer import Syncer
+
+    return Syncer(bus, run=run, policy=policy, store=build_store(cfg.fetch or cfg.store, out),
+                  target=target, cache_dir=_fill(cfg.cache_dir, out, f"{worker}/{policy}"),
+                  rate_limit=cfg.rate_limit)

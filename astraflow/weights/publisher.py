@@ -1,0 +1,215 @@
+"""The publisher: the trainer's side. Turns a version's tensors into a blob and a manifest.
+
+:meth:`Publisher.publish` copies the tensors to host memory as raw bits (cast to the serving
+dtype first when one is set) and returns; that copy is the only time it holds the training
+loop. A background thread then encodes a delta against the previously published version and/or
+a full snapshot, writes each blob to the store (durably: temporary file, fsync, rename), and only
+then produces the manifests to ``weights.<policy>`` and flushes them: a manifest on the bus
+means its blob is there.
+
+What is written for version v:
+
+* a **full** snapshot when it is the first version this publisher sees, when
+  ``v - last_full >= full_every``, or when the tensor set changed (names, shapes, dtypes);
+* a **delta** against the last published version whenever there is one and it is at most
+  ``max_delta_fraction`` of the dense size, so a worker can walk the chain across a full point;
+  when a delta is too large a full is written instead.
+
+If the trainer publishes faster than versions are encoded, a version still waiting is replaced
+by the newer one (``coalesce``): workers skip it, and deltas stay against what was published.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from astraflow.core.bus.types import Bus
+from astraflow.core.errors import AstraflowError, WeightIntegrityError
+from astraflow.core.records import TensorEntry, WeightManifest
+from astraflow.core.stream import Output, send
+from astraflow.core.topics import topic_name
+from astraflow.weights.bits import bits_dict
+from astraflow.weights.blob import CODEC, Bits, EncodedVersion, check_compatible, encode_version
+from astraflow.weights.codec import DEFAULT_LEVEL
+from astraflow.weights.store import WeightStore
+
+log = logging.getLogger("astraflow.weights.publisher")
+
+
+@dataclass
+class PublishStats:
+    versions: int = 0  # versions published
+    coalesced: int = 0  # versions replaced by a newer one before they were encoded
+    fulls: int = 0
+    deltas: int = 0
+    bytes_written: int = 0
+    dense_bytes: int = 0  # dense size of the published versions
+
+
+def manifest_for(enc: EncodedVersion, *, policy: str, uri: str) -> WeightManifest:
+    """The manifest of an encoded blob stored at ``uri``."""
+    h = enc.header
+    return WeightManifest(
+        policy=policy, version=h.version, base_version=h.base_version, kind=h.kind, codec=CODEC,
+        tensors=[TensorEntry(name=t.name, shape=list(t.shape), dtype=t.dtype, uri=uri,
+                             offset=enc.payload_start + t.offset, length=t.length,
+                             digest=t.digest, changed=t.changed) for t in h.tensors],
+        total_bytes=len(enc.blob), full_bytes=enc.dense_bytes)
+
+
+class Publisher:
+    """Publishes weight versions of one policy to a store and the bus."""
+
+    def __init__(self, bus: Bus, *, run: str, policy: str, store: WeightStore,
+                 full_every: int = 20, max_delta_fraction: float = 0.5,
+                 dtype: str | None = "bfloat16", level: int = DEFAULT_LEVEL,
+                 background: bool = True, coalesce: bool = True, client_id: str = "") -> None:
+        if full_every < 1:
+            raise AstraflowError(f"full_every must be >= 1, got {full_every}")
+        self.policy = policy
+        self.store = store
+        self.full_every = full_every
+        self.max_delta_fraction = max_delta_fraction
+        self.dtype = dtype
+        self.level = level
+        self.coalesce = coalesce
+        self.topic = topic_name(run, "weights", policy)
+        self.stats = PublishStats()
+        self.last_manifests: list[WeightManifest] = []
+        bus.create_topics({self.topic: 1})
+        self._producer = bus.producer(client_id=client_id or f"weights-publisher-{policy}")
+        self._base: Bits | None = None
+        self._base_version: int | None = None
+        self._base_digests: dict[str, str] = {}
+        self._last_full: int | None = None
+        self._last_version: int | None = None  # newest version handed to publish()
+        self._pending: tuple[Bits, int] | None = None
+        self._busy = False
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._loop, daemon=True,
+                                            name=f"weights-publisher-{policy}")
+            self._thread.start()
+
+    # -- the trainer's calls ------------------------------------------------------------------
+    def publish(self, tensors: Mapping[str, Any], version: int) -> None:
+        """Publish ``tensors`` (name → torch tensor or numpy array) as ``version``. Blocks only
+        for the copy; encoding and writing happen in the background. Raises an error that the
+        background work met since the last call."""
+        self._raise_error()
+        if self._last_version is not None and version <= self._last_version:
+            raise AstraflowError(f"version {version} is not newer than the last published "
+                                 f"version {self._last_version}; versions must increase")
+        bits = bits_dict(tensors, copy=True, dtype=self.dtype)
+        self._last_version = version
+        if self._thread is None:
+            self._publish_now(bits, version)
+            return
+        with self._cond:
+            while self._pending is not None and not self.coalesce:
+                self._cond.wait()
+            if self._pending is not None:
+                self.stats.coalesced += 1
+                log.info("coalesced version=%d into version=%d", self._pending[1], version)
+            self._pending = (bits, version)
+            self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every version handed to :meth:`publish` is on the bus (or was coalesced)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._pending is None and not self._busy,
+                                       timeout):
+                raise AstraflowError(f"weights publisher still busy after {timeout} s")
+        self._raise_error()
+
+    def close(self) -> None:
+        """Publish what is pending, stop the background thread, close the producer."""
+        try:
+            if self._thread is not None:
+                self.flush()
+        finally:
+            if self._thread is not None:
+                with self._cond:
+                    self._closed = True
+                    self._cond.notify_all()
+                self._thread.join()
+            self._producer.close()
+
+    # -- background work ----------------------------------------------------------------------
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending is not None or self._closed)
+                if self._pending is None:
+                    return
+                bits, version = self._pending
+                self._pending = None
+                self._busy = True
+                self._cond.notify_all()
+            try:
+                self._publish_now(bits, version)
+            except BaseException as e:  # noqa: BLE001 - handed to the trainer's next call
+                log.error("publishing version=%d failed: %s", version, e)
+                self._error = e
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _publish_now(self, bits: Bits, version: int) -> None:
+        encs: list[EncodedVersion] = []
+        base = self._base
+        if base is not None:
+            try:
+                check_compatible(bits, base)
+            except WeightIntegrityError as e:
+                log.info("tensor set changed at version=%d (%s): full snapshot", version, e)
+                base = None
+        full = (base is None or self._last_full is None
+                or version - self._last_full >= self.full_every)
+        dense = sum(b.nbytes for _d, b in bits.values())
+        if base is not None:
+            delta = encode_version(bits, version=version, base=base,
+                                   base_version=self._base_version,
+                                   base_digests=self._base_digests, level=self.level)
+            if len(delta.blob) <= self.max_delta_fraction * dense:
+                encs.append(delta)
+            else:
+                full = True
+        if full:
+            encs.append(encode_version(bits, version=version, level=self.level))
+        manifests = []
+        token = uuid.uuid4().hex[:8]  # blob names are never reused, so resumed reads are safe
+        for enc in encs:
+            uri = f"{self.policy}/v{version:010d}.{enc.header.kind}.{token}.afw"
+            self.store.put(uri, enc.blob)
+            manifests.append(manifest_for(enc, policy=self.policy, uri=uri))
+            self.stats.bytes_written += len(enc.blob)
+        for m in manifests:
+            send(self._producer, Output(self.topic, m, self.policy.encode()))
+        self._producer.flush()
+        self._base, self._base_version = bits, version
+        self._base_digests = encs[0].digests
+        if full:
+            self._last_full = version
+            self.stats.fulls += 1
+        self.stats.deltas += len(encs) - int(full)
+        self.stats.versions += 1
+        self.stats.dense_bytes += dense
+        self.last_manifests = manifests
+        log.info("published policy=%s version=%d blobs=%s bytes=%d dense=%d", self.policy,
+                 version, [m.kind for m in manifests], sum(m.total_bytes for m in manifests),
+                 dense)

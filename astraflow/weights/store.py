@@ -1,0 +1,183 @@
+"""Weight stores: where blobs live. Manifests on the bus point into a store by relative path.
+
+A store is anything with the :class:`WeightStore` methods. Two ship here: :class:`FileStore`
+(a local directory or a shared mount) and :class:`~astraflow.weights.http.HttpStore` (the client
+of ``astraflow weights serve``). Blob paths come from manifests, which may come from a peer we
+do not trust: every path is checked by :func:`check_path` before it touches a filesystem or a URL.
+
+:func:`download` copies a blob from any store to a local file, resumably: bytes go to
+``<dest>.part`` and a later call continues from that file's size with a ranged read. Blob names
+are immutable (a version's blob is never rewritten under the same name), so resuming is safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import BinaryIO, Protocol, runtime_checkable
+
+from astraflow.core.errors import WeightStoreError
+from astraflow.weights.files import fsync_dir, write_atomic
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,127}$")
+MAX_PATH = 512
+
+
+class BlobNotFoundError(WeightStoreError):
+    """The store has no blob at that path."""
+
+
+class UnsafePathError(WeightStoreError):
+    """A blob path (from a manifest) was refused: it could reach outside the store."""
+
+
+def check_path(path: str) -> str:
+    """Return ``path`` if it is a safe relative blob path, else raise WeightStoreError.
+
+    Safe: '/'-separated segments of letters, digits and ``_ . = + -``, none starting with a dot
+    (so no ``..``, no hidden or temporary files), no absolute path, no backslash, no empty
+    segment, at most 512 characters."""
+    segments = path.split("/") if isinstance(path, str) else []
+    if (not isinstance(path, str) or not path or len(path) > MAX_PATH
+            or not all(_SEGMENT.match(s) for s in segments)):
+        raise UnsafePathError(
+            f"refused blob path {path!r}: expected a relative path of segments made of letters, "
+            "digits and '_.=+-' (not starting with '.'), e.g. 'solver/v0000000042.delta.afw'")
+    return path
+
+
+@runtime_checkable
+class WeightStore(Protocol):
+    """Blob storage. Paths are relative, '/'-separated and pass :func:`check_path`."""
+
+    def put(self, path: str, data: bytes | memoryview) -> None:
+        """Store ``data`` at ``path`` durably and atomically (readers see all of it or none)."""
+
+    def open(self, path: str, offset: int = 0) -> BinaryIO:
+        """A readable stream of the blob from byte ``offset`` (close it when done).
+        Raises BlobNotFoundError when absent."""
+
+    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """Bytes ``[offset, offset + length)`` of the blob (to its end when length is None)."""
+
+    def exists(self, path: str) -> bool: ...
+
+    def size(self, path: str) -> int:
+        """The blob's size in bytes; BlobNotFoundError when absent."""
+
+
+class FileStore:
+    """Blobs as files under ``root`` (a local disk or a shared mount such as NFS)."""
+
+    def __init__(self, root: str | Path, *, fsync: bool = True) -> None:
+        self.root = Path(root).resolve()
+        self.fsync = fsync
+
+    def __repr__(self) -> str:
+        return f"FileStore({str(self.root)!r})"
+
+    def local_path(self, path: str) -> Path:
+        """The file of blob ``path`` (checked to stay inside the root, symlinks resolved)."""
+        p = (self.root / check_path(path)).resolve()
+        if not p.is_relative_to(self.root):
+            raise UnsafePathError(f"refused blob path {path!r}: it resolves outside {self.root}")
+        return p
+
+    def put(self, path: str, data: bytes | memoryview) -> None:
+        write_atomic(self.local_path(path), data, fsync=self.fsync)
+
+    def open(self, path: str, offset: int = 0) -> BinaryIO:
+        try:
+            f = open(self.local_path(path), "rb")  # noqa: SIM115 - returned to the caller
+        except FileNotFoundError:
+            raise BlobNotFoundError(f"blob {path!r} not found in {self}") from None
+        f.seek(offset)
+        return f
+
+    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        with self.open(path, offset) as f:
+            return f.read() if length is None else f.read(length)
+
+    def exists(self, path: str) -> bool:
+        return self.local_path(path).is_file()
+
+    def size(self, path: str) -> int:
+        try:
+            return self.local_path(path).stat().st_size
+        except FileNotFoundError:
+            raise BlobNotFoundError(f"blob {path!r} not found in {self}") from None
+
+
+class TokenBucket:
+    """Limits a byte rate: :meth:`take` sleeps until ``n`` bytes fit (burst: a quarter second)."""
+
+    def __init__(self, rate: float, burst: float | None = None) -> None:
+        if rate <= 0:
+            raise ValueError(f"rate must be > 0 bytes/s, got {rate}")
+        self.rate = float(rate)
+        self.burst = float(burst if burst is not None else max(rate / 4, 16384))
+        self._tokens = self.burst
+        self._last = time.monotonic()
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+            self._tokens -= n
+            wait = -self._tokens / self.rate if self._tokens < 0 else 0.0
+        if wait > 0:
+            time.sleep(wait)
+
+
+def download(store: WeightStore, path: str, dest: str | Path, *, rate_limit: float | None = None,
+             chunk: int = 1 << 16) -> int:
+    """Copy blob ``path`` to the local file ``dest``, resuming from ``dest.part`` if an earlier
+    call was interrupted. Returns the bytes transferred by this call. ``rate_limit`` caps the
+    transfer in bytes per second (to emulate a slow link)."""
+    check_path(path)
+    dest = Path(dest)
+    part = dest.with_name(dest.name + ".part")
+    total = store.size(path)
+    if dest.exists() and dest.stat().st_size == total:
+        return 0
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    have = part.stat().st_size if part.exists() else 0
+    if have > total:  # not a prefix of this blob: start over
+        part.unlink()
+        have = 0
+    bucket = TokenBucket(rate_limit, burst=min(rate_limit / 4, chunk)) if rate_limit else None
+    moved = 0
+    if have < total:
+        with store.open(path, have) as src, open(part, "ab") as out:
+            try:
+                while True:
+                    want = chunk if bucket is None else min(chunk, int(bucket.burst))
+                    data = src.read(want)
+                    if not data:
+                        break
+                    if bucket is not None:
+                        bucket.take(len(data))
+                    out.write(data)
+                    moved += len(data)
+            except (OSError, http.client.HTTPException) as e:
+                raise WeightStoreError(f"download of {path!r} from {store!r} interrupted at "
+                                       f"{have + moved} of {total} bytes ({e}); call again to "
+                                       "resume") from None
+            finally:
+                out.flush()
+                os.fsync(out.fileno())
+        have = part.stat().st_size
+    if have != total:
+        raise WeightStoreError(f"download of {path!r} from {store!r} stopped at {have} of "
+                               f"{total} bytes; call again to resume from {part}")
+    os.replace(part, dest)
+    with contextlib.suppress(OSError):
+        fsync_dir(dest.parent)
+    return moved

@@ -1,0 +1,291 @@
+"""The syncer: keeps a rollout worker's weights at the newest published version.
+
+It reads every manifest of ``weights.<policy>`` (a consumer group of its own, from the
+beginning; it never commits), plans the cheapest route from the version its target holds
+(:func:`~astraflow.weights.route.plan_route`), fetches the blobs (resumably, optionally
+rate-limited), checks each blob against its manifest, applies it in place and verifies every
+tensor's digest. A missing blob, a corrupt blob or a wrong base is healed: the route is planned
+again without that blob, from nothing if the target was left half-applied, which ends at a full
+snapshot plus the deltas after it.
+
+>>> syncer = Syncer(bus, run="demo", policy="solver", store=HttpStore(url),
+...                 target=DictTarget(model_state), cache_dir="/tmp/weights-cache")
+>>> syncer.sync_once()          # between generation steps: returns the version now held
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import numpy as np
+
+from astraflow.core.bus.types import Bus, Message
+from astraflow.core.errors import SchemaError, WeightIntegrityError, WeightStoreError
+from astraflow.core.records import WeightManifest, decode
+from astraflow.core.topics import topic_name
+from astraflow.weights.bits import digest, dtype_info
+from astraflow.weights.blob import BaseMismatchError, Blob, parse_blob
+from astraflow.weights.route import Route, plan_route
+from astraflow.weights.store import (
+    BlobNotFoundError,
+    UnsafePathError,
+    WeightStore,
+    check_path,
+    download,
+)
+from astraflow.weights.target import WeightTarget
+
+log = logging.getLogger("astraflow.weights.syncer")
+
+
+@dataclass
+class SyncStats:
+    manifests: int = 0  # manifests read from the topic
+    applied: int = 0  # blobs applied
+    fetched_bytes: int = 0  # bytes downloaded by this syncer (resumed parts count once)
+    heals: int = 0  # routes re-planned after a bad or missing blob
+    bad_records: int = 0  # records on the topic that were not manifests of this policy
+
+
+class Syncer:
+    """Follows ``weights.<policy>`` and applies new versions to ``target``."""
+
+    def __init__(self, bus: Bus, *, run: str, policy: str, store: WeightStore,
+                 target: WeightTarget, cache_dir: str | Path | None = None,
+                 rate_limit: float | None = None, group: str | None = None,
+                 max_heals: int = 3) -> None:
+        self.policy = policy
+        self.store = store
+        self.target = target
+        self.rate_limit = rate_limit
+        self.max_heals = max_heals
+        self.topic = topic_name(run, "weights", policy)
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.stats = SyncStats()
+        self.manifests: list[WeightManifest] = []
+        self._shadow: dict[str, tuple[str, np.ndarray]] = {}  # host bits the target lacks
+        self._digests: dict[str, str] | None = None  # of the version held, when known
+        self._version = target.current_version()
+        self._bus = bus
+        self._seen: dict[int, int] = {}  # partition -> next offset to read
+        bus.create_topics({self.topic: 1})
+        self._consumer = bus.consumer(group or f"af-weights-sync-{policy}-{uuid.uuid4().hex[:12]}",
+                                      [self.topic], start="earliest")
+
+    # -- the view of the topic ----------------------------------------------------------------
+    @property
+    def version(self) -> int | None:
+        """The version the target holds (None: nothing yet)."""
+        return self._version
+
+    def newest(self) -> int | None:
+        return max((m.version for m in self.manifests), default=None)
+
+    def poll(self, timeout: float = 0.0, max_records: int | None = None) -> int:
+        """Read every manifest on the topic now; when there is none new, wait up to ``timeout``
+        seconds for one. Returns how many records were read."""
+        ends = self._bus.describe_topic(self.topic).end_offsets
+        behind = {p: end for p, end in ends.items() if end > self._seen.get(p, 0)}
+        deadline = time.monotonic() + timeout
+        got = 0
+        while max_records is None or got < max_records:
+            if behind:  # records exist that we have not read: wait for them (bounded)
+                wait = max(0.0, deadline - time.monotonic()) if got == 0 else max(timeout, 1.0)
+            else:  # caught up: wait only for the first new record
+                wait = 0.0 if got else max(0.0, deadline - time.monotonic())
+            n = 500 if max_records is None else min(500, max_records - got)
+            msgs = self._consumer.consume(n, wait)
+            if not msgs:
+                break
+            for msg in msgs:
+                self._seen[msg.partition] = msg.offset + 1
+                if behind.get(msg.partition, -1) <= msg.offset + 1:
+                    behind.pop(msg.partition, None)
+                self._take(msg)
+            got += len(msgs)
+            self.stats.manifests += len(msgs)
+        return got
+
+    def _take(self, msg: Message) -> None:
+        try:
+            m = cast(WeightManifest, decode(msg.value, WeightManifest))
+        except SchemaError as e:
+            self.stats.bad_records += 1
+            log.warning("skipped record origin=%s error=%s", msg.origin, e)
+            return
+        if m.policy != self.policy:
+            self.stats.bad_records += 1
+            log.warning("skipped manifest of policy=%s origin=%s", m.policy, msg.origin)
+            return
+        self.manifests.append(m)
+
+    # -- syncing ------------------------------------------------------------------------------
+    def plan(self) -> Route | None:
+        return plan_route(self.manifests, self._version)
+
+    def sync_once(self, timeout: float = 0.0) -> int | None:
+        """Read new manifests (waiting up to ``timeout``), move to the newest reachable version,
+        and return the version held."""
+        self.poll(timeout)
+        bad: set[str] = set()
+        heals = 0
+        while True:
+            route = plan_route(self.manifests, self._version, exclude=bad)
+            if route is None:
+                return self._version
+            try:
+                for m in route.steps:
+                    self._apply(m)
+                return self._version
+            except (WeightIntegrityError, BlobNotFoundError, UnsafePathError) as e:
+                heals += 1
+                self.stats.heals += 1
+                uris = {t.uri for t in m.tensors}
+                if not isinstance(e, BaseMismatchError):  # the blob is fine, our base is not
+                    bad |= uris
+                    self._drop_cached(uris)
+                if heals > self.max_heals:
+                    raise
+                log.warning("heal policy=%s version=%d kind=%s error=%s", self.policy,
+                            m.version, m.kind, e)
+
+    def run(self, max_records: int | None = None, timeout: float | None = None,
+            poll_timeout: float = 0.5) -> SyncStats:
+        """Follow the topic: stop after ``max_records`` manifests or ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        start = self.stats.manifests
+        while True:
+            read = self.stats.manifests - start
+            if max_records is not None and read >= max_records:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            wait = poll_timeout if deadline is None else min(poll_timeout,
+                                                             max(0.0, deadline - time.monotonic()))
+            self.poll(wait, None if max_records is None else max_records - read)
+            newest = self.newest()
+            if newest is not None and (self._version is None or newest > self._version):
+                try:
+                    self.sync_once()
+                except WeightStoreError as e:  # unreachable store: try again on the next poll
+                    log.warning("sync failed policy=%s error=%s", self.policy, e)
+        return self.stats
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    # -- applying one blob --------------------------------------------------------------------
+    def _fetch(self, uri: str) -> Blob:
+        local = getattr(self.store, "local_path", None)
+        if local is not None:
+            path = local(uri)
+            if not path.is_file():
+                raise BlobNotFoundError(f"blob {uri!r} not found in {self.store!r}")
+        else:
+            if self.cache_dir is None:
+                data = self.store.read(uri)
+                self.stats.fetched_bytes += len(data)
+                return parse_blob(data, source=uri)
+            path = self.cache_dir / uri
+            self.stats.fetched_bytes += download(self.store, uri, path,
+                                                 rate_limit=self.rate_limit)
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            buf: bytes | memoryview = (memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+                                       if size else b"")
+        return parse_blob(buf, source=uri)
+
+    def _drop_cached(self, uris: set[str]) -> None:
+        if self.cache_dir is None or hasattr(self.store, "local_path"):
+            return
+        for uri in uris:
+            try:
+                check_path(uri)
+            except UnsafePathError:
+                continue  # never touch a path a manifest made up
+            for p in (self.cache_dir / uri, self.cache_dir / f"{uri}.part"):
+                with contextlib.suppress(OSError):
+                    p.unlink()
+
+    def _bits(self, name: str) -> tuple[str, np.ndarray] | None:
+        held = self.target.host_bits(name)
+        if held is not None:
+            return held
+        return self._shadow.get(name)
+
+    def _apply(self, m: WeightManifest) -> None:
+        uris = {t.uri for t in m.tensors}
+        if len(uris) != 1:
+            raise WeightIntegrityError(f"manifest of version {m.version} spans {len(uris)} blobs; "
+                                       "this build reads one blob per version")
+        (uri,) = uris
+        blob = self._fetch(uri)
+        _check_manifest(m, blob)
+        if m.kind == "delta":
+            self._check_base(m, blob)
+        self._version = None  # from here until the end the target is half-applied
+        for t in blob.header.tensors:
+            shape = tuple(t.shape)
+            held = self._bits(t.name)
+            if t.enc == "delta":
+                assert held is not None
+                flat = held[1]
+            elif held is not None and held[0] == t.dtype and len(held[1]) == t.numel:
+                flat = held[1]
+            else:
+                flat = np.empty(t.numel, dtype=dtype_info(t.dtype).bits)
+            if t.enc == "delta" and t.changed == 0:
+                continue
+            blob.decode_into(t, flat)
+            self.target.apply(t.name, t.dtype, shape, flat)
+            if self.target.host_bits(t.name) is None:
+                self._shadow[t.name] = (t.dtype, flat)
+            else:
+                self._shadow.pop(t.name, None)
+        self._digests = {t.name: t.digest for t in blob.header.tensors}
+        self._version = m.version
+        self.target.commit(m.version)
+        self.stats.applied += 1
+        self._drop_cached(uris)
+
+    def _check_base(self, m: WeightManifest, blob: Blob) -> None:
+        names = {t.name for t in blob.header.tensors}
+        if self._digests is not None and set(self._digests) != names:
+            raise WeightIntegrityError(f"delta {m.version} has tensors "
+                                       f"{sorted(names ^ set(self._digests))[:3]} that differ "
+                                       f"from version {self._version}")
+        for t in blob.header.tensors:
+            held = self._bits(t.name)
+            if held is None or held[0] != t.dtype or len(held[1]) != t.numel:
+                raise WeightIntegrityError(
+                    f"tensor {t.name!r}: delta {m.version} expects {t.dtype}{t.shape}; the "
+                    f"target holds {'nothing' if held is None else held[0]}")
+            known = (self._digests or {}).get(t.name) or digest(held[1])
+            if known != t.base_digest:
+                self._version, self._digests = None, None  # we hold an unknown version
+                raise BaseMismatchError(
+                    f"tensor {t.name!r}: the held version is not the base of delta {m.version} "
+                    f"(digest {known}, expected {t.base_digest})")
+
+
+def _check_manifest(m: WeightManifest, blob: Blob) -> None:
+    h = blob.header
+    if (h.kind, h.version, h.base_version) != (m.kind, m.version, m.base_version):
+        raise WeightIntegrityError(
+            f"blob {m.tensors[0].uri!r} holds {h.kind} {h.version} (base {h.base_version}); the "
+            f"manifest says {m.kind} {m.version} (base {m.base_version})")
+    if len(h.tensors) != len(m.tensors):
+        raise WeightIntegrityError(f"blob {m.tensors[0].uri!r} has {len(h.tensors)} tensors, the "
+                                   f"manifest {len(m.tensors)}")
+    for e, t in zip(m.tensors, h.tensors, strict=True):
+        if (e.name, e.dtype, list(e.shape), e.offset, e.length, e.digest) != (
+                t.name, t.dtype, t.shape, blob.payload_start + t.offset, t.length, t.digest):
+            raise WeightIntegrityError(f"tensor {e.name!r}: the manifest and blob "
+                                       f"{e.uri!r} disagree on its name, shape, range or digest")

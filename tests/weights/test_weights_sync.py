@@ -1,0 +1,371 @@
+"""Publisher → bus + store → syncer: every worker ends bit-identical to the trainer."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from weights_helpers import mutate
+
+from astraflow.core.bus import Bus
+from astraflow.core.errors import AstraflowError, WeightIntegrityError
+from astraflow.core.records import WeightManifest
+from astraflow.core.stream import Output, send
+from astraflow.core.topics import topic_name
+from astraflow.weights.http import HttpStore, WeightServer, make_server
+from astraflow.weights.publisher import Publisher
+from astraflow.weights.store import FileStore
+from astraflow.weights.syncer import Syncer
+from astraflow.weights.target import DictTarget
+
+RUN, POLICY = "t", "solver"
+
+
+def evolve(model: dict, n: int, seed: int = 0, fraction: float = 0.01) -> list[dict]:
+    """n versions of a numpy model, each a small step from the one before."""
+    rng = np.random.default_rng(seed)
+    out = [{k: v.copy() for k, v in model.items()}]
+    for _ in range(n - 1):
+        out.append({k: mutate(rng, v, fraction) for k, v in out[-1].items()})
+    return out
+
+
+def numpy_model(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "embed": rng.integers(0, 1 << 16, (300, 64), dtype=np.uint16),  # bf16 bits
+        "norm": rng.standard_normal(64).astype(np.float32),
+        "head": rng.standard_normal((8, 9)).astype(np.float16),
+        "scale": np.array(1.5, np.float32),
+        "empty": np.zeros((0, 3), np.uint16),
+    }
+
+
+def identical(got: dict, want: dict) -> bool:
+    return got.keys() >= want.keys() and all(
+        np.asarray(got[k]).shape == want[k].shape
+        and np.asarray(got[k]).tobytes() == want[k].tobytes() for k in want)
+
+
+def publish_all(bus: Bus, store, versions: list[dict], **kw) -> Publisher:
+    pub = Publisher(bus, run=RUN, policy=POLICY, store=store, dtype=None, **kw)
+    for v, tensors in enumerate(versions):
+        pub.publish(tensors, v)
+        pub.flush()
+    return pub
+
+
+@pytest.fixture
+def history(bus: Bus, store: FileStore) -> list[dict]:
+    versions = evolve(numpy_model(), 45)
+    publish_all(bus, store, versions, full_every=20).close()
+    return versions
+
+
+def test_syncers_from_0_and_v_minus_1_and_v_minus_30_end_identical(bus, store, history) -> None:
+    newest = len(history) - 1
+    for start in (None, 0, newest - 1, newest - 30):
+        held = {} if start is None else {k: v.copy() for k, v in history[start].items()}
+        target = DictTarget(held, version=start)
+        syncer = Syncer(bus, run=RUN, policy=POLICY, store=store, target=target)
+        assert syncer.sync_once(timeout=5) == newest
+        assert identical(target.tensors, history[newest]), start
+        assert target.current_version() == newest
+        syncer.close()
+
+
+def test_routes_are_cheapest(bus, store, history) -> None:
+    newest = len(history) - 1
+    syncer = Syncer(bus, run=RUN, policy=POLICY, store=store, target=DictTarget({}, version=43))
+    syncer.poll(5)
+    assert [(m.version, m.kind) for m in syncer.plan().steps] == [(44, "delta")]
+    syncer._version = None
+    assert [m.kind for m in syncer.plan().steps] == ["full"] + ["delta"] * (newest - 40)
+    fulls = {m.version for m in syncer.manifests if m.kind == "full"}
+    assert fulls == {0, 20, 40}
+    deltas = {m.version for m in syncer.manifests if m.kind == "delta"}
+    assert deltas == set(range(1, 45))  # deltas across full points too
+    syncer.close()
+
+
+def test_in_place_on_torch_cpu_tensors(bus, store) -> None:
+    torch = pytest.importorskip("torch")
+    base = {"w": torch.randn(64, 32).to(torch.bfloat16), "b": torch.randn(32)}
+    pub = Publisher(bus, run=RUN, policy=POLICY, store=store, dtype=None)
+    pub.publish(base, 0)
+    pub.flush()
+    held = {k: v.clone() for k, v in base.items()}
+    ptrs = {k: v.data_ptr() for k, v in held.items()}
+    syncer = Syncer(bus, run=RUN, policy=POLICY, store=store, target=DictTarget(held, version=0))
+    syncer.poll(5)
+    new = {"w": (base["w"].float() + 1e-2).to(torch.bfloat16), "b": base["b"] * 1.001}
+    pub.publish(new, 1)
+    pub.flush()
+    assert syncer.sync_once(timeout=5) == 1
+    assert {k: v.data_ptr() for k, v in held.items()} == ptrs  # written in place
+    for k in new:
+        assert torch.equal(held[k].view(torch.int16 if k == "w" else torch.int32),
+                           new[k].view(torch.int16 if k == "w" else torch.int32))
+    pub.close()
+    syncer.close()
+
+
+def test_publisher_casts_fp32_master_weights_to_bf16(bus, store) -> None:
+    torch = pytest.importorskip("torch")
+    master = {"w": torch.randn(50, 50)}
+    pub = Publisher(bus, run=RUN, policy=POLICY, store=store)  # dtype bfloat16 by default
+    pub.publish(master, 0)
+    pub.flush()
+    target = DictTarget({}, torch=True)
+    Syncer(bus, run=RUN, policy=POLICY, store=store, target=target).sync_once(timeout=5)
+    assert target.tensors["w"].dtype == torch.bfloat16
+    assert torch.equal(target.tensors["w"].view(torch.int16),
+                       master["w"].to(torch.bfloat16).view(torch.int16))
+    pub.close()
+
+
+def test_publish_copies_before_returning(bus, store) -> None:
+    w = {"w": np.arange(1000, dtype=np.float32)}
+    want = w["w"].copy()
+    pub = Publisher(bus, run=RUN, policy=POLICY, store=store, dtype=None)
+    pub.publish(w, 0)
+    w["w"][:] = -1  # the trainer's next optimizer step
+    pub.close()
+    target = DictTarget({})
+    Syncer(bus, run=RUN, policy=POLICY, store=store, target=target).sync_once(timeout=5)
+    assert target.tensors["w"].tobytes() == want.tobytes()
+
+
+def test_publisher_decides_full_or_delta(bus, store) -> None:
+    rng = np.random.default_rng(0)
+    w = {"w": rng.integers(0, 1 << 16, 10_000, dtype=np.uint16)}
+    pub = Publisher(bus, run=RUN, policy=POLICY, store=store, dtype=None, full_every=3,
+                    background=False)
+    kinds = []
+    for v, tensors in enumerate([w, {"w": mutate(rng, w["w"], 0.01)},
+                                 {"w": rng.integers(0, 1 << 16, 10_000, dtype=np.uint16)},
+                                 {"w": np.zeros(5000, np.uint16)}, {"w": np.zeros(5000, np.uint16)},
+                                 {"w": np.ones(5000, np.uint16)},
+                                 {"w": mutate(rng, np.ones(5000, np.uint16), 0.01)}]):
+        pub.publish(tensors, v)
+        kinds.append(sorted(m.kind for m in pub.last_manifests))
+    assert kinds == [
+        ["full"],  # first version
+        ["delta"],
+        ["full"],  # everything changed: a delta would not be smaller
+        ["full"],  # the tensor's shape changed
+        ["delta"],  # nothing changed
+        ["delta"],  # everything changed by +1: compresses to almost nothing
+        ["delta", "full"],  # 3 versions after the last full: both
+    ]
+    with pytest.raises(AstraflowError, match="not newer"):
+        pub.publish(w, 6)
+    m = pub.last_manifests[0]
+    assert m.full_bytes == 10_000 and m.tensors[0].uri.startswith("solver/v0000000006.")
+    pub.close()
+
+
+def test_coalesced_versions_still_converge(bus, store) -> None:
+    versions = evolve(numpy_model(), 30, seed=3)
+    pub = Publisher(bus, run=RUN, policy=POLICY, store=store, dtype=None)
+    for v, tensors in enumerate(versions):
+        pub.publish(tensors, v)  # no flush: the encoder falls behind and coalesces
+    pub.close()
+    assert pub.stats.versions + pub.stats.coalesced == 30
+    target = DictTarget({})
+    assert Syncer(bus, run=RUN, policy=POLICY, store=store, target=target).sync_once(5) == 29
+    assert identical(target.tensors, versions[-1])
+
+
+class EngineTarget:
+    """An engine that keeps weights off the host: the syncer must keep a shadow copy."""
+
+    def __init__(self) -> None:
+        self.weights: dict[str, bytes] = {}
+        self.applied: list[tuple[int | None, str]] = []
+        self.version: int | None = None
+
+    def current_version(self) -> int | None:
+        return self.version
+
+    def host_bits(self, name: str) -> None:
+        return None
+
+    def apply(self, name: str, dtype: str, shape: tuple[int, ...], bits: np.ndarray) -> None:
+        self.weights[name] = bits.tobytes()
+        self.applied.append((self.version, name))
+
+    def commit(self, version: int) -> None:
+        self.version = version
+
+
+def test_engine_target_gets_only_changed_tensors(bus, store) -> None:
+    v0 = numpy_model()
+    v1 = {k: v.copy() for k, v in v0.items()}
+    v1["norm"][3] += 1
+    publish_all(bus, store, [v0, v1]).close()
+    engine = EngineTarget()
+    assert Syncer(bus, run=RUN, policy=POLICY, store=store, target=engine).sync_once(5) == 1
+    assert engine.weights["norm"] == v1["norm"].tobytes()
+    assert engine.weights["embed"] == v0["embed"].tobytes()
+
+
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_corrupt_delta_heals_through_a_full(bus, store, history, which) -> None:
+    """A bad delta 39 met at 37: the route is planned again without it (full 40 + deltas).
+    Corrupting the last tensor leaves the target half-applied: it heals from nothing."""
+    delta = next(m for m in _manifests(bus) if m.version == 39 and m.kind == "delta")
+    entries = [t for t in delta.tensors if t.length > 0]
+    entry = entries[0] if which == "first" else entries[-1]
+    path = store.local_path(entry.uri)
+    data = bytearray(path.read_bytes())
+    data[entry.offset + entry.length // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    held = {k: v.copy() for k, v in history[37].items()}
+    syncer = Syncer(bus, run=RUN, policy=POLICY, store=store, target=DictTarget(held, version=37))
+    assert syncer.sync_once(5) == len(history) - 1
+    assert syncer.stats.heals == 1
+    assert identical(held, history[-1])
+
+
+def test_corrupt_newest_delta_waits_for_the_next_full(bus, store, history) -> None:
+    """The newest version exists only as that delta: the worker stays at the version before
+    (consistent, verified) instead of applying bad bits."""
+    newest = len(history) - 1
+    delta = next(m for m in _manifests(bus) if m.version == newest and m.kind == "delta")
+    path = store.local_path(delta.tensors[0].uri)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    held = {k: v.copy() for k, v in history[newest - 1].items()}
+    syncer = Syncer(bus, run=RUN, policy=POLICY, store=store,
+                    target=DictTarget(held, version=newest - 1))
+    assert syncer.sync_once(5) == newest - 1
+    assert syncer.stats.heals == 1 and identical(held, history[newest - 1])
+
+
+def test_missing_blob_heals(bus, store, history) -> None:
+    gone = next(m for m in _manifests(bus) if m.version == 30 and m.kind == "delta")
+    store.local_path(gone.tensors[0].uri).unlink()
+    held = {k: v.copy() for k, v in history[25].items()}
+    syncer = Syncer(bus, run=RUN, policy=POLICY, store=store, target=DictTarget(held, version=25))
+    assert syncer.sync_once(5) == len(history) - 1
+    assert syncer.stats.heals == 1
+    assert identical(held, history[-1])
+
+
+def test_wrong_base_is_detected_and_healed(bus, store, history) -> None:
+    held = {k: v.copy() for k, v in history[40].items()}
+    held["norm"][0] += 1  # the worker claims version 40 but holds something else
+    syncer = Syncer(bus, run=RUN, policy=POLICY, store=store, target=DictTarget(held, version=40))
+    assert syncer.sync_once(5) == len(history) - 1
+    assert syncer.stats.heals == 1 and identical(held, history[-1])
+
+
+def test_traversal_in_a_manifest_is_refused(bus, store, history, tmp_path: Path) -> None:
+    (tmp_path / "secret.afw").write_bytes(b"AFWB")
+    good = next(m for m in _manifests(bus) if m.version == 44 and m.kind == "delta")
+    forged = WeightManifest(**{f: getattr(good, f) for f in good.__struct_fields__
+                               if f not in ("version", "base_version", "tensors")},
+                            version=45, base_version=44,
+                            tensors=[type(t)(**{**_fields(t), "uri": "../secret.afw"})
+                                     for t in good.tensors])
+    producer = bus.producer()
+    send(producer, Output(topic_name(RUN, "weights", POLICY), forged))
+    producer.flush()
+    held = {k: v.copy() for k, v in history[44].items()}
+    syncer = Syncer(bus, run=RUN, policy=POLICY, store=store, target=DictTarget(held, version=44))
+    assert syncer.sync_once(5) == 44  # refused, nothing else to reach
+    assert syncer.stats.heals == 1 and identical(held, history[44])
+    assert (tmp_path / "secret.afw").exists()
+
+
+def test_integrity_failures_stop_after_max_heals(bus, store) -> None:
+    versions = evolve(numpy_model(), 2)
+    publish_all(bus, store, versions).close()
+    for m in _manifests(bus):
+        p = store.local_path(m.tensors[0].uri)
+        data = bytearray(p.read_bytes())
+        data[-1] ^= 0xFF
+        p.write_bytes(bytes(data))
+    syncer = Syncer(bus, run=RUN, policy=POLICY, store=store, target=DictTarget({}),
+                    max_heals=0)
+    with pytest.raises(WeightIntegrityError):
+        syncer.sync_once(5)
+
+
+@pytest.fixture
+def http_server(store: FileStore) -> Iterator[WeightServer]:
+    store.root.mkdir(parents=True, exist_ok=True)
+    srv = make_server(store.root)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_sync_over_http_with_cache(bus, store, history, http_server, tmp_path: Path) -> None:
+    target = DictTarget({})
+    syncer = Syncer(bus, run=RUN, policy=POLICY, store=HttpStore(http_server.url), target=target,
+                    cache_dir=tmp_path / "cache", rate_limit=50e6)
+    stats = syncer.run(max_records=len(_manifests(bus)), timeout=30)
+    assert syncer.version == len(history) - 1 and identical(target.tensors, history[-1])
+    assert stats.fetched_bytes > 0
+    assert not list((tmp_path / "cache").rglob("*.afw"))  # applied blobs are not kept
+
+
+def _fields(s) -> dict:
+    return {f: getattr(s, f) for f in s.__struct_fields__}
+
+
+def _manifests(bus: Bus) -> list[WeightManifest]:
+    from astraflow.core.records import decode
+
+    topic = topic_name(RUN, "weights", POLICY)
+    end = bus.describe_topic(topic).end_offsets.get(0, 0)
+    c = bus.consumer("test-reader", [topic])
+    out: list[WeightManifest] = []
+    while len(out) < end:
+        out += [decode(m.value, WeightManifest) for m in c.consume(500, 5.0)]
+    c.close()
+    return out
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_publish_and_sync_in_place(bus, store) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    master = {"w": torch.randn(256, 128, device="cuda"), "n": torch.ones(128, device="cuda")}
+    pub = Publisher(bus, run=RUN, policy=POLICY, store=store)  # casts to bf16 on the device
+    pub.publish(master, 0)
+    pub.flush()
+    held = {k: torch.zeros_like(v, dtype=torch.bfloat16) for k, v in master.items()}
+    ptrs = {k: v.data_ptr() for k, v in held.items()}
+    syncer = Syncer(bus, run=RUN, policy=POLICY, store=store, target=DictTarget(held))
+    assert syncer.sync_once(timeout=5) == 0
+    master["w"] += 1e-2
+    pub.publish(master, 1)
+    pub.close()
+    assert syncer.sync_once(timeout=5) == 1
+    assert {k: v.data_ptr() for k, v in held.items()} == ptrs  # copied into the same memory
+    for k, v in master.items():
+        assert torch.equal(held[k].view(torch.int16), v.to(torch.bfloat16).view(torch.int16))
+
+
+def test_background_errors_reach_the_trainer(bus, tmp_path: Path) -> None:
+    from astraflow.core.errors import WeightStoreError
+
+    class FullDisk(FileStore):
+        def put(self, path: str, data) -> None:  # type: ignore[no-untyped-def]
+            raise WeightStoreError("disk full")
+
+    pub = Publisher(bus, run=RUN, policy=POLICY, store=FullDisk(tmp_path), dtype=None)
+    pub.publish({"w": np.zeros(10, np.float32)}, 0)
+    with pytest.raises(WeightStoreError, match="disk full"):
+        pub.flush()
+    assert bus.describe_topic(topic_name(RUN, "weights", POLICY)).end_offsets.get(0, 0) == 0
+    pub.close()
