@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from astraflow.cli import broker, demo, inspect_cmd, topics, weights
+from astraflow.cli import broker, demo, inspect_cmd, policy, topics, weights
 
 app = typer.Typer(
     name="astraflow",
@@ -22,6 +22,7 @@ app.add_typer(broker.app, name="broker")
 app.add_typer(topics.app, name="topics")
 app.add_typer(weights.app, name="weights")
 app.command("inspect")(inspect_cmd.inspect)
+app.command("policy")(policy.policy)
 app.command("demo")(demo.demo)
 
 

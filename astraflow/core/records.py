@@ -137,6 +137,7 @@ class Trajectory(Record, tag="Trajectory", kw_only=True):
     group_id: str
     policy: str = "default"
     sample_index: int = 0
+    group_size: int = 0  # trajectories of this policy in the group (the task's n_samples); 0: unknown
     token_ids: bytes
     loss_mask: bytes
     logprobs: bytes

@@ -1,9 +1,256 @@
-"""Config section: Data-algorithm policies: pre-rollout, post-rollout and batch stages (issue 6)."""
+"""Config section ``data``: the data-algorithm policies of the three stages (DESIGN.md §6).
+
+A stage is a chain of policies named in order::
+
+    data:
+      pre_rollout: [gate, greso]                          # tasks.raw -> tasks
+      post_rollout: [assembler, staleness, dynamic_sampling]  # trajectories -> groups.<policy>
+      batch: [replay, batcher]                            # groups.<policy> -> batches.<policy>
+
+An entry is a built-in name or a user policy as ``"module.path:factory"`` (options for it in
+``data.options["module.path:factory"]``). Orders are checked when the config is loaded: each
+policy must take what the one before it gives, and each stage must end with the record type
+its output topic carries. This module imports nothing heavy: the policies themselves are
+built by :mod:`astraflow.policies.registry`.
+"""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pydantic
+from pydantic_core import PydanticCustomError
+
 from astraflow.core.config import Section
+
+#: stage -> (record type it consumes, record type it must produce)
+STAGES: dict[str, tuple[str, str]] = {
+    "pre_rollout": ("Task", "Task"),
+    "post_rollout": ("Trajectory", "TrajectoryGroup"),
+    "batch": ("TrajectoryGroup", "Batch"),
+}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What the config check knows of a built-in policy."""
+
+    consumes: str
+    produces: str
+    stages: tuple[str, ...]
+    hint: str = ""
+
+
+BUILTINS: dict[str, Spec] = {
+    "gate": Spec("Task", "Task", ("pre_rollout",)),
+    "greso": Spec("Task", "Task", ("pre_rollout",)),
+    "assembler": Spec("Trajectory", "TrajectoryGroup", ("post_rollout",)),
+    "staleness": Spec("TrajectoryGroup", "TrajectoryGroup", ("post_rollout", "batch")),
+    "dynamic_sampling": Spec("TrajectoryGroup", "TrajectoryGroup", ("post_rollout",),
+                             "the gate counts what post_rollout drops, so it belongs there"),
+    "replay": Spec("TrajectoryGroup", "TrajectoryGroup", ("batch",)),
+    "batcher": Spec("TrajectoryGroup", "Batch", ("batch",)),
+}
+
+#: which built-in produces each record type (for "put X before it" hints)
+_MAKER = {"TrajectoryGroup": "assembler", "Batch": "batcher"}
+_CUSTOM = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def is_custom(entry: str) -> bool:
+    return ":" in entry
+
+
+def check_chain(stage: str, entries: list[str], specs: dict[str, Spec] | None = None,
+                prefix: str | None = None) -> list[str]:
+    """Every problem with the order of ``entries`` in ``stage``, as messages. ``specs`` adds
+    the specs of user policies once they are imported (at build time); without them a user
+    policy's types are not checked. Messages start with ``prefix`` (default
+    ``data.<stage>``)."""
+    known = {**BUILTINS, **(specs or {})}
+    where = f"data.{stage}" if prefix is None else prefix
+    top = f"{where}: " if where else ""
+    problems: list[str] = []
+    if len(set(entries)) != len(entries):
+        dups = sorted({e for e in entries if entries.count(e) > 1})
+        problems.append(f"{top}{', '.join(dups)} listed twice; a policy runs once a stage")
+    flow: str | None = STAGES[stage][0]
+    source = "the stage's input"
+    for i, entry in enumerate(entries):
+        spec = known.get(entry)
+        if spec is None:
+            if not is_custom(entry):
+                problems.append(f"{where}[{i}]: unknown policy {entry!r}; valid: "
+                                f"{', '.join(BUILTINS)}, or a user policy as "
+                                "'module.path:factory'")
+            elif not _CUSTOM.match(entry):
+                problems.append(f"{where}[{i}]: {entry!r} is not a 'module.path:factory' name")
+            flow = None  # unknown until imported
+            continue
+        if stage not in spec.stages:
+            hint = f" ({spec.hint})" if spec.hint else ""
+            problems.append(f"{where}[{i}]: {entry} runs in {' or '.join(spec.stages)}, not "
+                            f"in {stage}; move it to data.{spec.stages[0]}{hint}")
+        elif flow is not None and spec.consumes != flow:
+            maker = _MAKER.get(spec.consumes)
+            fix = (f"; put {maker} before it" if maker and maker not in entries
+                   and stage in BUILTINS[maker].stages else "")
+            problems.append(f"{where}[{i}]: {entry} takes {spec.consumes} records but gets "
+                            f"{flow} from {source}{fix}")
+            flow, source = None, entry  # one mistake, one message: no cascade
+            continue
+        flow, source = spec.produces, entry
+    want = STAGES[stage][1]
+    if flow is not None and flow != want:
+        maker = _MAKER.get(want, "a policy producing it")
+        problems.append(f"{top}the stage must end with {want} records for its output "
+                        f"topic but ends with {flow}; end it with {maker}")
+    if "replay" in entries and "batcher" in entries:
+        r, b = entries.index("replay"), entries.index("batcher")
+        if b != r + 1:
+            problems.append(f"{top}replay must come right before batcher (it fills each "
+                            "batch's replay share, so nothing may drop groups in between)")
+    return problems
+
+
+class GateConfig(Section):
+    """Staleness capacity gate (pre-rollout): AReaL's ``(s + version + 1) × batch`` rule."""
+
+    max_staleness: int | None = pydantic.Field(
+        None, ge=0, description="versions of staleness the released work may reach; "
+                                "absent: data.max_staleness")
+    lost_after_s: float = pydantic.Field(
+        3600.0, gt=0, description="a released group whose GroupStats has not come back after "
+                                  "this long is written off, freeing its slot")
+
+
+class GresoConfig(Section):
+    """GRESO selective rollout (arXiv 2506.02177): skip tasks whose recent groups had zero
+    reward variance, with probability ``1 - max(p_kind^z, floor_kind)``."""
+
+    p_easy: float = pydantic.Field(0.5, ge=0.0, le=1.0, description="initial p for 'easy'")
+    p_hard: float = pydantic.Field(0.5, ge=0.0, le=1.0, description="initial p for 'hard'")
+    delta_p: float = pydantic.Field(0.01, ge=0.0, le=1.0,
+                                    description="step of p after each trainer step")
+    alpha: float = pydantic.Field(0.25, ge=0.0, le=1.0,
+                                  description="target zero-variance ratio, easy + hard")
+    easy_share: float = pydantic.Field(1 / 3, ge=0.0, le=1.0,
+                                       description="share of alpha for easy (hard: the rest)")
+    p_min: float = pydantic.Field(0.05, ge=0.0, le=1.0, description="clamp of p from below")
+    p_max: float = pydantic.Field(1.0, ge=0.0, le=1.0, description="clamp of p from above")
+    floor_easy: float = pydantic.Field(0.01, ge=0.0, le=1.0,
+                                       description="lowest keep probability of an easy task")
+    floor_hard: float = pydantic.Field(0.01, ge=0.0, le=1.0,
+                                       description="lowest keep probability of a hard task")
+    warmup_steps: int = pydantic.Field(5, ge=0, description="trainer steps before p adapts")
+    min_group_size: int = pydantic.Field(
+        2, ge=1, description="GroupStats of fewer trajectories say nothing of variance and "
+                             "are ignored")
+
+    @pydantic.model_validator(mode="after")
+    def _bounds(self) -> GresoConfig:
+        if self.p_min > self.p_max:
+            raise ValueError(f"p_min={self.p_min} is above p_max={self.p_max}")
+        return self
+
+
+class AssemblerConfig(Section):
+    """Group assembly: collect the n samples' trajectories of a (policy, group id)."""
+
+    group_size: int = pydantic.Field(
+        8, ge=1, description="n, the samples per group (Task.n_samples); used while "
+                             "trajectories do not carry it")
+    min_group_size: int = pydantic.Field(
+        2, ge=1, description="a group closed with fewer usable trajectories is dropped "
+                             "(capped at n)")
+    timeout_s: float = pydantic.Field(
+        600.0, gt=0, description="a group open this long after its first trajectory is closed "
+                                 "with what it has")
+    failed_reasons: list[str] = pydantic.Field(
+        ["error", "timeout", "aborted"], description="finish reasons of failed episodes: they count as "
+                                          "arrived but are never trained on")
+
+
+class StalenessConfig(Section):
+    """Staleness filter: drop groups more than ``max_staleness`` versions old."""
+
+    max_staleness: int | None = pydantic.Field(None, ge=0,
+                                               description="absent: data.max_staleness")
+
+
+class ReplayConfig(Section):
+    """Replay: a share of each batch drawn from a bounded buffer of past groups."""
+
+    ratio: float = pydantic.Field(0.25, ge=0.0, lt=1.0,
+                                  description="long-run fraction of each batch replayed")
+    capacity: int = pydantic.Field(256, ge=1, description="groups held in the buffer")
+    selection: Literal["recent", "advantage"] = pydantic.Field(
+        "recent", description="recent: newest first; advantage: sampled by mean |advantage|")
+    max_staleness: int = pydantic.Field(8, ge=0,
+                                        description="replayed groups at most this many "
+                                                    "versions old")
+    max_uses: int = pydantic.Field(1, ge=1, description="times a group may be replayed")
 
 
 class DataConfig(Section):
-    """Data-algorithm policies: pre-rollout, post-rollout and batch stages (issue 6)."""
+    """Data-algorithm policies: pre-rollout, post-rollout and batch stages (DESIGN.md §6)."""
+
+    pre_rollout: list[str] = pydantic.Field(
+        ["gate"], description="tasks.raw -> tasks: gate, greso, or module.path:factory")
+    post_rollout: list[str] = pydantic.Field(
+        ["assembler", "staleness"],
+        description="trajectories -> groups.<policy>: assembler first, then staleness, "
+                    "dynamic_sampling")
+    batch: list[str] = pydantic.Field(
+        ["batcher"], description="groups.<policy> -> batches.<policy>: [replay,] batcher")
+    primary_policy: str | None = pydantic.Field(
+        None, description="the policy whose version and groups the pre-rollout stage "
+                          "follows; absent: the first of policies")
+    batch_size: int = pydantic.Field(8, ge=1, description="groups per training batch (B)")
+    batch_sizes: dict[str, int] = pydantic.Field(
+        default_factory=dict, description="per-policy overrides of batch_size")
+    max_staleness: int = pydantic.Field(4, ge=0, description="versions a group may lag the "
+                                                            "trainer (gate and staleness)")
+    easy_threshold: float = pydantic.Field(
+        0.5, description="a zero-variance group whose reward is >= this is 'easy', else 'hard'")
+    reward_eps: float = pydantic.Field(1e-6, ge=0.0,
+                                       description="rewards this close count as equal")
+    gate: GateConfig = GateConfig()
+    greso: GresoConfig = GresoConfig()
+    assembler: AssemblerConfig = AssemblerConfig()
+    staleness: StalenessConfig = StalenessConfig()
+    replay: ReplayConfig = ReplayConfig()
+    options: dict[str, dict[str, Any]] = pydantic.Field(
+        default_factory=dict, description="keyword options for user policies, by entry")
+    checkpoint_dir: str = pydantic.Field(
+        "{out}/policies", description="where stage processors keep state checkpoints; {out} "
+                                      "is the run directory")
+    commit_interval_s: float = pydantic.Field(
+        1.0, gt=0, description="longest time between checkpoint + produce + commit cycles "
+                               "while input keeps arriving (an idle stage commits at once)")
+    poll_records: int = pydantic.Field(256, ge=1, description="records read per poll")
+    session_timeout_s: float = pydantic.Field(10.0, gt=0,
+                                              description="consumer-group session timeout")
+    dedup_window: int = pydantic.Field(
+        10_000, ge=1, description="recent ids remembered to drop redelivered duplicates")
+
+    @pydantic.field_validator("pre_rollout", "post_rollout", "batch")
+    @classmethod
+    def _order(cls, entries: list[str], info: pydantic.ValidationInfo) -> list[str]:
+        problems = check_chain(str(info.field_name), entries, prefix="")
+        if problems:
+            raise PydanticCustomError("policy_order", "; ".join(problems))
+        return entries
+
+    @pydantic.field_validator("batch_sizes")
+    @classmethod
+    def _sizes(cls, sizes: dict[str, int]) -> dict[str, int]:
+        bad = [f"{k}={v}" for k, v in sizes.items() if v < 1]
+        if bad:
+            raise ValueError(f"batch sizes must be >= 1: {', '.join(bad)}")
+        return sizes
+
+    def batch_size_of(self, policy: str) -> int:
+        return self.batch_sizes.get(policy, self.batch_size)

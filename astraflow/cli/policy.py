@@ -1,0 +1,74 @@
+"""``astraflow policy CONFIG STAGE``: run one data-algorithm stage processor (DESIGN.md §6).
+
+Mounted in the main app as ``app.command("policy")(policy.policy)``; also runnable alone:
+``python -m astraflow.cli.policy CONFIG STAGE``. Imports stay light (typer, stdlib).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+STAGES = ("pre_rollout", "post_rollout", "batch")
+
+
+def policy(
+    config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
+    stage: Annotated[str, typer.Argument(
+        help="pre_rollout (tasks.raw -> tasks), post_rollout (trajectories -> "
+             "groups.<policy>) or batch (groups.<policy> -> batches.<policy>).")],
+    policy_name: Annotated[str | None, typer.Option(
+        "--policy", help="batch stage: the policy to batch for (default: the primary).")]
+    = None,
+    out: Annotated[Path, typer.Option(help="Run directory ({out} in the config).")]
+    = Path("."),
+    overrides: Annotated[list[str] | None, typer.Option(
+        "--set", help="Config override a.b=c (repeatable).")] = None,
+    max_records: Annotated[int | None, typer.Option(
+        help="Stop after this many input records.")] = None,
+    timeout: Annotated[float | None, typer.Option(help="Stop after this many seconds.")]
+    = None,
+) -> None:
+    """Run one policy stage: consume, apply its chain of policies, produce, checkpoint and
+    commit, until stopped (SIGTERM/SIGINT finish the current cycle first)."""
+    from astraflow.cli.common import fail
+    from astraflow.config import load_experiment
+    from astraflow.core.errors import AstraflowError, ConfigError
+    from astraflow.policies.stage import run_stage
+
+    if stage not in STAGES:
+        raise fail(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
+    try:
+        cfg = load_experiment(config, overrides or [])
+    except ConfigError as e:
+        raise fail(str(e)) from None
+    stop = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        counters = run_stage(cfg, stage, policy=policy_name, out=out,
+                             max_records=max_records, timeout=timeout,
+                             should_stop=lambda: stop)
+    except AstraflowError as e:
+        raise fail(str(e)) from None
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    typer.echo(" ".join(f"{k}={v:g}" for k, v in counters.items()))
+
+
+def main() -> None:
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(policy)
+    app()
+
+
+if __name__ == "__main__":
+    main()

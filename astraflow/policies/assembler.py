@@ -1,0 +1,150 @@
+"""Group assembler (post-rollout, ``trajectories → groups``).
+
+Collects the trajectories of the n samples (episodes) of each (policy, group id) and emits
+one TrajectoryGroup, plus a GroupStats for the ``stats`` topic (GRESO's feedback, the gate's
+accounting). A sample is a ``sample_index``; an episode may give a policy several
+trajectories (a workflow returning several drafts), all of which belong to the group.
+
+The incomplete-group rule:
+
+* a trajectory whose ``finish_reason`` is in ``failed_reasons`` (default ``error``,
+  ``timeout``, ``aborted``) counts as *arrived* but is never trained on;
+* a group is *complete* when trajectories of n distinct sample indices have arrived; it
+  closes at the end of that step (``tick``), so the other trajectories of its last episode,
+  produced together, are in; an incomplete group closes ``timeout_s`` after its first
+  trajectory arrived (a worker died, a task was lost);
+* on close, the usable (not failed) trajectories form the group if there are at least
+  ``min(min_group_size, n)`` of them; otherwise the group is dropped and counted
+  (``dropped_incomplete``);
+* every closed group, kept or dropped, emits one GroupStats over its usable trajectories
+  (``n`` = how many), so the gate sees every released task come back;
+* a trajectory id seen before (at-least-once redelivery) is dropped (``duplicate``), and one
+  for a group already closed is dropped (``late``).
+
+n is ``Trajectory.group_size`` when the record carries it, else ``assembler.group_size``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from astraflow.core.records import GroupStats, Record, Trajectory, TrajectoryGroup
+from astraflow.policies.base import Context, PolicyError, bump, remember
+from astraflow.policies.env import BuildEnv, reward_stats, token_versions
+
+
+class OpenGroup(msgspec.Struct, kw_only=True):
+    policy: str
+    group_id: str
+    task_id: str
+    first_seen: float
+    expected: int
+    arrived: list[str] = []  # trajectory ids
+    samples: list[int] = []  # distinct sample indices
+    usable: list[Trajectory] = []
+
+
+class AssemblerState(msgspec.Struct, kw_only=True):
+    open: dict[str, OpenGroup] = {}  # "policy/group_id", in order of first arrival
+    complete: dict[str, int] = {}  # keys of open groups that have all their samples
+    closed: dict[str, int] = {}  # recently closed keys (bounded)
+    counts: dict[str, int] = {}
+
+
+class Assembler:
+    """See the module docstring for the rules."""
+
+    name = "assembler"
+    consumes = Trajectory
+    produces = TrajectoryGroup
+
+    def __init__(self, *, group_size: int = 8, min_group_size: int = 2,
+                 timeout_s: float = 600.0,
+                 failed_reasons: tuple[str, ...] = ("error", "timeout", "aborted"),
+                 policies: tuple[str, ...] = (), eps: float = 1e-6, easy_threshold: float = 0.5,
+                 dedup_window: int = 10_000) -> None:
+        self.group_size = group_size
+        self.min_group_size = min_group_size
+        self.timeout_s = timeout_s
+        self.failed_reasons = frozenset(failed_reasons)
+        self.policies = frozenset(policies)
+        self.eps = eps
+        self.easy_threshold = easy_threshold
+        self.dedup_window = dedup_window
+
+    def init_state(self) -> AssemblerState:
+        return AssemblerState()
+
+    def process(self, t: Trajectory, state: AssemblerState, ctx: Context) -> list[Record]:
+        if self.policies and t.policy not in self.policies:
+            raise PolicyError(f"trajectory {t.id!r} is for policy {t.policy!r}, which is not one "
+                              f"of this run's policies ({', '.join(sorted(self.policies))}); "
+                              "add it to `policies` in the config")
+        key = f"{t.policy}/{t.group_id}"
+        if key in state.closed:
+            bump(state.counts, "late")
+            return []
+        g = state.open.get(key)
+        if g is None:
+            expected = getattr(t, "group_size", 0) or self.group_size
+            g = state.open[key] = OpenGroup(policy=t.policy, group_id=t.group_id,
+                                            task_id=t.task_id, first_seen=ctx.now,
+                                            expected=expected)
+        if t.id in g.arrived:
+            bump(state.counts, "duplicate")
+            return []
+        g.arrived.append(t.id)
+        bump(state.counts, "trajectories")
+        if t.finish_reason in self.failed_reasons:
+            bump(state.counts, "failed")
+        else:
+            g.usable.append(t)
+        if t.sample_index not in g.samples:
+            g.samples.append(t.sample_index)
+            if len(g.samples) >= g.expected:
+                state.complete[key] = 1
+        return []
+
+    def tick(self, state: AssemblerState, ctx: Context) -> list[Record]:
+        out: list[Record] = []
+        for key in list(state.complete):
+            out.extend(self._close(key, state))
+        for key in list(state.open):  # oldest first
+            if ctx.now - state.open[key].first_seen < self.timeout_s:
+                break
+            bump(state.counts, "timed_out")
+            out.extend(self._close(key, state))
+        return out
+
+    def _close(self, key: str, state: AssemblerState) -> list[Record]:
+        g = state.open.pop(key)
+        state.complete.pop(key, None)
+        remember(state.closed, key, self.dedup_window)
+        usable = sorted(g.usable, key=lambda t: (t.sample_index, t.id))
+        st = reward_stats([t.reward for t in usable], eps=self.eps,
+                          easy_threshold=self.easy_threshold)
+        oldest, newest = token_versions(usable)
+        stats = GroupStats(task_id=g.task_id, group_id=g.group_id, policy=g.policy, n=st.n,
+                           reward_mean=st.mean, reward_std=st.std,
+                           zero_variance=st.zero_variance, version=newest)
+        if st.n == 0 or st.n < min(self.min_group_size, g.expected):
+            bump(state.counts, "dropped_incomplete")
+            return [stats]
+        bump(state.counts, "groups")
+        if st.n < g.expected:
+            bump(state.counts, "groups_partial")
+        group = TrajectoryGroup(group_id=g.group_id, task_id=g.task_id, policy=g.policy,
+                                trajectories=usable, reward_mean=st.mean, reward_std=st.std,
+                                version=oldest)
+        return [group, stats]
+
+    def counters(self, state: AssemblerState) -> dict[str, int]:
+        return {**state.counts, "open": len(state.open)}
+
+
+def build(env: BuildEnv) -> Assembler:
+    a = env.data.assembler
+    return Assembler(group_size=a.group_size, min_group_size=a.min_group_size,
+                     timeout_s=a.timeout_s, failed_reasons=tuple(a.failed_reasons),
+                     policies=env.policies, eps=env.data.reward_eps,
+                     easy_threshold=env.data.easy_threshold, dedup_window=env.data.dedup_window)

@@ -1,0 +1,161 @@
+"""A stage's chain of policies, run in order inside one process, with no bus in sight.
+
+Each record fed in goes through the policies in order: what a policy returns of its
+``produces`` type goes on to the next one; anything else (a GroupStats from the assembler)
+is a side output and leaves the stage at once. Records released by a policy's ``tick``
+continue from the policy after it. After every step, the records that left the end of the
+chain are reported to every policy's ``on_emitted`` (the gate counts releases there).
+
+The chain also owns the stage's :class:`~astraflow.policies.base.Context` (trainer versions,
+time, seed) and turns side inputs into hook calls. ``snapshot``/``restore`` move every
+policy's state to and from msgpack bytes for checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from astraflow.core.records import GroupStats, Record, TrajectoryGroup, WeightManifest
+from astraflow.policies.base import Context, GroupRef, Policy, split
+
+log = logging.getLogger("astraflow.policies")
+
+
+class Chain:
+    """Policies of one stage with their states; see the module docstring."""
+
+    def __init__(self, stage: str, policies: list[tuple[str, Policy]], *, seed: int = 0) -> None:
+        self.stage = stage
+        self.entries = [entry for entry, _ in policies]
+        self.policies = [p for _, p in policies]
+        self.states: list[Any] = [p.init_state() for p in self.policies]
+        self.ctx = Context(seed=seed)
+
+    # ------------------------------------------------------------------ main flow
+
+    def _run(self, start: int, flow: list[Record]) -> tuple[list[Record], list[Record]]:
+        side: list[Record] = []
+        for i in range(start, len(self.policies)):
+            if not flow:
+                break
+            p, state = self.policies[i], self.states[i]
+            nxt: list[Record] = []
+            for r in flow:
+                main, extra = split(p.process(r, state, self.ctx), p.produces)
+                nxt.extend(main)
+                side.extend(extra)
+            flow = nxt
+        return flow, side
+
+    def _emitted(self, flow: list[Record]) -> None:
+        for p, state in zip(self.policies, self.states, strict=True):
+            hook = getattr(p, "on_emitted", None)
+            if hook is not None:
+                hook(flow, state, self.ctx)
+
+    def feed(self, record: Record) -> list[Record]:
+        """Run one input record through the chain; the stage's outputs, main flow first."""
+        flow, side = self._run(0, [record])
+        self._emitted(flow)
+        return flow + side
+
+    def run(self, records: Iterable[Record]) -> list[Record]:
+        """Feed many records (then tick once); every output in order. For tests and tools."""
+        out: list[Record] = []
+        for r in records:
+            out.extend(self.feed(r))
+        out.extend(self.tick())
+        return out
+
+    def tick(self) -> list[Record]:
+        """Let every policy release what time or capacity allows (timeouts, held tasks)."""
+        flow_out: list[Record] = []
+        side_out: list[Record] = []
+        for i, p in enumerate(self.policies):
+            hook = getattr(p, "tick", None)
+            if hook is None:
+                continue
+            released = hook(self.states[i], self.ctx)
+            if not released:
+                continue
+            main, extra = split(released, p.produces)
+            side_out.extend(extra)
+            flow, side = self._run(i + 1, main)
+            flow_out.extend(flow)
+            side_out.extend(side)
+        if flow_out or side_out:
+            self._emitted(flow_out)
+        return flow_out + side_out
+
+    # ---------------------------------------------------------------- side inputs
+
+    def side(self, record: Any) -> None:
+        """A side input: a WeightManifest (trainer version), a GroupStats (``stats``) or the
+        head of a group accepted onto ``groups.<policy>``."""
+        if isinstance(record, WeightManifest):
+            self.set_version(record.policy, record.version)
+            return
+        if isinstance(record, GroupStats):
+            name = "on_stats"
+        elif isinstance(record, GroupRef | TrajectoryGroup):
+            name = "on_group"
+        else:
+            raise TypeError(f"no side input of type {type(record).__name__}")
+        for p, state in zip(self.policies, self.states, strict=True):
+            hook = getattr(p, name, None)
+            if hook is not None:
+                hook(record, state, self.ctx)
+
+    def set_version(self, policy: str, version: int) -> bool:
+        """Record a trainer version (the newest wins); True if it advanced."""
+        old = self.ctx.versions.get(policy)
+        if old is not None and version <= old:
+            return False
+        self.ctx.versions[policy] = version
+        for p, state in zip(self.policies, self.states, strict=True):
+            hook = getattr(p, "on_version", None)
+            if hook is not None:
+                hook(policy, 0 if old is None else old, version, state, self.ctx)
+        return True
+
+    # -------------------------------------------------------------------- queries
+
+    def ready(self) -> bool:
+        """False while a policy holds records back (the stage then reads no main input)."""
+        return all(getattr(p, "ready", lambda s: True)(s)
+                   for p, s in zip(self.policies, self.states, strict=True))
+
+    def wants(self) -> set[str]:
+        return {w for p in self.policies for w in getattr(p, "wants", ())}
+
+    def counters(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for entry, p, state in zip(self.entries, self.policies, self.states, strict=True):
+            hook = getattr(p, "counters", None)
+            counts = hook(state) if hook is not None else getattr(state, "counts", {})
+            out.update({f"{p.name if ':' in entry else entry}.{k}": v
+                        for k, v in counts.items()})
+        return out
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def snapshot(self) -> dict[str, bytes]:
+        return {entry: msgspec.msgpack.encode(state)
+                for entry, state in zip(self.entries, self.states, strict=True)}
+
+    def restore(self, states: dict[str, bytes]) -> None:
+        for i, entry in enumerate(self.entries):
+            data = states.get(entry)
+            if data is None:
+                log.warning("stage=%s policy=%s has no state in the checkpoint; starting it "
+                            "fresh", self.stage, entry)
+                continue
+            self.states[i] = msgspec.msgpack.decode(data, type=type(self.states[i]))
+        extra = sorted(set(states) - set(self.entries))
+        if extra:
+            log.warning("stage=%s checkpoint holds state of %s, no longer configured; ignored",
+                        self.stage, ", ".join(extra))

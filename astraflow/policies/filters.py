@@ -1,0 +1,83 @@
+"""Group filters: the staleness filter and DAPO dynamic sampling (``groups → groups``)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from astraflow.core.records import Record, TrajectoryGroup
+from astraflow.policies.base import Context, bump
+from astraflow.policies.env import BuildEnv, reward_stats
+
+
+class FilterState(msgspec.Struct, kw_only=True):
+    counts: dict[str, int] = {}
+
+
+class Staleness:
+    """Drops (and counts) groups older than ``max_staleness`` versions relative to the
+    trainer's latest published version: ``version(policy) - group.version > max_staleness``.
+
+    A group with no generated token (``version == -1``) has no age and is kept.
+    """
+
+    name = "staleness"
+    consumes = TrajectoryGroup
+    produces = TrajectoryGroup
+
+    def __init__(self, *, max_staleness: int = 4) -> None:
+        self.max_staleness = max_staleness
+
+    def init_state(self) -> FilterState:
+        return FilterState()
+
+    def process(self, g: TrajectoryGroup, state: FilterState, ctx: Context) -> list[Record]:
+        if g.version >= 0 and ctx.version(g.policy) - g.version > self.max_staleness:
+            bump(state.counts, "dropped_stale")
+            return []
+        bump(state.counts, "kept")
+        return [g]
+
+    def counters(self, state: FilterState) -> dict[str, int]:
+        return dict(state.counts)
+
+
+class DynamicSampling:
+    """DAPO dynamic sampling: drops groups whose rewards are all equal (zero advantage).
+
+    Counts ``generated`` (groups in), ``kept`` and ``dropped_easy`` / ``dropped_hard``. The
+    flow it removes is made up for upstream: the gate counts only groups that reach
+    ``groups.<policy>`` against its capacity, so it keeps releasing tasks until batches fill.
+    """
+
+    name = "dynamic_sampling"
+    consumes = TrajectoryGroup
+    produces = TrajectoryGroup
+
+    def __init__(self, *, eps: float = 1e-6, easy_threshold: float = 0.5) -> None:
+        self.eps = eps
+        self.easy_threshold = easy_threshold
+
+    def init_state(self) -> FilterState:
+        return FilterState()
+
+    def process(self, g: TrajectoryGroup, state: FilterState, ctx: Context) -> list[Record]:
+        bump(state.counts, "generated")
+        st = reward_stats([t.reward for t in g.trajectories], eps=self.eps,
+                          easy_threshold=self.easy_threshold)
+        if st.zero_variance != "none":
+            bump(state.counts, f"dropped_{st.zero_variance}")
+            return []
+        bump(state.counts, "kept")
+        return [g]
+
+    def counters(self, state: FilterState) -> dict[str, int]:
+        return dict(state.counts)
+
+
+def build_staleness(env: BuildEnv) -> Staleness:
+    s = env.data.staleness.max_staleness
+    return Staleness(max_staleness=env.data.max_staleness if s is None else s)
+
+
+def build_dynamic_sampling(env: BuildEnv) -> DynamicSampling:
+    return DynamicSampling(eps=env.data.reward_eps, easy_threshold=env.data.easy_threshold)

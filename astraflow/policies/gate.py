@@ -1,0 +1,124 @@
+"""Staleness capacity gate (pre-rollout): the system's backpressure.
+
+Releases tasks only while the work started stays within ``max_staleness`` versions of the
+trainer (AReaL's rule)::
+
+    started <= (max_staleness + version + 1) * batch_size
+
+``version`` is the newest ``WeightManifest.version`` of the primary policy (0 before any);
+``batch_size`` is that policy's B (groups per batch). ``started`` counts work in flight or
+accepted, like AReaL's ``running + accepted``::
+
+    started = in_flight + accepted
+
+* ``in_flight``: groups released (tasks that left the pre-rollout stage, after every policy,
+  so a task GRESO skips after the gate gives its slot back) whose GroupStats has not come
+  back on ``stats`` yet; the assembler reports every group it closes, kept or dropped;
+* ``accepted``: groups released here that reached ``groups.<primary>``.
+
+A group dropped after rollout (dynamic sampling, staleness, incomplete) comes back on
+``stats`` but never reaches ``groups``, so its slot returns and the gate keeps releasing
+until batches fill. Only groups this gate released are counted (by group id), so stats of
+other runs or of replays are ignored. A released group not back within ``lost_after_s`` is
+written off (``lost``), so a task a worker lost cannot hold a slot forever. Tasks that do not
+fit wait in the gate, in order; while any wait, the stage reads no more input, so the wait
+list stays within one poll of records and a slow trainer slows task release.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from astraflow.core.records import GroupStats, Record, Task
+from astraflow.policies.base import Context, GroupRef, bump, remember
+from astraflow.policies.env import BuildEnv
+
+
+class GateState(msgspec.Struct, kw_only=True):
+    held: list[Task] = []
+    in_flight: dict[str, float] = {}  # group id -> release time, in release order
+    in_transit: int = 0  # passed by the gate in the current step, not yet out of the stage
+    accepted: int = 0
+    closed_ids: dict[str, int] = {}  # recently closed groups of ours (late acceptances)
+    accepted_ids: dict[str, int] = {}
+    counts: dict[str, int] = {}
+
+
+class Gate:
+    name = "gate"
+    consumes = Task
+    produces = Task
+    wants = frozenset({"stats", "groups"})
+
+    def __init__(self, *, primary: str = "default", batch_size: int = 8,
+                 max_staleness: int = 4, lost_after_s: float = 3600.0,
+                 dedup_window: int = 10_000) -> None:
+        self.primary = primary
+        self.batch_size = batch_size
+        self.max_staleness = max_staleness
+        self.lost_after_s = lost_after_s
+        self.dedup_window = dedup_window
+
+    def init_state(self) -> GateState:
+        return GateState()
+
+    def capacity(self, ctx: Context) -> int:
+        return (self.max_staleness + ctx.version(self.primary) + 1) * self.batch_size
+
+    def started(self, state: GateState) -> int:
+        return len(state.in_flight) + state.in_transit + state.accepted
+
+    def _fits(self, state: GateState, ctx: Context) -> bool:
+        return self.started(state) < self.capacity(ctx)
+
+    def process(self, task: Task, state: GateState, ctx: Context) -> list[Record]:
+        if state.held or not self._fits(state, ctx):
+            state.held.append(task)
+            bump(state.counts, "held")
+            return []
+        state.in_transit += 1
+        return [task]
+
+    def tick(self, state: GateState, ctx: Context) -> list[Record]:
+        for gid in list(state.in_flight):  # oldest first
+            if ctx.now - state.in_flight[gid] < self.lost_after_s:
+                break
+            del state.in_flight[gid]
+            bump(state.counts, "lost")
+        out: list[Record] = []
+        while state.held and self._fits(state, ctx):
+            out.append(state.held.pop(0))
+            state.in_transit += 1
+        return out
+
+    def on_emitted(self, records: list[Record], state: GateState, ctx: Context) -> None:
+        state.in_transit = 0
+        for r in records:
+            if isinstance(r, Task):
+                state.in_flight[r.resolved_group_id()] = ctx.now
+                bump(state.counts, "released")
+
+    def on_stats(self, st: GroupStats, state: GateState, ctx: Context) -> None:
+        if st.policy == self.primary and state.in_flight.pop(st.group_id, None) is not None:
+            remember(state.closed_ids, st.group_id, self.dedup_window)
+            bump(state.counts, "closed")
+
+    def on_group(self, ref: GroupRef, state: GateState, ctx: Context) -> None:
+        ours = ref.group_id in state.in_flight or ref.group_id in state.closed_ids
+        if (ref.policy == self.primary and ours
+                and remember(state.accepted_ids, ref.group_id, self.dedup_window)):
+            state.accepted += 1
+
+    def ready(self, state: GateState) -> bool:
+        return not state.held
+
+    def counters(self, state: GateState) -> dict[str, int]:
+        return {**state.counts, "waiting": len(state.held), "in_flight": len(state.in_flight),
+                "accepted": state.accepted, "started": self.started(state)}
+
+
+def build(env: BuildEnv) -> Gate:
+    s = env.data.gate.max_staleness
+    return Gate(primary=env.primary, batch_size=env.data.batch_size_of(env.primary),
+                max_staleness=env.data.max_staleness if s is None else s,
+                lost_after_s=env.data.gate.lost_after_s, dedup_window=env.data.dedup_window)
