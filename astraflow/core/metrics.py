@@ -6,7 +6,8 @@
 >>> m.close("stopped")
 
 Counters only grow from process start; gauges are current values. Readers (the reporter,
-``astraflow top``) key by ``component``.
+``astraflow top``) key by ``component``. With ``ASTRAFLOW_METRICS_PORT`` set, the first emitter
+of a process also serves them on a Prometheus endpoint (0: any free port).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from astraflow.core.records import Metric, encode, schema_header
 from astraflow.core.topics import topic_name
 
 log = logging.getLogger("astraflow.metrics")
+PORT_ENV = "ASTRAFLOW_METRICS_PORT"
+_serving = False
 
 
 def component_id(role: str) -> str:
@@ -46,6 +49,11 @@ class MetricsEmitter:
         self._last: float | None = None
         self._lock = threading.Lock()
         self._host = socket.gethostname()
+        global _serving
+        if not _serving and os.environ.get(PORT_ENV):
+            # One endpoint per process: the first emitter created serves it.
+            _serving = True
+            self.serve_prometheus()
 
     def inc(self, name: str, n: float = 1.0) -> None:
         with self._lock:
@@ -54,6 +62,17 @@ class MetricsEmitter:
     def set(self, name: str, value: float) -> None:
         with self._lock:
             self.gauges[name] = float(value)
+
+    def snapshot(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Copies of the counters and gauges, taken atomically."""
+        with self._lock:
+            return dict(self.counters), dict(self.gauges)
+
+    def serve_prometheus(self, port: int | None = None) -> int | None:
+        """Expose these metrics on a Prometheus endpoint (see :mod:`astraflow.core.prometheus`)."""
+        from astraflow.core.prometheus import serve
+
+        return serve(self, port)
 
     def tick(self, status: str = "running") -> bool:
         """Emit if ``interval`` passed since the last emission. Returns whether it emitted."""

@@ -25,3 +25,21 @@ def test_emitter_sends_heartbeats_with_counters_and_gauges(tmp_path: Path) -> No
     assert recs[0].counters == {"episodes": 3.0} and recs[0].gauges == {"inflight": 4.0}
     assert recs[0].component.startswith("rollout-") and recs[0].role == "rollout"
     bus.close()
+
+
+def test_prometheus_endpoint_exports_counters_and_gauges(tmp_path: Path) -> None:
+    import urllib.request
+
+    bus = connect(f"embedded://{tmp_path}/bus.db")
+    bus.create_topics(run_topics("r", ["default"]))
+    m = MetricsEmitter(bus, run="r", role="trainer", component="trainer-x")
+    m.inc("steps", 3)
+    m.set("wait ratio", 0.25)
+    port = m.serve_prometheus(0)
+    assert port
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'astraflow_steps_total{component="trainer-x",role="trainer"} 3.0' in text
+    assert 'astraflow_wait_ratio{component="trainer-x",role="trainer"} 0.25' in text
+    assert f'astraflow_prometheus_port{{component="trainer-x",role="trainer"}} {float(port)}' in text
+    m.close()
+    bus.close()
