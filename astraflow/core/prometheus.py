@@ -44,9 +44,9 @@ class _Collector:
             fam.add_metric(values, v)
             yield fam
         for name, v in sorted(gauges.items()):
-            fam = GaugeMetricFamily(f"astraflow_{metric_name(name)}", name, labels=labels)
-            fam.add_metric(values, v)
-            yield fam
+            gauge = GaugeMetricFamily(f"astraflow_{metric_name(name)}", name, labels=labels)
+            gauge.add_metric(values, v)
+            yield gauge
 
 
 def serve(emitter: MetricsEmitter, port: int | None = None, addr: str = "0.0.0.0") -> int | None:
