@@ -1,0 +1,56 @@
+"""`astraflow top`: the live view of any running experiment, from its metrics topic."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def top(
+    config: Annotated[Path | None, typer.Argument(help="Experiment YAML (for run and bus).")]
+    = None,
+    out: Annotated[Path, typer.Option(help="Run directory ({out} in the bus URL).")] = Path("."),
+    bus: Annotated[str | None, typer.Option(help="Bus URL (overrides the config's).")] = None,
+    run: Annotated[str | None, typer.Option(help="Run name (overrides the config's).")] = None,
+    once: Annotated[bool, typer.Option(help="Print one snapshot and exit.")] = False,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Config override a.b=c.")]
+    = None,
+) -> None:
+    """Per-role status, trainer step and version, reward and accuracy, throughput, wait ratio,
+    bus lag — read from the run's metrics topic; works against any running experiment."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from astraflow.config import load_experiment
+    from astraflow.core.bus import connect
+    from astraflow.run.collector import Collector
+    from astraflow.run.lag import run_lags
+    from astraflow.run.view import render
+
+    overrides = list(set_ or [])
+    if bus:
+        overrides.append(f"bus.url={bus}")
+    if run:
+        overrides.append(f"run={run}")
+    cfg = load_experiment(config, overrides)
+    b = connect(cfg.bus.url.replace("{out}", str(out.resolve())), config=cfg.bus.options)
+    collector = Collector(b, cfg.run)
+    console = Console()
+    try:
+        if once:
+            collector.poll(2.0)
+            console.print(render(collector, lags=run_lags(b, cfg), title=cfg.run))
+            return
+        with Live(render(collector, title=cfg.run), console=console, refresh_per_second=2) as live:
+            while True:
+                collector.poll(0.5)
+                live.update(render(collector, lags=run_lags(b, cfg), title=cfg.run))
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        collector.close()
+        b.close()
