@@ -1,0 +1,164 @@
+"""The supervisor behind `astraflow run`: starts every role as its own OS process, watches
+them, restarts the ones that die (by config), and stops everything when the run is over.
+
+It is not in charge of the dataflow — the roles coordinate through the topics only. It is a
+launcher with a pulse: what a user would otherwise do by hand in six terminals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+log = logging.getLogger("astraflow.run")
+
+
+@dataclass
+class RoleSpec:
+    """One process to run: its name (unique), command line and restart rule."""
+
+    name: str
+    argv: list[str]
+    restart: bool = True
+    terminal: bool = False  # the phase ends when every terminal role exits 0
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RoleProcess:
+    spec: RoleSpec
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    exit_codes: list[int] = field(default_factory=list)
+    handled: bool = False  # the current process's exit has been dealt with
+    _log: IO[bytes] | None = None
+
+    @property
+    def state(self) -> str:
+        if self.proc is None:
+            return "pending"
+        rc = self.proc.poll()
+        if rc is None:
+            return "running"
+        return "done" if rc == 0 else f"exited {rc}"
+
+    def start(self, base_env: dict[str, str]) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self._log is None:
+            self._log = self.log_path.open("ab")
+        self._log.write(f"\n=== start {time.strftime('%H:%M:%S')} {' '.join(self.spec.argv)}\n"
+                        .encode())
+        self._log.flush()
+        self.handled = False
+        self.proc = subprocess.Popen(self.spec.argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env={**base_env, **self.spec.env},
+                                     start_new_session=True)
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def cli(*args: str) -> list[str]:
+    """The argv of an `astraflow` subcommand run with this interpreter."""
+    return [sys.executable, "-m", "astraflow.cli.app", *args]
+
+
+class Supervisor:
+    """Runs one phase (a set of roles) until its terminal roles finish or it is stopped."""
+
+    def __init__(self, out: Path, *, max_restarts: int = 5, grace_s: float = 20.0,
+                 on_event: Callable[[str], None] | None = None) -> None:
+        self.out = out
+        self.max_restarts = max_restarts
+        self.grace_s = grace_s
+        self.on_event = on_event or (lambda msg: log.warning("%s", msg))
+        self.roles: dict[str, RoleProcess] = {}
+        self.events: list[str] = []
+        self.failed: list[str] = []
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def event(self, msg: str) -> None:
+        self.events.append(f"{time.strftime('%H:%M:%S')} {msg}")
+        self.on_event(msg)
+
+    def start(self, specs: list[RoleSpec]) -> None:
+        for spec in specs:
+            if spec.name in self.roles and self.roles[spec.name].state == "running":
+                raise ValueError(f"role {spec.name} is already running")
+            rp = RoleProcess(spec, self.out / "logs" / f"{spec.name}.log")
+            self.roles[spec.name] = rp
+            rp.start(self.env)
+
+    def check(self) -> bool:
+        """Look at every process once: restart dead ones by their rule. True while the phase
+        goes on (some terminal role has not finished successfully)."""
+        terminals = [r for r in self.roles.values() if r.spec.terminal]
+        for r in self.roles.values():
+            if r.proc is None or r.proc.poll() is None or r.handled:
+                continue
+            rc = r.proc.returncode
+            r.handled = True  # this exit is dealt with once
+            if rc == 0:
+                continue  # finished its work (a terminal role, or a producer that is done)
+            r.exit_codes.append(rc)
+            tail = r.tail(15)
+            if r.spec.restart and r.restarts < self.max_restarts:
+                r.restarts += 1
+                self.event(f"role {r.spec.name} died (exit {rc}); restarting "
+                           f"({r.restarts}/{self.max_restarts}). Log tail:\n{tail}")
+                r.start(self.env)
+            else:
+                self.failed.append(r.spec.name)
+                self.event(f"role {r.spec.name} died (exit {rc}) and is not restarted. "
+                           f"Log tail:\n{tail}")
+        if any(r.spec.name in self.failed for r in terminals):
+            return False
+        return not terminals or any(r.state != "done" for r in terminals)
+
+    def stop(self, names: list[str] | None = None) -> dict[str, int | None]:
+        """SIGTERM (drain), then SIGKILL after the grace period. Returns exit codes."""
+        targets = [self.roles[n] for n in (names or list(self.roles))]
+        for r in targets:
+            r.signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        for r in targets:
+            if r.proc is None:
+                continue
+            try:
+                r.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.event(f"role {r.spec.name} did not stop in {self.grace_s:.0f}s; killing")
+                r.signal(signal.SIGKILL)
+                r.proc.wait(10)
+        codes = {r.spec.name: (r.proc.returncode if r.proc else None) for r in targets}
+        for r in targets:
+            r.close()
+        return codes
+
+    def states(self) -> dict[str, str]:
+        return {name: r.state + (f" (restarts {r.restarts})" if r.restarts else "")
+                for name, r in self.roles.items()}

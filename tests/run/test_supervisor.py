@@ -1,0 +1,57 @@
+"""The supervisor with real processes: restart of a killed role, terminal roles, stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from astraflow.run.supervisor import RoleSpec, Supervisor
+
+
+def py(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def wait_for(cond, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_killed_role_is_restarted_and_terminal_role_ends_the_phase(tmp_path: Path) -> None:
+    flag = tmp_path / "go"
+    events: list[str] = []
+    sup = Supervisor(tmp_path, max_restarts=2, grace_s=5, on_event=events.append)
+    sup.start([
+        RoleSpec("worker", py("import time\nprint('up', flush=True)\nwhile True: time.sleep(0.1)")),
+        RoleSpec("trainer", py(f"import os, time\nwhile not os.path.exists({str(flag)!r}): "
+                               "time.sleep(0.05)\nprint('done')"), terminal=True),
+    ])
+    assert sup.check() is True
+    first = sup.roles["worker"].proc
+    assert first is not None
+    wait_for(lambda: "up" in sup.roles["worker"].tail())
+    os.kill(first.pid, signal.SIGKILL)
+    wait_for(lambda: (sup.check() or True) and sup.roles["worker"].restarts == 1)
+    assert sup.roles["worker"].proc is not first
+    assert "worker died (exit -9); restarting (1/2)" in events[0] and "up" in events[0]
+    flag.touch()
+    wait_for(lambda: not sup.check())
+    codes = sup.stop()
+    assert codes["trainer"] == 0 and codes["worker"] == -signal.SIGTERM
+    assert "=== start" in (tmp_path / "logs" / "worker.log").read_text()
+    assert sup.failed == []
+
+
+def test_role_out_of_restarts_is_reported_failed(tmp_path: Path) -> None:
+    events: list[str] = []
+    sup = Supervisor(tmp_path, max_restarts=1, grace_s=5, on_event=events.append)
+    sup.start([RoleSpec("bad", py("import sys; print('boom'); sys.exit(3)"), terminal=True)])
+    wait_for(lambda: not sup.check())
+    assert sup.failed == ["bad"] and sup.roles["bad"].exit_codes == [3, 3]
+    assert "not restarted" in events[-1] and "boom" in events[-1]
+    sup.stop()
