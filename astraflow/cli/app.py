@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from astraflow.cli import broker, demo, inspect_cmd, policy, top, topics, weights
+from astraflow.cli import broker, demo, inspect_cmd, policy, top, topics, train, weights
 
 app = typer.Typer(
     name="astraflow",
@@ -23,6 +23,7 @@ app.add_typer(topics.app, name="topics")
 app.add_typer(weights.app, name="weights")
 app.command("inspect")(inspect_cmd.inspect)
 app.command("policy")(policy.policy)
+app.command("train")(train.train)
 app.command("top")(top.top)
 app.command("demo")(demo.demo)
 

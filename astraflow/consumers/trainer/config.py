@@ -1,9 +1,165 @@
-"""Config section: The trainer: losses, optimizer, checkpoints (issue 5)."""
+"""Config section ``trainer``: mode, optimizer, loss switches, micro-batching, checkpoints.
+
+Every key here is documented in docs/trainer.md with the formula it switches. The section
+imports nothing heavy; the trainer builds torch objects from it in
+:mod:`astraflow.consumers.trainer.build`.
+
+    trainer:
+      mode: rl                      # rl | sft
+      optimizer: {lr: 3.0e-4}
+      loss:
+        std_norm: true              # false: Dr. GRPO
+        aggregation: token-mean     # | seq-mean-token-mean | seq-mean-token-sum-norm
+        eps_low: 0.2
+        eps_high: 0.28              # asymmetric clip (DAPO's clip-higher)
+        dual_clip: 3.0              # null: off
+        kl: k3                      # none | k1 | k3, against the frozen initial model
+        kl_coef: 0.001
+      checkpoint_every: 50
+"""
 
 from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
 
 from astraflow.core.config import Section
 
 
+class OptimizerConfig(Section):
+    """AdamW (decoupled weight decay) on fp32 master weights."""
+
+    type: Literal["adamw"] = pydantic.Field("adamw", description="optimizer; only adamw today")
+    lr: float = pydantic.Field(3e-4, gt=0, description="learning rate (constant)")
+    betas: tuple[float, float] = pydantic.Field((0.9, 0.999), description="AdamW betas")
+    weight_decay: float = pydantic.Field(0.0, ge=0, description="decoupled weight decay")
+    eps: float = pydantic.Field(1e-8, gt=0, description="AdamW epsilon")
+    warmup_steps: int = pydantic.Field(0, ge=0,
+                                       description="linear lr warm-up from 0 over this many "
+                                                   "steps; 0: none")
+
+    @pydantic.field_validator("betas")
+    @classmethod
+    def _betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"betas must be in [0, 1), got {list(betas)}")
+        return betas
+
+
+class LossConfig(Section):
+    """The RL loss: GRPO-family switches and the decoupled-PPO staleness correction."""
+
+    std_norm: bool = pydantic.Field(
+        True, description="divide group-relative advantages by the group's reward std "
+                          "(GRPO); false: only subtract the mean (Dr. GRPO)")
+    adv_eps: float = pydantic.Field(1e-6, gt=0, description="added to the std before dividing")
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
+        pydantic.Field("token-mean",
+                       description="how per-token losses become one number: token-mean "
+                                   "(DAPO), seq-mean-token-mean (GRPO), "
+                                   "seq-mean-token-sum-norm (Dr. GRPO)"))
+    norm_length: int | None = pydantic.Field(
+        None, ge=1, description="seq-mean-token-sum-norm: the constant each sequence's token "
+                                "sum is divided by (e.g. the generation budget); null: the "
+                                "longest completion (loss tokens) in the batch")
+    eps_low: float = pydantic.Field(0.2, gt=0, lt=1,
+                                    description="ratio clip below: 1 - eps_low")
+    eps_high: float = pydantic.Field(0.2, gt=0,
+                                     description="ratio clip above: 1 + eps_high (0.28: DAPO)")
+    dual_clip: float | None = pydantic.Field(
+        None, gt=1, description="dual clip c > 1: for negative advantages the loss is at most "
+                                "-c·A; null: off")
+    kl: Literal["none", "k1", "k3"] = pydantic.Field(
+        "none", description="KL penalty to the frozen initial model, per token: k1 = log π/π_ref,"
+                            " k3 = π_ref/π - log(π_ref/π) - 1")
+    kl_coef: float = pydantic.Field(0.0, ge=0, description="weight of the KL penalty")
+    entropy_coef: float = pydantic.Field(0.0, ge=0,
+                                         description="entropy bonus weight (loss -= coef·H)")
+    entropy_metric: bool = pydantic.Field(
+        True, description="report the mean token entropy (one extra pass over the logits)")
+    decoupled: bool = pydantic.Field(
+        True, description="decoupled PPO (AReaL): clip π_θ/π_prox and weight by π_prox/π_behav;"
+                          " false: clip π_θ/π_behav (plain PPO against the rollout's logprobs)")
+    behaviour_cap: float | None = pydantic.Field(
+        5.0, gt=0, description="cap of the behaviour importance weight π_prox/π_behav; null: "
+                               "uncapped")
+    behaviour_cap_mode: Literal["clip", "mask"] = pydantic.Field(
+        "clip", description="clip: weight = min(w, cap) (truncated IS); mask: tokens with "
+                            "w > cap get weight 0 (AReaL)")
+    temperature: float = pydantic.Field(
+        1.0, gt=0, description="sampling temperature of the rollout: logits are divided by it "
+                               "before log-softmax so ratios compare like with like")
+
+
 class TrainerConfig(Section):
-    """The trainer: losses, optimizer, checkpoints (issue 5)."""
+    """The trainer: consumes batches.<policy>, steps the optimizer, publishes weights."""
+
+    mode: Literal["rl", "sft"] = pydantic.Field(
+        "rl", description="rl: GRPO-family policy loss; sft: cross-entropy on masked tokens")
+    optimizer: OptimizerConfig = OptimizerConfig()
+    loss: LossConfig = LossConfig()
+    grad_clip: float | None = pydantic.Field(1.0, gt=0,
+                                             description="clip the global grad norm; null: off")
+    micro_batch_tokens: int = pydantic.Field(
+        8192, ge=1, description="padded tokens (sequences × longest) per forward/backward; "
+                                "gradients accumulate over micro-batches with the batch's "
+                                "global token counts as normaliser")
+    skip_zero_advantage_groups: bool = pydantic.Field(
+        True, description="drop groups whose advantages are all zero before the forward "
+                          "(their policy-loss gradient is exactly zero); kept when a KL or "
+                          "entropy term would give them a gradient")
+    max_steps: int | None = pydantic.Field(
+        None, ge=0, description="stop when the version reaches this (a restarted trainer "
+                                "finishes the same total); null: run until stopped")
+    publish_every: int = pydantic.Field(1, ge=1, description="publish weights every k steps")
+    publish_initial: bool = pydantic.Field(
+        False, description="a fresh trainer publishes version 0 (the initial weights) first")
+    checkpoint_every: int = pydantic.Field(
+        50, ge=1, description="checkpoint (and only then commit offsets) every N steps")
+    keep_checkpoints: int = pydantic.Field(2, ge=1, description="newest checkpoints kept")
+    checkpoint_dir: str = pydantic.Field(
+        "{out}/checkpoints/trainer-{policy}",
+        description="where checkpoints live ({out}: run dir, {policy})")
+    on_missing_checkpoint: Literal["error", "committed"] = pydantic.Field(
+        "error", description="no checkpoint but the group has committed offsets: error "
+                             "(the checkpoint is the source of truth), or start fresh "
+                             "weights from the committed offsets")
+    device: Literal["auto", "cpu", "cuda"] = pydantic.Field(
+        "auto", description="auto: cuda when available, else cpu")
+    mixed_precision: Literal["no", "bf16", "fp16"] = pydantic.Field(
+        "no", description="autocast compute dtype; master weights stay fp32")
+    seed: int = pydantic.Field(0, description="torch / numpy / python seed")
+    deterministic: bool = pydantic.Field(
+        False, description="torch.use_deterministic_algorithms(True) (bit-identical resume "
+                           "on CPU; slower on GPU)")
+    threads: int | None = pydantic.Field(None, ge=1,
+                                         description="torch CPU threads; null: torch's default")
+    log_jsonl: bool = pydantic.Field(True,
+                                     description="one JSON line per step in "
+                                                 "{out}/trainer-<policy>.jsonl")
+    metrics_interval_s: float = pydantic.Field(2.0, gt=0,
+                                               description="metrics topic emission interval")
+    poll_timeout_s: float = pydantic.Field(0.5, gt=0, description="longest single bus poll")
+    session_timeout_s: float = pydantic.Field(10.0, gt=0,
+                                              description="consumer-group session timeout")
+    dedup_window: int = pydantic.Field(10_000, ge=1,
+                                       description="recent batch ids remembered (and "
+                                                   "checkpointed) to drop duplicates")
+
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> TrainerConfig:
+        problems = []
+        loss = self.loss
+        if loss.kl != "none" and loss.kl_coef == 0:
+            problems.append(f"loss.kl={loss.kl} with loss.kl_coef=0 computes a reference "
+                            "forward for nothing; set kl_coef > 0 or kl: none")
+        if loss.kl == "none" and loss.kl_coef > 0:
+            problems.append(f"loss.kl_coef={loss.kl_coef} with loss.kl=none has no effect; "
+                            "choose kl: k1 or k3")
+        if loss.norm_length is not None and loss.aggregation != "seq-mean-token-sum-norm":
+            problems.append("loss.norm_length only applies to aggregation "
+                            "seq-mean-token-sum-norm")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self

@@ -1,0 +1,97 @@
+"""``astraflow train CONFIG --policy NAME``: run the trainer of one policy (DESIGN.md §7).
+
+Mounted in the main app as ``app.command("train")(train.train)``; also runnable alone:
+``python -m astraflow.cli.train CONFIG --policy NAME``. Imports stay light (typer, stdlib):
+torch loads inside the command.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def train(
+    config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
+    policy: Annotated[str | None, typer.Option(
+        "--policy", help="The policy to train (default: the first of `policies`).")] = None,
+    out: Annotated[Path, typer.Option(help="Run directory ({out} in the config).")]
+    = Path("."),
+    overrides: Annotated[list[str] | None, typer.Option(
+        "--set", help="Config override a.b=c (repeatable), e.g. trainer.optimizer.lr=1e-4.")]
+    = None,
+    max_steps: Annotated[int | None, typer.Option(
+        help="Stop at this version (overrides trainer.max_steps; a restarted trainer "
+             "finishes the same total).")] = None,
+    timeout: Annotated[float | None, typer.Option(help="Stop after this many seconds.")]
+    = None,
+    publish: Annotated[bool, typer.Option(
+        help="Publish weights to weights.<policy> (--no-publish: checkpoints only).")] = True,
+) -> None:
+    """Consume batches.<policy>, step the optimizer, publish weights, checkpoint. SIGTERM or
+    Ctrl-C finish the current step, checkpoint, commit and exit 0."""
+    import logging
+
+    from astraflow.cli.common import fail
+    from astraflow.config import load_experiment, open_bus
+    from astraflow.core.errors import AstraflowError, ConfigError
+
+    try:
+        cfg = load_experiment(config, overrides or [])
+    except ConfigError as e:
+        raise fail(str(e)) from None
+    name = policy or cfg.policies[0]
+    if max_steps is not None:
+        cfg.trainer.max_steps = max_steps
+    stop = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    trainer = publisher = metrics = None
+    bus = None
+    try:
+        from astraflow.consumers.trainer.build import build_publisher, build_trainer
+        from astraflow.core.metrics import MetricsEmitter
+
+        out.mkdir(parents=True, exist_ok=True)
+        bus = open_bus(cfg, out)
+        trainer = build_trainer(cfg, name, out, bus=bus)
+        if trainer.engine.rank == 0:  # data parallel: rank 0 alone talks to the bus
+            if publish:
+                trainer.publisher = publisher = build_publisher(cfg, name, out, bus)
+            trainer.metrics = metrics = MetricsEmitter(bus, run=cfg.run, role="trainer",
+                                                       interval=cfg.trainer.metrics_interval_s)
+        stats = trainer.run(timeout=timeout, should_stop=lambda: stop)
+    except AstraflowError as e:
+        raise fail(str(e)) from None
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        if trainer is not None:
+            trainer.close()
+        if publisher is not None:
+            publisher.close()
+        if metrics is not None:
+            metrics.close()
+        if bus is not None:
+            bus.close()
+    logging.getLogger("astraflow.trainer").info("policy=%s done", name)
+    typer.echo(f"policy={name} version={stats.version} steps={stats.steps} "
+               f"duplicates={stats.duplicates} dead_lettered={stats.dead_lettered} "
+               f"wait_s={stats.wait_s:.2f} busy_s={stats.busy_s:.2f}")
+
+
+def main() -> None:
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(train)
+    app()
+
+
+if __name__ == "__main__":
+    main()

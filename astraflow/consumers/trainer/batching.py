@@ -1,0 +1,171 @@
+"""From a :class:`~astraflow.core.records.Batch` record to padded micro-batches of tensors.
+
+:func:`prepare` unpacks every trajectory, computes group-relative advantages from the batch's
+groups, drops the groups whose advantages are all zero when asked (their policy-loss gradient
+is exactly zero) and counts the batch's *global* normalisers — loss tokens, sequences, the
+longest completion — over every group, skipped or not. :func:`micro_batches` then packs the
+kept sequences into micro-batches of at most ``token_budget`` padded tokens and gives each
+token its weight ω (see :func:`~astraflow.consumers.trainer.losses.token_weights`) computed
+with those global counts: the micro-batch losses add up to the loss of the whole batch, and
+skipping zero-advantage groups changes nothing but the time it takes.
+
+Alignment: logits at position t - 1 predict token t, so every per-token array is shifted by
+one (``targets = ids[1:]``, ``mask = loss_mask[1:]``, ...). A loss-mask bit on token 0 has no
+prediction and is ignored. Sequences are cut after their last loss token (what follows cannot
+change the loss of a causal model) and right-padded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from astraflow.consumers.trainer.advantages import batch_advantages, zero_groups
+from astraflow.consumers.trainer.losses import token_weights
+from astraflow.core.records import Batch, unpack
+
+
+@dataclass
+class Seq:
+    """One trajectory, cut after its last loss token."""
+
+    token_ids: np.ndarray  # int32 [n]
+    loss_mask: np.ndarray  # uint8 [n]
+    logprobs: np.ndarray  # float32 [n], behaviour
+    versions: np.ndarray  # int32 [n]
+    advantage: float
+    reward: float
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class Prepared:
+    """The trainable sequences of a batch and the batch's global normalisers."""
+
+    seqs: list[Seq]
+    n_tokens: int  # loss tokens in the whole batch (skipped groups included)
+    n_seqs: int  # sequences with at least one loss token (skipped groups included)
+    max_completion: int  # most loss tokens of any sequence
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # [b, L] int64, right-padded
+    attention_mask: torch.Tensor  # [b, L]
+    targets: torch.Tensor  # [b, L-1] = input_ids[:, 1:]
+    mask: torch.Tensor  # [b, L-1] bool
+    behav: torch.Tensor  # [b, L-1] float32 behaviour logprobs
+    versions: torch.Tensor  # [b, L-1] int32
+    adv: torch.Tensor  # [b] float32
+    weights: torch.Tensor  # [b, L-1] float32, token weights with the batch's global counts
+
+    @property
+    def padded_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+def prepare(batch: Batch, *, advantages: bool = True, std_norm: bool = True,
+            adv_eps: float = 1e-6, skip_zero: bool = False) -> Prepared:
+    """Unpack ``batch``; with ``advantages``, compute them per group and (``skip_zero``)
+    drop all-zero groups from the sequences returned, but not from the counts."""
+    groups = [[t.reward for t in g.trajectories] for g in batch.groups]
+    advs = (batch_advantages(groups, std_norm=std_norm, eps=adv_eps) if advantages
+            else [torch.zeros(len(g)) for g in groups])
+    zeros = zero_groups(advs) if advantages else [False] * len(groups)
+    seqs: list[Seq] = []
+    n_tokens = n_seqs = longest = 0
+    skipped = 0
+    for g, adv, is_zero in zip(batch.groups, advs, zeros, strict=True):
+        drop = skip_zero and is_zero
+        skipped += drop
+        for t, a in zip(g.trajectories, adv.tolist(), strict=True):
+            mask = unpack(t.loss_mask, "u1").copy()
+            mask[:1] = 0
+            count = int(mask.sum())
+            n_tokens += count
+            n_seqs += count > 0
+            longest = max(longest, count)
+            if drop or count == 0:
+                continue
+            end = int(np.flatnonzero(mask)[-1]) + 1
+            seqs.append(Seq(unpack(t.token_ids, "<i4")[:end], mask[:end],
+                            unpack(t.logprobs, "<f4")[:end], unpack(t.versions, "<i4")[:end],
+                            float(a), float(t.reward)))
+    rewards = torch.tensor([r for g in groups for r in g], dtype=torch.float64)
+    flat = torch.cat(advs).double() if advs else torch.zeros(0, dtype=torch.float64)
+    stats = {
+        "groups": float(len(groups)),
+        "trajectories": float(rewards.numel()),
+        "groups_zero_adv": float(sum(zeros)),
+        "groups_skipped": float(skipped),
+        "reward_mean": float(rewards.mean()) if rewards.numel() else 0.0,
+        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "adv_mean": float(flat.mean()) if flat.numel() else 0.0,
+        "adv_std": float(flat.std()) if flat.numel() > 1 else 0.0,
+        "adv_abs_mean": float(flat.abs().mean()) if flat.numel() else 0.0,
+        "adv_max": float(flat.max()) if flat.numel() else 0.0,
+        "adv_min": float(flat.min()) if flat.numel() else 0.0,
+    }
+    return Prepared(seqs, n_tokens, n_seqs, longest, stats)
+
+
+def pack(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Indices of sequences grouped into micro-batches of at most ``token_budget`` padded
+    tokens (count × longest), longest first; a sequence longer than the budget goes alone.
+    Deterministic: ties keep batch order."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    out: list[list[int]] = []
+    for i in order:
+        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= token_budget:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def micro_batches(prep: Prepared, *, token_budget: int, aggregation: str = "token-mean",
+                  norm_length: int | None = None, pad_id: int = 0,
+                  device: torch.device | str = "cpu",
+                  shard: tuple[int, int] = (0, 1)) -> list[MicroBatch]:
+    """Padded micro-batches of ``prep``'s sequences with globally normalised token weights.
+    ``shard = (rank, world)`` keeps every world-th micro-batch (data parallelism: every rank
+    holds the whole batch, so the normalisers agree)."""
+    result: list[MicroBatch] = []
+    groups = pack([s.length for s in prep.seqs], token_budget)
+    rank, world = shard
+    for gi, idx in enumerate(groups):
+        if gi % world != rank:
+            continue
+        seqs = [prep.seqs[i] for i in idx]
+        width = max(s.length for s in seqs)
+        ids = np.full((len(seqs), width), pad_id, dtype=np.int64)
+        att = np.zeros((len(seqs), width), dtype=np.int64)
+        mask = np.zeros((len(seqs), width), dtype=bool)
+        behav = np.zeros((len(seqs), width), dtype=np.float32)
+        vers = np.full((len(seqs), width), -1, dtype=np.int32)
+        for row, s in enumerate(seqs):
+            n = s.length
+            ids[row, :n] = s.token_ids
+            att[row, :n] = 1
+            mask[row, :n] = s.loss_mask.astype(bool)
+            behav[row, :n] = s.logprobs
+            vers[row, :n] = s.versions
+        t_mask = torch.from_numpy(mask[:, 1:])
+        weights = token_weights(t_mask, aggregation, n_tokens=prep.n_tokens,
+                                n_seqs=prep.n_seqs,
+                                norm_length=norm_length or prep.max_completion)
+        input_ids = torch.from_numpy(ids)
+        result.append(MicroBatch(
+            input_ids=input_ids.to(device), attention_mask=torch.from_numpy(att).to(device),
+            targets=input_ids[:, 1:].to(device), mask=t_mask.to(device),
+            behav=torch.from_numpy(behav[:, 1:]).to(device),
+            versions=torch.from_numpy(vers[:, 1:]).to(device),
+            adv=torch.tensor([s.advantage for s in seqs], dtype=torch.float32).to(device),
+            weights=weights.float().to(device)))
+    return result

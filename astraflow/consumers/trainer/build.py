@@ -1,0 +1,146 @@
+"""Factories: the experiment config → an :class:`Engine` and a :class:`Trainer`.
+
+Configs reach the trainer's classes only through here. ``accelerate`` places the model on
+the device (CPU, one GPU, or one GPU per process under ``accelerate launch``) and provides
+autocast for ``mixed_precision``; no launcher is needed for a single process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from astraflow.consumers.trainer.checkpoint import CheckpointDir
+from astraflow.consumers.trainer.config import TrainerConfig
+from astraflow.consumers.trainer.engine import Engine
+from astraflow.consumers.trainer.loop import StepFn, Trainer
+from astraflow.consumers.trainer.losses import LossSpec
+from astraflow.core.bus.types import Bus
+from astraflow.core.errors import ConfigError
+
+log = logging.getLogger("astraflow.trainer")
+
+
+def resolve(template: str, out: str | Path, policy: str) -> Path:
+    """A path template with ``{out}`` (the run directory) and ``{policy}`` filled in."""
+    return Path(template.replace("{out}", str(Path(out).resolve())).replace("{policy}", policy))
+
+
+def loss_spec(tc: TrainerConfig) -> LossSpec:
+    lc = tc.loss
+    return LossSpec(aggregation=lc.aggregation, eps_low=lc.eps_low, eps_high=lc.eps_high,
+                    dual_clip=lc.dual_clip, kl=lc.kl, kl_coef=lc.kl_coef,
+                    entropy_coef=lc.entropy_coef, decoupled=lc.decoupled,
+                    behaviour_cap=lc.behaviour_cap, behaviour_cap_mode=lc.behaviour_cap_mode,
+                    norm_length=lc.norm_length)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _device_settings(tc: TrainerConfig) -> Any:
+    from accelerate import Accelerator
+
+    if tc.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device: cuda was asked for but torch sees no CUDA device; "
+                          "use device: auto or cpu")
+    if tc.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    if tc.threads is not None:
+        torch.set_num_threads(tc.threads)
+    # cpu=True also for "auto" without CUDA: under torchrun that is what makes accelerate
+    # set up the gloo process group (MULTI_CPU) instead of a lone process per rank
+    cpu = tc.device == "cpu" or (tc.device == "auto" and not torch.cuda.is_available())
+    return Accelerator(cpu=cpu, mixed_precision=tc.mixed_precision)
+
+
+def load_model(path: str | Path, device: torch.device) -> tuple[torch.nn.Module, int]:
+    """An HF causal LM from a local directory as fp32 master weights on ``device``, and its
+    pad token id (0 when it has none)."""
+    from transformers import AutoModelForCausalLM
+
+    p = Path(path)
+    if not (p / "config.json").exists():
+        raise ConfigError(f"model directory {p} has no config.json; set models.<policy>.path "
+                          "to a Hugging Face model directory or models.<policy>.build to a "
+                          "tiny model")
+    model = AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).to(device)
+    pad = model.config.pad_token_id
+    return model, int(pad) if pad is not None else 0
+
+
+def build_engine(tc: TrainerConfig, model_path: str | Path) -> Engine:
+    """Seed, pick the device, load the model (and the frozen reference for KL), make the
+    optimizer."""
+    seed_everything(tc.seed)
+    accelerator = _device_settings(tc)
+    device = accelerator.device
+    model, pad_id = load_model(model_path, device)
+    oc = tc.optimizer
+    optimizer = torch.optim.AdamW(model.parameters(), lr=oc.lr, betas=tuple(oc.betas),
+                                  weight_decay=oc.weight_decay, eps=oc.eps)
+    ref = None
+    if tc.mode == "rl" and tc.loss.kl != "none":
+        ref, _ = load_model(model_path, device)
+        ref.eval()
+        ref.requires_grad_(False)
+    return Engine(
+        model=model, optimizer=optimizer, device=device, mode=tc.mode, spec=loss_spec(tc),
+        # SFT learns the model's own distribution: the sampling temperature is an RL matter
+        temperature=tc.loss.temperature if tc.mode == "rl" else 1.0,
+        token_budget=tc.micro_batch_tokens,
+        grad_clip=tc.grad_clip, lr=oc.lr, warmup_steps=oc.warmup_steps,
+        skip_zero=tc.skip_zero_advantage_groups, std_norm=tc.loss.std_norm,
+        adv_eps=tc.loss.adv_eps, entropy_metric=tc.loss.entropy_metric, ref_model=ref,
+        pad_id=pad_id, autocast=accelerator.autocast, rank=accelerator.process_index,
+        world=accelerator.num_processes)
+
+
+def step_function(mode: str) -> StepFn:
+    if mode == "sft":
+        from astraflow.consumers.trainer.sft import sft_step
+
+        return sft_step
+    from astraflow.consumers.trainer.rl import rl_step
+
+    return rl_step
+
+
+def build_publisher(config: Any, policy: str, out: str | Path, bus: Bus) -> Any:
+    """The weights publisher of ``policy`` as the ``weights`` section describes it (serving
+    dtype, store, full-snapshot interval)."""
+    from astraflow.weights.config import build_publisher as build
+
+    return build(bus, config.weights, run=config.run, policy=policy, out=out)
+
+
+def build_trainer(config: Any, policy: str, out: str | Path, *, bus: Bus,
+                  publisher: Any = None, metrics: Any = None) -> Trainer:
+    """A trainer of ``policy`` for the experiment ``config`` (an ExperimentConfig) with its
+    model from ``model_dir`` (built first when the config asks for a tiny model)."""
+    from astraflow.config import model_dir
+
+    if policy not in config.policies:
+        raise ConfigError(f"unknown policy {policy!r}; valid: {', '.join(config.policies)}")
+    tc: TrainerConfig = config.trainer
+    engine = build_engine(tc, model_dir(config, policy, out))
+    checkpoints = CheckpointDir(resolve(tc.checkpoint_dir, out, policy), run=config.run,
+                                policy=policy, keep=tc.keep_checkpoints)
+    log_path = Path(out).resolve() / f"trainer-{policy}.jsonl" if tc.log_jsonl else None
+    return Trainer(
+        bus=bus, run=config.run, policy=policy, engine=engine, step_fn=step_function(tc.mode),
+        checkpoints=checkpoints, publisher=publisher, checkpoint_every=tc.checkpoint_every,
+        publish_every=tc.publish_every, publish_initial=tc.publish_initial,
+        max_version=tc.max_steps, session_timeout=tc.session_timeout_s,
+        poll_timeout=tc.poll_timeout_s, dedup_window=tc.dedup_window,
+        on_missing_checkpoint=tc.on_missing_checkpoint, log_path=log_path, metrics=metrics)

@@ -1,0 +1,250 @@
+"""Atomic trainer checkpoints: weights, optimizer, RNG, version and consumed offsets.
+
+A checkpoint is a directory ``step-<version>`` under the checkpoint root::
+
+    model.safetensors      fp32 master weights, by state-dict name
+    optimizer.safetensors  every tensor of the optimizer state, as "state.<param>.<key>"
+    rng.safetensors        torch CPU (and CUDA) generator states, uint8
+    meta.json              version, run, policy, consumed offsets per topic and partition,
+                           recent batch ids, optimizer param groups and scalar state,
+                           python/numpy RNG states, counters, sha256 of the three files
+
+No pickle: tensors go through safetensors and everything else through JSON, so a checkpoint
+can be inspected (and safely read) by anything. It is written into ``.tmp-step-<v>-<pid>``,
+each file fsynced, ``meta.json`` last, then the directory is renamed into place and its parent
+fsynced: a reader sees a whole checkpoint or none. :meth:`CheckpointDir.load` takes the newest
+checkpoint whose files match their digests (an older one if the newest is damaged).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from astraflow.core.errors import AstraflowError
+
+log = logging.getLogger("astraflow.trainer.checkpoint")
+
+FORMAT = 1
+_STEP = re.compile(r"^step-(\d{10})$")
+
+
+class CheckpointError(AstraflowError):
+    """A checkpoint could not be written or read, or belongs to another run or policy."""
+
+
+@dataclass
+class TrainerState:
+    """What a checkpoint holds besides tensors."""
+
+    version: int
+    offsets: dict[str, dict[int, int]] = field(default_factory=dict)  # topic -> part -> next
+    recent: list[str] = field(default_factory=list)  # ids of the newest batches trained
+    counters: dict[str, float] = field(default_factory=dict)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _own(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU, contiguous copies (tied weights share storage, which safetensors refuses)."""
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
+
+
+def _optimizer_parts(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor],
+                                                                 dict[str, Any]]:
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for pid, st in sd["state"].items():
+        for key, value in st.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state.{pid}.{key}"] = value
+            else:
+                scalars.setdefault(str(pid), {})[key] = value
+    return _own(tensors), {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def _load_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
+                    meta: dict[str, Any]) -> None:
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        _, pid, key = name.split(".", 2)
+        state.setdefault(int(pid), {})[key] = value
+    for pid, values in meta["scalars"].items():
+        state.setdefault(int(pid), {}).update(values)
+    groups = [{k: (tuple(v) if isinstance(v, list) and k != "params" else v)
+               for k, v in g.items()} for g in meta["param_groups"]]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _rng_parts() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda.{i}"] = s
+    py = random.getstate()
+    kind, keys, pos, gauss, cached = np.random.get_state()
+    return tensors, {"python": [py[0], list(py[1]), py[2]],
+                     "numpy": [kind, keys.tolist(), int(pos), int(gauss), float(cached)]}
+
+
+def _load_rng(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    torch.set_rng_state(tensors["torch_cpu"])
+    cuda = [tensors[k] for k in sorted(t for t in tensors if t.startswith("cuda."))]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda[:torch.cuda.device_count()])
+    py = meta["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    kind, keys, pos, gauss, cached = meta["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, gauss, cached))
+
+
+class CheckpointDir:
+    """The checkpoints of one trainer (run, policy) under ``root``."""
+
+    def __init__(self, root: str | Path, *, run: str, policy: str, keep: int = 2) -> None:
+        self.root = Path(root)
+        self.run = run
+        self.policy = policy
+        self.keep = keep
+
+    def versions(self) -> list[int]:
+        """Versions of the checkpoints present, newest first."""
+        if not self.root.is_dir():
+            return []
+        found = [int(m.group(1)) for p in self.root.iterdir() if (m := _STEP.match(p.name))]
+        return sorted(found, reverse=True)
+
+    def path(self, version: int) -> Path:
+        return self.root / f"step-{version:010d}"
+
+    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             state: TrainerState) -> Path:
+        """Write a checkpoint of ``state.version`` atomically; prune old ones."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        tmp = self.root / f".tmp-step-{state.version:010d}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        opt_tensors, opt_meta = _optimizer_parts(optimizer)
+        rng_tensors, rng_meta = _rng_parts()
+        files = {"model.safetensors": _own(dict(model.state_dict())),
+                 "optimizer.safetensors": opt_tensors, "rng.safetensors": _own(rng_tensors)}
+        digests = {}
+        for name, tensors in files.items():
+            save_file(tensors, str(tmp / name))
+            _fsync_file(tmp / name)
+            digests[name] = _sha256(tmp / name)
+        meta = {"format": FORMAT, "run": self.run, "policy": self.policy,
+                "version": state.version,
+                "offsets": {t: {str(p): o for p, o in parts.items()}
+                            for t, parts in state.offsets.items()},
+                "recent": list(state.recent), "counters": dict(state.counters),
+                "optimizer": opt_meta, "rng": rng_meta, "files": digests,
+                "created_at": time.time()}
+        with open(tmp / "meta.json", "w") as f:
+            json.dump(meta, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        final = self.path(state.version)
+        if final.exists():  # a re-run of a version after a damaged newer checkpoint
+            aside = self.root / f".old-{final.name}-{os.getpid()}"
+            final.rename(aside)
+            shutil.rmtree(aside, ignore_errors=True)
+        tmp.rename(final)
+        _fsync_dir(self.root)
+        self._prune()
+        log.info("checkpoint policy=%s version=%d path=%s seconds=%.3f", self.policy,
+                 state.version, final, time.monotonic() - started)
+        return final
+
+    def _prune(self) -> None:
+        for v in self.versions()[self.keep:]:
+            shutil.rmtree(self.path(v), ignore_errors=True)
+        for p in self.root.iterdir():
+            if p.name.startswith(".tmp-step-") and not p.name.endswith(f"-{os.getpid()}"):
+                shutil.rmtree(p, ignore_errors=True)
+
+    def read_meta(self, version: int) -> dict[str, Any]:
+        """The meta of checkpoint ``version`` after checking its files' digests."""
+        path = self.path(version)
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"checkpoint {path}: meta.json unreadable ({e})") from None
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(f"checkpoint {path} has format {meta.get('format')}; this "
+                                  f"build reads {FORMAT}")
+        for name, digest in meta["files"].items():
+            if not (path / name).is_file() or _sha256(path / name) != digest:
+                raise CheckpointError(f"checkpoint {path}: {name} is missing or damaged")
+        if (meta["run"], meta["policy"]) != (self.run, self.policy):
+            raise CheckpointError(
+                f"checkpoint {path} belongs to run={meta['run']} policy={meta['policy']}, not "
+                f"run={self.run} policy={self.policy}; point trainer.checkpoint_dir elsewhere")
+        return meta
+
+    def load(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+             ) -> TrainerState | None:
+        """Restore the newest sound checkpoint into ``model`` and ``optimizer`` (and the RNGs);
+        None when there is none. A damaged checkpoint is skipped with a warning; one of
+        another run or policy is an error."""
+        for version in self.versions():
+            path = self.path(version)
+            try:
+                meta = self.read_meta(version)
+            except CheckpointError as e:
+                if "belongs to" in str(e):
+                    raise
+                log.warning("skipping damaged checkpoint: %s", e)
+                continue
+            weights = load_file(str(path / "model.safetensors"))
+            missing, unexpected = model.load_state_dict(weights, strict=False)
+            if missing or unexpected:
+                raise CheckpointError(f"checkpoint {path} does not fit the model: missing "
+                                      f"{missing[:5]}, unexpected {unexpected[:5]}")
+            # load_state_dict moves each state tensor to its parameter's device (and keeps
+            # AdamW's step counters where torch wants them)
+            _load_optimizer(optimizer, load_file(str(path / "optimizer.safetensors")),
+                            meta["optimizer"])
+            _load_rng(load_file(str(path / "rng.safetensors")), meta["rng"])
+            log.info("resumed policy=%s version=%d from %s", self.policy, version, path)
+            return TrainerState(
+                version=int(meta["version"]),
+                offsets={t: {int(p): int(o) for p, o in parts.items()}
+                         for t, parts in meta["offsets"].items()},
+                recent=list(meta["recent"]), counters=dict(meta.get("counters", {})))
+        return None

@@ -1,0 +1,50 @@
+"""Data parallelism across processes (``accelerate launch`` / ``torchrun``): one reader.
+
+The batches topic has one partition per policy, so one process reads it: rank 0 is the
+trainer on the bus (consumer, publisher, checkpoints, metrics). It hands every batch it
+accepts to the other ranks as the record's msgpack bytes (a length, then a uint8 tensor:
+no pickle) over ``torch.distributed.broadcast``; an empty message tells them to stop. Every
+rank then runs the same step on its share of the micro-batches
+(:func:`~astraflow.consumers.trainer.batching.micro_batches` with ``shard``) and the
+gradients are summed (:func:`~astraflow.consumers.trainer.engine.apply_gradients`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+STOP = -1
+
+
+class BatchChannel:
+    """Rank 0 → every rank: the next batch's bytes, or stop."""
+
+    def __init__(self, device: torch.device) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise RuntimeError("BatchChannel needs torch.distributed to be initialised "
+                               "(run under accelerate launch or torchrun)")
+        self.device = device
+        self._dist = dist
+
+    def send(self, data: bytes | None) -> None:
+        """Rank 0: broadcast ``data`` (None: stop)."""
+        size = torch.tensor([STOP if data is None else len(data)], dtype=torch.int64,
+                            device=self.device)
+        self._dist.broadcast(size, src=0)
+        if data:
+            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+            self._dist.broadcast(payload, src=0)
+
+    def recv(self) -> bytes | None:
+        """Other ranks: the next batch's bytes, or None to stop."""
+        size = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._dist.broadcast(size, src=0)
+        n = int(size.item())
+        if n == STOP:
+            return None
+        payload = torch.empty(n, dtype=torch.uint8, device=self.device)
+        if n:
+            self._dist.broadcast(payload, src=0)
+        return payload.cpu().numpy().tobytes()

@@ -1,0 +1,115 @@
+"""The trainable state of one policy and the parts of a step that RL and SFT share.
+
+An :class:`Engine` holds the model (fp32 master weights), the optimizer, the device, the
+optional frozen reference model and the step settings. :func:`forward` computes token
+logprobs of a micro-batch; :func:`apply_gradients` finishes a step: missing gradients become
+zeros (so a step with every group skipped moves the optimizer exactly as a step whose
+gradient is zero would), gradients are summed across data-parallel ranks, clipped, and the
+optimizer steps. Build one with :func:`astraflow.consumers.trainer.build.build_engine`.
+
+Data parallelism (``accelerate launch`` / torchrun with several processes): every rank holds
+the whole batch (rank 0 reads it from the bus and broadcasts it), takes every world-th
+micro-batch, and the gradients are **summed** across ranks after accumulation. The token
+weights already carry the batch's global normalisers, so the sum is the gradient of the
+whole batch — no DDP wrapper, no per-rank averaging to correct.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from astraflow.consumers.trainer.batching import MicroBatch
+from astraflow.consumers.trainer.losses import LossSpec, token_entropy, token_logprobs
+
+
+@dataclass
+class Engine:
+    """Model, optimizer and settings of a trainer; see the module docstring."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    mode: str = "rl"  # rl | sft
+    spec: LossSpec = field(default_factory=LossSpec)
+    temperature: float = 1.0
+    token_budget: int = 8192
+    grad_clip: float | None = 1.0
+    lr: float = 3e-4
+    warmup_steps: int = 0
+    skip_zero: bool = True
+    std_norm: bool = True
+    adv_eps: float = 1e-6
+    entropy_metric: bool = True
+    ref_model: torch.nn.Module | None = None
+    pad_id: int = 0
+    autocast: Callable[[], Any] = contextlib.nullcontext
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def lr_at(self, version: int) -> float:
+        """Constant lr after a linear warm-up; a function of the version only, so nothing
+        about the schedule needs checkpointing."""
+        if self.warmup_steps <= 0:
+            return self.lr
+        return self.lr * min(1.0, (version + 1) / self.warmup_steps)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """The master weights by name (what checkpoints and the publisher get)."""
+        return dict(self.model.state_dict())
+
+
+def forward(engine: Engine, model: torch.nn.Module, mb: MicroBatch, *,
+            entropy: str = "none") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token logprobs [b, L-1] of ``mb``'s targets under ``model`` at the engine's sampling
+    temperature, and the entropy per position: ``entropy`` is "none", "metric" (computed
+    without a graph) or "grad" (part of the loss)."""
+    with engine.autocast():
+        out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+    logits = out.logits[:, :-1]
+    logp = token_logprobs(logits, mb.targets, temperature=engine.temperature)
+    ent = None
+    if entropy != "none":
+        with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
+            ent = token_entropy(logits, temperature=engine.temperature)
+    return logp, ent
+
+
+def apply_gradients(engine: Engine, version: int) -> dict[str, float]:
+    """Zero-fill, all-reduce (sum), clip and apply the accumulated gradients; returns
+    ``grad_norm`` (before clipping) and ``lr``."""
+    params = engine.params
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if engine.world > 1:
+        import torch.distributed as dist
+
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            offset += n
+    max_norm = engine.grad_clip if engine.grad_clip is not None else math.inf
+    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    lr = engine.lr_at(version)
+    for group in engine.optimizer.param_groups:
+        group["lr"] = lr
+    finite = math.isfinite(norm)
+    if finite:
+        engine.optimizer.step()
+    # A non-finite gradient (an overflow, a bad batch) is dropped rather than written into
+    # the weights and the optimizer's moments; the step still counts, reported as skipped.
+    engine.optimizer.zero_grad(set_to_none=True)
+    return {"grad_norm": norm, "lr": lr, "nonfinite_grad": float(not finite)}

@@ -1,0 +1,93 @@
+"""What the trainer reports: the wait ratio, the per-step JSON lines, metrics on the bus.
+
+``wait_ratio`` is the share of the last steps' wall time the trainer spent waiting for its
+input topic: ``Σ wait / (Σ wait + Σ busy)`` over a window of steps plus the wait still open
+(so a starved trainer's ratio climbs towards 1 between steps). *Waiting* is time blocked in
+the bus poll; *busy* is the step, the weights hand-off and any checkpoint. The scaler reads
+it as ``w`` (DESIGN.md §9); the counters ``wait_s`` and ``busy_s`` let a reader compute it
+over any window of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from astraflow.core.metrics import MetricsEmitter
+
+#: step metrics also sent as gauges on the metrics topic
+GAUGES = ("loss", "reward_mean", "wait_ratio", "tokens_per_s", "grad_norm", "kl", "entropy",
+          "clip_frac", "lr", "staleness_mean", "adv_abs_mean", "adv_std")
+
+
+class Telemetry:
+    """Counters (checkpointed with the trainer), the wait window, the JSON-lines log."""
+
+    def __init__(self, *, metrics: MetricsEmitter | None, log_path: Path | None,
+                 window: int = 20) -> None:
+        self.metrics = metrics
+        self.log_path = log_path
+        self.counters: dict[str, float] = {}
+        self._window: deque[tuple[float, float]] = deque(maxlen=window)
+        self._open_wait = 0.0
+        self._file: Any = None
+
+    def open(self) -> None:
+        if self.log_path is not None and self._file is None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.log_path, "a")  # noqa: SIM115 - closed in close()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def inc(self, name: str, n: float = 1.0) -> None:
+        self.counters[name] = self.counters.get(name, 0.0) + n
+        if self.metrics is not None:
+            self.metrics.inc(name, n)
+
+    def waited(self, seconds: float) -> None:
+        self._open_wait += seconds
+        self.inc("wait_s", seconds)
+
+    def wait_ratio(self) -> float:
+        wait = sum(w for w, _ in self._window) + self._open_wait
+        busy = sum(b for _, b in self._window)
+        return wait / max(wait + busy, 1e-9)
+
+    def step(self, record: dict[str, Any], busy: float) -> dict[str, Any]:
+        """Close the step's wait, add timing fields to ``record``, log and report it."""
+        self._window.append((self._open_wait, busy))
+        record["wait_s"], record["busy_s"] = self._open_wait, busy
+        record["wait_ratio"] = self.wait_ratio()
+        self._open_wait = 0.0
+        self.log(record)
+        self.inc("steps")
+        self.inc("busy_s", busy)
+        for k in ("tokens", "trajectories"):
+            self.inc(k, float(record.get(k, 0.0)))
+        if self.metrics is not None:
+            self.metrics.set("version", record["step"])
+            for k in GAUGES:
+                if k in record:
+                    self.metrics.set(k, record[k])
+        self.tick()
+        return record
+
+    def log(self, record: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+
+    def tick(self, force: bool = False) -> None:
+        """Send the metrics if their interval passed (``force``: now)."""
+        if self.metrics is None:
+            return
+        self.metrics.set("wait_ratio", self.wait_ratio())
+        if force:
+            self.metrics.emit()
+        else:
+            self.metrics.tick()
