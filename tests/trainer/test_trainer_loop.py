@@ -43,7 +43,7 @@ def test_trains_publishes_checkpoints_and_commits(experiment: Any, tmp_path: Pat
     committed: list[dict[int, int]] = []
 
     def step(engine: Any, batch: Any, version: int) -> dict[str, float]:
-        committed.append(trainer._committed())
+        committed.append(bus.committed(trainer.group, trainer.topic))
         return rl_step(engine, batch, version)
 
     trainer.step_fn = step
@@ -53,7 +53,7 @@ def test_trains_publishes_checkpoints_and_commits(experiment: Any, tmp_path: Pat
     assert stats.steps == 5 and stats.version == 5  # max_steps is the final version
     # offsets are committed only together with a checkpoint (every 2 steps, and at the end)
     assert committed == [{}, {}, {0: 2}, {0: 2}, {0: 4}]
-    assert trainer._committed() == {0: 5}
+    assert bus.committed(trainer.group, trainer.topic) == {0: 5}
     assert trainer.checkpoints.versions() == [5, 4]  # keep_checkpoints: 2
     manifests = read_all(bus, topic_name(cfg.run, "weights", "default"), WeightManifest)
     assert sorted({m.version for m in manifests}) == [1, 2, 3, 4, 5]
@@ -89,7 +89,7 @@ def test_restart_seeks_to_the_checkpoint(experiment: Any, tmp_path: Path,
         first.run(timeout=60)
     first.close()
     assert first.checkpoints.versions() == [2]
-    assert first._committed() == {}
+    assert bus.committed(first.group, first.topic) == {}
 
     second = build_trainer(cfg, "default", tmp_path, bus=bus)
     seen: list[tuple[int, str]] = []
@@ -103,7 +103,7 @@ def test_restart_seeks_to_the_checkpoint(experiment: Any, tmp_path: Path,
     second.close()
     assert seen == [(2, "default-2"), (3, "default-3"), (4, "default-4")]
     assert stats.version == 5
-    assert second._committed() == {0: 5}
+    assert bus.committed(second.group, second.topic) == {0: 5}
 
 
 def test_duplicates_and_bad_records(experiment: Any, tmp_path: Path) -> None:

@@ -133,7 +133,7 @@ class Trainer:
             self.version = state.version if state is not None else 0
             return
         if state is None:
-            committed = self._committed()
+            committed = self.bus.committed(self.group, self.topic)
             if any(committed.values()) and self.on_missing_checkpoint == "error":
                 raise TrainerError(
                     f"group {self.group} has committed offsets {committed} on {self.topic} but "
@@ -158,19 +158,6 @@ class Trainer:
             self._publish()
         log.info("trainer policy=%s version=%d resumed=%s offsets=%s", self.policy,
                  self.version, state is not None, self.offsets)
-
-    def _committed(self, attempts: int = 5) -> dict[int, int]:
-        """The group's committed offsets. Retried: a Kafka group coordinator that is still
-        loading answers NOT_COORDINATOR for a moment (the core backend does not retry it)."""
-        for attempt in range(attempts):
-            try:
-                return self.bus.committed(self.group, self.topic)
-            except BusError as e:
-                if attempt == attempts - 1:
-                    raise
-                log.info("reading committed offsets failed (%s); retrying", e)
-                time.sleep(0.2 * 2**attempt)
-        raise AssertionError("unreachable")
 
     def _join(self) -> Consumer:
         holder: list[Consumer] = []

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from astraflow.core.bus.kafka_clients import (
+    _RETRY,
     OVERHEAD,
     TIMEOUT,
     ClientLog,
@@ -257,17 +258,33 @@ class KafkaBus:
 
     def committed(self, group: str, topic: str) -> dict[int, int]:
         n = self.partitions(topic)
-        c = ck.Consumer(self.client_config({"group.id": group, "enable.auto.commit": False}))
-        try:
-            tps = c.committed([ck.TopicPartition(topic, p) for p in range(n)], timeout=TIMEOUT)
-        except ck.KafkaException as e:
-            raise self._unreachable(f"reading group {group!r}'s offsets of {topic!r}", e) from e
-        finally:
-            c.close()
-        bad = [f"{tp.partition}: {tp.error}" for tp in tps if tp.error is not None]
-        if bad:
-            raise BusError(f"reading group {group!r}'s offsets of {topic!r}: {'; '.join(bad)}")
-        return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
+        deadline = time.monotonic() + TIMEOUT
+        delay = 0.1
+        while True:
+            c = ck.Consumer(self.client_config({"group.id": group, "enable.auto.commit": False}))
+            try:
+                tps = c.committed([ck.TopicPartition(topic, p) for p in range(n)],
+                                  timeout=TIMEOUT)
+            except ck.KafkaException as e:
+                # A new group's coordinator answers NOT_COORDINATOR / loading for a moment.
+                if kafka_error(e).code() in _RETRY and time.monotonic() < deadline:
+                    time.sleep(delay)
+                    delay = min(1.0, delay * 2)
+                    continue
+                raise self._unreachable(f"reading group {group!r}'s offsets of {topic!r}",
+                                        e) from e
+            finally:
+                c.close()
+            errors = [tp.error for tp in tps if tp.error is not None]
+            if errors and all(e.code() in _RETRY for e in errors) and time.monotonic() < deadline:
+                time.sleep(delay)
+                delay = min(1.0, delay * 2)
+                continue
+            bad = [f"{tp.partition}: {tp.error}" for tp in tps if tp.error is not None]
+            if bad:
+                raise BusError(f"reading group {group!r}'s offsets of {topic!r}: "
+                               f"{'; '.join(bad)}")
+            return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
 
     def lag(self, group: str, topic: str) -> dict[int, int]:
         done = self.committed(group, topic)
