@@ -9,7 +9,18 @@ from typing import Annotated
 
 import typer
 
-from astraflow.cli import broker, demo, inspect_cmd, policy, top, topics, train, weights
+from astraflow.cli import (
+    broker,
+    demo,
+    inspect_cmd,
+    policy,
+    produce,
+    rollout,
+    top,
+    topics,
+    train,
+    weights,
+)
 
 app = typer.Typer(
     name="astraflow",
@@ -22,6 +33,8 @@ app.add_typer(broker.app, name="broker")
 app.add_typer(topics.app, name="topics")
 app.add_typer(weights.app, name="weights")
 app.command("inspect")(inspect_cmd.inspect)
+app.command("produce")(produce.produce)
+app.command("rollout")(rollout.rollout)
 app.command("policy")(policy.policy)
 app.command("train")(train.train)
 app.command("top")(top.top)

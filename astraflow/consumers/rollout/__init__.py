@@ -1,1 +1,35 @@
-"""Rollout as a service: workers, engines, workflows, rewards (DESIGN.md §5)."""
+"""Rollout as a service: workers, engines, workflows, rewards, tools (DESIGN.md §5).
+
+The public API (imported lazily: ``from astraflow.consumers.rollout import RolloutWorker``):
+
+* :class:`~.worker.RolloutWorker`, :func:`~.service.build_worker`, :func:`~.service.run_worker`
+* engines: :class:`~.engines.base.Engine`, :class:`~.engines.base.GenRequest`,
+  :class:`~.engines.base.GenResult`, :func:`~.engines.base.build_engine`, ``ENGINES``
+* workflows: ``WORKFLOWS`` and :class:`~.context.EpisodeContext`, :class:`~.context.Conversation`,
+  :class:`~.context.Draft`; rewards: ``REWARDS``, :class:`~.rewards.base.Score`; tools: ``TOOLS``
+* :class:`~.runtime.Runtime`, :func:`~.runtime.run_episode`
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "RolloutWorker": "worker", "WorkerStats": "worker",
+    "build_worker": "service", "run_worker": "service", "build_engines": "service",
+    "Engine": "engines.base", "GenRequest": "engines.base", "GenResult": "engines.base",
+    "build_engine": "engines.base", "ENGINES": "engines.base",
+    "WORKFLOWS": "workflows", "REWARDS": "rewards", "Score": "rewards.base", "TOOLS": "tools",
+    "EpisodeContext": "context", "Conversation": "context", "Draft": "context",
+    "Generation": "context", "Runtime": "runtime", "run_episode": "runtime",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

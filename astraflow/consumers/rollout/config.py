@@ -1,9 +1,135 @@
-"""Config section: Rollout workers: engine, workflow, concurrency (issue 4)."""
+"""Config section ``rollout``: the engine, workflow, reward, tools, concurrency, weight sync and
+drain settings of rollout workers (DESIGN.md §5; docs/rollout.md has the full reference).
+
+Only pydantic here: this module is imported by ``astraflow.config``, which ``astraflow --help``
+loads, so it must stay light.
+"""
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
+import pydantic
+
 from astraflow.core.config import Section
+
+SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "stop", "stop_token_ids")
+
+
+class EngineConfig(Section):
+    """The inference engine a worker hosts (one instance per policy it serves) and the default
+    sampling parameters of every generation (a workflow may override them per call)."""
+
+    type: Literal["hf", "vllm", "openai"] = pydantic.Field(
+        "hf", description="hf: transformers in-process; vllm: in-process vLLM; openai: any "
+                          "OpenAI-compatible /v1/completions server")
+    temperature: float = pydantic.Field(
+        1.0, ge=0.0, description="0 = greedy; the behaviour logprob is taken under the "
+                                 "temperature-scaled (and top-p renormalised) distribution")
+    top_p: float = pydantic.Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
+    max_new_tokens: int = pydantic.Field(64, ge=1, description="per generation call")
+    stop: list[str] = pydantic.Field(
+        default_factory=list, description="stop strings (kept in the output, tokens and text)")
+    stop_token_ids: list[int] = pydantic.Field(
+        default_factory=list, description="extra stop token ids (the tokenizer's EOS always is)")
+    device: str = pydantic.Field("cpu", description="hf/vllm: cpu, cuda, cuda:1, ...")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = pydantic.Field(
+        "float32", description="dtype the model runs in (auto: the checkpoint's)")
+    max_batch_size: int = pydantic.Field(
+        64, ge=1, description="hf/vllm: sequences per batched forward; openai: requests in "
+                              "flight to the server")
+    threads: int | None = pydantic.Field(
+        None, ge=1, description="torch intra-op threads for the hf engine on CPU (None: "
+                                "torch's default; 1 is fastest for tiny models)")
+    seed: int = pydantic.Field(0, description="sampling seed of the engine")
+    initial_version: int = pydantic.Field(
+        0, description="policy version recorded for tokens generated before any weights were "
+                       "received from weights.<policy>")
+    model: str | None = pydantic.Field(
+        None, description="model directory; default: the policy's models.<policy>.path")
+    # openai engine
+    base_url: str = pydantic.Field("http://127.0.0.1:8000",
+                                   description="openai: server URL (without /v1)")
+    served_model: str | None = pydantic.Field(
+        None, description="openai: the `model` field of requests (default: the directory name)")
+    api_key: str | None = pydantic.Field(None, description="openai: bearer token")
+    request_timeout: float = pydantic.Field(120.0, gt=0, description="openai: seconds")
+    admin: Literal["none", "sglang", "custom"] = pydantic.Field(
+        "none", description="openai: how new weights reach the server: none (server weights "
+                            "are fixed), sglang (POST /update_weights_from_disk), custom "
+                            "(POST admin_path with admin_body)")
+    admin_path: str = pydantic.Field("/update_weights",
+                                     description="openai, admin=custom: the endpoint path")
+    admin_body: dict[str, Any] = pydantic.Field(
+        default_factory=lambda: {"weight_dir": "{path}"},
+        description="openai, admin=custom: JSON body; '{path}' and '{version}' in string "
+                    "values are replaced by the checkpoint directory and version")
+    checkpoint_dir: str = pydantic.Field(
+        "{out}/rollout-weights/{policy}",
+        description="openai: where weight versions are written for the server to load "
+                    "(must be readable by the server)")
+    # vllm engine
+    gpu_memory_utilization: float = pydantic.Field(0.85, gt=0, le=1, description="vllm")
+    vllm_args: dict[str, Any] = pydantic.Field(default_factory=dict,
+                                               description="vllm: extra vllm.LLM(...) arguments")
+
+
+class RewardConfig(Section):
+    """The reward: a registered name or a user's ``module.path:function``, with kwargs."""
+
+    name: str = pydantic.Field("exact_match",
+                               description="exact_match, numeric_match, math, code, or "
+                                           "'module:function'")
+    kwargs: dict[str, Any] = pydantic.Field(default_factory=dict)
+    timeout: float = pydantic.Field(
+        30.0, gt=0, description="seconds; a reward that times out or raises scores 0 and "
+                                "is counted (reward_failures)")
+
+
+class WorkflowConfig(Section):
+    default: str = pydantic.Field(
+        "single_turn", description="workflow of tasks whose `workflow` is empty")
+    kwargs: dict[str, dict[str, Any]] = pydantic.Field(
+        default_factory=dict,
+        description="keyword arguments per workflow name, e.g. multi_turn_tools: {max_turns: 4}")
+    modules: list[str] = pydantic.Field(
+        default_factory=list, description="modules imported at start (they may register "
+                                          "workflows, rewards and tools by name)")
+
+
+class WeightSyncConfig(Section):
+    """Whether and how often a worker looks at ``weights.<policy>``; where blobs come from
+    (store, fetch, cache, rate limit) is the ``weights`` section's."""
+
+    enabled: bool = True
+    poll_interval: float = pydantic.Field(0.5, gt=0, description="seconds between looks at "
+                                                                 "the weights topic")
 
 
 class RolloutConfig(Section):
-    """Rollout workers: engine, workflow, concurrency (issue 4)."""
+    """Rollout workers: engine, workflow, reward, tools, concurrency, weights, draining."""
+
+    engine: EngineConfig = EngineConfig()
+    workflow: WorkflowConfig = WorkflowConfig()
+    reward: RewardConfig = RewardConfig()
+    tools: dict[str, str] = pydantic.Field(
+        default_factory=dict, description="extra tools: name -> 'module:function'")
+    tool_timeout: float = pydantic.Field(10.0, gt=0, description="default seconds per tool call")
+    policies: list[str] | None = pydantic.Field(
+        None, description="policies this worker hosts engines for (default: all policies)")
+    max_concurrent_episodes: int = pydantic.Field(
+        32, ge=1, description="episodes (task samples) in flight in one worker")
+    episode_timeout: float | None = pydantic.Field(
+        600.0, gt=0, description="seconds; an episode past it ends as finish_reason=timeout")
+    session_timeout: float = pydantic.Field(
+        10.0, gt=0, description="seconds without a heartbeat before the group gives this "
+                                "worker's partitions to the others")
+    drain_timeout: float = pydantic.Field(
+        30.0, ge=0, description="on SIGTERM: seconds to finish in-flight episodes; the rest "
+                                "are released (not committed) for another worker")
+    poll_timeout: float = pydantic.Field(0.1, gt=0, description="seconds per poll of `tasks`")
+    commit_interval: float = pydantic.Field(
+        0.2, gt=0, description="seconds between flush+commit of finished tasks")
+    metrics_interval: float = pydantic.Field(2.0, gt=0, description="seconds between heartbeats")
+    group: str = pydantic.Field("rollout", description="consumer group on `tasks`")
+    weights: WeightSyncConfig = WeightSyncConfig()

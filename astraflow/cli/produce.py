@@ -1,0 +1,62 @@
+"""``astraflow produce CONFIG``: produce the experiment's tasks (DESIGN.md §2, docs/rollout.md).
+
+Mounted in the main app as ``app.command("produce")(produce.produce)``; also runnable alone:
+``python -m astraflow.cli.produce CONFIG``. Imports stay light (typer, stdlib).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def produce(
+    config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
+    out: Annotated[Path, typer.Option(help="Run directory ({out} in the config).")]
+    = Path("."),
+    overrides: Annotated[list[str] | None, typer.Option(
+        "--set", help="Config override a.b=c (repeatable).")] = None,
+    max_tasks: Annotated[int | None, typer.Option(help="Produce at most this many tasks.")]
+    = None,
+) -> None:
+    """Read the configured dataset (JSONL, Parquet, or synthetic arithmetic) and produce one
+    Task per row to `tasks.raw` (or `tasks`), n samples per task, one group id per (task,
+    attempt). Re-running skips groups already on the topic."""
+    from astraflow.cli.common import fail
+    from astraflow.config import load_experiment
+    from astraflow.core.errors import AstraflowError, ConfigError
+    from astraflow.producers.producer import produce as run_produce
+
+    try:
+        cfg = load_experiment(config, overrides or [])
+    except ConfigError as e:
+        raise fail(str(e)) from None
+    stop = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        stats = run_produce(cfg, out, max_tasks=max_tasks, should_stop=lambda: stop)
+    except AstraflowError as e:
+        raise fail(str(e)) from None
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    typer.echo(f"produced={stats.produced} skipped={stats.skipped} "
+               f"topic={cfg.producer.topic} seconds={stats.seconds:.2f}")
+
+
+def main() -> None:
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(produce)
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""``astraflow rollout CONFIG``: run one rollout worker (DESIGN.md §5, docs/rollout.md).
+
+Mounted in the main app as ``app.command("rollout")(rollout.rollout)``; also runnable alone:
+``python -m astraflow.cli.rollout CONFIG``. Imports stay light (typer, stdlib).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def rollout(
+    config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
+    out: Annotated[Path, typer.Option(help="Run directory ({out} in the config).")]
+    = Path("."),
+    overrides: Annotated[list[str] | None, typer.Option(
+        "--set", help="Config override a.b=c (repeatable).")] = None,
+    max_tasks: Annotated[int | None, typer.Option(
+        help="Take this many tasks, finish them, then exit.")] = None,
+    timeout: Annotated[float | None, typer.Option(
+        help="Stop taking tasks after this many seconds, drain, exit.")] = None,
+    worker_id: Annotated[str | None, typer.Option(
+        help="Component id in metrics and trajectories (default: rollout-<host>-<pid>-<hex>).")]
+    = None,
+) -> None:
+    """Run a rollout worker: join the `rollout` group on `tasks`, run episodes, produce
+    trajectories. SIGTERM/SIGINT: stop taking tasks, finish or release in-flight ones, commit,
+    leave the group, exit 0."""
+    from astraflow.cli.common import fail
+    from astraflow.config import load_experiment
+    from astraflow.consumers.rollout.service import run_worker
+    from astraflow.core.errors import AstraflowError, ConfigError
+
+    try:
+        cfg = load_experiment(config, overrides or [])
+    except ConfigError as e:
+        raise fail(str(e)) from None
+    stop = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        stats = run_worker(cfg, out, max_tasks=max_tasks, timeout=timeout,
+                           should_stop=lambda: stop, worker_id=worker_id)
+    except AstraflowError as e:
+        raise fail(str(e)) from None
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    typer.echo(" ".join(f"{k}={v}" for k, v in stats.as_dict().items()))
+
+
+def main() -> None:
+    import logging
+    import os
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("astraflow").setLevel(os.environ.get("ASTRAFLOW_LOG_LEVEL", "WARNING"))
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(rollout)
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The async front of an engine: collects the requests of concurrent episodes into batches.
+
+Episodes ``await batcher.generate(request)``. One loop per engine takes every request pending
+(up to ``max_batch_size``), runs :meth:`Engine.generate` on them in the engine's own thread and
+resolves each episode's future. While a batch runs, the event loop keeps collecting the next
+one, which is what gives throughput on a CPU. Engines that batch themselves (``continuous``)
+get each request on its own call instead, up to ``max_batch_size`` at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from astraflow.consumers.rollout.engines.base import Engine, GenRequest, GenResult
+
+log = logging.getLogger("astraflow.rollout.batcher")
+
+
+class Batcher:
+    """Batches :class:`GenRequest` s of many coroutines onto one engine."""
+
+    def __init__(self, engine: Engine, *, max_batch_size: int | None = None) -> None:
+        self.engine = engine
+        self.max_batch_size = max_batch_size or engine.max_batch_size
+        self.continuous = bool(getattr(engine, "continuous", False))
+        workers = self.max_batch_size if self.continuous else 1
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix=f"af-engine-{engine.name}")
+        self._queue: list[tuple[GenRequest, asyncio.Future[GenResult]]] = []
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self.batches = 0
+        self.requests = 0
+        self.tokens = 0
+
+    async def generate(self, request: GenRequest) -> GenResult:
+        loop = asyncio.get_running_loop()
+        if self.continuous:
+            if self._slots is None:
+                self._slots = asyncio.Semaphore(self.max_batch_size)
+            async with self._slots:
+                (res,) = await loop.run_in_executor(self._pool, self.engine.generate, [request])
+            self._count(1, [res])
+            return res
+        if self._task is None:
+            self._wake = asyncio.Event()
+            self._task = asyncio.create_task(self._loop(), name=f"batcher-{self.engine.name}")
+        fut: asyncio.Future[GenResult] = loop.create_future()
+        self._queue.append((request, fut))
+        assert self._wake is not None
+        self._wake.set()
+        return await fut
+
+    def _count(self, n: int, results: list[GenResult]) -> None:
+        self.batches += 1
+        self.requests += n
+        self.tokens += sum(len(r.token_ids) for r in results)
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                # drop requests whose episode was cancelled while they waited
+                self._queue = [(r, f) for r, f in self._queue if not f.done()]
+                batch, self._queue = (self._queue[:self.max_batch_size],
+                                      self._queue[self.max_batch_size:])
+                if not batch:
+                    break
+                try:
+                    results = await loop.run_in_executor(
+                        self._pool, self.engine.generate, [r for r, _ in batch])
+                except Exception as e:  # noqa: BLE001 - the episodes fail, the worker goes on
+                    log.warning("engine=%s batch of %d failed: %s", self.engine.name, len(batch), e)
+                    for _, f in batch:
+                        if not f.done():
+                            f.set_exception(e)
+                    continue
+                self._count(len(batch), results)
+                for (_, f), res in zip(batch, results, strict=True):
+                    if not f.done():
+                        f.set_result(res)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for _, f in self._queue:
+            if not f.done():
+                f.cancel()
+        self._queue.clear()
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,257 @@
+"""The ``hf`` engine: a transformers causal LM in-process (CPU or GPU), batched sampling.
+
+Decoding is our own token-by-token loop over the model's KV cache (not ``generate()``), so that
+a new weight version can be applied between two decoding steps: the syncer's update runs at the
+next step boundary (:meth:`HFEngine.update_weights`), in-flight sequences continue on the new
+weights, and every token records the version of the weights whose forward pass produced it.
+Batches are left-padded; finished rows leave the batch (their cache rows are dropped).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from astraflow.consumers.rollout.engines.base import ENGINES, EngineError, GenRequest, GenResult
+from astraflow.consumers.rollout.engines.sampling import StopChecker, eos_ids, sample
+from astraflow.consumers.rollout.engines.target import ModelTarget
+
+log = logging.getLogger("astraflow.rollout.hf")
+
+T = TypeVar("T")
+
+
+class _Update:
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as e:  # noqa: BLE001 - handed back to the caller of update_weights
+            self.error = e
+        finally:
+            self.done.set()
+
+
+class StepGate:
+    """Runs weight updates only where no decoding step is using the weights.
+
+    ``generate`` holds the gate for a whole batch and calls :meth:`boundary` between steps;
+    :meth:`update` runs its function at once when the engine is idle, else queues it for the
+    next boundary and waits for it.
+    """
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._busy = False
+        self._pending: list[_Update] = []
+
+    def acquire(self) -> None:
+        with self._cv:
+            self._cv.wait_for(lambda: not self._busy)
+            self._busy = True
+
+    def release(self) -> None:
+        while True:
+            with self._cv:
+                todo, self._pending = self._pending, []
+                if not todo:
+                    self._busy = False
+                    self._cv.notify_all()
+                    return
+            for u in todo:
+                u.run()
+
+    def boundary(self) -> None:
+        if not self._pending:  # racy read is fine: a late update runs at the next boundary
+            return
+        with self._cv:
+            todo, self._pending = self._pending, []
+        for u in todo:
+            u.run()
+
+    def update(self, fn: Callable[[], T]) -> T:
+        u = _Update(fn)
+        with self._cv:
+            run_now = not self._busy
+            if run_now:
+                self._busy = True
+            else:
+                self._pending.append(u)
+        if run_now:
+            try:
+                u.run()
+            finally:
+                self.release()
+        else:
+            u.done.wait()
+        if u.error is not None:
+            raise u.error
+        return u.result  # type: ignore[no-any-return]
+
+
+class HFEngine:
+    """A Hugging Face causal LM with batched, cache-based sampling. See the module docstring."""
+
+    name = "hf"
+    continuous = False
+
+    def __init__(self, model_path: str | Path | None = None, *, model: Any = None,
+                 tokenizer: Any = None, device: str = "cpu", dtype: str = "float32",
+                 max_batch_size: int = 64, threads: int | None = None, seed: int = 0,
+                 initial_version: int = 0, **_: Any) -> None:
+        import torch
+
+        if threads is not None:
+            torch.set_num_threads(threads)  # process-wide: a worker hosts its engines alone
+        if model is None:
+            if model_path is None:
+                raise EngineError("the hf engine needs model_path (a Hugging Face model "
+                                  "directory) or a model object")
+            from astraflow.models.tiny import load
+
+            torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+            model, tok = load(model_path, device=device, dtype=torch_dtype)
+            tokenizer = tokenizer or tok
+        elif tokenizer is None:
+            raise EngineError("pass the tokenizer with a model object")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self._tok = copy.deepcopy(tokenizer)  # the decode thread's own (fast tokenizers and
+        # concurrent use from two threads do not mix)
+        self.device = next(model.parameters()).device
+        self.max_batch_size = max_batch_size
+        self.initial_version = initial_version
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.eos = eos_ids(tokenizer, model.config)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(
+            self.eos, default=0)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.target = ModelTarget(model)
+        self.gate = StepGate()
+        self.steps = 0  # decoding steps run (forward passes), for tests and metrics
+        self.step_hook: Callable[[int], None] | None = None  # tests: called at each boundary
+        import inspect
+
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else None
+
+    # -- the protocol --------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        v = self.target.version
+        return self.initial_version if v is None else v
+
+    def weight_target(self) -> ModelTarget:
+        return self.target
+
+    def update_weights(self, fn: Callable[[], T]) -> T:
+        return self.gate.update(fn)
+
+    def close(self) -> None:
+        pass
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        import torch
+
+        self.gate.acquire()
+        try:
+            with torch.inference_mode():
+                return self._generate(list(requests))
+        finally:
+            self.gate.release()
+
+    # -- decoding ------------------------------------------------------------------------------
+    def _forward(self, ids: Any, att: Any, pos: Any, cache: Any) -> tuple[Any, Any]:
+        kw: dict[str, Any] = {"use_cache": True}
+        if cache is not None:
+            kw[self._cache_kw] = cache
+        if self._keep_kw:
+            kw[self._keep_kw] = 1
+        out = self.model(input_ids=ids, attention_mask=att, position_ids=pos, **kw)
+        new_cache = out.get("cache") if "cache" in out else out.get("past_key_values")
+        self.steps += 1
+        return out.logits[:, -1, :], new_cache
+
+    def _generate(self, reqs: list[GenRequest]) -> list[GenResult]:
+        import torch
+
+        results: list[GenResult | None] = [None] * len(reqs)
+        rows: list[int] = []  # request index of each batch row
+        limits: list[int] = []
+        for i, r in enumerate(reqs):
+            if not r.prompt_ids:
+                raise EngineError("empty prompt: a request needs at least one token")
+            limit = min(r.max_new_tokens, self.max_positions - len(r.prompt_ids))
+            if limit <= 0:  # no room left in the context: nothing to generate
+                results[i] = GenResult([], [], [], "length")
+                continue
+            rows.append(i)
+            limits.append(limit)
+        if not rows:
+            return results  # type: ignore[return-value]
+        dev = self.device
+        width = max(len(reqs[i].prompt_ids) for i in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        att = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, i in enumerate(rows):
+            p = list(reqs[i].prompt_ids)
+            ids[b, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            att[b, width - len(p):] = 1
+        ids, att = ids.to(dev), att.to(dev)
+        pos = (att.cumsum(-1) - 1).clamp(min=0)
+        temps = torch.tensor([reqs[i].temperature for i in rows], dtype=torch.float32, device=dev)
+        top_p = torch.tensor([reqs[i].top_p for i in rows], dtype=torch.float32, device=dev)
+        stops = [StopChecker(self._tok, reqs[i].stop, (*self.eos, *reqs[i].stop_token_ids))
+                 for i in rows]
+        toks: list[list[int]] = [[] for _ in rows]
+        lps: list[list[float]] = [[] for _ in rows]
+        vers: list[list[int]] = [[] for _ in rows]
+        live = list(range(len(rows)))  # batch row -> index into rows/toks
+        version = self.version
+        logits, cache = self._forward(ids, att, pos, None)
+        last_pos = pos[:, -1:]
+        step = 0
+        while True:
+            new, lp = sample(logits, temps, top_p, self.generator)
+            new_l, lp_l = new.tolist(), lp.tolist()
+            keep: list[int] = []
+            for b, k in enumerate(live):
+                toks[k].append(new_l[b])
+                lps[k].append(lp_l[b])
+                vers[k].append(version)
+                if stops[k].hit(toks[k]):
+                    results[rows[k]] = GenResult(toks[k], lps[k], vers[k], "stop")
+                elif len(toks[k]) >= limits[k]:
+                    results[rows[k]] = GenResult(toks[k], lps[k], vers[k], "length")
+                else:
+                    keep.append(b)
+            if not keep:
+                break
+            if len(keep) < len(live):
+                sel = torch.tensor(keep, dtype=torch.long, device=dev)
+                cache.batch_select_indices(sel)
+                new, att, last_pos = new[sel], att[sel], last_pos[sel]
+                temps, top_p = temps[sel], top_p[sel]
+                live = [live[b] for b in keep]
+            step += 1
+            if self.step_hook is not None:
+                self.step_hook(step)
+            self.gate.boundary()  # weight updates land here, between two steps
+            version = self.version
+            att = torch.cat([att, torch.ones_like(att[:, :1])], dim=1)
+            last_pos = last_pos + 1
+            logits, cache = self._forward(new[:, None], att, last_pos, cache)
+        return results  # type: ignore[return-value]
+
+
+ENGINES.add("hf", HFEngine)

@@ -1,0 +1,162 @@
+"""The shared, per-worker part of every episode: engines (behind batchers) by policy, the
+reward, tool and sampling settings, and the workflow registry lookup. Build one with
+:meth:`Runtime.create` inside the event loop; :func:`run_episode` runs one workflow episode on
+it (the worker does this for every task sample; tests and benchmarks may too)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from astraflow.consumers.rollout.batcher import Batcher
+from astraflow.consumers.rollout.context import (
+    Draft,
+    EpisodeContext,
+    WorkflowError,
+    render_prompt,
+)
+from astraflow.consumers.rollout.engines.base import Engine
+from astraflow.consumers.rollout.rewards import REWARDS
+from astraflow.consumers.rollout.rewards.base import RewardFn
+from astraflow.consumers.rollout.workflows import WORKFLOWS
+from astraflow.core.records import ChatMessage, Task
+
+PROMPT_CACHE = 4096  # rendered prompts kept (a task's samples render it once)
+DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 64,
+                                    "stop": (), "stop_token_ids": ()}
+
+
+@dataclass
+class Runtime:
+    engines: dict[str, Engine]
+    reward_fn: RewardFn
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    reward_timeout: float = 30.0
+    tool_timeout: float = 10.0
+    sampling: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_SAMPLING))
+    default_workflow: str = "single_turn"
+    workflow_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    batchers: dict[str, Batcher] = field(default_factory=dict)
+    _prompts: OrderedDict[tuple[Any, ...], tuple[str, list[int]]] = field(
+        default_factory=OrderedDict)
+
+    @classmethod
+    def create(cls, engines: Mapping[str, Engine], *, reward: str | RewardFn = "exact_match",
+               reward_kwargs: Mapping[str, Any] | None = None, reward_timeout: float = 30.0,
+               tool_timeout: float = 10.0, sampling: Mapping[str, Any] | None = None,
+               default_workflow: str = "single_turn",
+               workflow_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> Runtime:
+        if not engines:
+            raise WorkflowError("a rollout runtime needs at least one engine (policy)")
+        fn = REWARDS.resolve(reward) if isinstance(reward, str) else reward
+        return cls(engines=dict(engines), reward_fn=fn, reward_kwargs=dict(reward_kwargs or {}),
+                   reward_timeout=reward_timeout, tool_timeout=tool_timeout,
+                   sampling={**DEFAULT_SAMPLING, **dict(sampling or {})},
+                   default_workflow=default_workflow,
+                   workflow_kwargs={k: dict(v) for k, v in (workflow_kwargs or {}).items()},
+                   batchers={p: Batcher(e) for p, e in engines.items()})
+
+    @property
+    def policies(self) -> list[str]:
+        return list(self.engines)
+
+    @property
+    def default_policy(self) -> str:
+        return next(iter(self.engines))
+
+    def check_policy(self, policy: str) -> None:
+        if policy not in self.engines:
+            raise WorkflowError(f"policy {policy!r} has no engine in this worker; hosted: "
+                                f"{', '.join(self.engines)} (set rollout.policies)")
+
+    def tokenizer(self, policy: str) -> Any:
+        self.check_policy(policy)
+        return self.engines[policy].tokenizer
+
+    def prompt(self, policy: str, messages: Sequence[ChatMessage]) -> tuple[str, list[int]]:
+        """The rendered text and token ids of a conversation's start, cached: the n samples of
+        a task share one prompt."""
+        key = (policy, *((m.role, m.content, m.name) for m in messages))
+        hit = self._prompts.get(key)
+        if hit is None:
+            hit = self._prompts[key] = render_prompt(self.tokenizer(policy), messages)
+            if len(self._prompts) > PROMPT_CACHE:
+                self._prompts.popitem(last=False)
+        else:
+            self._prompts.move_to_end(key)
+        return hit[0], list(hit[1])
+
+    def batcher(self, policy: str) -> Batcher:
+        self.check_policy(policy)
+        return self.batchers[policy]
+
+    def workflow(self, name: str) -> Callable[..., Any]:
+        """The workflow function of a task (raises RegistryError for an unknown name)."""
+        return WORKFLOWS.resolve(name or self.default_workflow)
+
+    async def close(self) -> None:
+        for b in self.batchers.values():
+            await b.close()
+
+
+@dataclass
+class EpisodeOutcome:
+    drafts: list[Draft]
+    ctx: EpisodeContext
+    seconds: float
+    error: str | None = None  # the workflow raised (drafts then hold one failed draft)
+    timed_out: bool = False
+
+
+def failed_draft(policy: str, finish_reason: str, error: str) -> Draft:
+    return Draft(policy=policy, token_ids=[], loss_mask=[], logprobs=[], versions=[],
+                 prompt_len=0, spans=[], reward=0.0, finish_reason=finish_reason, error=error)
+
+
+async def run_episode(runtime: Runtime, task: Task, sample_index: int, *,
+                      timeout: float | None = None) -> EpisodeOutcome:
+    """Run the task's workflow once. Never raises (except on cancellation): a workflow that
+    raises gives one failed draft (``finish_reason="error"``) per policy it used; one past
+    ``timeout`` gives its conversations so far, ``finish_reason="timeout"``, reward 0."""
+    ctx = EpisodeContext(runtime, task, sample_index)
+    start = time.monotonic()
+    try:
+        fn = runtime.workflow(task.workflow)
+        kwargs = runtime.workflow_kwargs.get(task.workflow or runtime.default_workflow, {})
+        coro = fn(ctx, task, **kwargs)
+        if not inspect.isawaitable(coro):
+            raise WorkflowError(f"workflow {task.workflow!r} is not an async function")
+        out = await (asyncio.wait_for(coro, timeout) if timeout else coro)
+        drafts = _drafts(out, task.workflow)
+        return EpisodeOutcome(drafts, ctx, time.monotonic() - start)
+    except TimeoutError:
+        msg = f"episode timed out after {timeout:g} s"
+        drafts = [c.finish(0.0, finish_reason="timeout", error=msg)
+                  for c in ctx.conversations if c.generated_tokens]
+        if not drafts:
+            drafts = [failed_draft(p, "error", msg) for p in _used(ctx)]
+        return EpisodeOutcome(drafts, ctx, time.monotonic() - start, msg, True)
+    except Exception as e:  # noqa: BLE001 - one failing episode is a failed record, not a dead worker
+        msg = f"{type(e).__name__}: {e}"
+        return EpisodeOutcome([failed_draft(p, "error", msg) for p in _used(ctx)], ctx,
+                              time.monotonic() - start, msg)
+
+
+def _used(ctx: EpisodeContext) -> list[str]:
+    used = list(dict.fromkeys(c.policy for c in ctx.conversations))
+    return used or [ctx.policy]
+
+
+def _drafts(out: Any, workflow: str) -> list[Draft]:
+    items: Sequence[Any] = [out] if isinstance(out, Draft) else (out or [])
+    if not isinstance(items, (list, tuple)) or not all(isinstance(d, Draft) for d in items):
+        raise WorkflowError(f"workflow {workflow!r} returned {type(out).__name__}; expected a "
+                            "Draft or a list of Drafts (conversation.finish(reward))")
+    if not items:
+        raise WorkflowError(f"workflow {workflow!r} returned no trajectory")
+    return list(items)

@@ -1,0 +1,122 @@
+"""Tools a workflow's model may call: Python callables by name, each call with a timeout.
+
+>>> @TOOLS.register("add")
+... def add(a: float, b: float) -> float:
+...     return a + b
+
+A tool takes keyword arguments (the JSON object of the call) and returns anything ``str()``
+can print; async tools are awaited. A call never raises into the workflow: an unknown tool,
+bad arguments, an exception or a timeout all come back as a :class:`ToolResult` with ``ok``
+false and an error text the model sees. Sync tools run in a thread; a sync tool that times out
+cannot be killed and finishes in the background (its result is dropped), so tools that may hang
+should be async or run in a subprocess (the built-in ``python`` tool uses the sandbox).
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+import operator
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from astraflow.consumers.rollout.registry import Registry
+
+TOOLS: Registry[Callable[..., Any]] = Registry("tool")
+MAX_OUTPUT_CHARS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    name: str
+    output: str  # what goes back into the conversation (the error text when not ok)
+    ok: bool
+    error: str | None = None
+    timed_out: bool = False
+    seconds: float = 0.0
+
+
+async def call_tool(name: str, arguments: Mapping[str, Any] | None = None, *,
+                    timeout: float = 10.0, registry: Registry[Callable[..., Any]] = TOOLS,
+                    max_output_chars: int = MAX_OUTPUT_CHARS) -> ToolResult:
+    """Call tool ``name`` with ``arguments`` (keyword arguments) under ``timeout`` seconds."""
+    start = time.monotonic()
+
+    def fail(msg: str, *, timed_out: bool = False) -> ToolResult:
+        return ToolResult(name, f"error: {msg}", False, msg, timed_out, time.monotonic() - start)
+
+    try:
+        fn = registry.resolve(name)
+    except Exception:  # noqa: BLE001 - any lookup problem is the model's error to see
+        return fail(f"unknown tool {name!r}; available: {', '.join(registry.names())}")
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, Mapping):
+        return fail(f"arguments of {name!r} must be a JSON object, got {type(arguments).__name__}")
+    try:
+        if inspect.iscoroutinefunction(fn):
+            out = await asyncio.wait_for(fn(**arguments), timeout)
+        else:
+            out = await asyncio.wait_for(asyncio.to_thread(fn, **arguments), timeout)
+    except TimeoutError:
+        return fail(f"tool {name!r} timed out after {timeout:g} s", timed_out=True)
+    except TypeError as e:
+        return fail(f"bad arguments for {name!r}: {e}")
+    except Exception as e:  # noqa: BLE001 - a tool's failure is reported to the model
+        return fail(f"tool {name!r} raised {type(e).__name__}: {e}")
+    text = out if isinstance(out, str) else str(out)
+    if len(text) > max_output_chars:
+        text = text[:max_output_chars] + f"... [{len(text) - max_output_chars} chars cut]"
+    return ToolResult(name, text, True, None, False, time.monotonic() - start)
+
+
+# ---------------------------------------------------------------------------------------------
+# built-in tools
+# ---------------------------------------------------------------------------------------------
+
+_OPS: dict[type, Callable[..., Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos,
+}
+
+
+def _eval(node: ast.AST) -> float | int:
+    if isinstance(node, ast.Expression):
+        return _eval(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(
+            node.value, bool):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > 64:
+            raise ValueError("exponent too large")
+        return _OPS[type(node.op)](left, right)  # type: ignore[no-any-return]
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_eval(node.operand))  # type: ignore[no-any-return]
+    raise ValueError(f"unsupported expression element {type(node).__name__}")
+
+
+@TOOLS.register("calculator")
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression (+ - * / // % **, parentheses); no names, no calls."""
+    value = _eval(ast.parse(str(expression), mode="eval"))
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
+
+
+@TOOLS.register("python")
+def python(code: str, timeout: float = 5.0) -> str:
+    """Run Python code in the sandbox (no network, CPU/memory/process/output limits); returns
+    its stdout, and stderr when it failed."""
+    from astraflow.consumers.rollout.rewards.sandbox import SandboxLimits, run_python
+
+    res = run_python(str(code), limits=SandboxLimits(timeout_s=min(float(timeout), 30.0)))
+    if res.ok:
+        return res.stdout
+    why = "timed out" if res.timed_out else f"exit status {res.returncode}"
+    return f"{res.stdout}\n[{why}]\n{res.stderr[-1000:]}".strip()

@@ -1,0 +1,77 @@
+"""Following ``weights.<policy>``: a background thread per hosted policy.
+
+The thread watches the topic through the weights :class:`~astraflow.weights.syncer.Syncer`.
+When a newer version is published it asks the engine to run the sync at a safe point
+(:meth:`Engine.update_weights`: between two decoding steps for ``hf``, between batches for
+``vllm``, at once for ``openai``), so the engine never stops for a full reload and in-flight
+episodes go on with the new weights, each token recording the version that produced it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from astraflow.consumers.rollout.engines.base import Engine
+from astraflow.core.errors import AstraflowError
+
+if TYPE_CHECKING:
+    from astraflow.weights.syncer import Syncer
+
+log = logging.getLogger("astraflow.rollout.weights")
+
+
+class WeightFollower:
+    """Keeps one engine at the newest published version of one policy."""
+
+    def __init__(self, syncer: Syncer, *, engine: Engine, poll_interval: float = 0.5) -> None:
+        if engine.weight_target() is None or syncer.target is not engine.weight_target():
+            raise AstraflowError(f"engine {engine.name!r} of policy {syncer.policy!r}: the "
+                                 "syncer must apply to the engine's weight_target()")
+        self.policy = syncer.policy
+        self.engine = engine
+        self.poll_interval = poll_interval
+        self.syncer = syncer
+        self.failures = 0
+        self.updates = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name=f"af-weights-{self.policy}")
+
+    def start(self) -> WeightFollower:
+        self._thread.start()
+        return self
+
+    def _behind(self) -> bool:
+        newest = self.syncer.newest()
+        held = self.syncer.version
+        if held is not None and self.engine.version != held:
+            return True  # synced, but the engine has not taken it (e.g. a server refused it)
+        return newest is not None and (held is None or newest > held)
+
+    def sync_now(self, timeout: float = 0.0) -> int | None:
+        """Read the topic (waiting up to ``timeout`` for a manifest) and apply what is new;
+        returns the version held. Called by the follower thread; tests may call it directly
+        while the thread is not started."""
+        self.syncer.poll(timeout)
+        if self._behind():
+            self.engine.update_weights(self.syncer.sync_once)
+            self.updates += 1
+            log.info("policy=%s weights now at version=%s", self.policy, self.syncer.version)
+        return self.syncer.version
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync_now(self.poll_interval)
+            except Exception as e:  # noqa: BLE001 - retried at the next poll, counted
+                self.failures += 1
+                log.warning("weight sync failed policy=%s error=%s", self.policy, e)
+                self._stop.wait(self.poll_interval)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        self.syncer.close()

@@ -1,0 +1,407 @@
+"""The rollout worker: a consumer of ``tasks`` and a producer of ``trajectories``, nothing more.
+
+Semantics (docs/rollout.md has the long form):
+
+* joins consumer group ``rollout`` on ``tasks``; runs up to ``max_concurrent_episodes`` episodes
+  at once (each task runs its workflow ``n_samples`` times, one trajectory group per task);
+* a record that does not decode as a Task, or names an unknown workflow, goes to the DLQ;
+* an episode that raises becomes a failed trajectory (``finish_reason="error"``) with its error;
+* trajectory ids are ``"{group_id}/{policy}/{sample_index}"``, so a task redelivered after a crash
+  produces recognisable duplicates;
+* **commit rule**: tasks finish out of order; the worker produces a task's trajectories, and
+  commits per partition only the contiguous prefix of finished offsets, after flushing the
+  producer (the trajectories are durable before their task is committed);
+* **rebalance**: partitions taken away mid-episode are released: their finished prefix is
+  committed, their in-flight episodes cancelled (the new owner redoes them);
+* **drain** (SIGTERM, ``request_stop``, ``max_tasks``, ``timeout``): stop taking tasks, finish
+  in-flight ones for up to ``drain_timeout`` seconds, release the rest, commit, leave the group;
+* heartbeats and metrics go to ``metrics`` every ``metrics_interval`` seconds.
+
+All bus calls run on one thread of their own (consumers are not for concurrent use), the
+engines on theirs, and the workflows on the asyncio event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+from astraflow.consumers.rollout.offsets import OffsetTracker
+from astraflow.consumers.rollout.registry import RegistryError
+from astraflow.consumers.rollout.runtime import EpisodeOutcome, Runtime, failed_draft, run_episode
+from astraflow.consumers.rollout.weights import WeightFollower
+from astraflow.core.bus.types import Bus, Consumer, Message
+from astraflow.core.errors import CommitError, RecordTooLargeError, SchemaError
+from astraflow.core.metrics import MetricsEmitter, component_id
+from astraflow.core.records import Task, Trajectory, decode, pack_f32, pack_i32, pack_u8
+from astraflow.core.stream import Output, TypedConsumer, send
+from astraflow.core.topics import topic_name
+
+log = logging.getLogger("astraflow.rollout.worker")
+
+T = TypeVar("T")
+MAX_SAMPLES = 4096
+MAX_ERROR_CHARS = 2000
+
+
+class TaskRejected(ValueError):
+    """A task that decodes but cannot be run (it goes to the DLQ)."""
+
+
+@dataclass
+class WorkerStats:
+    tasks_taken: int = 0
+    tasks_done: int = 0
+    tasks_dead_lettered: int = 0
+    tasks_released: int = 0
+    episodes: int = 0
+    episodes_failed: int = 0
+    trajectories: int = 0
+    tokens_generated: int = 0
+    reward_failures: int = 0
+    tool_calls: int = 0
+    tool_failures: int = 0
+    tool_timeouts: int = 0
+    commits: int = 0
+    commit_errors: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class _Running:
+    msg: Message
+    task: Task
+    epoch: int
+    n: int
+
+
+class RolloutWorker:
+    """See the module docstring. ``runtime`` holds the engines, reward and workflows."""
+
+    def __init__(self, bus: Bus, runtime: Runtime, *, run: str, worker_id: str | None = None,
+                 group: str = "rollout", max_concurrent_episodes: int = 32,
+                 episode_timeout: float | None = None, session_timeout: float = 10.0,
+                 drain_timeout: float = 30.0, poll_timeout: float = 0.1,
+                 commit_interval: float = 0.2, metrics_interval: float = 2.0,
+                 followers: Sequence[WeightFollower] = ()) -> None:
+        self.bus = bus
+        self.runtime = runtime
+        self.run_name = run
+        self.worker_id = worker_id or component_id("rollout")
+        self.group = group
+        self.max_concurrent = max_concurrent_episodes
+        self.episode_timeout = episode_timeout
+        self.session_timeout = session_timeout
+        self.drain_timeout = drain_timeout
+        self.poll_timeout = poll_timeout
+        self.commit_interval = commit_interval
+        self.metrics_interval = metrics_interval
+        self.followers = list(followers)
+        self.tasks_topic = topic_name(run, "tasks")
+        self.out_topic = topic_name(run, "trajectories")
+        self.dlq_topic = topic_name(run, "dlq")
+        self.stats = WorkerStats()
+        self.tracker = OffsetTracker()
+        self._stop_requested = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._consumer: Consumer | None = None
+        self._running: dict[asyncio.Task[None], _Running] = {}
+        self._claimed = 0
+        self._typical_n = 1
+        self._rates = (time.monotonic(), 0, 0)
+        self._freed: asyncio.Event | None = None
+        self._closing = False
+
+    # -- control ------------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Stop taking tasks and drain (safe from a signal handler or another thread)."""
+        self._stop_requested = True
+        loop, freed = self._loop, self._freed
+        if loop is not None and freed is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(freed.set)
+
+    def run(self, *, max_tasks: int | None = None, timeout: float | None = None,
+            should_stop: Callable[[], bool] | None = None) -> WorkerStats:
+        """Run until ``max_tasks`` tasks were taken, ``timeout`` seconds passed, ``should_stop()``
+        is true or :meth:`request_stop` is called; then drain, commit and leave the group."""
+        asyncio.run(self.run_async(max_tasks=max_tasks, timeout=timeout, should_stop=should_stop))
+        return self.stats
+
+    async def run_async(self, *, max_tasks: int | None = None, timeout: float | None = None,
+                        should_stop: Callable[[], bool] | None = None) -> WorkerStats:
+        self._loop = asyncio.get_running_loop()
+        self._freed = asyncio.Event()
+        self._commit_wake = asyncio.Event()
+        self._episode_slots = asyncio.Semaphore(self.max_concurrent)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="af-rollout-bus")
+        self._producer = self.bus.producer(client_id=self.worker_id)
+        self.metrics = MetricsEmitter(self.bus, run=self.run_name, role="rollout",
+                                      component=self.worker_id, interval=self.metrics_interval)
+        self.metrics.set("episodes_per_s", 0.0)
+        self.metrics.set("tokens_per_s", 0.0)
+        committer: asyncio.Task[None] | None = None
+        for f in self.followers:
+            f.start()
+        try:
+            self._consumer = await self._call(
+                self.bus.consumer, self.group, [self.tasks_topic], client_id=self.worker_id,
+                session_timeout=self.session_timeout, on_revoke=self._on_revoke)
+            self._stream = TypedConsumer(self._consumer, self._producer, Task,
+                                         dlq=self.dlq_topic, component=self.worker_id)
+            await self._call(self.metrics.emit, "starting")
+            log.info("worker=%s joined group=%s topic=%s", self.worker_id, self.group,
+                     self.tasks_topic)
+            committer = asyncio.create_task(self._commit_loop(), name="committer")
+            await self._intake(max_tasks, timeout, should_stop)
+            log.info("worker=%s draining in_flight_tasks=%d", self.worker_id, len(self._running))
+            await self._gauges()
+            await self._call(self.metrics.emit, "draining")
+            await self._drain()
+        finally:
+            if committer is not None:  # not cancel(): 3.11's wait_for may swallow a cancellation
+                self._closing = True
+                self._commit_wake.set()
+                await asyncio.gather(committer, return_exceptions=True)
+            await self._release_all()
+            try:
+                if self._consumer is not None:
+                    await self._call(self._commit_sync)
+                    await self._call(self._consumer.close)  # leaves the group
+            finally:
+                await self._call(self._producer.flush)
+                await self._call(self._producer.close)
+                await self.runtime.close()
+                for f in self.followers:
+                    await asyncio.to_thread(f.close)
+                await self._gauges()
+                await self._call(self.metrics.close, "stopped")
+                self._pool.shutdown(wait=True)
+                self._loop = None
+        log.info("worker=%s stopped %s", self.worker_id, self.stats.as_dict())
+        return self.stats
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a bus call on the worker's bus thread."""
+        assert self._loop is not None
+        return await self._loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    # -- taking tasks -------------------------------------------------------------------------
+    async def _intake(self, max_tasks: int | None, timeout: float | None,
+                      should_stop: Callable[[], bool] | None) -> None:
+        assert self._consumer is not None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last_probe = time.monotonic()
+        while True:
+            if self._stop_requested or (should_stop is not None and should_stop()):
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            left = None if max_tasks is None else max_tasks - self.stats.tasks_taken
+            if left is not None and left <= 0:
+                return
+            free = self.max_concurrent - self._claimed
+            if free > 0:
+                n = max(1, free // self._typical_n)
+                msgs = await self._call(self._consumer.consume, min(n, left or n),
+                                        self.poll_timeout)
+                for msg in msgs:
+                    await self._accept(msg)
+                last_probe = time.monotonic()
+                continue
+            if time.monotonic() - last_probe >= max(self.poll_timeout, 0.5):
+                # Full: still poll now and then, so a rebalance can move partitions (the
+                # embedded bus releases them only inside poll); anything read is put back.
+                await self._call(self._probe)
+                last_probe = time.monotonic()
+            self._freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._freed.wait(), self.poll_timeout)
+
+    def _probe(self) -> None:
+        assert self._consumer is not None
+        for msg in self._consumer.consume(1, 0.0):
+            self._consumer.seek(msg.topic, msg.partition, msg.offset)
+
+    def _validate(self, task: Task) -> None:
+        if not task.prompt:
+            raise TaskRejected(f"task {task.id!r} has an empty prompt")
+        if not 1 <= task.n_samples <= MAX_SAMPLES:
+            raise TaskRejected(f"task {task.id!r}: n_samples={task.n_samples}, expected "
+                               f"1..{MAX_SAMPLES}")
+        self.runtime.workflow(task.workflow)  # RegistryError for an unknown workflow
+
+    async def _accept(self, msg: Message) -> None:
+        tp = (msg.topic, msg.partition)
+        epoch = self.tracker.deliver(tp, msg.offset)
+        self.stats.tasks_taken += 1
+        try:
+            task: Task = decode(msg.value, Task)  # type: ignore[assignment]
+            self._validate(task)
+        except (SchemaError, TaskRejected, RegistryError) as e:
+            self.stats.tasks_dead_lettered += 1
+            self.metrics.inc("tasks_dead_lettered")
+            await self._call(self._stream.to_dlq, msg, e)
+            self.tracker.finish(tp, msg.offset, epoch)
+            self._commit_wake.set()
+            return
+        self._claimed += task.n_samples
+        self._typical_n = task.n_samples
+        t = asyncio.create_task(self._run_task(task, msg, epoch), name=f"task-{task.id}")
+        self._running[t] = _Running(msg, task, epoch, task.n_samples)
+
+    # -- running tasks ------------------------------------------------------------------------
+    async def _run_task(self, task: Task, msg: Message, epoch: int) -> None:
+        try:
+            outcomes = await asyncio.gather(*(self._episode(task, i)
+                                              for i in range(task.n_samples)))
+            records = [r for i, o in enumerate(outcomes) for r in self._records(task, i, o)]
+            await self._call(self._produce, records)
+            if self.tracker.finish((msg.topic, msg.partition), msg.offset, epoch):
+                self.stats.tasks_done += 1
+                self.metrics.inc("tasks_done")
+                self._commit_wake.set()
+        finally:
+            self._claimed -= task.n_samples
+            self._running.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+            self._freed.set()
+
+    async def _episode(self, task: Task, index: int) -> EpisodeOutcome:
+        async with self._episode_slots:
+            out = await run_episode(self.runtime, task, index, timeout=self.episode_timeout)
+        self.stats.episodes += 1
+        self.metrics.inc("episodes")
+        if out.error is not None:
+            self.stats.episodes_failed += 1
+            self.metrics.inc("episodes_failed")
+            log.warning("episode failed task=%s sample=%d error=%s", task.id, index, out.error)
+        for name, n in out.ctx.counters.items():
+            if hasattr(self.stats, name):
+                setattr(self.stats, name, getattr(self.stats, name) + int(n))
+            self.metrics.inc(name, n)
+        return out
+
+    def _records(self, task: Task, index: int, out: EpisodeOutcome) -> list[Trajectory]:
+        group = task.resolved_group_id()
+        seen: dict[str, int] = {}
+        records = []
+        for d in out.drafts:
+            k = seen[d.policy] = seen.get(d.policy, -1) + 1
+            suffix = f".{k}" if k else ""
+            tokens = sum(d.loss_mask)
+            self.stats.tokens_generated += tokens
+            self.metrics.inc("tokens_generated", tokens)
+            records.append(Trajectory(
+                id=f"{group}/{d.policy}/{index}{suffix}", task_id=task.id, group_id=group,
+                policy=d.policy, sample_index=index, group_size=task.n_samples,
+                token_ids=pack_i32(d.token_ids),
+                loss_mask=pack_u8(d.loss_mask), logprobs=pack_f32(d.logprobs),
+                versions=pack_i32(d.versions), prompt_len=d.prompt_len, spans=d.spans,
+                reward=d.reward, rewards=d.rewards, finish_reason=d.finish_reason,  # type: ignore[arg-type]
+                error=None if d.error is None else d.error[:MAX_ERROR_CHARS],
+                worker_id=self.worker_id,
+                timings={**out.ctx.timings, "total": out.seconds}))
+        return records
+
+    def _produce(self, records: list[Trajectory]) -> None:
+        for rec in records:
+            try:
+                send(self._producer, Output(self.out_topic, rec, rec.group_id.encode()))
+            except RecordTooLargeError as e:
+                d = failed_draft(rec.policy, "error", f"trajectory too large for the bus: {e}")
+                small = Trajectory(id=rec.id, task_id=rec.task_id, group_id=rec.group_id,
+                                   policy=rec.policy, sample_index=rec.sample_index,
+                                   group_size=rec.group_size,
+                                   token_ids=b"", loss_mask=b"", logprobs=b"", versions=b"",
+                                   finish_reason="error", error=d.error, worker_id=self.worker_id)
+                send(self._producer, Output(self.out_topic, small, rec.group_id.encode()))
+            self.stats.trajectories += 1
+        self.metrics.inc("trajectories", len(records))
+
+    # -- committing ---------------------------------------------------------------------------
+    def _commit_sync(self, tps: list[tuple[str, int]] | None = None) -> None:
+        """Flush the producer, then commit the finished prefix (bus thread only)."""
+        assert self._consumer is not None
+        offsets = self.tracker.committable(tps)
+        if not offsets:
+            return
+        self._producer.flush()
+        msgs = [Message(topic=t, partition=p, offset=o, key=None, value=b"")
+                for (t, p), o in offsets.items()]
+        try:
+            self._consumer.commit(msgs)
+            self.tracker.committed(offsets)
+            self.stats.commits += 1
+        except CommitError as e:
+            self.stats.commit_errors += 1
+            log.warning("worker=%s commit refused (the records will be redelivered): %s",
+                        self.worker_id, e)
+
+    async def _commit_loop(self) -> None:
+        while not self._closing:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._commit_wake.wait(), self.commit_interval)
+            self._commit_wake.clear()
+            await self._call(self._commit_sync)
+            await self._gauges()
+            await self._call(self.metrics.tick, "draining" if self._stop_requested else "running")
+
+    def _on_revoke(self, tps: list[tuple[str, int]]) -> None:
+        """Partitions are leaving this worker (bus thread, inside poll/close)."""
+        tps = [tp for tp in tps if tp[0] == self.tasks_topic]
+        if not tps:
+            return
+        try:
+            self._commit_sync(tps)
+        finally:
+            epochs = set(self.tracker.revoke(tps))
+            loop = self._loop
+            if epochs and loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(self._release, epochs)
+
+    def _release(self, epochs: set[int]) -> None:
+        for t, r in list(self._running.items()):
+            if r.epoch in epochs and not t.done():
+                t.cancel()
+                self.stats.tasks_released += 1
+                self.metrics.inc("tasks_released")
+                log.info("released task=%s (partition revoked)", r.task.id)
+
+    # -- draining -----------------------------------------------------------------------------
+    async def _drain(self) -> None:
+        running = set(self._running)
+        if running and self.drain_timeout > 0:
+            await asyncio.wait(running, timeout=self.drain_timeout)
+
+    async def _release_all(self) -> None:
+        left = [t for t in self._running if not t.done()]
+        for t in left:
+            t.cancel()
+        self.stats.tasks_released += len(left)
+        if left:
+            log.info("worker=%s released %d unfinished tasks", self.worker_id, len(left))
+        await asyncio.gather(*left, return_exceptions=True)
+
+    # -- metrics ------------------------------------------------------------------------------
+    async def _gauges(self) -> None:
+        now = time.monotonic()
+        t0, e0, k0 = self._rates
+        if now - t0 >= self.metrics_interval:
+            dt = now - t0
+            self.metrics.set("episodes_per_s", (self.stats.episodes - e0) / dt)
+            self.metrics.set("tokens_per_s", (self.stats.tokens_generated - k0) / dt)
+            self._rates = (now, self.stats.episodes, self.stats.tokens_generated)
+        self.metrics.set("inflight_episodes", self._claimed)
+        self.metrics.set("inflight_tasks", len(self._running))
+        self.metrics.set("failures", self.stats.episodes_failed)
+        for i, (policy, engine) in enumerate(self.runtime.engines.items()):
+            self.metrics.set(f"weight_version.{policy}", engine.version)
+            if i == 0:
+                self.metrics.set("weight_version", engine.version)

@@ -1,0 +1,10 @@
+"""The workflow registry (its own module so workflows can import it without cycles)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from astraflow.consumers.rollout.registry import Registry
+
+WORKFLOWS: Registry[Callable[..., Any]] = Registry("workflow")

@@ -1,0 +1,71 @@
+"""Demonstrations for the SFT warm-up: tasks with their reference answers, as training
+batches (``Batch`` records) on ``batches.<policy>``.
+
+Each demonstration is one trajectory: the prompt rendered exactly as the rollout worker renders
+it (:func:`astraflow.consumers.rollout.context.render_prompt`), then the answer and ``<eos>``;
+the loss mask covers the answer and ``<eos>`` only. Batches are keyed and numbered like the
+batcher's, so the SFT trainer consumes them like any other batch topic.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from astraflow.core.bus.types import Bus
+from astraflow.core.records import (
+    Batch,
+    Group,
+    Trajectory,
+    encode,
+    pack_f32,
+    pack_i32,
+    pack_u8,
+    schema_header,
+)
+from astraflow.core.topics import topic_name
+from astraflow.producers.sources import TaskSpec
+
+
+def demonstration(tokenizer: Any, spec: TaskSpec, answer_key: str = "answer") -> Trajectory:
+    """One SFT trajectory: prompt tokens (mask 0) then answer + eos tokens (mask 1)."""
+    from astraflow.consumers.rollout.context import encode as encode_text
+    from astraflow.consumers.rollout.context import render_prompt
+
+    _, prompt = render_prompt(tokenizer, spec.prompt)
+    answer = encode_text(tokenizer, str(spec.reference[answer_key]), special=False)
+    answer.append(tokenizer.eos_token_id)
+    ids = prompt + answer
+    n, m = len(prompt), len(answer)
+    return Trajectory(
+        id=f"sft/{spec.id}", task_id=spec.id, group_id=f"sft/{spec.id}", sample_index=0,
+        group_size=1, token_ids=pack_i32(ids), loss_mask=pack_u8([0] * n + [1] * m),
+        logprobs=pack_f32([0.0] * len(ids)), versions=pack_i32([-1] * len(ids)),
+        prompt_len=n, reward=1.0, worker_id="demos")
+
+
+def demo_batches(tokenizer: Any, specs: Iterator[TaskSpec], *, policy: str, batch_size: int,
+                 steps: int) -> Iterator[Batch]:
+    """``steps`` batches of ``batch_size`` demonstrations, cycling through ``specs``."""
+    pool = [demonstration(tokenizer, s) for s in specs]
+    if not pool:
+        return
+    stream = itertools.cycle(pool)
+    for seq in range(steps):
+        groups = [Group(group_id=t.group_id, task_id=t.task_id, trajectories=[t])
+                  for t in itertools.islice(stream, batch_size)]
+        yield Batch(id=f"{policy}-sft-{seq}", policy=policy, seq=seq, groups=groups)
+
+
+def produce_demos(bus: Bus, run: str, policy: str, batches: Iterator[Batch]) -> int:
+    """Produce the batches to ``batches.<policy>``; returns how many."""
+    topic = topic_name(run, "batches", policy)
+    producer = bus.producer(client_id=f"demos-{policy}")
+    n = 0
+    for b in batches:
+        producer.produce(topic, encode(b), key=policy.encode(), headers=[schema_header(b)])
+        n += 1
+    producer.flush()
+    producer.close()
+    return n

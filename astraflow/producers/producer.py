@@ -1,0 +1,154 @@
+"""The task producer: a dataset or generator → Task records on ``tasks.raw`` (or ``tasks``).
+
+Every task gets ``n_samples`` (the group size), the workflow name, and a group id per
+(task, attempt): ``"{task id}#{attempt}"``, where the attempt counts how often the same task id
+was released by this source (epochs, or a synthetic count larger than its split). Ids are
+deterministic, so a re-run produces the same records; with ``skip_existing`` (the default) it
+first reads the topic and skips every group already there, so re-running after a crash or
+twice produces nothing twice. Records are keyed by task id.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from astraflow.core.bus.types import Bus
+from astraflow.core.errors import SchemaError
+from astraflow.core.records import ChatMessage, Task, decode
+from astraflow.core.stream import Output, send
+from astraflow.core.topics import topic_name
+from astraflow.producers.arithmetic import arithmetic
+from astraflow.producers.sources import SourceError, TaskSpec, read_jsonl, read_parquet
+
+log = logging.getLogger("astraflow.producer")
+
+
+@dataclass
+class ProduceStats:
+    produced: int = 0
+    skipped: int = 0  # groups already on the topic
+    seconds: float = 0.0
+
+
+def specs(pc: Any, out: str | Path = ".") -> Iterator[TaskSpec]:
+    """The source's tasks in order, one pass (``pc``: a ProducerConfig)."""
+    if pc.source == "arithmetic":
+        for spec, _repeat in arithmetic(pc.arithmetic, dataset=pc.dataset or "arith"):
+            yield spec
+        return
+    if not pc.path:
+        raise SourceError(f"producer.source={pc.source!r} needs producer.path (one or more "
+                          "files)")
+    reader = read_jsonl if pc.source == "jsonl" else read_parquet
+    for raw in pc.path:
+        path = Path(raw.replace("{out}", str(Path(out).resolve())))
+        yield from reader(path, dataset=pc.dataset or path.stem, fields=pc.fields)
+
+
+def tasks(pc: Any, out: str | Path = ".") -> Iterator[Task]:
+    """Task records for ``epochs`` passes over the source."""
+    attempts: dict[str, int] = {}
+    for _epoch in range(pc.epochs):
+        for spec in specs(pc, out):
+            attempt = attempts.get(spec.id, 0)
+            attempts[spec.id] = attempt + 1
+            prompt = list(spec.prompt)
+            if pc.system_prompt:
+                prompt.insert(0, ChatMessage(role="system", content=pc.system_prompt))
+            dataset = pc.dataset or ("arith" if pc.source == "arithmetic"
+                                     else spec.id.split(":", 1)[0])
+            yield Task(id=spec.id, dataset=dataset, prompt=prompt, reference=spec.reference,
+                       workflow=pc.workflow, n_samples=pc.n_samples, attempt=attempt,
+                       group_id=f"{spec.id}#{attempt}", metadata=dict(spec.metadata))
+
+
+def existing_groups(bus: Bus, topic: str, *, timeout: float = 120.0) -> set[str]:
+    """Group ids of every Task on ``topic`` now (read from the beginning by a throwaway group)."""
+    ends = bus.describe_topic(topic).end_offsets
+    if not any(ends.values()):
+        return set()
+    consumer = bus.consumer(f"af-producer-scan-{uuid.uuid4().hex[:12]}", [topic],
+                            start="earliest")
+    groups: set[str] = set()
+    pos = dict.fromkeys(ends, 0)
+    deadline = time.monotonic() + timeout
+    try:
+        while any(pos[p] < end for p, end in ends.items()):
+            if time.monotonic() > deadline:
+                raise SourceError(f"reading the {sum(ends.values())} records of {topic} to skip "
+                                  f"existing groups took over {timeout:g} s; set "
+                                  "producer.skip_existing=false to produce without the check")
+            for msg in consumer.consume(1000, 0.5):
+                pos[msg.partition] = max(pos.get(msg.partition, 0), msg.offset + 1)
+                try:
+                    groups.add(decode(msg.value, Task).resolved_group_id())  # type: ignore[union-attr]
+                except SchemaError:
+                    continue
+    finally:
+        consumer.close()
+    return groups
+
+
+def produce_tasks(bus: Bus, pc: Any, *, run: str, out: str | Path = ".",
+                  max_tasks: int | None = None, should_stop: Callable[[], bool] | None = None,
+                  client_id: str = "producer") -> ProduceStats:
+    """Produce the source's tasks (``pc``: a ProducerConfig) to the run's topic; flushes."""
+    start = time.monotonic()
+    topic = topic_name(run, pc.topic)
+    existing = existing_groups(bus, topic) if pc.skip_existing else set()
+    limits = [x for x in (max_tasks, pc.max_tasks) if x is not None]
+    limit = min(limits) if limits else None
+    stats = ProduceStats()
+    producer = bus.producer(client_id=client_id)
+    next_at = time.monotonic()
+    try:
+        for task in tasks(pc, out):
+            if limit is not None and stats.produced >= limit:
+                break
+            if should_stop is not None and should_stop():
+                break
+            if task.group_id in existing:
+                stats.skipped += 1
+                continue
+            if pc.rate_limit:
+                next_at += 1.0 / pc.rate_limit
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            send(producer, Output(topic, task, task.id.encode()))
+            stats.produced += 1
+            if stats.produced % pc.flush_every == 0:
+                producer.flush()
+        producer.flush()
+    finally:
+        producer.close()
+    stats.seconds = time.monotonic() - start
+    log.info("produced=%d skipped=%d topic=%s seconds=%.2f", stats.produced, stats.skipped,
+             topic, stats.seconds)
+    return stats
+
+
+def produce(config: Any, out: str | Path = ".", *, max_tasks: int | None = None,
+            should_stop: Callable[[], bool] | None = None) -> ProduceStats:
+    """``astraflow produce``: open the experiment's bus, produce, report to ``metrics``."""
+    from astraflow.config import open_bus
+    from astraflow.core.metrics import MetricsEmitter
+
+    bus = open_bus(config, out)
+    try:
+        metrics = MetricsEmitter(bus, run=config.run, role="producer")
+        stats = produce_tasks(bus, config.producer, run=config.run, out=out,
+                              max_tasks=max_tasks, should_stop=should_stop,
+                              client_id=metrics.component)
+        metrics.inc("tasks_produced", stats.produced)
+        metrics.inc("tasks_skipped", stats.skipped)
+        metrics.close("stopped")
+        return stats
+    finally:
+        bus.close()

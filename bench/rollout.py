@@ -1,0 +1,147 @@
+"""Rollout worker overhead: one worker against its own engine called directly (the ceiling).
+
+    python bench/rollout.py            # 256 tasks x 8 samples per measurement, ~1-2 minutes
+    python bench/rollout.py --quick    # 64 tasks x 8 samples
+
+Both sides use the same hf engine on the tiny arith model (built here, no download), the same
+prompts (``a+b=`` through the chat template), the same sampling (temperature 1, up to 4 new
+tokens) and the same batch size:
+
+* **ceiling**: ``engine.generate`` on batches of ``--batch`` requests in a loop;
+* **worker**: ``RolloutWorker`` on the embedded bus: tasks are on ``tasks`` before it starts;
+  it consumes them, runs ``single_turn`` (tokenize, generate through the async batcher,
+  exact-match reward), produces Trajectory records, flushes and commits, then drains. Its
+  engine batch is the same; its ``max_concurrent_episodes`` is twice that by default, so that
+  the next batch is queued while one runs (``--concurrency``).
+
+Reported: episodes/s and generated tokens/s of each (median of interleaved repeats, after a
+warm-up) and worker / ceiling. Timing noise on shared 2-core machines is large; nothing here
+gates CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def build_model(root: Path) -> Path:
+    from astraflow.models.tiny import build_model as build
+    from astraflow.models.tiny import build_tokenizer, save
+
+    tok = build_tokenizer("arith")
+    return save(build(tok, seed=0), tok, root / "tiny-arith")
+
+
+def tasks(n: int, samples: int) -> list[Any]:
+    from astraflow.core.records import ChatMessage, Task
+
+    return [Task(id=f"b{i}", dataset="bench",
+                 prompt=[ChatMessage(role="user", content=f"{i % 100}+{(i * 7) % 100}=")],
+                 reference={"answer": str(i % 100 + (i * 7) % 100)}, n_samples=samples)
+            for i in range(n)]
+
+
+def ceiling(engine: Any, task_list: list[Any], batch: int, max_new: int) -> tuple[float, int, int]:
+    """(seconds, episodes, generated tokens) of the engine called directly."""
+    from astraflow.consumers.rollout.context import encode, render
+    from astraflow.consumers.rollout.engines import GenRequest
+
+    tok = engine.tokenizer
+    reqs = []
+    for t in task_list:
+        ids = encode(tok, render(tok, t.prompt, generation_prompt=True), special=True)
+        reqs += [GenRequest(ids, max_new_tokens=max_new, temperature=1.0)] * t.n_samples
+    start = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(reqs), batch):
+        tokens += sum(len(r.token_ids) for r in engine.generate(reqs[i:i + batch]))
+    return time.perf_counter() - start, len(reqs), tokens
+
+
+def worker_run(engine: Any, task_list: list[Any], concurrency: int, max_new: int,
+               root: Path) -> tuple[float, int, int, float]:
+    """(seconds, episodes, generated tokens, mean batch) of one worker on the embedded bus."""
+    from astraflow.consumers.rollout.runtime import Runtime
+    from astraflow.consumers.rollout.worker import RolloutWorker
+    from astraflow.core.bus import connect
+    from astraflow.core.records import encode, schema_header
+    from astraflow.core.topics import run_topics, topic_name
+
+    run = f"bench{time.monotonic_ns() % 10**9}"
+    bus = connect(f"embedded://{root}/{run}.db")
+    bus.create_topics(run_topics(run, ["default"]))
+    p = bus.producer()
+    for t in task_list:
+        p.produce(topic_name(run, "tasks"), encode(t), key=t.id.encode(),
+                  headers=[schema_header(t)])
+    p.flush()
+    p.close()
+    runtime = Runtime.create({"default": engine}, sampling={"max_new_tokens": max_new})
+    w = RolloutWorker(bus, runtime, run=run, max_concurrent_episodes=concurrency,
+                      poll_timeout=0.02,
+                      commit_interval=0.2, metrics_interval=5.0, drain_timeout=600)
+    start = time.perf_counter()
+    stats = w.run(max_tasks=len(task_list))
+    seconds = time.perf_counter() - start
+    b = runtime.batchers["default"]
+    bus.close()
+    assert stats.tasks_done == len(task_list), stats
+    return seconds, stats.episodes, stats.tokens_generated, b.requests / max(b.batches, 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tasks", type=int, default=256)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=None,
+                    help="worker max_concurrent_episodes (default: 2 x batch, so that a full "
+                         "batch waits while one runs)")
+    ap.add_argument("--max-new-tokens", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest here)")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    if args.quick:
+        args.tasks, args.repeats = 64, 2
+    concurrency = args.concurrency or 2 * args.batch
+
+    from astraflow.consumers.rollout.engines import build_engine
+
+    with tempfile.TemporaryDirectory(prefix="af-bench-rollout-") as d:
+        root = Path(d)
+        engine = build_engine("hf", model_path=build_model(root), threads=args.threads,
+                              max_batch_size=args.batch)
+        task_list = tasks(args.tasks, args.samples)
+        ceiling(engine, task_list[:16], args.batch, args.max_new_tokens)  # warm-up
+        rows: dict[str, list[tuple[float, float]]] = {"ceiling": [], "worker": []}
+        batches = []
+        for _ in range(args.repeats):  # interleaved, so drifts hit both sides alike
+            s, e, k = ceiling(engine, task_list, args.batch, args.max_new_tokens)
+            rows["ceiling"].append((e / s, k / s))
+            s, e, k, mb = worker_run(engine, task_list, concurrency, args.max_new_tokens, root)
+            rows["worker"].append((e / s, k / s))
+            batches.append(mb)
+    med = {name: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v))
+           for name, v in rows.items()}
+    episodes = args.tasks * args.samples
+    print(f"# rollout bench: {args.tasks} tasks x {args.samples} samples = {episodes} episodes, "
+          f"engine batch {args.batch}, worker concurrency {concurrency}, max "
+          f"{args.max_new_tokens} new tokens, torch threads {args.threads}, median of "
+          f"{args.repeats}\n")
+    print("| | episodes/s | generated tokens/s |")
+    print("|---|---:|---:|")
+    for name, (eps, tps) in med.items():
+        print(f"| {name} | {eps:,.0f} | {tps:,.0f} |")
+    print(f"| worker / ceiling | {med['worker'][0] / med['ceiling'][0]:.2f} | "
+          f"{med['worker'][1] / med['ceiling'][1]:.2f} |")
+    print(f"\nworker mean batch size: {statistics.median(batches):.1f} (ceiling: {args.batch})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Producing tasks to the bus: n samples, one group per (task, attempt), idempotent re-runs,
+and the `astraflow produce` command function."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from astraflow.config import ExperimentConfig, open_bus
+from astraflow.core.records import Task, decode
+from astraflow.core.topics import topic_name
+from astraflow.producers.producer import produce, produce_tasks, tasks
+
+
+def config(tmp_path: Path, **producer: object) -> ExperimentConfig:
+    return ExperimentConfig.model_validate({
+        "run": f"p{uuid.uuid4().hex[:8]}", "bus": {"url": f"embedded://{tmp_path}/bus.db"},
+        "producer": producer})
+
+
+def read_tasks(bus, topic: str) -> list[Task]:  # noqa: ANN001
+    c = bus.consumer(f"read-{uuid.uuid4().hex[:6]}", [topic], start="earliest")
+    out: list[Task] = []
+    try:
+        while batch := c.consume(1000, 0.5):
+            out.extend(decode(m.value, Task) for m in batch)  # type: ignore[misc]
+    finally:
+        c.close()
+    return out
+
+
+def test_tasks_carry_samples_workflow_and_group_ids(tmp_path: Path) -> None:
+    cfg = config(tmp_path, n_samples=4, workflow="multi_turn_tools", epochs=2,
+                 system_prompt="be brief", arithmetic={"count": 5})
+    got = list(tasks(cfg.producer))
+    assert len(got) == 10
+    first, second = got[:5], got[5:]
+    assert [t.id for t in first] == [t.id for t in second]
+    assert all(t.attempt == 0 and t.group_id == f"{t.id}#0" for t in first)
+    assert all(t.attempt == 1 and t.group_id == f"{t.id}#1" for t in second)
+    assert all(t.n_samples == 4 and t.workflow == "multi_turn_tools" for t in got)
+    assert [m.role for m in got[0].prompt] == ["system", "user"]
+    assert got[0].dataset == "arith" and got[0].metadata == {"split": "train"}
+
+
+def test_produce_is_idempotent_and_keyed_by_task_id(tmp_path: Path) -> None:
+    cfg = config(tmp_path, topic="tasks", arithmetic={"count": 30})
+    bus = open_bus(cfg, tmp_path)
+    try:
+        first = produce_tasks(bus, cfg.producer, run=cfg.run)
+        again = produce_tasks(bus, cfg.producer, run=cfg.run)
+        more = produce_tasks(bus, cfg.producer.model_copy(
+            update={"arithmetic": cfg.producer.arithmetic.model_copy(update={"count": 40})}),
+            run=cfg.run)
+        assert (first.produced, again.produced, again.skipped) == (30, 0, 30)
+        assert (more.produced, more.skipped) == (10, 30)
+        topic = topic_name(cfg.run, "tasks")
+        got = read_tasks(bus, topic)
+        assert len(got) == 40 and len({t.group_id for t in got}) == 40
+        # records are keyed by task id: the same id always lands on the same partition
+        c = bus.consumer(f"k-{uuid.uuid4().hex[:6]}", [topic], start="earliest")
+        msgs = c.consume(1000, 1.0)
+        c.close()
+        assert all(m.key == decode(m.value, Task).id.encode() for m in msgs)
+        assert read_tasks(bus, topic_name(cfg.run, "tasks.raw")) == []
+    finally:
+        bus.close()
+
+
+def test_max_tasks_and_jsonl_source(tmp_path: Path) -> None:
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n"
+                            for i in range(10)))
+    cfg = config(tmp_path, source="jsonl", path=["{out}/qa.jsonl"], max_tasks=4)
+    stats = produce(cfg, tmp_path)
+    assert stats.produced == 4
+    bus = open_bus(cfg, tmp_path)
+    try:
+        got = read_tasks(bus, topic_name(cfg.run, "tasks.raw"))
+        assert sorted(t.id for t in got) == [f"qa:{i}" for i in range(4)]
+        assert got[0].dataset == "qa"
+    finally:
+        bus.close()
+
+
+def test_jsonl_without_path_is_a_clear_error(tmp_path: Path) -> None:
+    from astraflow.producers.sources import SourceError
+
+    cfg = config(tmp_path, source="jsonl")
+    with pytest.raises(SourceError, match="needs producer.path"):
+        list(tasks(cfg.producer))
+
+
+def test_produce_command_function(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from astraflow.cli.produce import produce as produce_cmd
+
+    run = f"c{uuid.uuid4().hex[:6]}"
+    path = tmp_path / "exp.yaml"
+    path.write_text(f"run: {run}\nbus: {{url: 'embedded://{{out}}/bus.db'}}\n"
+                    "producer: {arithmetic: {count: 7}, n_samples: 2}\n")
+    produce_cmd(config=path, out=tmp_path, overrides=["producer.topic=tasks"], max_tasks=None)
+    assert "produced=7 skipped=0 topic=tasks" in capsys.readouterr().out
+    produce_cmd(config=path, out=tmp_path, overrides=["producer.topic=tasks"], max_tasks=None)
+    assert "produced=0 skipped=7" in capsys.readouterr().out

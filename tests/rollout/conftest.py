@@ -1,0 +1,65 @@
+"""Fixtures of the rollout tests: a bus of each backend, tiny local models (built once)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from astraflow.core.bus import Bus, connect
+
+BACKENDS = ["embedded", pytest.param("kafka", marks=pytest.mark.kafka)]
+
+
+@pytest.fixture(params=BACKENDS)
+def bus_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A bus URL of each backend; the Kafka one points at the session's real broker."""
+    if request.param == "embedded":
+        return f"embedded://{tmp_path_factory.mktemp('bus')}/bus.db"
+    bootstrap = request.getfixturevalue("kafka_bootstrap")
+    return f"kafka://{bootstrap}"
+
+
+@pytest.fixture
+def bus(tmp_path: Path) -> Iterator[Bus]:
+    b = connect(f"embedded://{tmp_path}/bus.db")
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="session")
+def arith_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved tiny arith model directory (max 64 positions, 17 tokens)."""
+    from astraflow.models.tiny import build_model, build_tokenizer, save
+
+    tok = build_tokenizer("arith")
+    return save(build_model(tok, seed=0), tok, tmp_path_factory.mktemp("models") / "tiny-arith")
+
+
+@pytest.fixture(scope="session")
+def ascii_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved tiny model over printable ASCII (for tool-call text), 256 positions."""
+    from astraflow.models.tiny import build_model, build_tokenizer, save
+
+    tok = build_tokenizer("ascii")
+    root = tmp_path_factory.mktemp("models")
+    return save(build_model(tok, seed=0, max_positions=256), tok, root / "tiny-ascii")
+
+
+@pytest.fixture(scope="session")
+def ascii_tokenizer() -> object:
+    from astraflow.models.tiny import build_tokenizer
+
+    return build_tokenizer("ascii")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _restore_torch_threads() -> Iterator[None]:
+    """Engines built with ``threads=1`` set torch's process-wide thread count; put it back so
+    the test packages after this one run as they would alone."""
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
