@@ -46,6 +46,33 @@ class ModelConfig(Section):
     seed: int = 0
 
 
+class WarmupConfig(Section):
+    """An SFT warm-up before RL: demonstrations (the producer's train split with its reference
+    answers) go through the bus to the trainer in ``sft`` mode; RL starts from the result."""
+
+    steps: int = pydantic.Field(0, ge=0, description="SFT steps before RL; 0: no warm-up")
+    batch_size: int = pydantic.Field(256, ge=1, description="demonstrations per SFT step")
+    lr: float = pydantic.Field(2e-3, gt=0, description="SFT learning rate")
+
+
+class LaunchConfig(Section):
+    """How `astraflow run` lays the roles out on this host."""
+
+    rollout_workers: int = pydantic.Field(2, ge=1, description="rollout processes")
+    evaluate: bool = pydantic.Field(True, description="run the held-out evaluator")
+    eval_problems: int = pydantic.Field(500, ge=1, description="held-out problems per eval")
+    restart: bool = pydantic.Field(True, description="restart a role that dies")
+    max_restarts: int = pydantic.Field(3, ge=0, description="restarts per role")
+    stop_grace_s: float = pydantic.Field(30.0, gt=0,
+                                         description="SIGTERM → SIGKILL grace when stopping")
+    threads_per_role: int | None = pydantic.Field(
+        1, ge=1, description="OMP/MKL/torch threads per role process (many processes share "
+                             "few cores); null: the libraries' defaults")
+    timeout_s: float | None = pydantic.Field(None, gt=0,
+                                             description="stop the run after this long")
+    warmup: WarmupConfig = WarmupConfig()
+
+
 class ExperimentConfig(Section):
     """An experiment: its run name, bus, trainable policies and every role's section."""
 
@@ -62,6 +89,7 @@ class ExperimentConfig(Section):
     data: DataConfig = DataConfig()
     trainer: TrainerConfig = TrainerConfig()
     weights: WeightsConfig = WeightsConfig()
+    launch: LaunchConfig = LaunchConfig()
 
 
 def load_experiment(path: str | Path | None, overrides: Iterable[str] = ()) -> ExperimentConfig:

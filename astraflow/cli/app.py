@@ -12,10 +12,12 @@ import typer
 from astraflow.cli import (
     broker,
     demo,
+    evaluate,
     inspect_cmd,
     policy,
     produce,
     rollout,
+    run,
     top,
     topics,
     train,
@@ -33,10 +35,12 @@ app.add_typer(broker.app, name="broker")
 app.add_typer(topics.app, name="topics")
 app.add_typer(weights.app, name="weights")
 app.command("inspect")(inspect_cmd.inspect)
+app.command("run")(run.run)
 app.command("produce")(produce.produce)
 app.command("rollout")(rollout.rollout)
 app.command("policy")(policy.policy)
 app.command("train")(train.train)
+app.command("evaluate")(evaluate.evaluate)
 app.command("top")(top.top)
 app.command("demo")(demo.demo)
 

@@ -67,8 +67,15 @@ def build_model(tokenizer: Any, *, hidden: int = 128, layers: int = 2, heads: in
     return Qwen2ForCausalLM(config)
 
 
+def _quiet() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def save(model: Any, tokenizer: Any, path: str | Path) -> Path:
     """Save model and tokenizer as a Hugging Face directory (safetensors weights)."""
+    _quiet()
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
@@ -81,6 +88,7 @@ def load(path: str | Path, *, device: str = "cpu", dtype: Any = None) -> tuple[A
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    _quiet()
     p = Path(path)
     if not (p / "config.json").exists():
         raise ConfigError(f"model directory {p} has no config.json; build one with "

@@ -144,8 +144,9 @@ class StageRunner:
                  policy: str | None, checkpoint: Path, group: str,
                  commit_interval_s: float = 1.0, poll_records: int = 256,
                  poll_timeout: float = 0.2, session_timeout: float = 10.0,
-                 component: str = "") -> None:
+                 component: str = "", metrics: Any = None) -> None:
         self.bus = bus
+        self.metrics = metrics  # a MetricsEmitter: counters go to the metrics topic
         self.chain = chain
         self.topics = topics
         self.stage = stage
@@ -389,6 +390,9 @@ class StageRunner:
                     c.close()
                 producer.close()
         log.info("stage=%s stopped %s", self.stage, _kv(self.counters()))
+        if self.metrics is not None:
+            self._report(force=True)
+            self.metrics.close()
         return self.counters()
 
     def _loop(self, producer: Any, main: Consumer, side: Consumer, max_records: int | None,
@@ -430,9 +434,22 @@ class StageRunner:
                                 or self._outbox_bytes >= OUTBOX_BYTES):
                 self._cycle(producer, [main, side])
                 last_cycle = now
+            self._report()
             if now - last_log >= LOG_EVERY_S:
                 log.info("stage=%s %s", self.stage, _kv(self.counters()))
                 last_log = now
+
+
+    def _report(self, force: bool = False) -> None:
+        """Counters to the metrics topic (at the emitter's interval, or now)."""
+        if self.metrics is None:
+            return
+        for k, v in self.counters().items():
+            self.metrics.counters[k] = float(v)
+        if force:
+            self.metrics.emit()
+        else:
+            self.metrics.tick()
 
 
 def _kv(counters: dict[str, float]) -> str:

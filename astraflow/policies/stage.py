@@ -40,7 +40,12 @@ def build_runner(config: ExperimentConfig, stage: str, *, policy: str | None = N
     topics = stage_topics(config.run, stage, chain, policies=policies, primary=primary,
                           policy=policy)
     group = f"af.{config.run}.policy.{stage}" + (f".{policy}" if policy else "")
-    return StageRunner(bus, chain, topics, stage=stage, policy=policy,
+    from astraflow.core.metrics import MetricsEmitter
+
+    component = f"policy-{stage}" + (f"-{policy}" if policy else "")
+    metrics = MetricsEmitter(bus, run=config.run, role="policy", component=component)
+    return StageRunner(bus, chain, topics, stage=stage, policy=policy, component=component,
+                       metrics=metrics,
                        checkpoint=checkpoint_path(config, stage, policy, out), group=group,
                        commit_interval_s=data.commit_interval_s, poll_records=data.poll_records,
                        session_timeout=data.session_timeout_s)

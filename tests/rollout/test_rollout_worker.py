@@ -106,11 +106,11 @@ def test_tasks_become_trajectory_groups(setup, tmp_path: Path) -> None:
                if m.component == "w-1"]
     assert metrics[0].status == "starting" and metrics[-1].status == "stopped"
     last = metrics[-1]
-    assert last.counters["episodes"] == 32 and last.counters["episodes_failed"] == 2
+    assert last.counters["episodes"] == 32 and last.counters["failures"] == 2
     assert last.counters["tasks_dead_lettered"] == 3
-    assert last.counters["tokens_generated"] == sum(
+    assert last.counters["tokens"] == sum(
         int(np.frombuffer(t.loss_mask, "u1").sum()) for t in ok)
-    assert {"inflight_episodes", "weight_version", "episodes_per_s",
+    assert {"inflight", "weight_version", "episodes_per_s",
             "tokens_per_s"} <= set().union(*(m.gauges for m in metrics))
 
 

@@ -280,7 +280,7 @@ class RolloutWorker:
         self.metrics.inc("episodes")
         if out.error is not None:
             self.stats.episodes_failed += 1
-            self.metrics.inc("episodes_failed")
+            self.metrics.inc("failures")
             log.warning("episode failed task=%s sample=%d error=%s", task.id, index, out.error)
         for name, n in out.ctx.counters.items():
             if hasattr(self.stats, name):
@@ -297,7 +297,7 @@ class RolloutWorker:
             suffix = f".{k}" if k else ""
             tokens = sum(d.loss_mask)
             self.stats.tokens_generated += tokens
-            self.metrics.inc("tokens_generated", tokens)
+            self.metrics.inc("tokens", tokens)
             records.append(Trajectory(
                 id=f"{group}/{d.policy}/{index}{suffix}", task_id=task.id, group_id=group,
                 policy=d.policy, sample_index=index, group_size=task.n_samples,
@@ -398,9 +398,8 @@ class RolloutWorker:
             self.metrics.set("episodes_per_s", (self.stats.episodes - e0) / dt)
             self.metrics.set("tokens_per_s", (self.stats.tokens_generated - k0) / dt)
             self._rates = (now, self.stats.episodes, self.stats.tokens_generated)
-        self.metrics.set("inflight_episodes", self._claimed)
+        self.metrics.set("inflight", self._claimed)
         self.metrics.set("inflight_tasks", len(self._running))
-        self.metrics.set("failures", self.stats.episodes_failed)
         for i, (policy, engine) in enumerate(self.runtime.engines.items()):
             self.metrics.set(f"weight_version.{policy}", engine.version)
             if i == 0:

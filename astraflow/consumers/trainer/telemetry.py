@@ -71,6 +71,7 @@ class Telemetry:
             self.inc(k, float(record.get(k, 0.0)))
         if self.metrics is not None:
             self.metrics.set("version", record["step"])
+            self.metrics.set("step", record["step"])
             for k in GAUGES:
                 if k in record:
                     self.metrics.set(k, record[k])

@@ -1,0 +1,51 @@
+"""`astraflow evaluate CONFIG --policy NAME`: held-out greedy accuracy of every weight version."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def evaluate(
+    config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
+    policy: Annotated[str | None, typer.Option(help="Policy (default: the first).")] = None,
+    out: Annotated[Path, typer.Option(help="Run directory ({out} in the config).")]
+    = Path("."),
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a.b=c.")]
+    = None,
+    max_evals: Annotated[int | None, typer.Option(help="Stop after N evaluations.")] = None,
+    timeout: Annotated[float | None, typer.Option(help="Stop after this many seconds.")]
+    = None,
+) -> None:
+    """Follow weights.<policy>; for each version reached, decode the held-out problems
+    greedily and report eval_accuracy on the metrics topic. SIGTERM stops it."""
+    from astraflow.config import load_experiment, open_bus
+    from astraflow.consumers.evaluator import Evaluator
+    from astraflow.core.metrics import MetricsEmitter
+
+    cfg = load_experiment(config, overrides or [])
+    name = policy or cfg.policies[0]
+    stop = False
+
+    def on_signal(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    bus = open_bus(cfg, out)
+    metrics = MetricsEmitter(bus, run=cfg.run, role="evaluator", component=f"evaluator-{name}")
+    ev = Evaluator(cfg, policy=name, out=out, bus=bus, limit=cfg.launch.eval_problems,
+                   metrics=metrics)
+    try:
+        ev.run(max_evals=max_evals, timeout=timeout, should_stop=lambda: stop)
+    finally:
+        ev.syncer.close()
+        metrics.close()
+        bus.close()
+    for r in ev.results:
+        typer.echo(f"version {r.version}: accuracy {r.accuracy:.4f} ({r.n} problems, "
+                   f"{r.seconds:.1f}s)")

@@ -1,0 +1,104 @@
+"""What `astraflow run` launches: the roles of an experiment, the SFT warm-up phase, and the
+export of trained weights to a Hugging Face model directory."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from astraflow.config import ExperimentConfig
+from astraflow.core.config import dump
+from astraflow.run.supervisor import RoleSpec, cli
+
+
+def write_config(config: ExperimentConfig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dump(config))
+    return path
+
+
+def role_env(config: ExperimentConfig) -> dict[str, str]:
+    quiet = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
+             "TOKENIZERS_PARALLELISM": "false"}
+    n = config.launch.threads_per_role
+    if n is None:
+        return quiet
+    return {**quiet, "OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
+
+
+def rl_roles(config: ExperimentConfig, cfg_path: Path, out: Path) -> list[RoleSpec]:
+    """Every role of the RL phase, one OS process each."""
+    c, o = str(cfg_path), str(out)
+    restart = config.launch.restart
+    env = role_env(config)
+    roles = [RoleSpec("producer", cli("produce", c, "--out", o), restart=restart, env=env)]
+    roles += [RoleSpec(f"rollout-{i}", cli("rollout", c, "--out", o), restart=restart, env=env)
+              for i in range(config.launch.rollout_workers)]
+    if config.data.pre_rollout:
+        roles.append(RoleSpec("policy-pre", cli("policy", c, "pre_rollout", "--out", o),
+                              restart=restart, env=env))
+    roles.append(RoleSpec("policy-post", cli("policy", c, "post_rollout", "--out", o),
+                          restart=restart, env=env))
+    for p in config.policies:
+        roles.append(RoleSpec(f"policy-batch-{p}",
+                              cli("policy", c, "batch", "--policy", p, "--out", o),
+                              restart=restart, env=env))
+        roles.append(RoleSpec(f"trainer-{p}", cli("train", c, "--policy", p, "--out", o),
+                              restart=restart, terminal=True, env=env))
+        if config.launch.evaluate:
+            roles.append(RoleSpec(f"evaluator-{p}", cli("evaluate", c, "--policy", p, "--out", o),
+                                  restart=restart, env=env))
+    return roles
+
+
+def warmup_config(config: ExperimentConfig) -> ExperimentConfig:
+    """The SFT phase's config: its own run (topics), the trainer in sft mode."""
+    w = config.launch.warmup
+    data = config.model_dump()
+    data["run"] = f"{config.run}-warmup"
+    t = data["trainer"]
+    t.update(mode="sft", max_steps=w.steps, checkpoint_every=w.steps,
+             checkpoint_dir="{out}/checkpoints/warmup-{policy}", publish_initial=False)
+    t["optimizer"]["lr"] = w.lr
+    t["optimizer"]["warmup_steps"] = 0
+    data["launch"]["evaluate"] = False
+    return ExperimentConfig.model_validate(data)
+
+
+def produce_demonstrations(config: ExperimentConfig, warm: ExperimentConfig, policy: str,
+                           out: Path, bus: Any) -> int:
+    """The warm-up's SFT batches: the producer's train split with reference answers."""
+    from astraflow.config import model_dir
+    from astraflow.models.tiny import load
+    from astraflow.producers.arithmetic import arithmetic
+    from astraflow.producers.demos import demo_batches, produce_demos
+
+    _, tok = load(model_dir(config, policy, out))
+    specs = (spec for spec, _ in arithmetic(config.producer.arithmetic.model_copy(
+        update={"split": "train", "count": None})))
+    w = config.launch.warmup
+    return produce_demos(bus, warm.run, policy,
+                         demo_batches(tok, specs, policy=policy, batch_size=w.batch_size,
+                                      steps=w.steps))
+
+
+def newest_checkpoint(root: Path) -> Path | None:
+    steps = sorted(p for p in root.glob("step-*") if p.is_dir())
+    return steps[-1] if steps else None
+
+
+def export_model(checkpoint: Path, base_model: Path, dest: Path) -> Path:
+    """A Hugging Face model directory: the base's config and tokenizer, the checkpoint's
+    weights (atomically: built aside, then renamed over ``dest``)."""
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in base_model.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
+            shutil.copy2(f, tmp / f.name)
+    shutil.copy2(checkpoint / "model.safetensors", tmp / "model.safetensors")
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    return dest

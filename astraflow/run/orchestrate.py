@@ -1,0 +1,222 @@
+"""`astraflow run`, step by step: prepare the run directory and models, the optional SFT
+warm-up phase, the RL phase with every role supervised, then plots, summary and accounting."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from astraflow.config import ExperimentConfig, model_dir, open_bus
+from astraflow.core.errors import AstraflowError, BusError
+from astraflow.run.launch import (
+    export_model,
+    newest_checkpoint,
+    produce_demonstrations,
+    rl_roles,
+    role_env,
+    warmup_config,
+    write_config,
+)
+from astraflow.run.supervisor import RoleSpec, Supervisor, cli
+
+
+def _prepare_out(out: Path, fresh: bool) -> None:
+    if out.exists() and fresh and any(out.iterdir()):
+        if not (out / "config.yaml").exists():
+            raise AstraflowError(f"{out} exists and is not an AstraFlow run directory; choose "
+                                 "another --out or remove it")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _connect(config: ExperimentConfig, out: Path) -> Any:
+    try:
+        return open_bus(config, out)
+    except BusError as e:
+        if config.bus.url.startswith("kafka://"):
+            java = shutil.which("java") and shutil.which("mvn")
+            hint = ("start a local broker with `astraflow broker start`" if java else
+                    "a local broker needs Java 17 and Maven: apt-get install -y "
+                    "openjdk-17-jre-headless maven, then `astraflow broker start`")
+            raise AstraflowError(f"cannot use the Kafka bus {config.bus.url}: {e}. To run one "
+                                 f"here, {hint}.") from e
+        raise
+
+
+def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
+                   fresh: bool = True) -> int:
+    from rich.console import Console
+
+    console = Console()
+    out = out.resolve()
+    _prepare_out(out, fresh)
+    write_config(config, out / "config.yaml")
+    with console.status("building models") as st:
+        for p in config.policies:
+            st.update(f"model of policy {p}")
+            model_dir(config, p, out)
+    bus = _connect(config, out)
+    sup = Supervisor(out, max_restarts=config.launch.max_restarts,
+                     grace_s=config.launch.stop_grace_s,
+                     on_event=lambda msg: console.print(f"[yellow]{msg}[/]", highlight=False))
+    started = time.time()
+    try:
+        rl = config
+        if config.launch.warmup.steps > 0:
+            rl = _warmup(config, out, bus, sup, console)
+            if rl is None:
+                return 1
+        code = _rl_phase(rl, out, bus, sup, console, live=live, started=started)
+    finally:
+        bus.close()
+    return code
+
+
+def _warmup(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor,
+            console: Any) -> ExperimentConfig | None:
+    from rich.progress import Progress
+
+    from astraflow.core.topics import run_topics
+    from astraflow.run.collector import Collector
+
+    warm = warmup_config(config)
+    path = write_config(warm, out / "config-warmup.yaml")
+    bus.create_topics(run_topics(warm.run, warm.policies, warm.bus.partitions))
+    steps = config.launch.warmup.steps
+    with console.status("producing SFT demonstrations"):
+        for p in config.policies:
+            produce_demonstrations(config, warm, p, out, bus)
+    sup.start([RoleSpec(f"warmup-{p}", cli("train", str(path), "--policy", p, "--out", str(out),
+                                           "--no-publish"),
+                        restart=config.launch.restart, terminal=True, env=role_env(config))
+               for p in config.policies])
+    col = Collector(bus, warm.run)
+    with Progress(console=console) as progress:
+        task = progress.add_task("SFT warm-up", total=steps)
+        while sup.check():
+            col.poll(0.5)
+            progress.update(task, completed=col.trainer_step())
+        progress.update(task, completed=col.trainer_step())
+    col.close()
+    if sup.failed:
+        console.print(f"[red]warm-up failed: {', '.join(sup.failed)}[/]")
+        return None
+    data = config.model_dump()
+    for p in config.policies:
+        ck = newest_checkpoint(out / "checkpoints" / f"warmup-{p}")
+        if ck is None:
+            console.print(f"[red]warm-up of {p} left no checkpoint[/]")
+            return None
+        dest = export_model(ck, model_dir(config, p, out), out / "models" / f"{p}-warm")
+        data.setdefault("models", {})[p] = {"path": str(dest), "build": "none"}
+    console.print(f"SFT warm-up done: {steps} steps; RL starts from {out / 'models'}")
+    return ExperimentConfig.model_validate(data)
+
+
+def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, console: Any,
+              *, live: bool, started: float) -> int:
+    from rich.live import Live
+
+    from astraflow.run.accounting import account
+    from astraflow.run.collector import Collector
+    from astraflow.run.lag import run_lags
+    from astraflow.run.plots import plot_run, summary
+    from astraflow.run.view import render
+
+    path = write_config(config, out / "config-rl.yaml")
+    col = Collector(bus, config.run, jsonl=out / "metrics.jsonl")
+    sup.start(rl_roles(config, path, out))
+    timeout = config.launch.timeout_s
+    interrupted = False
+    last_summary = 0.0
+
+    def frame() -> Any:
+        return render(col, lags=run_lags(bus, config), title=f"{config.run} → {out}",
+                      processes=sup.states())
+
+    try:
+        with Live(frame(), console=console, refresh_per_second=2, transient=False) if live \
+                else _Null() as view:
+            while True:
+                alive = sup.check()
+                col.poll(0.3)
+                if time.monotonic() - last_summary > 5:
+                    col.write_summary()
+                    last_summary = time.monotonic()
+                    view.update(frame())
+                if not alive:
+                    break
+                if timeout is not None and time.time() - started > timeout:
+                    console.print("[yellow]launch.timeout_s reached: stopping[/]")
+                    break
+            _await_final_eval(config, col, sup)
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print("[yellow]interrupted: stopping every role[/]")
+    codes = sup.stop()
+    col.poll(1.0)
+    col.write_summary()
+    col.close()
+    return _finish(config, out, bus, sup, console, codes, interrupted, account, plot_run,
+                   summary)
+
+
+def _await_final_eval(config: ExperimentConfig, col: Any, sup: Supervisor,
+                      timeout: float = 180.0) -> None:
+    """Let each evaluator score the final version before everything stops."""
+    if not config.launch.evaluate or sup.failed:
+        return
+    final = col.trainer_step()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        col.poll(0.5)
+        evs = col.by_role("evaluator")
+        if evs and all(e.metric.gauges.get("eval_step", -1) >= final for e in evs):
+            return
+        sup.check()
+
+
+def _finish(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, console: Any,
+            codes: dict[str, int | None], interrupted: bool, account: Any, plot_run: Any,
+            summary: Any) -> int:
+    from rich.table import Table
+
+    for p in config.policies:
+        ck = newest_checkpoint(out / "checkpoints" / f"trainer-{p}")
+        if ck is not None:
+            export_model(ck, model_dir(config, p, out), out / "final" / p)
+    metrics = out / "metrics.jsonl"
+    plots = plot_run(metrics, out / "plots") if metrics.exists() else []
+    result: dict[str, Any] = summary(metrics) if metrics.exists() else {}
+    result["accounting"] = account(bus, config)
+    result["roles"] = {n: {"exit": codes.get(n), "restarts": r.restarts,
+                           "exit_codes": r.exit_codes} for n, r in sup.roles.items()}
+    result["failed_roles"] = sup.failed
+    result["interrupted"] = interrupted
+    (out / "summary.json").write_text(json.dumps(result, indent=2))
+    table = Table(title=f"run {config.run}")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    for k in ("trainer_steps", "elapsed_s", "eval_first", "eval_last", "eval_best",
+              "episodes_per_s_mean", "wait_ratio_mean"):
+        table.add_row(k, str(result.get(k)))
+    for k, v in result["accounting"].items():
+        table.add_row(f"trajectories: {k}", str(v))
+    console.print(table)
+    console.print(f"run directory: {out}  (metrics.jsonl, logs/, plots/ {len(plots)} PNG, "
+                  f"final/, summary.json)")
+    return 1 if sup.failed else 0
+
+
+class _Null:
+    def __enter__(self) -> _Null:
+        return self
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+    def update(self, *_: object) -> None:
+        return None
