@@ -53,6 +53,8 @@ class WarmupConfig(Section):
     steps: int = pydantic.Field(0, ge=0, description="SFT steps before RL; 0: no warm-up")
     batch_size: int = pydantic.Field(256, ge=1, description="demonstrations per SFT step")
     lr: float = pydantic.Field(2e-3, gt=0, description="SFT learning rate")
+    grad_clip: float | None = pydantic.Field(None, gt=0,
+                                             description="SFT gradient-norm clip; null: off")
 
 
 class LaunchConfig(Section):
@@ -61,6 +63,8 @@ class LaunchConfig(Section):
     rollout_workers: int = pydantic.Field(2, ge=1, description="rollout processes")
     evaluate: bool = pydantic.Field(True, description="run the held-out evaluator")
     eval_problems: int = pydantic.Field(500, ge=1, description="held-out problems per eval")
+    eval_every: int = pydantic.Field(
+        10, ge=1, description="evaluate every N weight versions (and always the last one)")
     restart: bool = pydantic.Field(True, description="restart a role that dies")
     max_restarts: int = pydantic.Field(3, ge=0, description="restarts per role")
     stop_grace_s: float = pydantic.Field(30.0, gt=0,
@@ -68,8 +72,8 @@ class LaunchConfig(Section):
     threads_per_role: int | None = pydantic.Field(
         1, ge=1, description="OMP/MKL/torch threads per role process (many processes share "
                              "few cores); null: the libraries' defaults")
-    timeout_s: float | None = pydantic.Field(None, gt=0,
-                                             description="stop the run after this long")
+    timeout_s: float | None = pydantic.Field(
+        None, gt=0, description="stop the RL phase after this long (the warm-up not counted)")
     warmup: WarmupConfig = WarmupConfig()
 
 

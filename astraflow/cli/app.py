@@ -11,6 +11,7 @@ import typer
 
 from astraflow.cli import (
     broker,
+    config_cmd,
     demo,
     evaluate,
     inspect_cmd,
@@ -33,6 +34,7 @@ app = typer.Typer(
 )
 app.add_typer(broker.app, name="broker")
 app.add_typer(topics.app, name="topics")
+app.add_typer(config_cmd.app, name="config")
 app.add_typer(weights.app, name="weights")
 app.command("inspect")(inspect_cmd.inspect)
 app.command("run")(run.run)

@@ -41,7 +41,8 @@ def evaluate(
     ev = Evaluator(cfg, policy=name, out=out, bus=bus, limit=cfg.launch.eval_problems,
                    metrics=metrics)
     try:
-        ev.run(max_evals=max_evals, timeout=timeout, should_stop=lambda: stop)
+        ev.run(max_evals=max_evals, timeout=timeout, should_stop=lambda: stop,
+               every=cfg.launch.eval_every)
     finally:
         ev.syncer.close()
         metrics.close()

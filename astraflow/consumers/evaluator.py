@@ -112,19 +112,27 @@ class Evaluator:
         return float(self.reward(text, reference))
 
     def run(self, *, max_evals: int | None = None, timeout: float | None = None,
-            should_stop: Callable[[], bool] = lambda: False, initial: bool = True) -> None:
-        """Evaluate the initial weights (version -1 → reported as 0 unless a version exists),
-        then every newest version reached, until stopped."""
+            should_stop: Callable[[], bool] = lambda: False, initial: bool = True,
+            every: int = 1, idle_s: float = 2.0) -> None:
+        """Evaluate the initial weights (as version 0), then a version whenever ``every``
+        versions passed since the last evaluation — or when the newest version reached has
+        not been followed by another for ``idle_s`` seconds (so the final version of a run is
+        always evaluated) — until stopped."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if initial:
             self.evaluate(0)
-        last = 0
+        last = newest = 0
+        newest_at = time.monotonic()
         while not should_stop() and (max_evals is None or len(self.results) < max_evals):
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            version = self.syncer.sync_once(timeout=1.0)
-            if version is not None and version > last:
-                last = version
-                self.evaluate(version)
+            version = self.syncer.sync_once(timeout=0.5)
+            if version is not None and version > newest:
+                newest, newest_at = version, time.monotonic()
+            due = newest - last >= every or (
+                newest > last and time.monotonic() - newest_at >= idle_s)
+            if due:
+                last = newest
+                self.evaluate(newest)
             elif self.metrics is not None:
                 self.metrics.tick()

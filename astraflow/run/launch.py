@@ -58,7 +58,7 @@ def warmup_config(config: ExperimentConfig) -> ExperimentConfig:
     data = config.model_dump()
     data["run"] = f"{config.run}-warmup"
     t = data["trainer"]
-    t.update(mode="sft", max_steps=w.steps, checkpoint_every=w.steps,
+    t.update(mode="sft", max_steps=w.steps, checkpoint_every=w.steps, grad_clip=w.grad_clip,
              checkpoint_dir="{out}/checkpoints/warmup-{policy}", publish_initial=False)
     t["optimizer"]["lr"] = w.lr
     t["optimizer"]["warmup_steps"] = 0

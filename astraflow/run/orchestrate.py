@@ -62,14 +62,13 @@ def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
     sup = Supervisor(out, max_restarts=config.launch.max_restarts,
                      grace_s=config.launch.stop_grace_s,
                      on_event=lambda msg: console.print(f"[yellow]{msg}[/]", highlight=False))
-    started = time.time()
     try:
         rl = config
         if config.launch.warmup.steps > 0:
             rl = _warmup(config, out, bus, sup, console)
             if rl is None:
                 return 1
-        code = _rl_phase(rl, out, bus, sup, console, live=live, started=started)
+        code = _rl_phase(rl, out, bus, sup, console, live=live, started=time.time())
     finally:
         bus.close()
     return code
@@ -150,7 +149,7 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
                 if not alive:
                     break
                 if timeout is not None and time.time() - started > timeout:
-                    console.print("[yellow]launch.timeout_s reached: stopping[/]")
+                    console.print("[yellow]launch.timeout_s of RL reached: stopping[/]")
                     break
             _await_final_eval(config, col, sup)
     except KeyboardInterrupt:

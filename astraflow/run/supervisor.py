@@ -8,6 +8,7 @@ launcher with a pulse: what a user would otherwise do by hand in six terminals.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -112,6 +113,14 @@ class Supervisor:
             rp = RoleProcess(spec, self.out / "logs" / f"{spec.name}.log")
             self.roles[spec.name] = rp
             rp.start(self.env)
+        self._write_pids()
+
+    def _write_pids(self) -> None:
+        """``processes.json`` in the run directory: role → pid, for operators and tests."""
+        pids = {n: r.proc.pid for n, r in self.roles.items() if r.proc is not None}
+        tmp = self.out / ".processes.json.tmp"
+        tmp.write_text(json.dumps(pids))
+        tmp.replace(self.out / "processes.json")
 
     def check(self) -> bool:
         """Look at every process once: restart dead ones by their rule. True while the phase
@@ -131,6 +140,7 @@ class Supervisor:
                 self.event(f"role {r.spec.name} died (exit {rc}); restarting "
                            f"({r.restarts}/{self.max_restarts}). Log tail:\n{tail}")
                 r.start(self.env)
+                self._write_pids()
             else:
                 self.failed.append(r.spec.name)
                 self.event(f"role {r.spec.name} died (exit {rc}) and is not restarted. "

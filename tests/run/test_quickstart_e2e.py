@@ -1,0 +1,102 @@
+"""The main job end to end, through the real CLI: `astraflow run examples/quickstart.yaml`
+with a reduced budget, on the embedded bus (a rollout process SIGKILLed midway) and on Kafka."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+# Reduced budget: a shorter warm-up and fewer RL steps than the README's run.
+BUDGET = ["launch.warmup.steps=250", "trainer.max_steps=120", "launch.eval_every=20",
+          "launch.timeout_s=400"]
+
+
+def start_run(out: Path, *extra: str) -> subprocess.Popen[str]:
+    sets = [a for s in BUDGET for a in ("--set", s)]
+    return subprocess.Popen(
+        [sys.executable, "-m", "astraflow.cli.app", "run", str(QUICKSTART), "--out", str(out),
+         "--no-live", *sets, *extra], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+
+
+def trainer_step(out: Path) -> int:
+    step = 0
+    path = out / "metrics.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if str(row.get("source", "")).startswith("trainer"):
+                step = max(step, int(row["step"]))
+    return step
+
+
+def check_run(out: Path, rc: int, output: str) -> dict:
+    assert rc == 0, output[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed_roles"] == [], summary["roles"]
+    assert summary["trainer_steps"] == 120
+    acc = summary["accounting"]
+    assert acc["unaccounted"] == 0 and acc["trained_twice"] == 0, acc
+    assert acc["trained"] == 120 * 32 * 8  # every trained batch: 32 groups × 8 trajectories
+    assert acc["produced"] == sum(v for k, v in acc.items()
+                                  if k not in ("produced", "unaccounted", "trained_twice"))
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all("time" in r and "step" in r for r in rows)
+    evals = [r for r in rows if "eval_accuracy" in r]
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == 120
+    assert {p.name for p in (out / "plots").glob("*.png")} >= {
+        "reward_accuracy_vs_step.png", "reward_accuracy_vs_elapsed.png", "throughput.png",
+        "wait_ratio.png"}
+    assert (out / "final" / "default" / "model.safetensors").exists()
+    assert (out / "config.yaml").exists() and (out / "logs" / "trainer-default.log").exists()
+    return summary
+
+
+def learned(summary: dict, out: Path) -> None:
+    """Held-out accuracy at the end clearly above the start (mean of the last two evaluations
+    against the first, to steady a 500-problem estimate)."""
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
+    assert sum(evals[-2:]) / 2 >= evals[0] + 0.05, evals
+
+
+@pytest.mark.slow
+def test_quickstart_learns_and_survives_a_killed_rollout_process(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = start_run(out)
+    killed = None
+    deadline = time.monotonic() + 900
+    while proc.poll() is None and time.monotonic() < deadline:
+        if killed is None and trainer_step(out) >= 30:
+            pids = json.loads((out / "processes.json").read_text())
+            killed = pids["rollout-0"]
+            os.kill(killed, signal.SIGKILL)
+        time.sleep(0.5)
+    output = proc.communicate(timeout=60)[0]
+    assert killed is not None, "the run ended before the kill"
+    summary = check_run(out, proc.returncode, output)
+    rollout0 = summary["roles"]["rollout-0"]
+    assert rollout0["restarts"] >= 1 and -signal.SIGKILL in rollout0["exit_codes"], rollout0
+    assert "role rollout-0 died (exit -9); restarting" in output
+    learned(summary, out)
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+def test_the_same_experiment_on_kafka(tmp_path: Path, kafka_bootstrap: str) -> None:
+    out = tmp_path / "run"
+    proc = start_run(out, "--bus", f"kafka://{kafka_bootstrap}",
+                     "--set", f"run=qs{os.getpid()}")  # a fresh run (topics) on the shared broker
+    output = proc.communicate(timeout=900)[0]
+    summary = check_run(out, proc.returncode, output)
+    assert all(r["restarts"] == 0 for r in summary["roles"].values()), summary["roles"]
+    learned(summary, out)
