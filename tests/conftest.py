@@ -16,6 +16,17 @@ from astraflow.core.broker import LocalBroker
 from astraflow.core.errors import BrokerError
 
 EXTERNAL_KAFKA_ENV = "ASTRAFLOW_KAFKA_BOOTSTRAP"
+BACKENDS = ["embedded", pytest.param("kafka", marks=pytest.mark.kafka)]
+
+
+@pytest.fixture(params=BACKENDS)
+def bus_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A bus URL of each backend (the parametrized fixture of the backend-invariant tests);
+    the Kafka one points at the session's real broker."""
+    if request.param == "embedded":
+        return f"embedded://{tmp_path_factory.mktemp('bus')}/bus.db"
+    bootstrap = request.getfixturevalue("kafka_bootstrap")
+    return f"kafka://{bootstrap}"
 
 
 @pytest.fixture(scope="session")

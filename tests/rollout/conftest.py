@@ -9,17 +9,6 @@ import pytest
 
 from astraflow.core.bus import Bus, connect
 
-BACKENDS = ["embedded", pytest.param("kafka", marks=pytest.mark.kafka)]
-
-
-@pytest.fixture(params=BACKENDS)
-def bus_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A bus URL of each backend; the Kafka one points at the session's real broker."""
-    if request.param == "embedded":
-        return f"embedded://{tmp_path_factory.mktemp('bus')}/bus.db"
-    bootstrap = request.getfixturevalue("kafka_bootstrap")
-    return f"kafka://{bootstrap}"
-
 
 @pytest.fixture
 def bus(tmp_path: Path) -> Iterator[Bus]:

@@ -19,14 +19,6 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save(build_model(tok, seed=0), tok, tmp_path_factory.mktemp("tiny") / "model")
 
 
-@pytest.fixture(params=["embedded", pytest.param("kafka", marks=pytest.mark.kafka)])
-def bus_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A bus URL of each backend; the Kafka one points at the session's real broker."""
-    if request.param == "embedded":
-        return f"embedded://{tmp_path}/bus.db"
-    return f"kafka://{request.getfixturevalue('kafka_bootstrap')}"
-
-
 @pytest.fixture
 def experiment(tmp_path: Path, tiny_dir: Path) -> Callable[..., Any]:
     """``experiment(trainer={...}, url=...)``: an ExperimentConfig with the tiny model, a
