@@ -42,11 +42,14 @@ def top(
     try:
         if once:
             collector.poll(2.0)
+            while collector.poll(0.5):  # read the whole history, then show where it ended
+                pass
             console.print(render(collector, lags=run_lags(b, cfg), title=cfg.run))
             return
         with Live(render(collector, title=cfg.run), console=console, refresh_per_second=2) as live:
             while True:
-                collector.poll(0.5)
+                while collector.poll(0.5) >= 1000:  # catching up on history: keep reading
+                    pass
                 live.update(render(collector, lags=run_lags(b, cfg), title=cfg.run))
                 time.sleep(0.5)
     except KeyboardInterrupt:
