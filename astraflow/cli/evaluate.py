@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -22,31 +21,28 @@ def evaluate(
 ) -> None:
     """Follow weights.<policy>; for each version reached, decode the held-out problems
     greedily and report eval_accuracy on the metrics topic. SIGTERM stops it."""
-    from astraflow.config import load_experiment, open_bus
+    from astraflow.cli.common import load_config, role_run
+    from astraflow.config import open_bus
     from astraflow.consumers.evaluator import Evaluator
     from astraflow.core.metrics import MetricsEmitter
 
-    cfg = load_experiment(config, overrides or [])
+    cfg = load_config(config, overrides)
     name = policy or cfg.policies[0]
-    stop = False
-
-    def on_signal(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    bus = open_bus(cfg, out)
-    metrics = MetricsEmitter(bus, run=cfg.run, role="evaluator", component=f"evaluator-{name}")
-    ev = Evaluator(cfg, policy=name, out=out, bus=bus, limit=cfg.launch.eval_problems,
-                   metrics=metrics)
-    try:
-        ev.run(max_evals=max_evals, timeout=timeout, should_stop=lambda: stop,
-               every=cfg.launch.eval_every)
-    finally:
-        ev.syncer.close()
-        metrics.close()
-        bus.close()
+    with role_run() as should_stop:
+        bus = open_bus(cfg, out)
+        metrics = MetricsEmitter(bus, run=cfg.run, role="evaluator",
+                                 component=f"evaluator-{name}")
+        try:
+            ev = Evaluator(cfg, policy=name, out=out, bus=bus, limit=cfg.launch.eval_problems,
+                           metrics=metrics)
+            try:
+                ev.run(max_evals=max_evals, timeout=timeout, should_stop=should_stop,
+                       every=cfg.launch.eval_every)
+            finally:
+                ev.syncer.close()
+        finally:
+            metrics.close()
+            bus.close()
     for r in ev.results:
         typer.echo(f"version {r.version}: accuracy {r.accuracy:.4f} ({r.n} problems, "
                    f"{r.seconds:.1f}s)")

@@ -6,7 +6,6 @@ Mounted in the main app as ``app.command("policy")(policy.policy)``; also runnab
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -34,33 +33,16 @@ def policy(
 ) -> None:
     """Run one policy stage: consume, apply its chain of policies, produce, checkpoint and
     commit, until stopped (SIGTERM/SIGINT finish the current cycle first)."""
-    from astraflow.cli.common import fail
-    from astraflow.config import load_experiment
-    from astraflow.core.errors import AstraflowError, ConfigError
+    from astraflow.cli.common import fail, load_config, role_run
     from astraflow.policies.stage import run_stage
 
     if stage not in STAGES:
         raise fail(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
-    try:
-        cfg = load_experiment(config, overrides or [])
-    except ConfigError as e:
-        raise fail(str(e)) from None
-    stop = False
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    cfg = load_config(config, overrides)
+    with role_run() as should_stop:
         counters = run_stage(cfg, stage, policy=policy_name, out=out,
                              max_records=max_records, timeout=timeout,
-                             should_stop=lambda: stop)
-    except AstraflowError as e:
-        raise fail(str(e)) from None
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+                             should_stop=should_stop)
     typer.echo(" ".join(f"{k}={v:g}" for k, v in counters.items()))
 
 

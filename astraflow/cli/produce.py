@@ -6,7 +6,6 @@ Mounted in the main app as ``app.command("produce")(produce.produce)``; also run
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -25,29 +24,12 @@ def produce(
     """Read the configured dataset (JSONL, Parquet, or synthetic arithmetic) and produce one
     Task per row to `tasks.raw` (or `tasks`), n samples per task, one group id per (task,
     attempt). Re-running skips groups already on the topic."""
-    from astraflow.cli.common import fail
-    from astraflow.config import load_experiment
-    from astraflow.core.errors import AstraflowError, ConfigError
+    from astraflow.cli.common import load_config, role_run
     from astraflow.producers.producer import produce as run_produce
 
-    try:
-        cfg = load_experiment(config, overrides or [])
-    except ConfigError as e:
-        raise fail(str(e)) from None
-    stop = False
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        stats = run_produce(cfg, out, max_tasks=max_tasks, should_stop=lambda: stop)
-    except AstraflowError as e:
-        raise fail(str(e)) from None
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+    cfg = load_config(config, overrides)
+    with role_run() as should_stop:
+        stats = run_produce(cfg, out, max_tasks=max_tasks, should_stop=should_stop)
     typer.echo(f"produced={stats.produced} skipped={stats.skipped} "
                f"topic={cfg.producer.topic} seconds={stats.seconds:.2f}")
 

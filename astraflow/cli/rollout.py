@@ -6,7 +6,6 @@ Mounted in the main app as ``app.command("rollout")(rollout.rollout)``; also run
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -30,30 +29,13 @@ def rollout(
     """Run a rollout worker: join the `rollout` group on `tasks`, run episodes, produce
     trajectories. SIGTERM/SIGINT: stop taking tasks, finish or release in-flight ones, commit,
     leave the group, exit 0."""
-    from astraflow.cli.common import fail
-    from astraflow.config import load_experiment
+    from astraflow.cli.common import load_config, role_run
     from astraflow.consumers.rollout.service import run_worker
-    from astraflow.core.errors import AstraflowError, ConfigError
 
-    try:
-        cfg = load_experiment(config, overrides or [])
-    except ConfigError as e:
-        raise fail(str(e)) from None
-    stop = False
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    cfg = load_config(config, overrides)
+    with role_run() as should_stop:
         stats = run_worker(cfg, out, max_tasks=max_tasks, timeout=timeout,
-                           should_stop=lambda: stop, worker_id=worker_id)
-    except AstraflowError as e:
-        raise fail(str(e)) from None
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+                           should_stop=should_stop, worker_id=worker_id)
     typer.echo(" ".join(f"{k}={v}" for k, v in stats.as_dict().items()))
 
 

@@ -7,7 +7,6 @@ torch loads inside the command.
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -35,52 +34,38 @@ def train(
     Ctrl-C finish the current step, checkpoint, commit and exit 0."""
     import logging
 
-    from astraflow.cli.common import fail
-    from astraflow.config import load_experiment, open_bus
-    from astraflow.core.errors import AstraflowError, ConfigError
+    from astraflow.cli.common import load_config, role_run
+    from astraflow.config import open_bus
 
-    try:
-        cfg = load_experiment(config, overrides or [])
-    except ConfigError as e:
-        raise fail(str(e)) from None
+    cfg = load_config(config, overrides)
     name = policy or cfg.policies[0]
     if max_steps is not None:
         cfg.trainer.max_steps = max_steps
-    stop = False
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     trainer = publisher = metrics = None
     bus = None
-    try:
-        from astraflow.consumers.trainer.build import build_publisher, build_trainer
-        from astraflow.core.metrics import MetricsEmitter
+    with role_run() as should_stop:
+        try:
+            from astraflow.consumers.trainer.build import build_publisher, build_trainer
+            from astraflow.core.metrics import MetricsEmitter
 
-        out.mkdir(parents=True, exist_ok=True)
-        bus = open_bus(cfg, out)
-        trainer = build_trainer(cfg, name, out, bus=bus)
-        if trainer.engine.rank == 0:  # data parallel: rank 0 alone talks to the bus
-            if publish:
-                trainer.publisher = publisher = build_publisher(cfg, name, out, bus)
-            trainer.metrics = metrics = MetricsEmitter(bus, run=cfg.run, role="trainer",
-                                                       interval=cfg.trainer.metrics_interval_s)
-        stats = trainer.run(timeout=timeout, should_stop=lambda: stop)
-    except AstraflowError as e:
-        raise fail(str(e)) from None
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-        if trainer is not None:
-            trainer.close()
-        if publisher is not None:
-            publisher.close()
-        if metrics is not None:
-            metrics.close()
-        if bus is not None:
-            bus.close()
+            out.mkdir(parents=True, exist_ok=True)
+            bus = open_bus(cfg, out)
+            trainer = build_trainer(cfg, name, out, bus=bus)
+            if trainer.engine.rank == 0:  # data parallel: rank 0 alone talks to the bus
+                if publish:
+                    trainer.publisher = publisher = build_publisher(cfg, name, out, bus)
+                trainer.metrics = metrics = MetricsEmitter(bus, run=cfg.run, role="trainer",
+                                                           interval=cfg.trainer.metrics_interval_s)
+            stats = trainer.run(timeout=timeout, should_stop=should_stop)
+        finally:
+            if trainer is not None:
+                trainer.close()
+            if publisher is not None:
+                publisher.close()
+            if metrics is not None:
+                metrics.close()
+            if bus is not None:
+                bus.close()
     logging.getLogger("astraflow.trainer").info("policy=%s done", name)
     typer.echo(f"policy={name} version={stats.version} steps={stats.steps} "
                f"duplicates={stats.duplicates} dead_lettered={stats.dead_lettered} "
