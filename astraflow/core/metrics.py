@@ -21,7 +21,8 @@ import uuid
 
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import BusError
-from astraflow.core.records import Metric, encode, schema_header
+from astraflow.core.records import Metric
+from astraflow.core.stream import Output, send
 from astraflow.core.topics import topic_name
 
 log = logging.getLogger("astraflow.metrics")
@@ -89,8 +90,7 @@ class MetricsEmitter:
                          counters=dict(self.counters), gauges=dict(self.gauges))
         self._last = time.monotonic()
         try:
-            self._producer.produce(self._topic, encode(rec), key=self.component.encode(),
-                                   headers=[schema_header(rec)])
+            send(self._producer, Output(self._topic, rec, self.component.encode()))
             self._producer.flush()
         except BusError as e:
             log.warning("metrics not emitted component=%s error=%s", self.component, e)

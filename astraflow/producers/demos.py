@@ -18,12 +18,11 @@ from astraflow.core.records import (
     Batch,
     Group,
     Trajectory,
-    encode,
     pack_f32,
     pack_i32,
     pack_u8,
-    schema_header,
 )
+from astraflow.core.stream import Output, send
 from astraflow.core.topics import topic_name
 from astraflow.producers.sources import TaskSpec
 
@@ -64,7 +63,7 @@ def produce_demos(bus: Bus, run: str, policy: str, batches: Iterator[Batch]) -> 
     producer = bus.producer(client_id=f"demos-{policy}")
     n = 0
     for b in batches:
-        producer.produce(topic, encode(b), key=policy.encode(), headers=[schema_header(b)])
+        send(producer, Output(topic, b, policy.encode()))
         n += 1
     producer.flush()
     producer.close()
