@@ -74,7 +74,18 @@ class LaunchConfig(Section):
                              "few cores); null: the libraries' defaults")
     timeout_s: float | None = pydantic.Field(
         None, gt=0, description="stop the RL phase after this long (the warm-up not counted)")
+    stop_at_accuracy: float | None = pydantic.Field(
+        None, gt=0, le=1, description="stop the RL phase once every evaluator has measured at "
+                                      "least this held-out accuracy (needs evaluate: true); "
+                                      "null: run to the step budget or timeout")
     warmup: WarmupConfig = WarmupConfig()
+
+    @pydantic.model_validator(mode="after")
+    def _stop_needs_eval(self) -> LaunchConfig:
+        if self.stop_at_accuracy is not None and not self.evaluate:
+            raise ValueError("stop_at_accuracy needs the evaluator: set evaluate: true or "
+                             "stop_at_accuracy: null")
+        return self
 
 
 class ExperimentConfig(Section):

@@ -420,8 +420,31 @@ def test_dashboard_shows_what_the_brief_asks_for() -> None:
     for needed in ("astraflow_version", "astraflow_steps_total", "astraflow_reward_mean",
                    "astraflow_eval_accuracy", "astraflow_episodes_total", "astraflow_tokens_total",
                    "astraflow_wait_ratio", "astraflow_inflight", "astraflow_failures_total",
-                   "astraflow_weight_version", "astraflow_dropped_total"):
+                   "astraflow_weight_version", "astraflow_staleness_dropped_stale_total"):
         assert needed in used, needed
+
+
+POLICY_MODULES = {"assembler": "assembler", "staleness": "filters", "dynamic_sampling": "filters",
+                  "gate": "gate", "greso": "greso", "replay": "replay", "batcher": "batcher"}
+
+
+def test_dashboard_policy_counters_are_ones_the_policies_count() -> None:
+    """A policy counter is exported as astraflow_<entry>_<key>_total from
+    ``bump(state.counts, "<key>")`` in the policy's module (or a key its docstring names, for
+    keys built with an f-string): the dashboard must name real keys (it once queried
+    astraflow_dropped_* names no policy counts)."""
+    used = {n for p in panels() for t in p.get("targets", []) for n in METRIC.findall(t["expr"])}
+    checked = 0
+    for name in used:
+        for entry, module in POLICY_MODULES.items():
+            prefix = f"astraflow_{entry}_"
+            if name.startswith(prefix) and name.endswith("_total"):
+                key = name[len(prefix):-len("_total")]
+                source = (ROOT / "astraflow" / "policies" / f"{module}.py").read_text()
+                assert f'"{key}"' in source or f"``{key}``" in source, \
+                    f"{name}: {module}.py counts no {key!r}"
+                checked += 1
+    assert checked >= 5
 
 
 def test_dashboard_counters_are_shown_as_rates() -> None:

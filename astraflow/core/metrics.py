@@ -60,6 +60,11 @@ class MetricsEmitter:
         with self._lock:
             self.counters[name] = self.counters.get(name, 0.0) + n
 
+    def set_total(self, name: str, total: float) -> None:
+        """Set a counter to ``total`` (for counts kept elsewhere, e.g. checkpointed state)."""
+        with self._lock:
+            self.counters[name] = float(total)
+
     def set(self, name: str, value: float) -> None:
         with self._lock:
             self.gauges[name] = float(value)

@@ -55,6 +55,7 @@ class Assembler:
     """See the module docstring for the rules."""
 
     name = "assembler"
+    levels = frozenset({"open"})  # current values (gauges), not counts
     consumes = Trajectory
     produces = TrajectoryGroup
 

@@ -18,7 +18,10 @@ name (a policy implements only those it needs):
 * ``tick(state, ctx) -> list`` — called every loop; emits what time or capacity released;
 * ``on_emitted(records, state, ctx)`` — the records that left the whole stage after a step;
 * ``ready(state) -> bool`` — False pauses the stage's main input (the gate's backpressure);
-* ``wants`` — side inputs needed besides weights: a subset of ``{"stats", "groups"}``.
+* ``wants`` — side inputs needed besides weights: a subset of ``{"stats", "groups"}``;
+* ``counters(state) -> dict`` — what the stage reports (default: ``state.counts``);
+* ``levels`` — names in ``counters`` that are current values (queue lengths, probabilities),
+  exported as gauges rather than counters.
 
 Every state has a ``counts: dict[str, int]`` of counters; counters are state, so they are
 checkpointed with it and a restarted processor never counts a record twice.

@@ -24,6 +24,7 @@ class BatcherState(msgspec.Struct, kw_only=True):
 
 class Batcher:
     name = "batcher"
+    levels = frozenset({"pending"})  # current values (gauges), not counts
     consumes = TrajectoryGroup
     produces = Batch
 

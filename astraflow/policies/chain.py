@@ -133,13 +133,24 @@ class Chain:
         return {w for p in self.policies for w in getattr(p, "wants", ())}
 
     def counters(self) -> dict[str, float]:
+        """Every policy's counters and levels as ``<entry>.<name>``."""
         out: dict[str, float] = {}
         for entry, p, state in zip(self.entries, self.policies, self.states, strict=True):
             hook = getattr(p, "counters", None)
             counts = hook(state) if hook is not None else getattr(state, "counts", {})
-            out.update({f"{p.name if ':' in entry else entry}.{k}": v
-                        for k, v in counts.items()})
+            out.update({f"{self._prefix(entry, p)}.{k}": v for k, v in counts.items()})
         return out
+
+    def levels(self) -> set[str]:
+        """The names in :meth:`counters` that are current values (a policy's ``levels``:
+        queue lengths, probabilities), exported as gauges rather than counters."""
+        return {f"{self._prefix(entry, p)}.{k}"
+                for entry, p in zip(self.entries, self.policies, strict=True)
+                for k in getattr(p, "levels", ())}
+
+    @staticmethod
+    def _prefix(entry: str, policy: Any) -> str:
+        return policy.name if ":" in entry else entry
 
     # ---------------------------------------------------------------- checkpoints
 

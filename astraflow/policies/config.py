@@ -228,8 +228,10 @@ class DataConfig(Section):
         "{out}/policies", description="where stage processors keep state checkpoints; {out} "
                                       "is the run directory")
     commit_interval_s: float = pydantic.Field(
-        1.0, gt=0, description="longest time between checkpoint + produce + commit cycles "
-                               "while input keeps arriving (an idle stage commits at once)")
+        0.2, gt=0, description="longest time between checkpoint + produce + commit cycles "
+                               "while input keeps arriving (an idle stage commits at once); "
+                               "outputs are produced only by a cycle, so this is the "
+                               "stage's added latency")
     poll_records: int = pydantic.Field(256, ge=1, description="records read per poll")
     session_timeout_s: float = pydantic.Field(10.0, gt=0,
                                               description="consumer-group session timeout")

@@ -46,6 +46,7 @@ class GateState(msgspec.Struct, kw_only=True):
 
 class Gate:
     name = "gate"
+    levels = frozenset({"waiting", "in_flight", "started"})  # current values (gauges), not counts
     consumes = Task
     produces = Task
     wants = frozenset({"stats", "groups"})

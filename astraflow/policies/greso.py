@@ -42,6 +42,7 @@ class GresoState(msgspec.Struct, kw_only=True):
 
 class Greso:
     name = "greso"
+    levels = frozenset({"streaks", "p_easy", "p_hard"})  # current values (gauges), not counts
     consumes = Task
     produces = Task
     wants = frozenset({"stats"})

@@ -47,6 +47,7 @@ def priority(g: TrajectoryGroup) -> float:
 
 class Replay:
     name = "replay"
+    levels = frozenset({"buffered"})  # current values (gauges), not counts
     consumes = TrajectoryGroup
     produces = TrajectoryGroup
 

@@ -444,8 +444,12 @@ class StageRunner:
         """Counters to the metrics topic (at the emitter's interval, or now)."""
         if self.metrics is None:
             return
+        levels = self.chain.levels() | {"runner.checkpoint_bytes"}
         for k, v in self.counters().items():
-            self.metrics.counters[k] = float(v)
+            if k in levels:
+                self.metrics.set(k, v)
+            else:
+                self.metrics.set_total(k, v)
         if force:
             self.metrics.emit()
         else:

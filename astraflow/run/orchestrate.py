@@ -151,6 +151,11 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
                 if timeout is not None and time.time() - started > timeout:
                     console.print("[yellow]launch.timeout_s of RL reached: stopping[/]")
                     break
+                if _reached(config, col):
+                    console.print(f"[green]held-out accuracy reached "
+                                  f"launch.stop_at_accuracy={config.launch.stop_at_accuracy}: "
+                                  "stopping[/]")
+                    break
             _await_final_eval(config, col, sup)
     except KeyboardInterrupt:
         interrupted = True
@@ -161,6 +166,16 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
     col.close()
     return _finish(config, out, bus, sup, console, codes, interrupted, account, plot_run,
                    summary)
+
+
+def _reached(config: ExperimentConfig, col: Any) -> bool:
+    """Has every evaluator measured at least ``launch.stop_at_accuracy``?"""
+    target = config.launch.stop_at_accuracy
+    if target is None or not config.launch.evaluate:
+        return False
+    evs = col.by_role("evaluator")
+    return len(evs) == len(config.policies) and all(
+        e.metric.gauges.get("eval_accuracy", -1.0) >= target for e in evs)
 
 
 def _await_final_eval(config: ExperimentConfig, col: Any, sup: Supervisor,
