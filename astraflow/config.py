@@ -111,7 +111,8 @@ def load_experiment(path: str | Path | None, overrides: Iterable[str] = ()) -> E
     return load(ExperimentConfig, path, overrides)
 
 
-def open_bus(config: ExperimentConfig, out: str | Path = ".") -> Bus:
+def open_bus(config: ExperimentConfig, out: str | Path = ".", *,
+             create_topics: bool = True) -> Bus:
     """Connect to the experiment's bus (``{out}`` in the URL is the run directory) and create
     every topic of the run (idempotent), so any role may start first."""
     from astraflow.core.bus import connect
@@ -119,7 +120,8 @@ def open_bus(config: ExperimentConfig, out: str | Path = ".") -> Bus:
 
     url = config.bus.url.replace("{out}", str(Path(out).resolve()))
     bus = connect(url, config=config.bus.options)
-    bus.create_topics(run_topics(config.run, config.policies, config.bus.partitions))
+    if create_topics:
+        bus.create_topics(run_topics(config.run, config.policies, config.bus.partitions))
     return bus
 
 

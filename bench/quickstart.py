@@ -3,7 +3,7 @@ the trainer's wait ratio, for 1 vs 2 rollout processes, embedded vs Kafka, again
 synchronous single-process baseline (bench/sync_loop.py: generate, then train, alternating)
 started from the same warm model in the same run.
 
-    python bench/quickstart.py                          # all five, threshold 0.40, 300 s each
+    python bench/quickstart.py                          # all five, threshold 0.45, 300 s each
     python bench/quickstart.py --only embedded-2 sync   # a subset
     python bench/quickstart.py --threshold 0.35 --seconds 240 --out runs/bench-quickstart
 
@@ -62,12 +62,12 @@ def time_to_threshold(rows: list[dict[str, Any]], threshold: float) -> float | N
 
 def run_pipeline(name: str, config: Path, out: Path, *, workers: int, bus: str,
                  threshold: float, seconds: float, warm: Path | None) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "astraflow", "run", str(config), "--out", str(out),
+    cmd = [sys.executable, "-m", "astraflow.cli.app", "run", str(config), "--out", str(out),
            "--no-live", "--set", f"launch.rollout_workers={workers}",
            "--set", f"launch.stop_at_accuracy={threshold}",
            "--set", f"launch.timeout_s={seconds}"]
-    if bus != "embedded":
-        cmd += ["--bus", bus]
+    if bus != "embedded":  # a run name of its own: the broker outlives each run
+        cmd += ["--bus", bus, "--set", f"run=bench-{name}-{os.getpid()}"]
     if warm is not None:
         cmd += ["--set", f"models.default.path={warm}", "--set", "models.default.build=none",
                 "--set", "launch.warmup.steps=0"]
@@ -111,12 +111,15 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, default=ROOT / "examples" / "quickstart.yaml")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-quickstart")
-    ap.add_argument("--threshold", type=float, default=0.40)
+    ap.add_argument("--threshold", type=float, default=0.45)
     ap.add_argument("--seconds", type=float, default=300.0, help="RL budget of each run")
     ap.add_argument("--every", type=int, default=10, help="baseline: evaluate every N steps")
     ap.add_argument("--only", nargs="*", default=None,
                     help=f"subset of {', '.join([*PIPELINES, 'sync'])}")
     ap.add_argument("--kafka", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--warm", type=Path, default=None,
+                    help="start every run from this earlier run directory's warm model "
+                         "(<dir>/models/default-warm) instead of warming up")
     args = ap.parse_args()
     names = args.only or [*PIPELINES, "sync"]
     if not args.kafka:
@@ -127,7 +130,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     broker = None
     results: list[dict[str, Any]] = []
-    warm_dir: Path | None = None  # the run whose warm model everything else starts from
+    warm_dir: Path | None = args.warm  # the run whose warm model everything starts from
     try:
         for name in [n for n in PIPELINES if n in names]:
             workers, bus = PIPELINES[name]

@@ -62,7 +62,7 @@ def warmup_config(config: ExperimentConfig) -> ExperimentConfig:
              checkpoint_dir="{out}/checkpoints/warmup-{policy}", publish_initial=False)
     t["optimizer"]["lr"] = w.lr
     t["optimizer"]["warmup_steps"] = 0
-    data["launch"]["evaluate"] = False
+    data["launch"].update(evaluate=False, stop_at_accuracy=None)
     return ExperimentConfig.model_validate(data)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from astraflow.config import ExperimentConfig, model_dir, open_bus
 from astraflow.core.errors import AstraflowError, BusError
+from astraflow.core.topics import run_topics
 from astraflow.run.launch import (
     export_model,
     newest_checkpoint,
@@ -34,7 +35,7 @@ def _prepare_out(out: Path, fresh: bool) -> None:
 
 def _connect(config: ExperimentConfig, out: Path) -> Any:
     try:
-        return open_bus(config, out)
+        return open_bus(config, out, create_topics=False)
     except BusError as e:
         if config.bus.url.startswith("kafka://"):
             java = shutil.which("java") and shutil.which("mvn")
@@ -44,6 +45,22 @@ def _connect(config: ExperimentConfig, out: Path) -> Any:
             raise AstraflowError(f"cannot use the Kafka bus {config.bus.url}: {e}. To run one "
                                  f"here, {hint}.") from e
         raise
+
+
+def _check_unused(config: ExperimentConfig, bus: Any) -> None:
+    """A fresh run needs fresh topics: a run name already used on this bus (e.g. a Kafka
+    broker that outlives the run directory) would mix the two runs' records and offsets."""
+    names = set(run_topics(config.run, config.policies))
+    if config.launch.warmup.steps > 0:
+        names |= set(run_topics(warmup_config(config).run, config.policies))
+    used = sorted(names & set(bus.list_topics()))
+    if used:
+        bus.close()
+        raise AstraflowError(
+            f"run {config.run!r} already has topics on {config.bus.url} ({', '.join(used[:3])}"
+            f"{', ...' if len(used) > 3 else ''}): a fresh run needs fresh topics. Choose "
+            f"another name with --set run=NAME, or continue that run with --no-fresh and its "
+            "run directory")
 
 
 def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
@@ -59,6 +76,9 @@ def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
             st.update(f"model of policy {p}")
             model_dir(config, p, out)
     bus = _connect(config, out)
+    if fresh:
+        _check_unused(config, bus)
+    bus.create_topics(run_topics(config.run, config.policies, config.bus.partitions))
     sup = Supervisor(out, max_restarts=config.launch.max_restarts,
                      grace_s=config.launch.stop_grace_s,
                      on_event=lambda msg: console.print(f"[yellow]{msg}[/]", highlight=False))
@@ -78,7 +98,6 @@ def _warmup(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor,
             console: Any) -> ExperimentConfig | None:
     from rich.progress import Progress
 
-    from astraflow.core.topics import run_topics
     from astraflow.run.collector import Collector
 
     warm = warmup_config(config)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from policy_helpers import task
+
 from astraflow.core.bus import connect
 from astraflow.core.metrics import MetricsEmitter
 from astraflow.core.records import Task
@@ -12,8 +14,6 @@ from astraflow.core.topics import run_topics
 from astraflow.policies.chain import Chain
 from astraflow.policies.gate import Gate
 from astraflow.policies.runner import StageRunner, StageTopics
-
-from policy_helpers import task
 
 
 def gate_chain() -> Chain:

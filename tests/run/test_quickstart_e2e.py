@@ -15,9 +15,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
-# Reduced budget: a shorter warm-up and fewer RL steps than the README's run.
-BUDGET = ["launch.warmup.steps=250", "trainer.max_steps=60", "launch.eval_every=20",
-          "launch.timeout_s=400"]
+# Reduced budget: the README's warm-up (400 SFT steps), then 100 RL steps instead of 5 minutes.
+STEPS = 100
+BUDGET = [f"trainer.max_steps={STEPS}", "launch.eval_every=20", "launch.timeout_s=400"]
 
 
 def start_run(out: Path, *extra: str) -> subprocess.Popen[str]:
@@ -43,16 +43,16 @@ def check_run(out: Path, rc: int, output: str) -> dict:
     assert rc == 0, output[-4000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["failed_roles"] == [], summary["roles"]
-    assert summary["trainer_steps"] == 60
+    assert summary["trainer_steps"] == STEPS
     acc = summary["accounting"]
     assert acc["unaccounted"] == 0 and acc["trained_twice"] == 0, acc
-    assert acc["trained"] == 60 * 64 * 8  # every trained batch: 64 groups × 8 trajectories
+    assert acc["trained"] == STEPS * 64 * 8  # every trained batch: 64 groups × 8 trajectories
     assert acc["produced"] == sum(v for k, v in acc.items()
                                   if k not in ("produced", "unaccounted", "trained_twice"))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert all("time" in r and "step" in r for r in rows)
     evals = [r for r in rows if "eval_accuracy" in r]
-    assert evals[0]["step"] == 0 and evals[-1]["step"] == 60
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == STEPS
     assert {p.name for p in (out / "plots").glob("*.png")} >= {
         "reward_accuracy_vs_step.png", "reward_accuracy_vs_elapsed.png", "throughput.png",
         "wait_ratio.png"}
@@ -62,12 +62,14 @@ def check_run(out: Path, rc: int, output: str) -> dict:
 
 
 def learned(summary: dict, out: Path) -> None:
-    """The SFT warm-up went through the bus and taught the model: held-out greedy accuracy of
-    the RL starting point (evaluated as version 0) is well above a random model's (0.0).
-    RL-phase improvement is not asserted at this budget (see the README's measured run)."""
+    """Both phases taught the model. The SFT warm-up: held-out greedy accuracy of the RL
+    starting point (version 0) is well above a random model's (0.0). RL: the mean of the last
+    two evaluations (versions 80 and 100) is at least 5 points above the start (measured here:
+    0.236 at version 0, 0.30–0.36 at 80–100; one evaluation alone can dip by ~0.1)."""
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
-    assert evals[0] >= 0.03, evals
+    assert evals[0] >= 0.1, evals
+    assert (evals[-1] + evals[-2]) / 2 >= evals[0] + 0.05, evals
 
 
 @pytest.mark.slow

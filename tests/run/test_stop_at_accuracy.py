@@ -51,3 +51,13 @@ def test_a_target_without_the_evaluator_is_refused() -> None:
         config(stop_at_accuracy=0.5, evaluate=False)
     with pytest.raises(Exception, match="stop_at_accuracy"):
         config(stop_at_accuracy=1.5)
+
+
+def test_the_warm_up_phase_drops_the_target() -> None:
+    """The SFT warm-up runs without an evaluator, so it cannot carry the RL phase's target."""
+    from astraflow.run.launch import warmup_config
+
+    cfg = ExperimentConfig.model_validate({"launch": {"stop_at_accuracy": 0.4,
+                                                      "warmup": {"steps": 10}}})
+    warm = warmup_config(cfg)
+    assert warm.launch.stop_at_accuracy is None and not warm.launch.evaluate
