@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from astraflow.core.bus.types import Bus, Consumer, Message, Producer
-from astraflow.core.errors import CommitError, SchemaError
+from astraflow.core.bus.types import Bus, Consumer, Message, Producer, RebalanceCallback
+from astraflow.core.errors import BusError, CommitError, SchemaError
 from astraflow.core.records import DeadLetter, Record, decode, encode, schema_header
 
 log = logging.getLogger("astraflow.stream")
@@ -53,6 +53,47 @@ def dead_letter(msg: Message, error: BaseException, *, group: str = "", componen
         key=msg.key, value=msg.value, headers=list(msg.headers),
         error=str(error), error_type=type(error).__name__, group=group, component=component,
     )
+
+
+def resume_consumer(bus: Bus, group: str, topics: Sequence[str],
+                    offsets: Callable[[], Mapping[tuple[str, int], int]], *,
+                    client_id: str = "", session_timeout: float = 10.0,
+                    on_revoke: RebalanceCallback | None = None, label: str = "") -> Consumer:
+    """Join ``group`` and seek every partition it is assigned (at the join or at any later
+    rebalance) to ``offsets()[partition]`` where one is known: for a processor whose
+    checkpoint, not the group's committed offsets, says where reading resumes. Partitions
+    assigned while the consumer is being constructed (the embedded bus does that) are sought
+    once it exists. A seek that fails is logged; the caller must still skip records before
+    its offset."""
+    holder: list[Consumer] = []
+    deferred: list[tuple[str, int]] = []
+
+    def seek(consumer: Consumer, tp: tuple[str, int]) -> None:
+        offset = offsets().get(tp)
+        if offset is None:
+            return
+        try:
+            consumer.seek(tp[0], tp[1], offset)
+        except BusError as e:
+            log.warning("%scould not seek %s[%d] to %d (%s); skipping records before it",
+                        label, tp[0], tp[1], offset, e)
+
+    def on_assign(pairs: list[tuple[str, int]]) -> None:
+        if not holder:
+            deferred.extend(pairs)
+            return
+        for tp in pairs:
+            seek(holder[0], tp)
+
+    consumer = bus.consumer(group, list(topics), client_id=client_id,
+                            session_timeout=session_timeout, on_assign=on_assign,
+                            on_revoke=on_revoke)
+    holder.append(consumer)
+    owned = set(consumer.assignment())
+    for tp in deferred:
+        if tp in owned:
+            seek(consumer, tp)
+    return consumer
 
 
 @dataclass

@@ -35,7 +35,7 @@ from typing import Any
 import msgspec
 
 from astraflow.core.bus.types import Bus, Consumer, Message
-from astraflow.core.errors import BusError, CommitError, SchemaError
+from astraflow.core.errors import CommitError, SchemaError
 from astraflow.core.records import (
     GroupStats,
     Record,
@@ -47,7 +47,7 @@ from astraflow.core.records import (
     encode,
     schema_header,
 )
-from astraflow.core.stream import dead_letter
+from astraflow.core.stream import dead_letter, resume_consumer
 from astraflow.core.topics import topic_def, topic_name
 from astraflow.policies import checkpoint as ckpt_io
 from astraflow.policies.base import GroupRef, PolicyError
@@ -168,6 +168,8 @@ class StageRunner:
         self._faults = _Faults(os.environ.get(FAULT_ENV))
         self._closing = False
         self.stats: dict[str, float] = {}
+        # counters() names that are current values: reported as gauges
+        self._levels = chain.levels() | {"runner.checkpoint_bytes"}
 
     # -------------------------------------------------------------------- counters
 
@@ -203,40 +205,17 @@ class StageRunner:
 
     # -------------------------------------------------------------------- consumers
 
-    def _seek(self, consumer: Consumer, tp: tuple[str, int]) -> None:
-        try:
-            consumer.seek(tp[0], tp[1], self.offsets[tp])
-        except BusError as e:  # records before the offset are skipped anyway
-            log.warning("stage=%s could not seek %s[%d] to %d (%s); skipping records up to it",
-                        self.stage, tp[0], tp[1], self.offsets[tp], e)
-
     def _consumer(self, group: str, topics: list[str]) -> Consumer:
-        holder: list[Consumer] = []
-        deferred: list[tuple[str, int]] = []
-
-        def on_assign(pairs: list[tuple[str, int]]) -> None:
-            todo = [tp for tp in pairs if tp in self.offsets]
-            if not holder:  # assigned while being constructed (embedded bus)
-                deferred.extend(todo)
-                return
-            for tp in todo:
-                self._seek(holder[0], tp)
-
         def on_revoke(pairs: list[tuple[str, int]]) -> None:
             if self._closing:
                 return
             log.warning("stage=%s group=%s lost %s: a stage processor is a singleton; if "
                         "another instance runs, stop it", self.stage, group, pairs)
 
-        c = self.bus.consumer(group, topics, client_id=self.component,
-                              session_timeout=self.session_timeout, on_assign=on_assign,
-                              on_revoke=on_revoke)
-        holder.append(c)
-        owned = set(c.assignment())
-        for tp in deferred:
-            if tp in owned:
-                self._seek(c, tp)
-        return c
+        # Records before a partition's offset are skipped by _fresh where a seek fails.
+        return resume_consumer(self.bus, group, topics, lambda: self.offsets,
+                               client_id=self.component, session_timeout=self.session_timeout,
+                               on_revoke=on_revoke, label=f"stage={self.stage} ")
 
     def _fresh(self, msg: Message) -> bool:
         """False for a record the state already reflects; notes the offset otherwise."""
@@ -444,9 +423,8 @@ class StageRunner:
         """Counters to the metrics topic (at the emitter's interval, or now)."""
         if self.metrics is None:
             return
-        levels = self.chain.levels() | {"runner.checkpoint_bytes"}
         for k, v in self.counters().items():
-            if k in levels:
+            if k in self._levels:
                 self.metrics.set(k, v)
             else:
                 self.metrics.set_total(k, v)

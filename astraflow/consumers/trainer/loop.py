@@ -37,7 +37,7 @@ from astraflow.core.bus.types import Bus, Consumer, Message
 from astraflow.core.errors import AstraflowError, BusError, SchemaError
 from astraflow.core.metrics import MetricsEmitter
 from astraflow.core.records import Batch, decode
-from astraflow.core.stream import Output, dead_letter, send
+from astraflow.core.stream import Output, dead_letter, resume_consumer, send
 from astraflow.core.topics import topic_name
 
 log = logging.getLogger("astraflow.trainer")
@@ -160,34 +160,10 @@ class Trainer:
                  self.version, state is not None, self.offsets)
 
     def _join(self) -> Consumer:
-        holder: list[Consumer] = []
-        deferred: list[TP] = []
-
-        def on_assign(pairs: list[TP]) -> None:
-            if not holder:  # assigned while the consumer is being constructed
-                deferred.extend(pairs)
-                return
-            for tp in pairs:
-                self._seek(holder[0], tp)
-
-        consumer = self.bus.consumer(self.group, [self.topic], client_id=self.component,
-                                     session_timeout=self.session_timeout,
-                                     on_assign=on_assign)
-        holder.append(consumer)
-        owned = set(consumer.assignment())
-        for tp in deferred:
-            if tp in owned:
-                self._seek(consumer, tp)
-        return consumer
-
-    def _seek(self, consumer: Consumer, tp: TP) -> None:
-        if tp not in self.offsets:
-            return
-        try:
-            consumer.seek(tp[0], tp[1], self.offsets[tp])
-        except BusError as e:  # the offset guard in _accept still skips what came before
-            log.warning("could not seek %s[%d] to %d (%s); skipping records before it",
-                        tp[0], tp[1], self.offsets[tp], e)
+        # The offset guard in _accept skips what came before where a seek fails.
+        return resume_consumer(self.bus, self.group, [self.topic], lambda: self.offsets,
+                               client_id=self.component, session_timeout=self.session_timeout,
+                               label=f"trainer policy={self.policy} ")
 
     def close(self) -> None:
         """Flush the publisher, leave the group, close files; rank 0 tells the other ranks
