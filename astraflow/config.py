@@ -116,13 +116,19 @@ def open_bus(config: ExperimentConfig, out: str | Path = ".", *,
     """Connect to the experiment's bus (``{out}`` in the URL is the run directory) and create
     every topic of the run (idempotent), so any role may start first."""
     from astraflow.core.bus import connect
-    from astraflow.core.topics import run_topics
 
     url = config.bus.url.replace("{out}", str(Path(out).resolve()))
     bus = connect(url, config=config.bus.options)
     if create_topics:
-        bus.create_topics(run_topics(config.run, config.policies, config.bus.partitions))
+        create_run_topics(config, bus)
     return bus
+
+
+def create_run_topics(config: ExperimentConfig, bus: Bus) -> None:
+    """Create every topic of the experiment's run (idempotent)."""
+    from astraflow.core.topics import run_topics
+
+    bus.create_topics(run_topics(config.run, config.policies, config.bus.partitions))
 
 
 def model_dir(config: ExperimentConfig, policy: str, out: str | Path = ".") -> Path:

@@ -170,9 +170,10 @@ def main() -> int:
           f"each, from the same warm model")
     print(f"{'run':<12}{'to threshold s':>16}{'wait ratio':>12}{'episodes/s':>12}"
           f"{'steps':>8}{'first':>8}{'best':>8}{'advantage':>11}")
+    def f(v: Any, spec: str = ".2f") -> str:
+        return "-" if v is None else format(v, spec)
+
     for r in results:
-        def f(v: Any, spec: str = ".2f") -> str:
-            return "-" if v is None else format(v, spec)
         print(f"{r['name']:<12}{f(r['time_to_threshold_s'], '.1f'):>16}"
               f"{f(r['wait_ratio']):>12}{f(r['episodes_per_s'], '.0f'):>12}"
               f"{f(r['steps'], '.0f'):>8}{f(r['eval_first'], '.3f'):>8}"

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from astraflow.config import ExperimentConfig, model_dir, open_bus
+from astraflow.config import ExperimentConfig, create_run_topics, model_dir, open_bus
 from astraflow.core.errors import AstraflowError, BusError
 from astraflow.core.topics import run_topics
 from astraflow.run.launch import (
@@ -78,7 +78,7 @@ def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
     bus = _connect(config, out)
     if fresh:
         _check_unused(config, bus)
-    bus.create_topics(run_topics(config.run, config.policies, config.bus.partitions))
+    create_run_topics(config, bus)
     sup = Supervisor(out, max_restarts=config.launch.max_restarts,
                      grace_s=config.launch.stop_grace_s,
                      on_event=lambda msg: console.print(f"[yellow]{msg}[/]", highlight=False))
@@ -102,7 +102,7 @@ def _warmup(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor,
 
     warm = warmup_config(config)
     path = write_config(warm, out / "config-warmup.yaml")
-    bus.create_topics(run_topics(warm.run, warm.policies, warm.bus.partitions))
+    create_run_topics(warm, bus)
     steps = config.launch.warmup.steps
     with console.status("producing SFT demonstrations"):
         for p in config.policies:
