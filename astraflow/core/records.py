@@ -174,6 +174,12 @@ class GroupStats(Record, tag="GroupStats", kw_only=True):
     reward_std: float
     zero_variance: Literal["easy", "hard", "none"]
     version: int  # trainer version of the newest token in the group
+    # Whether the group left the post-rollout stage for groups.<policy>: False when the
+    # assembler (incomplete) or a later post-rollout policy (staleness, dynamic sampling)
+    # dropped it. Written by the post-rollout stage; read by the gate, which accounts a group
+    # from this one record. Absent (records from before this field): taken as kept, the safe
+    # reading for the gate (the group keeps its slot, so the staleness bound still holds).
+    kept: bool = True
 
 
 class Group(msgspec.Struct, kw_only=True):

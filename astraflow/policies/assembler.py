@@ -17,7 +17,9 @@ The incomplete-group rule:
   ``min(min_group_size, n)`` of them; otherwise the group is dropped and counted
   (``dropped_incomplete``);
 * every closed group, kept or dropped, emits one GroupStats over its usable trajectories
-  (``n`` = how many), so the gate sees every released task come back;
+  (``n`` = how many), so the gate sees every released task come back; its ``kept`` says
+  whether the group left the stage (False when dropped here, or by a later post-rollout
+  policy in the same step: the chain settles it, see :mod:`astraflow.policies.chain`);
 * a trajectory id seen before (at-least-once redelivery) is dropped (``duplicate``), and one
   for a group already closed is dropped (``late``).
 
@@ -127,9 +129,10 @@ class Assembler:
         oldest, newest = token_versions(usable)
         stats = GroupStats(task_id=g.task_id, group_id=g.group_id, policy=g.policy, n=st.n,
                            reward_mean=st.mean, reward_std=st.std,
-                           zero_variance=st.zero_variance, version=newest)
+                           zero_variance=st.zero_variance, version=newest, kept=True)
         if st.n == 0 or st.n < min(self.min_group_size, g.expected):
             bump(state.counts, "dropped_incomplete")
+            stats.kept = False
             return [stats]
         bump(state.counts, "groups")
         if st.n < g.expected:

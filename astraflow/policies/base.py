@@ -13,7 +13,8 @@ the chain), ``init_state()`` and ``process(record, state, ctx)``. Optional hooks
 name (a policy implements only those it needs):
 
 * ``on_stats(stats, state, ctx)`` — a GroupStats from the ``stats`` topic (GRESO, the gate);
-* ``on_group(ref, state, ctx)`` — a group accepted onto ``groups.<primary>`` (the gate);
+* ``on_group(ref, state, ctx)`` — a group accepted onto ``groups.<primary>`` (no built-in
+  policy needs it: the gate reads ``GroupStats.kept``);
 * ``on_version(policy, old, new, state, ctx)`` — the trainer published a newer version;
 * ``tick(state, ctx) -> list`` — called every loop; emits what time or capacity released;
 * ``on_emitted(records, state, ctx)`` — the records that left the whole stage after a step;
@@ -21,7 +22,11 @@ name (a policy implements only those it needs):
 * ``wants`` — side inputs needed besides weights: a subset of ``{"stats", "groups"}``;
 * ``counters(state) -> dict`` — what the stage reports (default: ``state.counts``);
 * ``levels`` — names in ``counters`` that are current values (queue lengths, probabilities),
-  exported as gauges rather than counters.
+  exported as gauges rather than counters;
+* ``holds_groups`` — True for a ``TrajectoryGroup`` policy that keeps a group past the step
+  it got it in (to release it from ``tick``). Otherwise a group that ``process`` does not
+  return (with the same group id) is taken as dropped, and in ``post_rollout`` its
+  GroupStats says ``kept=False``, which frees its slot in the gate.
 
 Every state has a ``counts: dict[str, int]`` of counters; counters are state, so they are
 checkpointed with it and a restarted processor never counts a record twice.

@@ -6,6 +6,13 @@ is a side output and leaves the stage at once. Records released by a policy's ``
 continue from the policy after it. After every step, the records that left the end of the
 chain are reported to every policy's ``on_emitted`` (the gate counts releases there).
 
+A ``GroupStats`` side output says whether its group was kept (``GroupStats.kept``). The
+policy that writes it (the assembler) knows only its own decision, so the chain settles the
+field at the end of the step: a group that a later policy dropped in the same step (staleness,
+dynamic sampling: ``process`` returned no group with its group id) gets ``kept=False``. A
+policy that holds groups to release them in a later step declares ``holds_groups = True``;
+a group it takes counts as kept (the gate's safe reading: the group keeps its slot).
+
 The chain also owns the stage's :class:`~astraflow.policies.base.Context` (trainer versions,
 time, seed) and turns side inputs into hook calls. ``snapshot``/``restore`` move every
 policy's state to and from msgpack bytes for checkpoints.
@@ -37,19 +44,36 @@ class Chain:
 
     # ------------------------------------------------------------------ main flow
 
-    def _run(self, start: int, flow: list[Record]) -> tuple[list[Record], list[Record]]:
+    def _run(self, start: int, flow: list[Record], dropped: set[tuple[str, str]]
+             ) -> tuple[list[Record], list[Record]]:
+        """Run ``flow`` through the policies from ``start`` on; (main flow out, side outputs).
+        Adds to ``dropped`` the (policy, group id) of each group a policy dropped."""
         side: list[Record] = []
         for i in range(start, len(self.policies)):
             if not flow:
                 break
             p, state = self.policies[i], self.states[i]
+            holds = getattr(p, "holds_groups", False)
             nxt: list[Record] = []
             for r in flow:
                 main, extra = split(p.process(r, state, self.ctx), p.produces)
+                if isinstance(r, TrajectoryGroup) and not holds and not any(
+                        isinstance(o, TrajectoryGroup) and _key(o) == _key(r) for o in main):
+                    dropped.add(_key(r))
                 nxt.extend(main)
                 side.extend(extra)
             flow = nxt
         return flow, side
+
+    @staticmethod
+    def _settle(side: list[Record], dropped: set[tuple[str, str]]) -> list[Record]:
+        """Side outputs with each GroupStats of a group dropped in this step marked
+        ``kept=False`` (see the module docstring)."""
+        if not dropped:
+            return side
+        return [msgspec.structs.replace(r, kept=False)
+                if isinstance(r, GroupStats) and r.kept and _key(r) in dropped else r
+                for r in side]
 
     def _emitted(self, flow: list[Record]) -> None:
         for p, state in zip(self.policies, self.states, strict=True):
@@ -59,9 +83,10 @@ class Chain:
 
     def feed(self, record: Record) -> list[Record]:
         """Run one input record through the chain; the stage's outputs, main flow first."""
-        flow, side = self._run(0, [record])
+        dropped: set[tuple[str, str]] = set()
+        flow, side = self._run(0, [record], dropped)
         self._emitted(flow)
-        return flow + side
+        return flow + self._settle(side, dropped)
 
     def run(self, records: Iterable[Record]) -> list[Record]:
         """Feed many records (then tick once); every output in order. For tests and tools."""
@@ -75,6 +100,7 @@ class Chain:
         """Let every policy release what time or capacity allows (timeouts, held tasks)."""
         flow_out: list[Record] = []
         side_out: list[Record] = []
+        dropped: set[tuple[str, str]] = set()
         for i, p in enumerate(self.policies):
             hook = getattr(p, "tick", None)
             if hook is None:
@@ -84,12 +110,12 @@ class Chain:
                 continue
             main, extra = split(released, p.produces)
             side_out.extend(extra)
-            flow, side = self._run(i + 1, main)
+            flow, side = self._run(i + 1, main, dropped)
             flow_out.extend(flow)
             side_out.extend(side)
         if flow_out or side_out:
             self._emitted(flow_out)
-        return flow_out + side_out
+        return flow_out + self._settle(side_out, dropped)
 
     # ---------------------------------------------------------------- side inputs
 
@@ -170,3 +196,7 @@ class Chain:
         if extra:
             log.warning("stage=%s checkpoint holds state of %s, no longer configured; ignored",
                         self.stage, ", ".join(extra))
+
+
+def _key(r: TrajectoryGroup | GroupStats) -> tuple[str, str]:
+    return r.policy, r.group_id

@@ -127,8 +127,9 @@ class GateConfig(Section):
 
 
 class GresoConfig(Section):
-    """GRESO selective rollout (arXiv 2506.02177): skip tasks whose recent groups had zero
-    reward variance, with probability ``1 - max(p_kind^z, floor_kind)``."""
+    """GRESO selective rollout (arXiv 2506.02177): skip tasks whose trailing run of z groups
+    had zero reward variance of one kind, with probability ``1 - max(p_kind^z, floor_kind)``.
+    Defaults are the authors' (see :mod:`astraflow.policies.greso` for what differs)."""
 
     p_easy: float = pydantic.Field(0.5, ge=0.0, le=1.0, description="initial p for 'easy'")
     p_hard: float = pydantic.Field(0.5, ge=0.0, le=1.0, description="initial p for 'hard'")
@@ -139,7 +140,7 @@ class GresoConfig(Section):
     easy_share: float = pydantic.Field(1 / 3, ge=0.0, le=1.0,
                                        description="share of alpha for easy (hard: the rest)")
     p_min: float = pydantic.Field(0.05, ge=0.0, le=1.0, description="clamp of p from below")
-    p_max: float = pydantic.Field(1.0, ge=0.0, le=1.0, description="clamp of p from above")
+    p_max: float = pydantic.Field(0.95, ge=0.0, le=1.0, description="clamp of p from above")
     floor_easy: float = pydantic.Field(0.01, ge=0.0, le=1.0,
                                        description="lowest keep probability of an easy task")
     floor_hard: float = pydantic.Field(0.01, ge=0.0, le=1.0,

@@ -17,7 +17,9 @@ class Staleness:
     """Drops (and counts) groups older than ``max_staleness`` versions relative to the
     trainer's latest published version: ``version(policy) - group.version > max_staleness``.
 
-    A group with no generated token (``version == -1``) has no age and is kept.
+    A group with no generated token (``version == -1``) has no age and is kept. In
+    ``post_rollout`` a dropped group's GroupStats says ``kept=False`` (the gate frees its
+    slot); in ``batch`` the group already counted as accepted.
     """
 
     name = "staleness"
@@ -45,8 +47,9 @@ class DynamicSampling:
     """DAPO dynamic sampling: drops groups whose rewards are all equal (zero advantage).
 
     Counts ``generated`` (groups in), ``kept`` and ``dropped_easy`` / ``dropped_hard``. The
-    flow it removes is made up for upstream: the gate counts only groups that reach
-    ``groups.<policy>`` against its capacity, so it keeps releasing tasks until batches fill.
+    flow it removes is made up for upstream: in ``post_rollout`` the chain marks a dropped
+    group's GroupStats ``kept=False``, which gives the group's slot back to the gate, so the
+    gate keeps releasing tasks until batches fill.
     """
 
     name = "dynamic_sampling"

@@ -13,16 +13,23 @@ accepted, like AReaL's ``running + accepted``::
 
 * ``in_flight``: groups released (tasks that left the pre-rollout stage, after every policy,
   so a task GRESO skips after the gate gives its slot back) whose GroupStats has not come
-  back on ``stats`` yet; the assembler reports every group it closes, kept or dropped;
-* ``accepted``: groups released here that reached ``groups.<primary>``.
+  back on ``stats`` yet; the post-rollout stage reports every group it closes, kept or
+  dropped;
+* ``accepted``: groups released here whose GroupStats says ``kept`` (they left the
+  post-rollout stage for ``groups.<primary>``).
 
-A group dropped after rollout (dynamic sampling, staleness, incomplete) comes back on
-``stats`` but never reaches ``groups``, so its slot returns and the gate keeps releasing
-until batches fill. Only groups this gate released are counted (by group id), so stats of
-other runs or of replays are ignored. A released group not back within ``lost_after_s`` is
-written off (``lost``), so a task a worker lost cannot hold a slot forever. Tasks that do not
-fit wait in the gate, in order; while any wait, the stage reads no more input, so the wait
-list stays within one poll of records and a slow trainer slows task release.
+A group is accounted from its one GroupStats: in flight until it arrives, then accepted
+(``kept``) or given back (dropped by the assembler, the staleness filter or dynamic
+sampling), so the gate keeps releasing until batches fill. Because no second record is
+awaited, the bound holds whatever the order of ``stats`` and ``weights.<primary>`` records:
+``started`` never drops while the group's work still counts, and the gate releases only while
+``started`` is below the capacity. A GroupStats without ``kept`` (older records) counts as
+kept. Only groups this gate released are counted (by group id), so stats of other runs, of
+replays and redeliveries are ignored. A released group not back within ``lost_after_s`` is
+written off (``lost``), so a task a worker lost cannot hold a slot forever; if its GroupStats
+comes after all (``late``) and says kept, the group counts as accepted. Tasks that do not fit
+wait in the gate, in order; while any wait, the stage reads no more input, so the wait list
+stays within one poll of records and a slow trainer slows task release.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from __future__ import annotations
 import msgspec
 
 from astraflow.core.records import GroupStats, Record, Task
-from astraflow.policies.base import Context, GroupRef, bump, remember
+from astraflow.policies.base import Context, bump, remember
 from astraflow.policies.env import BuildEnv
 
 
@@ -39,8 +46,7 @@ class GateState(msgspec.Struct, kw_only=True):
     in_flight: dict[str, float] = {}  # group id -> release time, in release order
     in_transit: int = 0  # passed by the gate in the current step, not yet out of the stage
     accepted: int = 0
-    closed_ids: dict[str, int] = {}  # recently closed groups of ours (late acceptances)
-    accepted_ids: dict[str, int] = {}
+    lost_ids: dict[str, int] = {}  # recently written-off groups (their stats may still come)
     counts: dict[str, int] = {}
 
 
@@ -49,7 +55,7 @@ class Gate:
     levels = frozenset({"waiting", "in_flight", "started"})  # current values (gauges), not counts
     consumes = Task
     produces = Task
-    wants = frozenset({"stats", "groups"})
+    wants = frozenset({"stats"})
 
     def __init__(self, *, primary: str = "default", batch_size: int = 8,
                  max_staleness: int = 4, lost_after_s: float = 3600.0,
@@ -85,6 +91,7 @@ class Gate:
             if ctx.now - state.in_flight[gid] < self.lost_after_s:
                 break
             del state.in_flight[gid]
+            remember(state.lost_ids, gid, self.dedup_window)
             bump(state.counts, "lost")
         out: list[Record] = []
         while state.held and self._fits(state, ctx):
@@ -100,15 +107,18 @@ class Gate:
                 bump(state.counts, "released")
 
     def on_stats(self, st: GroupStats, state: GateState, ctx: Context) -> None:
-        if st.policy == self.primary and state.in_flight.pop(st.group_id, None) is not None:
-            remember(state.closed_ids, st.group_id, self.dedup_window)
+        if st.policy != self.primary:
+            return
+        if state.in_flight.pop(st.group_id, None) is not None:
             bump(state.counts, "closed")
-
-    def on_group(self, ref: GroupRef, state: GateState, ctx: Context) -> None:
-        ours = ref.group_id in state.in_flight or ref.group_id in state.closed_ids
-        if (ref.policy == self.primary and ours
-                and remember(state.accepted_ids, ref.group_id, self.dedup_window)):
+        elif state.lost_ids.pop(st.group_id, None) is not None:
+            bump(state.counts, "late")
+        else:  # not ours, or a redelivery of stats already counted
+            return
+        if st.kept:
             state.accepted += 1
+        else:
+            bump(state.counts, "dropped")
 
     def ready(self, state: GateState) -> bool:
         return not state.held

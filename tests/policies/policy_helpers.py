@@ -58,11 +58,11 @@ def task(tid: str, *, n: int = 2, attempt: int = 0, group_id: str = "",
 
 
 def stats(tid: str, kind: str, *, group: str | None = None, n: int = 4,
-          policy: str = "default") -> GroupStats:
+          policy: str = "default", kept: bool = True) -> GroupStats:
     mean = {"easy": 1.0, "hard": 0.0}.get(kind, 0.5)
     return GroupStats(task_id=tid, group_id=group or f"{tid}#0", policy=policy, n=n,
                       reward_mean=mean, reward_std=0.0 if kind != "none" else 0.5,
-                      zero_variance=kind, version=0)  # type: ignore[arg-type]
+                      zero_variance=kind, version=0, kept=kept)  # type: ignore[arg-type]
 
 
 def manifest(version: int, policy: str = "default") -> WeightManifest:

@@ -35,6 +35,44 @@ def test_z0_is_never_skipped_and_a_variance_group_resets_the_streak() -> None:
     assert "t" not in state.streaks and skip_rate(g, state, "t", 200) == 0.0
 
 
+def test_only_the_trailing_run_of_one_kind_counts() -> None:
+    # GRESO's DataProfiler counts the trailing run of the current kind: after easy, easy,
+    # hard the task is in a hard run of 1 (skip 1 - 0.5), not a streak of 3 (1 - 0.5^3)
+    g = Greso(p_easy=0.5, p_hard=0.5, floor_easy=0.0, floor_hard=0.0)
+    state = g.init_state()
+    for i, kind in enumerate(["easy", "easy", "hard"]):
+        g.on_stats(stats("t", kind, group=f"t#{i}"), state, Context())
+    assert (state.streaks["t"].z, state.streaks["t"].kind) == (1, "hard")
+    assert skip_rate(g, state, "t", 20_000) == pytest.approx(0.5, abs=0.01)
+    g.on_stats(stats("t", "hard", group="t#3"), state, Context())
+    g.on_stats(stats("t", "easy", group="t#4"), state, Context())
+    g.on_stats(stats("t", "easy", group="t#5"), state, Context())
+    assert (state.streaks["t"].z, state.streaks["t"].kind) == (2, "easy")
+    assert keep_of(g, state, "t") == pytest.approx(0.25)
+
+
+def keep_of(g: Greso, state, tid: str) -> float:
+    return g.keep_probability(state.streaks.get(tid), state)
+
+
+def test_defaults_are_the_published_ones() -> None:
+    from astraflow.policies.config import GresoConfig
+
+    for src in (Greso(), GresoConfig()):
+        assert (src.p_min, src.p_max, src.delta_p) == (0.05, 0.95, 0.01)
+    c = GresoConfig()
+    assert (c.p_easy, c.p_hard, c.alpha, c.easy_share) == (0.5, 0.5, 0.25, 1 / 3)
+    assert (c.floor_easy, c.floor_hard) == (0.01, 0.01)
+
+
+def test_p_decreases_at_its_target_as_in_greso() -> None:
+    g = Greso(p_easy=0.5, p_hard=0.5, alpha=0.5, easy_share=0.5, warmup_steps=0)
+    state = g.init_state()
+    feed_window(g, state, easy=1, hard=1, none=2, tag="w")  # both ratios exactly 0.25
+    g.on_version("default", 0, 1, state, Context())
+    assert state.p_easy == pytest.approx(0.49) and state.p_hard == pytest.approx(0.49)
+
+
 def test_floor_bounds_the_skip_probability() -> None:
     g = Greso(p_hard=0.1, floor_hard=0.2)
     state = g.init_state()
