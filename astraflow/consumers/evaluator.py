@@ -77,11 +77,15 @@ class Evaluator:
         from astraflow.config import model_dir
         from astraflow.consumers.rollout.engines.target import ModelTarget
         from astraflow.consumers.rollout.rewards import build_reward
+        from astraflow.core.topics import topic_name
         from astraflow.models.tiny import load
         from astraflow.weights.config import build_syncer
 
         self.policy = policy
         self.metrics = metrics
+        self.bus = bus
+        self.dlq = topic_name(config.run, "dlq")
+        self.component = f"evaluator-{policy}"
         self.model, self.tokenizer = load(model_dir(config, policy, out))
         self.model.eval()
         self.specs = held_out(config, limit)
@@ -117,22 +121,34 @@ class Evaluator:
         """Evaluate the initial weights (as version 0), then a version whenever ``every``
         versions passed since the last evaluation — or when the newest version reached has
         not been followed by another for ``idle_s`` seconds (so the final version of a run is
-        always evaluated) — until stopped."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        always evaluated) — until stopped. A handler without inputs on the processor
+        runtime, which owns stopping (the syncer reads ``weights.<policy>`` itself)."""
+        from astraflow.core.stream import Processor, Stateless
+
+        self._max_evals, self._every, self._idle_s = max_evals, every, idle_s
         if initial:
             self.evaluate(0)
-        last = newest = 0
-        newest_at = time.monotonic()
-        while not should_stop() and (max_evals is None or len(self.results) < max_evals):
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            version = self.syncer.sync_once(timeout=0.5)
-            if version is not None and version > newest:
-                newest, newest_at = version, time.monotonic()
-            due = newest - last >= every or (
-                newest > last and time.monotonic() - newest_at >= idle_s)
-            if due:
-                last = newest
-                self.evaluate(newest)
-            elif self.metrics is not None:
-                self.metrics.tick()
+        self._last = self._newest = 0
+        self._newest_at = time.monotonic()
+        handler = Stateless(tick=self._follow, done=self._done)
+        proc = Processor(self.bus, handler, [], dlq=self.dlq, component=self.component)
+        try:
+            proc.run(timeout=timeout, should_stop=should_stop)
+        finally:
+            proc.close()
+
+    def _done(self) -> bool:
+        return self._max_evals is not None and len(self.results) >= self._max_evals
+
+    def _follow(self) -> list[Any]:
+        version = self.syncer.sync_once(timeout=0.5)
+        if version is not None and version > self._newest:
+            self._newest, self._newest_at = version, time.monotonic()
+        due = self._newest - self._last >= self._every or (
+            self._newest > self._last and time.monotonic() - self._newest_at >= self._idle_s)
+        if due:
+            self._last = self._newest
+            self.evaluate(self._newest)
+        elif self.metrics is not None:
+            self.metrics.tick()
+        return []

@@ -1,26 +1,43 @@
-"""Typed streams over the bus: decode with validation, dead-letter what fails, commit after
-produce. This is the thin runner every consume → transform → produce component uses.
+"""The one processor runtime: every consume → transform → produce role is a handler on it.
 
-The loop of :func:`run_processor` is the at-least-once contract of DESIGN.md §4 in code:
+:class:`Processor` owns what every stateful consumer must get right, once (DESIGN.md §4):
 
-1. consume a batch of input records;
-2. decode each (a record that cannot be decoded goes to the dead-letter topic);
-3. hand each to ``handle``, which returns the output records (a record whose handler raises
-   goes to the dead-letter topic too, and processing goes on);
-4. produce the outputs and the dead letters, and **flush** (they are durable now);
-5. **commit** the inputs.
+1. **consume** each input (a consumer group per input) and **skip what was already done**:
+   a record before the offset the handler's checkpoint holds for its partition is a
+   redelivery and is skipped (consumers are also sought to those offsets when assigned);
+2. **decode** it (a record that cannot be decoded goes to the dead-letter topic with its
+   origin and error, and processing goes on) and **hand it to the handler**, which returns
+   output records (a record whose handling raises one of the isolated errors is dead-lettered
+   too);
+3. at a **cycle** (by interval, when input pauses, when the handler asks, and at the stop):
+   **checkpoint** — the handler makes its state durable together with the input offsets and,
+   in outbox mode, the outputs not yet produced; then **produce** the outbox, **flush** (the
+   outputs are durable), and **commit** the offsets the checkpoint holds. The bus's committed
+   offsets never run ahead of the checkpoint;
+4. on start, the handler's checkpoint is the source of truth: its offsets say where each
+   partition resumes and an outbox not known to be delivered is produced again;
+5. **stop** by count, time or signal (:class:`Stop`), then run a last cycle.
 
-A crash anywhere before 5 redelivers the inputs; the outputs of a redelivered input may then be
-produced twice, which is why downstream effects are made idempotent by record id.
+A crash anywhere before the commit redelivers the inputs; their outputs may then be produced
+twice, which is why downstream effects are made idempotent by record id.
+
+Handlers: the stage processor (:mod:`astraflow.policies.runner`), the trainer
+(:mod:`astraflow.consumers.trainer.loop`), the evaluator, and stateless functions through
+:func:`run_processor`. The rollout worker commits out of order (episodes finish out of order)
+and keeps its own offset tracker, but uses :class:`Stop` and :class:`DeadLetters` from here.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
+
+import msgspec
 
 from astraflow.core.bus.types import Bus, Consumer, Message, Producer, RebalanceCallback
 from astraflow.core.errors import BusError, CommitError, SchemaError
@@ -29,7 +46,14 @@ from astraflow.core.records import DeadLetter, Record, decode, encode, schema_he
 log = logging.getLogger("astraflow.stream")
 
 R = TypeVar("R", bound=Record)
+TP = tuple[str, int]
 
+FAULT_ENV = "ASTRAFLOW_FAULT"  # "point:n": SIGKILL self the n-th time at point (crash tests)
+KEEPALIVE_S = 60.0  # a paused main input is still polled this often (Kafka's poll interval)
+OUTBOX_BYTES = 32 * 1024 * 1024  # a cycle runs early once this much output is waiting
+
+
+# ----------------------------------------------------------------------------- outputs
 
 @dataclass(frozen=True, slots=True)
 class Output:
@@ -45,6 +69,15 @@ def send(producer: Producer, out: Output) -> None:
     producer.produce(out.topic, encode(out.record), key=out.key, headers=[schema_header(out.record)])
 
 
+class OutRecord(msgspec.Struct, array_like=True):
+    """One encoded output waiting in an outbox: where it goes and its bytes."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]] = []
+
+
 def dead_letter(msg: Message, error: BaseException, *, group: str = "", component: str = ""
                 ) -> DeadLetter:
     """The dead-letter record for ``msg`` that failed with ``error``."""
@@ -55,8 +88,79 @@ def dead_letter(msg: Message, error: BaseException, *, group: str = "", componen
     )
 
 
+class DeadLetters:
+    """Builds, counts and logs dead letters: the one way every role dead-letters a record.
+    The caller produces the returned :class:`Output` (and flushes before committing)."""
+
+    def __init__(self, dlq: str, *, component: str = "", label: str = "") -> None:
+        self.dlq = dlq
+        self.component = component
+        self.label = label
+        self.count = 0
+        self.errors: dict[str, int] = {}
+
+    def letter(self, msg: Message, error: BaseException, *, group: str = "") -> Output:
+        self.count += 1
+        name = type(error).__name__
+        self.errors[name] = self.errors.get(name, 0) + 1
+        log.warning("%sdead-lettered origin=%s key=%r error=%s", self.label, msg.origin,
+                    msg.key, error)
+        return Output(self.dlq, dead_letter(msg, error, group=group, component=self.component),
+                      msg.key)
+
+
+# -------------------------------------------------------------------------------- stopping
+
+class Stop:
+    """When a long-running loop stops: after ``max_records`` units of work, after ``timeout``
+    seconds, or once ``should_stop()`` is true — whichever comes first (None: never)."""
+
+    def __init__(self, max_records: int | None = None, timeout: float | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> None:
+        self.max_records = max_records
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.should_stop = should_stop
+
+    def reached(self, done: int = 0) -> bool:
+        if self.should_stop is not None and self.should_stop():
+            return True
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return True
+        return self.max_records is not None and done >= self.max_records
+
+    def left(self, done: int, batch: int) -> int:
+        """How many records to ask for next (at most ``batch``)."""
+        return batch if self.max_records is None else max(0, min(batch, self.max_records - done))
+
+    def wait(self, poll_timeout: float) -> float:
+        """How long the next poll may block: ``poll_timeout``, cut short by the deadline."""
+        if self.deadline is None:
+            return poll_timeout
+        return max(0.0, min(poll_timeout, self.deadline - time.monotonic()))
+
+
+class FaultPoints:
+    """``ASTRAFLOW_FAULT=after_flush:3`` kills this process with SIGKILL the third time a
+    cycle with outputs reaches ``after_flush`` (also: ``after_checkpoint``,
+    ``after_commit``). For crash tests; unset, it does nothing."""
+
+    def __init__(self, spec: str | None) -> None:
+        self.point, self.left = "", 0
+        if spec:
+            point, _, n = spec.partition(":")
+            self.point, self.left = point, int(n or 1)
+
+    def hit(self, point: str, outputs: int) -> None:
+        if point == self.point and outputs:
+            self.left -= 1
+            if self.left <= 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+# -------------------------------------------------------------------------------- consumers
+
 def resume_consumer(bus: Bus, group: str, topics: Sequence[str],
-                    offsets: Callable[[], Mapping[tuple[str, int], int]], *,
+                    offsets: Callable[[], Mapping[TP, int]], *,
                     client_id: str = "", session_timeout: float = 10.0,
                     on_revoke: RebalanceCallback | None = None, label: str = "") -> Consumer:
     """Join ``group`` and seek every partition it is assigned (at the join or at any later
@@ -66,9 +170,9 @@ def resume_consumer(bus: Bus, group: str, topics: Sequence[str],
     once it exists. A seek that fails is logged; the caller must still skip records before
     its offset."""
     holder: list[Consumer] = []
-    deferred: list[tuple[str, int]] = []
+    deferred: list[TP] = []
 
-    def seek(consumer: Consumer, tp: tuple[str, int]) -> None:
+    def seek(consumer: Consumer, tp: TP) -> None:
         offset = offsets().get(tp)
         if offset is None:
             return
@@ -78,7 +182,7 @@ def resume_consumer(bus: Bus, group: str, topics: Sequence[str],
             log.warning("%scould not seek %s[%d] to %d (%s); skipping records before it",
                         label, tp[0], tp[1], offset, e)
 
-    def on_assign(pairs: list[tuple[str, int]]) -> None:
+    def on_assign(pairs: list[TP]) -> None:
         if not holder:
             deferred.extend(pairs)
             return
@@ -96,9 +200,355 @@ def resume_consumer(bus: Bus, group: str, topics: Sequence[str],
     return consumer
 
 
+# ---------------------------------------------------------------------------- the runtime
+
+@dataclass(frozen=True)
+class Input:
+    """One input of a processor: ``topics`` read as consumer group ``group``; each record is
+    decoded by ``decode`` (raise :class:`SchemaError` for a bad record) and handed to
+    ``handle``, which returns the outputs. ``main`` inputs are read only while the handler is
+    ready and count towards ``max_records``; side inputs are always read first."""
+
+    topics: Sequence[str]
+    group: str
+    decode: Callable[[Message], Any]
+    handle: Callable[[Any, Message], Iterable[Output]]
+    main: bool = True
+    max_poll: int = 256
+
+
+@dataclass
+class Resume:
+    """What a handler's checkpoint says on start: the next offset to read per partition, the
+    cycle it was written at, and its outbox when that was not known to be delivered."""
+
+    offsets: dict[TP, int]
+    cycle: int = 0
+    outbox: list[OutRecord] = field(default_factory=list)
+
+
+class Handler(Protocol):
+    """A role on the runtime. Every method is called on the processor's thread."""
+
+    def restore(self) -> Resume | None:
+        """Load the checkpoint (state restored inside the handler); None: start fresh from
+        the groups' committed offsets."""
+
+    def checkpoint(self, offsets: dict[TP, int], outbox: list[OutRecord], cycle: int
+                   ) -> Mapping[TP, int]:
+        """Make the handler's state durable with ``offsets`` (and ``outbox``, in outbox
+        mode); return the offsets that are now durable, which the runtime commits."""
+
+    def delivered(self, cycle: int) -> None:
+        """The outbox of checkpoint ``cycle`` is produced and flushed."""
+
+    def ready(self) -> bool:
+        """False holds the main inputs back (side inputs are still read)."""
+
+    def done(self) -> bool:
+        """True once the handler has finished its work (e.g. its final version)."""
+
+    def due(self) -> bool:
+        """True to ask for a cycle now (e.g. every N trainer steps)."""
+
+    def tick(self) -> Iterable[Output]:
+        """Called once per loop; returns outputs that time, not a record, produced. A
+        handler without inputs paces itself here."""
+
+
+class Stateless:
+    """The handler of a processor with no state of its own: nothing to checkpoint, reading
+    resumes at the groups' committed offsets. ``tick`` and ``done``, when given, are the
+    handler's :meth:`Handler.tick` and :meth:`Handler.done`."""
+
+    def __init__(self, *, tick: Callable[[], Iterable[Output]] | None = None,
+                 done: Callable[[], bool] | None = None) -> None:
+        self._tick = tick
+        self._done = done
+
+    def restore(self) -> Resume | None:
+        return None
+
+    def checkpoint(self, offsets: dict[TP, int], outbox: list[OutRecord], cycle: int
+                   ) -> Mapping[TP, int]:
+        return offsets
+
+    def delivered(self, cycle: int) -> None:
+        pass
+
+    def ready(self) -> bool:
+        return True
+
+    def done(self) -> bool:
+        return self._done is not None and self._done()
+
+    def due(self) -> bool:
+        return False
+
+    def tick(self) -> Iterable[Output]:
+        return () if self._tick is None else self._tick()
+
+
+class Processor:
+    """Runs a :class:`Handler` over its inputs; see the module docstring.
+
+    ``outbox``: outputs are written into the checkpoint before they are produced (for
+    handlers whose outputs depend on arrival order); otherwise they are produced at once and
+    flushed before the commit. ``cycle_interval``: seconds between cycles while input flows
+    (None: only when the handler is ``due`` and at the stop); ``cycle_when_idle``: a cycle as
+    soon as input pauses. ``isolate``: the exceptions of ``handle`` that dead-letter the
+    record; any other stops the processor without a cycle (a restart resumes at the
+    checkpoint).
+
+    Lifecycle: :meth:`open` (or the first :meth:`run`), :meth:`run` as often as wanted,
+    :meth:`close`. ``commit`` replaces :meth:`commit` (tests simulate lost commits)."""
+
+    def __init__(self, bus: Bus, handler: Handler, inputs: Sequence[Input], *, dlq: str,
+                 component: str = "", outbox: bool = False,
+                 cycle_interval: float | None = 0.0, cycle_when_idle: bool = True,
+                 outbox_bytes: int = OUTBOX_BYTES, poll_timeout: float = 0.5,
+                 session_timeout: float = 10.0,
+                 isolate: tuple[type[BaseException], ...] = (Exception,),
+                 faults: FaultPoints | None = None,
+                 on_revoke: RebalanceCallback | None = None,
+                 commit: Callable[[Mapping[TP, int]], None] | None = None,
+                 label: str = "") -> None:
+        self.bus = bus
+        self.handler = handler
+        self.inputs = list(inputs)
+        self.component = component
+        self.outbox_mode = outbox
+        self.cycle_interval = cycle_interval
+        self.cycle_when_idle = cycle_when_idle
+        self.outbox_limit = outbox_bytes
+        self.poll_timeout = poll_timeout
+        self.session_timeout = session_timeout
+        self.isolate = isolate
+        self.faults = faults or FaultPoints(os.environ.get(FAULT_ENV))
+        self.label = label
+        self._on_revoke = on_revoke
+        self._commit = commit or self.commit
+        self.letters = DeadLetters(dlq, component=component, label=label)
+        self.offsets: dict[TP, int] = {}  # next offset to process, per input partition
+        self._durable: Mapping[TP, int] = {}  # what the newest checkpoint holds
+        self.outbox: list[OutRecord] = []
+        self.stats: dict[str, float] = {}  # in, side_in, out, dead_lettered, skipped_done, ...
+        self.cycle_no = 0
+        self._outbox_bytes = 0
+        self._dirty = False
+        self._gaps: set[TP] = set()
+        self._consumers: list[tuple[Input, Consumer]] = []
+        self._producer: Producer | None = None
+        self._closing = False
+        self._opened = False
+        self._last_main = time.monotonic()
+
+    # ------------------------------------------------------------------------ lifecycle
+
+    def count(self, key: str, n: float = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + n
+
+    def open(self) -> None:
+        """Restore the handler, produce an undelivered outbox again, join every input."""
+        if self._opened:
+            return
+        self._opened = True
+        resume = self.handler.restore()
+        self._producer = self.bus.producer(client_id=self.component)
+        if resume is not None:
+            self.offsets = dict(resume.offsets)
+            self._durable = dict(resume.offsets)
+            self.cycle_no = resume.cycle
+            if resume.outbox:  # outputs of the last cycle before a crash: produce again
+                for o in resume.outbox:
+                    self._producer.produce(o.topic, o.value, key=o.key, headers=list(o.headers))
+                self._producer.flush()
+                self.handler.delivered(self.cycle_no)
+                self.count("recovered_out", len(resume.outbox))
+        for inp in self.inputs:
+            self._consumers.append((inp, self._consumer(inp)))
+
+    def _consumer(self, inp: Input) -> Consumer:
+        def on_revoke(pairs: list[TP]) -> None:
+            if not self._closing and self._on_revoke is not None:
+                self._on_revoke(pairs)
+
+        # Records before a partition's offset are skipped by _fresh where a seek fails.
+        return resume_consumer(self.bus, inp.group, inp.topics, lambda: self.offsets,
+                               client_id=self.component, session_timeout=self.session_timeout,
+                               on_revoke=on_revoke, label=self.label)
+
+    def close(self) -> None:
+        """Leave every group and close the producer (no cycle: :meth:`run` ends with one)."""
+        self._closing = True
+        try:
+            for _, c in self._consumers:
+                c.close()
+        finally:
+            self._consumers = []
+            if self._producer is not None:
+                self._producer.flush()
+                self._producer.close()
+                self._producer = None
+
+    def run(self, max_records: int | None = None, timeout: float | None = None,
+            should_stop: Callable[[], bool] | None = None) -> dict[str, float]:
+        """Process until ``max_records`` main records, ``timeout`` seconds, ``should_stop()``
+        or the handler is done; then run a last cycle. Returns the runtime's counters."""
+        self.open()
+        self._loop(Stop(max_records, timeout, should_stop))
+        # Only after a clean loop: after an error the checkpoint, not this state, is truth.
+        if self._dirty:
+            self.cycle()
+        else:
+            self._commit(self._durable)  # the bus may be behind the checkpoint we resumed from
+        return dict(self.stats)
+
+    # ------------------------------------------------------------------------ the loop
+
+    def _loop(self, stop: Stop) -> None:
+        mains = [(i, c) for i, c in self._consumers if i.main]
+        sides = [(i, c) for i, c in self._consumers if not i.main]
+        last_cycle = time.monotonic()
+        done = 0
+        while not stop.reached(done) and not self.handler.done():
+            wait = stop.wait(self.poll_timeout)
+            n_side = n_main = 0
+            for inp, c in sides:
+                n_side += self._poll(inp, c, inp.max_poll, 0.0)
+            now = time.monotonic()
+            if self.handler.ready():
+                for inp, c in mains:
+                    n_main += self._poll(inp, c, stop.left(done, inp.max_poll),
+                                         0.0 if n_side else wait)
+                self._last_main = now
+            else:
+                if now - self._last_main >= KEEPALIVE_S:  # stay in the group
+                    for inp, c in mains:
+                        n_main += self._poll(inp, c, 1, 0.0)
+                    self._last_main = now
+                if not n_side and sides:
+                    for inp, c in sides:
+                        n_side += self._poll(inp, c, inp.max_poll, wait)
+                elif not sides:
+                    time.sleep(wait)  # nothing to read while the handler holds back
+            done += n_main
+            self._emit(self.handler.tick())
+            now = time.monotonic()
+            idle = not n_main and not n_side
+            if self._dirty and (
+                    self.handler.due() or self._outbox_bytes >= self.outbox_limit
+                    or (self.cycle_interval is not None
+                        and ((idle and self.cycle_when_idle)
+                             or now - last_cycle >= self.cycle_interval))):
+                self.cycle()
+                last_cycle = now
+
+    def _poll(self, inp: Input, consumer: Consumer, n: int, wait: float) -> int:
+        """Read up to ``n`` records of one input and handle the fresh ones; returns how many
+        were handled."""
+        if n <= 0:
+            return 0
+        handled = 0
+        for msg in consumer.consume(n, wait):
+            if not self._fresh(msg):
+                continue
+            handled += 1
+            self.count("in" if inp.main else "side_in")
+            try:
+                record = inp.decode(msg)
+            except SchemaError as e:
+                self._dead(msg, e, inp.group)
+                continue
+            try:
+                outputs = list(inp.handle(record, msg))
+            except self.isolate as e:  # one bad record must not stop the processor
+                self._dead(msg, e, inp.group)
+                continue
+            self._emit(outputs)
+        return handled
+
+    def _fresh(self, msg: Message) -> bool:
+        """False for a record the handler's state already reflects; notes the offset
+        otherwise."""
+        tp = (msg.topic, msg.partition)
+        done = self.offsets.get(tp)
+        if done is not None and msg.offset < done:
+            self.count("skipped_done")
+            return False
+        if done is not None and msg.offset > done and tp not in self._gaps:
+            self._gaps.add(tp)
+            log.warning("%s%s[%d]: records %d..%d were never processed (committed offsets "
+                        "ahead of the checkpoint?)", self.label, tp[0], tp[1], done,
+                        msg.offset - 1)
+        self.offsets[tp] = msg.offset + 1
+        self._dirty = True
+        return True
+
+    def _dead(self, msg: Message, error: BaseException, group: str) -> None:
+        self.count("dead_lettered")
+        self._emit([self.letters.letter(msg, error, group=group)])
+
+    def _emit(self, outputs: Iterable[Output]) -> None:
+        assert self._producer is not None
+        limit = self.bus.max_message_bytes
+        for out in outputs:
+            self._dirty = True
+            if not self.outbox_mode:
+                send(self._producer, out)
+                self.count("out")
+                continue
+            value = encode(out.record)
+            if len(value) + len(out.key or b"") + 64 > limit:
+                self.count("too_large")
+                log.error("%sdropped a %s of %d bytes for %s: over the bus's "
+                          "max_message_bytes=%d", self.label, type(out.record).__name__,
+                          len(value), out.topic, limit)
+                continue
+            self.outbox.append(OutRecord(out.topic, out.key, value, [schema_header(out.record)]))
+            self._outbox_bytes += len(value)
+
+    # ------------------------------------------------------------------------ the cycle
+
+    def cycle(self) -> None:
+        """Checkpoint → produce the outbox → flush → commit the checkpointed offsets."""
+        assert self._producer is not None
+        outbox = self.outbox
+        self.cycle_no += 1
+        durable = self._durable = self.handler.checkpoint(dict(self.offsets), outbox,
+                                                          self.cycle_no)
+        self.faults.hit("after_checkpoint", len(outbox))
+        for o in outbox:
+            self._producer.produce(o.topic, o.value, key=o.key, headers=list(o.headers))
+        self._producer.flush()
+        self.count("out", len(outbox))
+        self.outbox, self._outbox_bytes, self._dirty = [], 0, False
+        self.faults.hit("after_flush", len(outbox))
+        if outbox:
+            self.handler.delivered(self.cycle_no)
+        self._commit(durable)
+        self.count("cycles")
+        self.faults.hit("after_commit", len(outbox))
+
+    def commit(self, offsets: Mapping[TP, int]) -> None:
+        """Commit ``offsets`` on every input's group (the partitions each still owns)."""
+        for _, c in self._consumers:
+            owned = set(c.assignment())
+            msgs = [Message(t, p, o - 1, None, b"") for (t, p), o in offsets.items()
+                    if o > 0 and (t, p) in owned]
+            if not msgs:
+                continue
+            try:
+                c.commit(msgs)
+            except CommitError as e:  # the checkpoint holds the offsets; the bus catches up
+                log.warning("%scommit refused: %s", self.label, e)
+
+
+# ------------------------------------------------------------------ stateless processors
+
 @dataclass
 class StreamStats:
-    """Counters of one processor run."""
+    """Counters of one :func:`run_processor` run."""
 
     consumed: int = 0
     produced: int = 0
@@ -107,97 +557,37 @@ class StreamStats:
     errors: dict[str, int] = field(default_factory=dict)
 
 
-class TypedConsumer(Generic[R]):
-    """A consumer that yields decoded records of type ``kind``; undecodable records are
-    dead-lettered (produced to ``dlq`` and flushed) and skipped."""
+Handle = Callable[[R, Message], Iterable[Output]]
 
-    def __init__(self, consumer: Consumer, producer: Producer, kind: type[R], *, dlq: str,
-                 component: str = "") -> None:
-        self.consumer = consumer
-        self.producer = producer
+
+class _Typed(Generic[R]):
+    def __init__(self, kind: type[R]) -> None:
         self.kind = kind
-        self.dlq = dlq
-        self.component = component
-        self.stats = StreamStats()
 
-    def consume(self, max_records: int = 500, timeout: float = 1.0
-                ) -> list[tuple[Message, R]]:
-        msgs = self.consumer.consume(max_records, timeout)
-        out: list[tuple[Message, R]] = []
-        bad = False
-        for msg in msgs:
-            self.stats.consumed += 1
-            try:
-                out.append((msg, decode(msg.value, self.kind)))  # type: ignore[arg-type]
-            except SchemaError as e:
-                self.to_dlq(msg, e)
-                bad = True
-        if bad:
-            self.producer.flush()
-        return out
-
-    def to_dlq(self, msg: Message, error: BaseException) -> None:
-        """Queue a dead letter for ``msg`` (the caller flushes before committing)."""
-        self.stats.dead_lettered += 1
-        self.stats.errors[type(error).__name__] = self.stats.errors.get(type(error).__name__, 0) + 1
-        log.warning("dead-lettered record origin=%s key=%r error=%s", msg.origin, msg.key, error)
-        send(self.producer, Output(self.dlq, dead_letter(msg, error, group=self.consumer.group,
-                                                         component=self.component), msg.key))
-
-    def commit(self, messages: Sequence[Message] | None = None) -> None:
-        self.consumer.commit(messages)
-
-
-Handler = Callable[[R, Message], Iterable[Output]]
+    def __call__(self, msg: Message) -> R:
+        return decode(msg.value, self.kind)  # type: ignore[return-value]
 
 
 def run_processor(bus: Bus, *, group: str, inputs: Sequence[str], kind: type[R],
-                  handle: Handler[R], dlq: str, component: str = "",
+                  handle: Handle[R], dlq: str, component: str = "",
                   max_records: int | None = None, timeout: float | None = None,
                   batch_size: int = 256, poll_timeout: float = 0.5,
                   session_timeout: float = 10.0,
                   should_stop: Callable[[], bool] | None = None) -> StreamStats:
-    """Consume ``inputs`` as group ``group``, transform each record with ``handle``, produce
-    its outputs, flush, then commit. Stops after ``max_records`` inputs, after ``timeout``
-    seconds, or when ``should_stop()`` is true; whichever comes first (None: never)."""
-    consumer = bus.consumer(group, inputs, client_id=component, session_timeout=session_timeout)
-    producer = bus.producer(client_id=component)
-    stream = TypedConsumer(consumer, producer, kind, dlq=dlq, component=component)
-    deadline = None if timeout is None else time.monotonic() + timeout
+    """A stateless processor: consume ``inputs`` as group ``group``, decode each record as
+    ``kind``, transform it with ``handle``, produce its outputs, flush, then commit after
+    every poll. Stops after ``max_records`` inputs, ``timeout`` seconds or ``should_stop()``."""
+    proc = Processor(bus, Stateless(), [Input(inputs, group, _Typed(kind), handle,
+                                              max_poll=batch_size)],
+                     dlq=dlq, component=component, cycle_interval=0.0,
+                     poll_timeout=poll_timeout, session_timeout=session_timeout,
+                     label=f"{component} " if component else "")
     try:
-        while True:
-            if should_stop is not None and should_stop():
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            remaining = None if max_records is None else max_records - stream.stats.consumed
-            if remaining is not None and remaining <= 0:
-                break
-            n = batch_size if remaining is None else min(batch_size, remaining)
-            wait = poll_timeout if deadline is None else max(
-                0.0, min(poll_timeout, deadline - time.monotonic()))
-            before = stream.stats.consumed
-            decoded = stream.consume(n, wait)
-            if stream.stats.consumed == before:
-                continue
-            for msg, record in decoded:
-                try:
-                    outputs = list(handle(record, msg))
-                except Exception as e:  # noqa: BLE001 - isolate one bad record, count it, go on
-                    stream.to_dlq(msg, e)
-                    continue
-                for out in outputs:
-                    send(producer, out)
-                    stream.stats.produced += 1
-            producer.flush()
-            try:
-                consumer.commit()
-            except CommitError as e:
-                # Our partition moved in a rebalance: its new owner redelivers these records.
-                log.warning("commit refused, records will be redelivered: %s", e)
-            stream.stats.batches += 1
+        counters = proc.run(max_records, timeout, should_stop)
     finally:
-        producer.flush()
-        producer.close()
-        consumer.close()
-    return stream.stats
+        proc.close()
+    return StreamStats(
+        consumed=int(counters.get("in", 0) + counters.get("skipped_done", 0)),
+        produced=int(counters.get("out", 0) - counters.get("dead_lettered", 0)),
+        dead_lettered=int(counters.get("dead_lettered", 0)),
+        batches=int(counters.get("cycles", 0)), errors=dict(proc.letters.errors))

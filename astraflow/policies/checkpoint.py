@@ -16,18 +16,10 @@ from pathlib import Path
 
 import msgspec
 
+from astraflow.core.stream import OutRecord
 from astraflow.policies.base import PolicyError
 
 VERSION = 1
-
-
-class OutRecord(msgspec.Struct, array_like=True):
-    """One encoded output: where it goes and its bytes."""
-
-    topic: str
-    key: bytes | None
-    value: bytes
-    headers: list[tuple[str, bytes]] = []
 
 
 class Checkpoint(msgspec.Struct, kw_only=True):

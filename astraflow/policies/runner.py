@@ -1,6 +1,7 @@
 """The stage processor: one process running one stage's chain between its topics.
 
-Each loop reads side inputs (trainer versions on ``weights.<policy>``; ``stats`` and
+It is a handler on the processor runtime (:class:`~astraflow.core.stream.Processor`, outbox
+mode), which owns offsets, dedup, dead letters, the cycle and stopping. Each loop reads side inputs (trainer versions on ``weights.<policy>``; ``stats`` and
 ``groups.<primary>`` when a policy wants them) and then, unless a policy holds records back,
 the main input; runs them through the chain; and, at most every ``commit_interval_s`` (at
 once when input pauses), runs one *cycle*:
@@ -25,17 +26,16 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from astraflow.core.bus.types import Bus, Consumer, Message
-from astraflow.core.errors import CommitError, SchemaError
+from astraflow.core.bus.types import Bus, Message
+from astraflow.core.errors import SchemaError
 from astraflow.core.records import (
     GroupStats,
     Record,
@@ -44,22 +44,18 @@ from astraflow.core.records import (
     TrajectoryGroup,
     WeightManifest,
     decode,
-    encode,
-    schema_header,
 )
-from astraflow.core.stream import dead_letter, resume_consumer
+from astraflow.core.stream import TP, FaultPoints, Input, Output, OutRecord, Processor, Resume
 from astraflow.core.topics import topic_def, topic_name
 from astraflow.policies import checkpoint as ckpt_io
 from astraflow.policies.base import GroupRef, PolicyError
 from astraflow.policies.chain import Chain
-from astraflow.policies.checkpoint import Checkpoint, OutRecord
+from astraflow.policies.checkpoint import Checkpoint
 
 log = logging.getLogger("astraflow.policies")
 
 FAULT_ENV = "ASTRAFLOW_POLICY_FAULT"  # "point:n": SIGKILL self the n-th time at point (tests)
-KEEPALIVE_S = 60.0  # a paused main consumer still polls this often (Kafka's poll interval)
 LOG_EVERY_S = 30.0
-OUTBOX_BYTES = 32 * 1024 * 1024  # a cycle runs early once this much output is waiting
 _group_ref = msgspec.msgpack.Decoder(GroupRef).decode
 
 _ROUTES: dict[type, str] = {Task: "tasks", TrajectoryGroup: "groups", GroupStats: "stats"}
@@ -119,26 +115,9 @@ def stage_topics(run: str, stage: str, chain: Chain, *, policies: tuple[str, ...
                        run=run)
 
 
-class _Faults:
-    """``ASTRAFLOW_POLICY_FAULT=after_flush:3`` kills this process with SIGKILL the third
-    time it reaches ``after_flush`` in a cycle with outputs (also: after_checkpoint,
-    after_commit). For crash tests."""
-
-    def __init__(self, spec: str | None) -> None:
-        self.point, self.left = "", 0
-        if spec:
-            point, _, n = spec.partition(":")
-            self.point, self.left = point, int(n or 1)
-
-    def hit(self, point: str, outputs: int) -> None:
-        if point == self.point and outputs:
-            self.left -= 1
-            if self.left <= 0:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-
 class StageRunner:
-    """Runs a :class:`Chain` between bus topics; see the module docstring."""
+    """Runs a :class:`Chain` between bus topics: a handler on the processor runtime
+    (:class:`~astraflow.core.stream.Processor`); see the module docstring."""
 
     def __init__(self, bus: Bus, chain: Chain, topics: StageTopics, *, stage: str,
                  policy: str | None, checkpoint: Path, group: str,
@@ -158,182 +137,109 @@ class StageRunner:
         self.poll_timeout = poll_timeout
         self.session_timeout = session_timeout
         self.component = component or f"policy-{stage}" + (f"-{policy}" if policy else "")
-        self.offsets: dict[tuple[str, int], int] = {}
-        self.outbox: list[OutRecord] = []
-        self._outbox_bytes = 0
-        self._recovered: list[OutRecord] = []
-        self._cycle_no = 0
-        self._dirty = False
-        self._gaps: set[tuple[str, int]] = set()
-        self._faults = _Faults(os.environ.get(FAULT_ENV))
-        self._closing = False
-        self.stats: dict[str, float] = {}
+        self.stats: dict[str, float] = {}  # the runtime's counters and checkpoint_bytes
+        self._proc: Processor | None = None
+        self._last_log = time.monotonic()
         # counters() names that are current values: reported as gauges
         self._levels = chain.levels() | {"runner.checkpoint_bytes"}
 
     # -------------------------------------------------------------------- counters
 
-    def _count(self, key: str, n: float = 1) -> None:
-        self.stats[key] = self.stats.get(key, 0) + n
-
     def counters(self) -> dict[str, float]:
         """The stage's counters: the runner's (``in``, ``out``, ...) and every policy's
         (``<policy>.<counter>``, checkpointed with its state)."""
+        if self._proc is not None:
+            self.stats.update(self._proc.stats)
         return {**{f"runner.{k}": v for k, v in sorted(self.stats.items())},
                 **self.chain.counters()}
 
-    # -------------------------------------------------------------------- recovery
+    # ------------------------------------------------------------- the handler
 
-    def _recover(self) -> None:
+    def restore(self) -> Resume | None:
         ck = ckpt_io.load(self.path)
         if ck is None:
             log.info("stage=%s no checkpoint at %s; starting from the committed offsets",
                      self.stage, self.path)
-            return
+            return None
         if ck.run != self.topics.run or ck.stage != self.stage or ck.policy != self.policy:
             raise PolicyError(f"checkpoint {self.path} belongs to run={ck.run} stage={ck.stage} "
                               f"policy={ck.policy}, not run={self.topics.run} stage={self.stage}"
                               f" policy={self.policy}; point data.checkpoint_dir elsewhere")
         self.chain.restore(ck.states)
         self.chain.ctx.versions = dict(ck.versions)
-        self.offsets = {(t, p): o for t, parts in ck.offsets.items() for p, o in parts.items()}
-        if ckpt_io.delivered(self.path) != ck.cycle:
-            self._recovered = list(ck.outbox)
-        self._cycle_no = ck.cycle
+        offsets = {(t, p): o for t, parts in ck.offsets.items() for p, o in parts.items()}
+        outbox = list(ck.outbox) if ckpt_io.delivered(self.path) != ck.cycle else []
         log.info("stage=%s resumed from checkpoint cycle=%d partitions=%d to_reproduce=%d",
-                 self.stage, ck.cycle, len(self.offsets), len(self._recovered))
+                 self.stage, ck.cycle, len(offsets), len(outbox))
+        return Resume(offsets, ck.cycle, outbox)
 
-    # -------------------------------------------------------------------- consumers
+    def checkpoint(self, offsets: dict[TP, int], outbox: list[OutRecord], cycle: int
+                   ) -> dict[TP, int]:
+        by_topic: dict[str, dict[int, int]] = {}
+        for (t, p), o in offsets.items():
+            by_topic.setdefault(t, {})[p] = o
+        self.stats["checkpoint_bytes"] = ckpt_io.save(self.path, Checkpoint(
+            run=self.topics.run, stage=self.stage, policy=self.policy, cycle=cycle,
+            offsets=by_topic, versions=dict(self.chain.ctx.versions),
+            states=self.chain.snapshot(), outbox=outbox))
+        return offsets
 
-    def _consumer(self, group: str, topics: list[str]) -> Consumer:
-        def on_revoke(pairs: list[tuple[str, int]]) -> None:
-            if self._closing:
-                return
-            log.warning("stage=%s group=%s lost %s: a stage processor is a singleton; if "
-                        "another instance runs, stop it", self.stage, group, pairs)
+    def delivered(self, cycle: int) -> None:
+        ckpt_io.mark_delivered(self.path, cycle)
 
-        # Records before a partition's offset are skipped by _fresh where a seek fails.
-        return resume_consumer(self.bus, group, topics, lambda: self.offsets,
-                               client_id=self.component, session_timeout=self.session_timeout,
-                               on_revoke=on_revoke, label=f"stage={self.stage} ")
+    def ready(self) -> bool:
+        return self.chain.ready()
 
-    def _fresh(self, msg: Message) -> bool:
-        """False for a record the state already reflects; notes the offset otherwise."""
-        tp = (msg.topic, msg.partition)
-        done = self.offsets.get(tp)
-        if done is not None and msg.offset < done:
-            self._count("skipped_done")
-            return False
-        if done is not None and msg.offset > done and tp not in self._gaps:
-            self._gaps.add(tp)
-            log.warning("stage=%s %s[%d]: records %d..%d were never processed (committed "
-                        "offsets ahead of the checkpoint?)", self.stage, tp[0], tp[1], done,
-                        msg.offset - 1)
-        self.offsets[tp] = msg.offset + 1
-        self._dirty = True
-        return True
+    def done(self) -> bool:
+        return False
 
-    # ------------------------------------------------------------------- processing
+    def due(self) -> bool:
+        return False
 
-    def _dead(self, msg: Message, error: BaseException) -> None:
-        self._count("dead_lettered")
-        log.warning("stage=%s dead-lettered origin=%s key=%r error=%s", self.stage, msg.origin,
-                    msg.key, error)
-        self._emit([dead_letter(msg, error, group=self.group, component=self.component)])
+    def tick(self) -> list[Output]:
+        self.chain.ctx.now = time.time()
+        outputs = self._outputs(self.chain.tick())
+        self._report()
+        now = time.monotonic()
+        if now - self._last_log >= LOG_EVERY_S:
+            log.info("stage=%s %s", self.stage, _kv(self.counters()))
+            self._last_log = now
+        return outputs
 
-    def _emit(self, records: list[Record]) -> None:
-        limit = self.bus.max_message_bytes
+    def _main(self, record: Record, msg: Message) -> list[Output]:
+        self.chain.ctx.now = time.time()
+        return self._outputs(self.chain.feed(record))
+
+    def _side(self, record: Any, msg: Message) -> list[Output]:
+        self.chain.ctx.now = time.time()
+        self.chain.side(record)
+        return []
+
+    def _decode_side(self, msg: Message) -> Any:
+        kind = self.topics.side_kind(msg.topic)
+        if kind == "weights":
+            return decode(msg.value, WeightManifest)
+        if kind == "stats":
+            return decode(msg.value, GroupStats)
+        try:
+            return _group_ref(msg.value)
+        except (msgspec.ValidationError, msgspec.DecodeError) as e:
+            raise SchemaError(f"invalid TrajectoryGroup: {e}") from e
+
+    def _outputs(self, records: list[Record]) -> list[Output]:
+        out = []
         for r in records:
             topic, key = self.topics.route(r)
-            value = encode(r)
-            if len(value) + len(key or b"") + 64 > limit:
-                self._count("too_large")
-                log.error("stage=%s dropped a %s of %d bytes for %s: over the bus's "
-                          "max_message_bytes=%d (raise it, or make batches/groups smaller)",
-                          self.stage, type(r).__name__, len(value), topic, limit)
-                continue
-            self.outbox.append(OutRecord(topic, key, value, [schema_header(r)]))
-            self._outbox_bytes += len(value)
-            self._dirty = True
+            out.append(Output(topic, r, key))
+        return out
 
-    def _main(self, msgs: list[Message]) -> int:
-        n = 0
-        for msg in msgs:
-            if not self._fresh(msg):
-                continue
-            n += 1
-            self._count("in")
-            try:
-                record = decode(msg.value, self.topics.main_kind)
-            except SchemaError as e:
-                self._dead(msg, e)
-                continue
-            try:
-                outputs = self.chain.feed(record)
-            except Exception as e:  # noqa: BLE001 - one bad record must not stop the stage
-                self._dead(msg, e)
-                continue
-            self._emit(outputs)
-        return n
+    def _commit(self, offsets: Mapping[TP, int]) -> None:
+        assert self._proc is not None
+        self._proc.commit(offsets)
 
-    def _side(self, msgs: list[Message]) -> int:
-        n = 0
-        for msg in msgs:
-            if not self._fresh(msg):
-                continue
-            n += 1
-            self._count("side_in")
-            kind = self.topics.side_kind(msg.topic)
-            try:
-                if kind == "weights":
-                    record: Any = decode(msg.value, WeightManifest)
-                elif kind == "stats":
-                    record = decode(msg.value, GroupStats)
-                else:
-                    try:
-                        record = _group_ref(msg.value)
-                    except (msgspec.ValidationError, msgspec.DecodeError) as e:
-                        raise SchemaError(f"invalid TrajectoryGroup: {e}") from e
-                self.chain.side(record)
-            except Exception as e:  # noqa: BLE001 - as for main records
-                self._dead(msg, e)
-        return n
-
-    # ------------------------------------------------------------------------ cycle
-
-    def _checkpoint(self, outbox: list[OutRecord]) -> None:
-        offsets: dict[str, dict[int, int]] = {}
-        for (t, p), o in self.offsets.items():
-            offsets.setdefault(t, {})[p] = o
-        self._cycle_no += 1
-        size = ckpt_io.save(self.path, Checkpoint(
-            run=self.topics.run, stage=self.stage, policy=self.policy, cycle=self._cycle_no,
-            offsets=offsets, versions=dict(self.chain.ctx.versions),
-            states=self.chain.snapshot(), outbox=outbox))
-        self.stats["checkpoint_bytes"] = size
-
-    def _cycle(self, producer: Any, consumers: list[Consumer]) -> None:
-        outbox = self.outbox
-        self._checkpoint(outbox)
-        self._faults.hit("after_checkpoint", len(outbox))
-        for o in outbox:
-            producer.produce(o.topic, o.value, key=o.key, headers=list(o.headers))
-        producer.flush()
-        self._count("out", len(outbox))
-        self.outbox, self._outbox_bytes, self._dirty = [], 0, False
-        self._faults.hit("after_flush", len(outbox))
-        if outbox:
-            ckpt_io.mark_delivered(self.path, self._cycle_no)
-        self._commit(consumers)
-        self._count("cycles")
-        self._faults.hit("after_commit", len(outbox))
-
-    def _commit(self, consumers: list[Consumer]) -> None:
-        for c in consumers:
-            try:
-                c.commit()
-            except CommitError as e:  # the checkpoint already holds these offsets
-                log.warning("stage=%s commit refused: %s", self.stage, e)
+    def _revoked(self, pairs: list[TP]) -> None:
+        log.warning("stage=%s group=%s lost %s: a stage processor is a singleton; if another "
+                    "instance runs, stop it", self.stage, self.group, pairs)
 
     # -------------------------------------------------------------------------- run
 
@@ -341,83 +247,26 @@ class StageRunner:
             should_stop: Callable[[], bool] | None = None) -> dict[str, float]:
         """Process until ``max_records`` main records, ``timeout`` seconds or
         ``should_stop()``; then run a last cycle and return :meth:`counters`."""
-        self._recover()
-        producer = self.bus.producer(client_id=self.component)
-        consumers: list[Consumer] = []
-        ok = False
+        main_kind = self.topics.main_kind
+        proc = self._proc = Processor(
+            self.bus, self,
+            [Input(self.topics.main, self.group, lambda m: decode(m.value, main_kind),
+                   self._main, max_poll=self.poll_records),
+             Input(self.topics.side, f"{self.group}.side", self._decode_side, self._side,
+                   main=False, max_poll=self.poll_records)],
+            dlq=self.topics.dlq, component=self.component, outbox=True,
+            cycle_interval=self.commit_interval_s, poll_timeout=self.poll_timeout,
+            session_timeout=self.session_timeout, faults=FaultPoints(os.environ.get(FAULT_ENV)),
+            on_revoke=self._revoked, commit=self._commit, label=f"stage={self.stage} ")
         try:
-            if self._recovered:  # outputs of the last cycle before a crash: produce again
-                for o in self._recovered:
-                    producer.produce(o.topic, o.value, key=o.key, headers=list(o.headers))
-                producer.flush()
-                ckpt_io.mark_delivered(self.path, self._cycle_no)
-                self._count("recovered_out", len(self._recovered))
-                self._recovered = []
-            main = self._consumer(self.group, self.topics.main)
-            consumers.append(main)
-            side = self._consumer(f"{self.group}.side", self.topics.side)
-            consumers.append(side)
-            self._loop(producer, main, side, max_records, timeout, should_stop)
-            ok = True
+            proc.run(max_records, timeout, should_stop)
         finally:
-            try:
-                if ok and self._dirty:
-                    self._cycle(producer, consumers)
-            finally:
-                self._closing = True
-                for c in consumers:
-                    c.close()
-                producer.close()
+            proc.close()
         log.info("stage=%s stopped %s", self.stage, _kv(self.counters()))
         if self.metrics is not None:
             self._report(force=True)
             self.metrics.close()
         return self.counters()
-
-    def _loop(self, producer: Any, main: Consumer, side: Consumer, max_records: int | None,
-              timeout: float | None, should_stop: Callable[[], bool] | None) -> None:
-        start = time.monotonic()
-        deadline = None if timeout is None else start + timeout
-        last_cycle = last_log = last_main = start
-        done = 0
-        while True:
-            now = time.monotonic()
-            if should_stop is not None and should_stop():
-                return
-            if deadline is not None and now >= deadline:
-                return
-            left = None if max_records is None else max_records - done
-            if left is not None and left <= 0:
-                return
-            wait = self.poll_timeout if deadline is None else max(
-                0.0, min(self.poll_timeout, deadline - now))
-            self.chain.ctx.now = time.time()
-            n_side = self._side(side.consume(self.poll_records, 0.0))
-            n_main = 0
-            if self.chain.ready():
-                n = self.poll_records if left is None else min(self.poll_records, left)
-                n_main = self._main(main.consume(n, 0.0 if n_side else wait))
-                last_main = now
-            else:
-                if now - last_main >= KEEPALIVE_S:  # stay in the group; the gate queues it
-                    n_main = self._main(main.consume(1, 0.0))
-                    last_main = now
-                if not n_side:
-                    n_side = self._side(side.consume(self.poll_records, wait))
-            done += n_main
-            self.chain.ctx.now = time.time()
-            self._emit(self.chain.tick())
-            now = time.monotonic()
-            idle = not n_main and not n_side
-            if self._dirty and (idle or now - last_cycle >= self.commit_interval_s
-                                or self._outbox_bytes >= OUTBOX_BYTES):
-                self._cycle(producer, [main, side])
-                last_cycle = now
-            self._report()
-            if now - last_log >= LOG_EVERY_S:
-                log.info("stage=%s %s", self.stage, _kv(self.counters()))
-                last_log = now
-
 
     def _report(self, force: bool = False) -> None:
         """Counters to the metrics topic (at the emitter's interval, or now)."""

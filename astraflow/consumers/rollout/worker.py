@@ -40,7 +40,7 @@ from astraflow.core.bus.types import Bus, Consumer, Message
 from astraflow.core.errors import CommitError, RecordTooLargeError, SchemaError
 from astraflow.core.metrics import MetricsEmitter, component_id
 from astraflow.core.records import Task, Trajectory, decode, pack_f32, pack_i32, pack_u8
-from astraflow.core.stream import Output, TypedConsumer, send
+from astraflow.core.stream import DeadLetters, Output, Stop, send
 from astraflow.core.topics import topic_name
 
 log = logging.getLogger("astraflow.rollout.worker")
@@ -154,8 +154,8 @@ class RolloutWorker:
             self._consumer = await self._call(
                 self.bus.consumer, self.group, [self.tasks_topic], client_id=self.worker_id,
                 session_timeout=self.session_timeout, on_revoke=self._on_revoke)
-            self._stream = TypedConsumer(self._consumer, self._producer, Task,
-                                         dlq=self.dlq_topic, component=self.worker_id)
+            self._letters = DeadLetters(self.dlq_topic, component=self.worker_id,
+                                        label=f"worker={self.worker_id} ")
             await self._call(self.metrics.emit, "starting")
             log.info("worker=%s joined group=%s topic=%s", self.worker_id, self.group,
                      self.tasks_topic)
@@ -197,21 +197,15 @@ class RolloutWorker:
     async def _intake(self, max_tasks: int | None, timeout: float | None,
                       should_stop: Callable[[], bool] | None) -> None:
         assert self._consumer is not None
-        deadline = None if timeout is None else time.monotonic() + timeout
+        stop = Stop(max_tasks, timeout, lambda: self._stop_requested or (
+            should_stop is not None and should_stop()))
         last_probe = time.monotonic()
-        while True:
-            if self._stop_requested or (should_stop is not None and should_stop()):
-                return
-            if deadline is not None and time.monotonic() >= deadline:
-                return
-            left = None if max_tasks is None else max_tasks - self.stats.tasks_taken
-            if left is not None and left <= 0:
-                return
+        while not stop.reached(self.stats.tasks_taken):
             free = self.max_concurrent - self._claimed
             if free > 0:
-                n = max(1, free // self._typical_n)
-                msgs = await self._call(self._consumer.consume, min(n, left or n),
-                                        self.poll_timeout)
+                n = stop.left(self.stats.tasks_taken, max(1, free // self._typical_n))
+                msgs = await self._call(self._consumer.consume, n,
+                                        stop.wait(self.poll_timeout))
                 for msg in msgs:
                     await self._accept(msg)
                 last_probe = time.monotonic()
@@ -238,6 +232,10 @@ class RolloutWorker:
                                f"1..{MAX_SAMPLES}")
         self.runtime.workflow(task.workflow)  # RegistryError for an unknown workflow
 
+    def _dead_letter(self, msg: Message, error: BaseException) -> None:
+        send(self._producer, self._letters.letter(msg, error, group=self.group))
+        self._producer.flush()
+
     async def _accept(self, msg: Message) -> None:
         tp = (msg.topic, msg.partition)
         epoch = self.tracker.deliver(tp, msg.offset)
@@ -248,7 +246,7 @@ class RolloutWorker:
         except (SchemaError, TaskRejected, RegistryError) as e:
             self.stats.tasks_dead_lettered += 1
             self.metrics.inc("tasks_dead_lettered")
-            await self._call(self._stream.to_dlq, msg, e)
+            await self._call(self._dead_letter, msg, e)
             self.tracker.finish(tp, msg.offset, epoch)
             self._commit_wake.set()
             return
@@ -385,6 +383,7 @@ class RolloutWorker:
         for t in left:
             t.cancel()
         self.stats.tasks_released += len(left)
+        self.metrics.inc("tasks_released", len(left))
         if left:
             log.info("worker=%s released %d unfinished tasks", self.worker_id, len(left))
         await asyncio.gather(*left, return_exceptions=True)

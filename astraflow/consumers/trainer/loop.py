@@ -18,6 +18,12 @@ checkpoint is the source of truth and the bus's commits only follow it, so after
 every batch after the checkpoint is trained again exactly once and none before it is. When
 stopped (``max_steps``, ``timeout``, ``should_stop`` — the CLI sets it on SIGTERM) it
 finishes the current step, checkpoints, commits, flushes the publisher and returns.
+
+The trainer is a handler on the processor runtime (:class:`~astraflow.core.stream.Processor`):
+the runtime owns the consumer, the offset guard, dead letters, the checkpoint → commit order
+and stopping; the trainer owns the step, the batch-id dedup window, publishing and the
+checkpoint's contents. An error inside a step is not isolated: it stops the trainer, and a
+restart resumes at the checkpoint.
 """
 
 from __future__ import annotations
@@ -33,17 +39,16 @@ from typing import Any
 from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState
 from astraflow.consumers.trainer.engine import Engine
 from astraflow.consumers.trainer.telemetry import Telemetry
-from astraflow.core.bus.types import Bus, Consumer, Message
-from astraflow.core.errors import AstraflowError, BusError, SchemaError
+from astraflow.core.bus.types import Bus, Message
+from astraflow.core.errors import AstraflowError, SchemaError
 from astraflow.core.metrics import MetricsEmitter
 from astraflow.core.records import Batch, decode
-from astraflow.core.stream import Output, dead_letter, resume_consumer, send
+from astraflow.core.stream import TP, Input, OutRecord, Processor, Resume
 from astraflow.core.topics import topic_name
 
 log = logging.getLogger("astraflow.trainer")
 
 StepFn = Callable[[Engine, Batch, int], dict[str, float]]
-TP = tuple[str, int]
 
 
 class TrainerError(AstraflowError):
@@ -97,16 +102,19 @@ class Trainer:
         self.telemetry = Telemetry(metrics=metrics,
                                    log_path=Path(log_path) if log_path is not None else None)
         self.version = 0
-        self.offsets: dict[TP, int] = {}  # next offset to train, per partition
         self.recent: deque[str] = deque(maxlen=dedup_window)  # ids of batches trained
         self._recent_set: set[str] = set()
         self._ckpt_offsets: dict[TP, int] = {}  # what the newest checkpoint holds
         self._checkpointed = 0  # version 0 (the model directory) needs no checkpoint
         self._published = 0  # ... and is what rollout workers start from
-        self._consumer: Consumer | None = None
-        self._producer: Any = None
+        self._proc: Processor | None = None
         self._channel: Any = None  # rank 0 -> other ranks (data parallelism), see dist.py
         self._ready = False
+        self._resumed = False
+        self._stats = TrainStats()  # of the current run()
+        self._max_steps: int | None = None
+        self._seen = {"dead_lettered": 0.0, "skipped_done": 0.0}  # runtime counts reported
+        self._idle_since = time.monotonic()
 
     @property
     def metrics(self) -> MetricsEmitter | None:
@@ -115,6 +123,11 @@ class Trainer:
     @metrics.setter
     def metrics(self, emitter: MetricsEmitter | None) -> None:
         self.telemetry.metrics = emitter
+
+    @property
+    def offsets(self) -> dict[TP, int]:
+        """The next offset to train, per partition."""
+        return dict(self._proc.offsets) if self._proc is not None else dict(self._ckpt_offsets)
 
     # ----------------------------------------------------------------------- lifecycle
 
@@ -128,42 +141,25 @@ class Trainer:
             from astraflow.consumers.trainer.dist import BatchChannel
 
             self._channel = BatchChannel(self.engine.device)
-        state = self.checkpoints.load(self.engine.model, self.engine.optimizer)
         if self.engine.rank > 0:
+            state = self.checkpoints.load(self.engine.model, self.engine.optimizer)
             self.version = state.version if state is not None else 0
             return
-        if state is None:
-            committed = self.bus.committed(self.group, self.topic)
-            if any(committed.values()) and self.on_missing_checkpoint == "error":
-                raise TrainerError(
-                    f"group {self.group} has committed offsets {committed} on {self.topic} but "
-                    f"{self.checkpoints.root} holds no checkpoint: the checkpoint is the source "
-                    "of truth for what was trained. Restore the checkpoint directory, start a "
-                    "new run, or set trainer.on_missing_checkpoint: committed to train fresh "
-                    "weights from the committed offsets")
-        else:
-            self.version = self._checkpointed = self._published = state.version
-            self.offsets = {(t, p): o for t, parts in state.offsets.items()
-                            for p, o in parts.items()}
-            self._ckpt_offsets = dict(self.offsets)
-            for bid in state.recent:
-                self._remember(bid)
-            self.telemetry.counters = dict(state.counters)
-        self._producer = self.bus.producer(client_id=self.component)
-        self._consumer = self._join()
+        self._proc = Processor(
+            self.bus, self, [Input([self.topic], self.group, self._decode, self._handle,
+                                   max_poll=1)],
+            dlq=self.dlq, component=self.component, cycle_interval=None,
+            cycle_when_idle=False, poll_timeout=self.poll_timeout,
+            session_timeout=self.session_timeout, isolate=(),
+            commit=lambda offsets: self._commit(), label=f"trainer policy={self.policy} ")
+        self._proc.open()
         self.telemetry.open()
         self.telemetry.log({"event": "start", "version": self.version,
-                            "resumed": state is not None, "time": time.time()})
-        if state is None and self.publish_initial:
+                            "resumed": self._resumed, "time": time.time()})
+        if not self._resumed and self.publish_initial:
             self._publish()
         log.info("trainer policy=%s version=%d resumed=%s offsets=%s", self.policy,
-                 self.version, state is not None, self.offsets)
-
-    def _join(self) -> Consumer:
-        # The offset guard in _accept skips what came before where a seek fails.
-        return resume_consumer(self.bus, self.group, [self.topic], lambda: self.offsets,
-                               client_id=self.component, session_timeout=self.session_timeout,
-                               label=f"trainer policy={self.policy} ")
+                 self.version, self._resumed, self._ckpt_offsets)
 
     def close(self) -> None:
         """Flush the publisher, leave the group, close files; rank 0 tells the other ranks
@@ -173,13 +169,9 @@ class Trainer:
         self._channel = None
         if self.publisher is not None:
             self.publisher.flush()
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
-        if self._producer is not None:
-            self._producer.flush()
-            self._producer.close()
-            self._producer = None
+        if self._proc is not None:
+            self._proc.close()
+            self._proc = None
         self.telemetry.close()
 
     # ----------------------------------------------------------------------------- run
@@ -189,39 +181,23 @@ class Trainer:
         """Train until ``max_steps`` more steps, ``timeout`` seconds, ``should_stop()``, or
         the configured final version (``max_version``); then checkpoint and commit."""
         self.setup()
-        stats = TrainStats(version=self.version)
+        stats = self._stats = TrainStats(version=self.version)
         if self.engine.rank > 0:
             return self._follow(stats)
-        assert self._consumer is not None
-        deadline = None if timeout is None else time.monotonic() + timeout
+        assert self._proc is not None
+        self._max_steps = max_steps
+        self._idle_since = time.monotonic()
         try:
-            while not self._done(stats, max_steps, should_stop):
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    break
-                wait = self.poll_timeout if deadline is None else max(
-                    0.0, min(self.poll_timeout, deadline - now))
-                msgs = self._consumer.consume(1, wait)
-                waited = time.monotonic() - now
-                stats.wait_s += waited
-                self.telemetry.waited(waited)
-                if not msgs:
-                    self.telemetry.tick()
-                    continue
-                batch = self._accept(msgs[0], stats)
-                if batch is not None:
-                    stats.busy_s += self._step(msgs[0], batch)
-                    stats.steps += 1
-            stats.checkpoints += self._finish()
+            self._proc.run(timeout=timeout, should_stop=should_stop)  # ends with a checkpoint
+            self._runtime_counts()
+            if self.publisher is not None:
+                if self.version > self._published:
+                    self._publish()
+                self.publisher.flush()
+            self.telemetry.tick(force=True)
         finally:
             stats.version = self.version
         return stats
-
-    def _done(self, stats: TrainStats, max_steps: int | None,
-              should_stop: Callable[[], bool] | None) -> bool:
-        return ((should_stop is not None and should_stop())
-                or (max_steps is not None and stats.steps >= max_steps)
-                or (self.max_version is not None and self.version >= self.max_version))
 
     def _follow(self, stats: TrainStats) -> TrainStats:
         """Ranks > 0: train every batch rank 0 hands over until it says stop."""
@@ -232,71 +208,123 @@ class Trainer:
         stats.version = self.version
         return stats
 
-    def _accept(self, msg: Message, stats: TrainStats) -> Batch | None:
-        """The batch in ``msg``, or None for a record to skip (counted, offset advanced)."""
-        tp = (msg.topic, msg.partition)
-        done = self.offsets.get(tp)
-        if done is not None and msg.offset < done:
-            stats.duplicates += 1
-            self.telemetry.inc("skipped_before_checkpoint")
+    # ------------------------------------------------------------- the handler
+
+    def restore(self) -> Resume | None:
+        state = self.checkpoints.load(self.engine.model, self.engine.optimizer)
+        if state is None:
+            committed = self.bus.committed(self.group, self.topic)
+            if any(committed.values()) and self.on_missing_checkpoint == "error":
+                raise TrainerError(
+                    f"group {self.group} has committed offsets {committed} on {self.topic} but "
+                    f"{self.checkpoints.root} holds no checkpoint: the checkpoint is the source "
+                    "of truth for what was trained. Restore the checkpoint directory, start a "
+                    "new run, or set trainer.on_missing_checkpoint: committed to train fresh "
+                    "weights from the committed offsets")
             return None
-        try:
-            batch = decode(msg.value, Batch)
-            if batch.policy != self.policy:
-                raise SchemaError(f"batch {batch.id!r} is for policy {batch.policy!r}, this "
-                                  f"trainer trains {self.policy!r}")
-        except SchemaError as e:
-            stats.dead_lettered += 1
-            self.telemetry.inc("dead_lettered")
-            log.warning("dead-lettered origin=%s error=%s", msg.origin, e)
-            send(self._producer, Output(self.dlq, dead_letter(
-                msg, e, group=self.group, component=self.component), msg.key))
-            self._producer.flush()
-            self.offsets[tp] = msg.offset + 1
-            return None
-        if batch.id in self._recent_set:
-            stats.duplicates += 1
-            self.telemetry.inc("duplicates")
-            log.info("skipping batch id=%s already trained (origin=%s)", batch.id, msg.origin)
-            self.offsets[tp] = msg.offset + 1
-            return None
+        self._resumed = True
+        self.version = self._checkpointed = self._published = state.version
+        self._ckpt_offsets = {(t, p): o for t, parts in state.offsets.items()
+                              for p, o in parts.items()}
+        for bid in state.recent:
+            self._remember(bid)
+        self.telemetry.counters = dict(state.counters)
+        return Resume(dict(self._ckpt_offsets), state.version)
+
+    def checkpoint(self, offsets: dict[TP, int], outbox: list[OutRecord], cycle: int
+                   ) -> dict[TP, int]:
+        """Write a checkpoint when the version moved; otherwise the newest one stands (the
+        records skipped since are skipped again after a restart)."""
+        if self.version > self._checkpointed:
+            self._runtime_counts()
+            by_topic: dict[str, dict[int, int]] = {}
+            for (t, p), o in offsets.items():
+                by_topic.setdefault(t, {})[p] = o
+            self.checkpoints.save(self.engine.model, self.engine.optimizer, TrainerState(
+                version=self.version, offsets=by_topic, recent=list(self.recent),
+                counters=dict(self.telemetry.counters)))
+            self._checkpointed = self.version
+            self._ckpt_offsets = dict(offsets)
+            self._stats.checkpoints += 1
+            self.telemetry.inc("checkpoints")
+        return dict(self._ckpt_offsets)
+
+    def delivered(self, cycle: int) -> None:
+        pass
+
+    def ready(self) -> bool:
+        return True
+
+    def done(self) -> bool:
+        return ((self._max_steps is not None and self._stats.steps >= self._max_steps)
+                or (self.max_version is not None and self.version >= self.max_version))
+
+    def due(self) -> bool:
+        return self.version > self._checkpointed and self.version % self.checkpoint_every == 0
+
+    def tick(self) -> list[Any]:
+        self._waited()
+        self._runtime_counts()
+        self.telemetry.tick()
+        return []
+
+    def _decode(self, msg: Message) -> Batch:
+        batch: Batch = decode(msg.value, Batch)  # type: ignore[assignment]
+        if batch.policy != self.policy:
+            raise SchemaError(f"batch {batch.id!r} is for policy {batch.policy!r}, this "
+                              f"trainer trains {self.policy!r}")
         return batch
 
+    def _handle(self, batch: Batch, msg: Message) -> list[Any]:
+        if batch.id in self._recent_set:
+            self._stats.duplicates += 1
+            self.telemetry.inc("duplicates")
+            log.info("skipping batch id=%s already trained (origin=%s)", batch.id, msg.origin)
+            return []
+        self._waited()
+        self._stats.busy_s += self._step(msg, batch)
+        self._stats.steps += 1
+        self._idle_since = time.monotonic()
+        return []
+
+    def _waited(self) -> None:
+        """Time since the last step ended (or the last tick) is waiting for input."""
+        now = time.monotonic()
+        waited, self._idle_since = now - self._idle_since, now
+        self._stats.wait_s += waited
+        self.telemetry.waited(waited)
+
+    def _runtime_counts(self) -> None:
+        """Dead letters and redelivered records the runtime skipped, into the telemetry."""
+        assert self._proc is not None
+        for key, name in (("dead_lettered", "dead_lettered"),
+                          ("skipped_done", "skipped_before_checkpoint")):
+            n = self._proc.stats.get(key, 0.0) - self._seen[key]
+            if n:
+                self._seen[key] += n
+                self.telemetry.inc(name, n)
+                if key == "dead_lettered":
+                    self._stats.dead_lettered += int(n)
+                else:
+                    self._stats.duplicates += int(n)
+
     def _step(self, msg: Message, batch: Batch) -> float:
-        """Train, publish, checkpoint; returns the busy seconds."""
+        """Train, publish; returns the busy seconds (the runtime checkpoints when due)."""
         started = time.monotonic()
         if self._channel is not None:
             self._channel.send(msg.value)
         metrics = self.step_fn(self.engine, batch, self.version)
         self.version += 1
-        self.offsets[(msg.topic, msg.partition)] = msg.offset + 1
         self._remember(batch.id)
         step_s = time.monotonic() - started
         if self.version % self.publish_every == 0:
             self._publish()
-        if self.version % self.checkpoint_every == 0:
-            self._checkpoint()
         busy = time.monotonic() - started
         self.telemetry.step({
             "step": self.version, "time": time.time(), "batch_id": batch.id,
             "batch_seq": batch.seq, "origin": msg.origin, **metrics, "step_s": step_s,
             "tokens_per_s": metrics.get("tokens", 0.0) / max(step_s, 1e-9)}, busy)
         return busy
-
-    def _finish(self) -> int:
-        """At the end of a run: checkpoint what is not, publish the last version."""
-        wrote = 0
-        if self.version > self._checkpointed:
-            self._checkpoint()
-            wrote = 1
-        else:
-            self._commit()  # the bus may be behind the checkpoint we resumed from
-        if self.publisher is not None:
-            if self.version > self._published:
-                self._publish()
-            self.publisher.flush()
-        self.telemetry.tick(force=True)
-        return wrote
 
     # --------------------------------------------------------------------- effects
 
@@ -307,29 +335,10 @@ class Trainer:
         self._published = self.version
         self.telemetry.inc("published")
 
-    def _checkpoint(self) -> None:
-        offsets: dict[str, dict[int, int]] = {}
-        for (t, p), o in self.offsets.items():
-            offsets.setdefault(t, {})[p] = o
-        state = TrainerState(version=self.version, offsets=offsets, recent=list(self.recent),
-                             counters=dict(self.telemetry.counters))
-        self.checkpoints.save(self.engine.model, self.engine.optimizer, state)
-        self._checkpointed = self.version
-        self._ckpt_offsets = dict(self.offsets)
-        self.telemetry.inc("checkpoints")
-        self._commit()
-
     def _commit(self) -> None:
         """Commit the offsets of the newest checkpoint: the bus never runs ahead of it."""
-        assert self._consumer is not None
-        msgs = [Message(t, p, o - 1, None, b"") for (t, p), o in self._ckpt_offsets.items()
-                if o > 0]
-        if not msgs:
-            return
-        try:
-            self._consumer.commit(msgs)
-        except BusError as e:  # the checkpoint holds the offsets; the bus catches up later
-            log.warning("commit refused (%s); the checkpoint keeps the offsets", e)
+        assert self._proc is not None
+        self._proc.commit(self._ckpt_offsets)
 
     def _remember(self, batch_id: str) -> None:
         if len(self.recent) == self.recent.maxlen:
