@@ -78,6 +78,11 @@ class LaunchConfig(Section):
         None, gt=0, le=1, description="stop the RL phase once every evaluator has measured at "
                                       "least this held-out accuracy (needs evaluate: true); "
                                       "null: run to the step budget or timeout")
+    metrics_port_base: int | None = pydantic.Field(
+        None, ge=1024, le=65000,
+        description="serve every RL-phase role's metrics for Prometheus on its own port, from "
+                    "this one up (role i: base + i), and list them in "
+                    "{out}/prometheus-targets.json (file_sd); null: no endpoints")
     warmup: WarmupConfig = WarmupConfig()
 
     @pydantic.model_validator(mode="after")

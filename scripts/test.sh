@@ -8,5 +8,18 @@ source "$ROOT/scripts/bootstrap.sh"
 cd "$ROOT"
 echo "==> fetching the Kafka broker jars (cached after the first time)"
 astraflow broker fetch
+# tests/run/test_prometheus_dashboard.py runs the real Prometheus server against a run; it
+# fails (it does not skip) where the server is missing.
+if ! command -v prometheus >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "==> installing the Prometheus server (apt-get install prometheus)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  else
+    echo "warning: the Prometheus server is not installed, so the dashboard test will fail:" \
+         "sudo apt-get install prometheus, or a release from https://prometheus.io/download/" \
+         "on PATH (or skip the slow tests: scripts/test.sh -m 'not slow and not gpu')" >&2
+  fi
+fi
 echo "==> running the tests (all but gpu-marked ones)"
 exec python -m pytest -m "not gpu" "$@"

@@ -40,6 +40,7 @@ class MetricsEmitter:
 
     def __init__(self, bus: Bus, *, run: str, role: str, component: str | None = None,
                  interval: float = 2.0) -> None:
+        self.run = run
         self.role = role
         self.component = component or component_id(role)
         self.interval = interval
@@ -54,7 +55,12 @@ class MetricsEmitter:
         if not _serving and os.environ.get(PORT_ENV):
             # One endpoint per process: the first emitter created serves it.
             _serving = True
-            self.serve_prometheus()
+            try:
+                self.serve_prometheus()
+            except OSError as e:  # metrics never stop the work: say so once and go on
+                log.warning("prometheus endpoint not served component=%s %s=%s error=%s; "
+                            "give each process its own port (or 0: any free port)",
+                            self.component, PORT_ENV, os.environ.get(PORT_ENV), e)
 
     def inc(self, name: str, n: float = 1.0) -> None:
         with self._lock:

@@ -1,7 +1,9 @@
 """A Prometheus endpoint per process, exporting a :class:`MetricsEmitter`'s counters and gauges.
 
 Names are ``astraflow_<name>_total`` for counters and ``astraflow_<name>`` for gauges, with
-labels ``role`` and ``component``. The port comes from ``ASTRAFLOW_METRICS_PORT`` (or the
+labels ``run``, ``role`` and ``component`` (the process labels its own series with its run, so
+any Prometheus that scrapes several runs, or a compose stack, can tell them apart without
+scrape-side relabelling). The port comes from ``ASTRAFLOW_METRICS_PORT`` (or the
 caller); 0 picks a free port, which the emitter reports as the gauge ``prometheus_port`` so
 ``astraflow top`` and the run directory can tell where to scrape.
 """
@@ -36,8 +38,8 @@ class _Collector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        labels = ["role", "component"]
-        values = [self.emitter.role, self.emitter.component]
+        labels = ["run", "role", "component"]
+        values = [self.emitter.run, self.emitter.role, self.emitter.component]
         counters, gauges = self.emitter.snapshot()
         for name, v in sorted(counters.items()):
             fam = CounterMetricFamily(f"astraflow_{metric_name(name)}", name, labels=labels)

@@ -28,7 +28,8 @@ def role_env(config: ExperimentConfig) -> dict[str, str]:
 
 
 def rl_roles(config: ExperimentConfig, cfg_path: Path, out: Path) -> list[RoleSpec]:
-    """Every role of the RL phase, one OS process each."""
+    """Every role of the RL phase, one OS process each; with ``launch.metrics_port_base``,
+    each serves its metrics on its own port (in this order, from the base up)."""
     c, o = str(cfg_path), str(out)
     restart = config.launch.restart
     env = role_env(config)
@@ -49,6 +50,10 @@ def rl_roles(config: ExperimentConfig, cfg_path: Path, out: Path) -> list[RoleSp
         if config.launch.evaluate:
             roles.append(RoleSpec(f"evaluator-{p}", cli("evaluate", c, "--policy", p, "--out", o),
                                   restart=restart, env=env))
+    base = config.launch.metrics_port_base
+    if base is not None:
+        for i, role in enumerate(roles):
+            role.metrics_port = base + i
     return roles
 
 

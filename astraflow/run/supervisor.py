@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from astraflow.core.metrics import PORT_ENV
+
 log = logging.getLogger("astraflow.run")
 
 
@@ -32,6 +34,7 @@ class RoleSpec:
     restart: bool = True
     terminal: bool = False  # the phase ends when every terminal role exits 0
     env: dict[str, str] = field(default_factory=dict)
+    metrics_port: int | None = None  # ASTRAFLOW_METRICS_PORT of the role, kept on restart
 
 
 @dataclass
@@ -61,9 +64,11 @@ class RoleProcess:
                         .encode())
         self._log.flush()
         self.handled = False
+        env = {**base_env, **self.spec.env}
+        if self.spec.metrics_port is not None:
+            env[PORT_ENV] = str(self.spec.metrics_port)
         self.proc = subprocess.Popen(self.spec.argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env={**base_env, **self.spec.env},
-                                     start_new_session=True)
+                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
     def tail(self, n: int = 30) -> str:
         try:
@@ -114,6 +119,7 @@ class Supervisor:
             self.roles[spec.name] = rp
             rp.start(self.env)
         self._write_pids()
+        self._write_scrape_targets()
 
     def _write_pids(self) -> None:
         """``processes.json`` in the run directory: role → pid, for operators and tests."""
@@ -121,6 +127,20 @@ class Supervisor:
         tmp = self.out / ".processes.json.tmp"
         tmp.write_text(json.dumps(pids))
         tmp.replace(self.out / "processes.json")
+
+    def _write_scrape_targets(self) -> None:
+        """``prometheus-targets.json`` in the run directory, in Prometheus' file_sd format: one
+        target per role that serves metrics, labelled ``service`` with the role's name (as the
+        compose stack labels its containers), so a Prometheus on this host can scrape the run
+        (``deploy/prometheus/local.yml``). The series carry ``run`` themselves."""
+        targets = [{"targets": [f"127.0.0.1:{r.spec.metrics_port}"],
+                    "labels": {"service": n}}
+                   for n, r in self.roles.items() if r.spec.metrics_port is not None]
+        if not targets:
+            return
+        tmp = self.out / ".prometheus-targets.json.tmp"
+        tmp.write_text(json.dumps(targets, indent=1))
+        tmp.replace(self.out / "prometheus-targets.json")  # atomic: Prometheus re-reads it
 
     def check(self) -> bool:
         """Look at every process once: restart dead ones by their rule. True while the phase

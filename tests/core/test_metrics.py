@@ -38,8 +38,8 @@ def test_prometheus_endpoint_exports_counters_and_gauges(tmp_path: Path) -> None
     port = m.serve_prometheus(0)
     assert port
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    assert 'astraflow_steps_total{component="trainer-x",role="trainer"} 3.0' in text
-    assert 'astraflow_wait_ratio{component="trainer-x",role="trainer"} 0.25' in text
-    assert f'astraflow_prometheus_port{{component="trainer-x",role="trainer"}} {float(port)}' in text
+    assert 'astraflow_steps_total{component="trainer-x",role="trainer",run="r"} 3.0' in text
+    assert 'astraflow_wait_ratio{component="trainer-x",role="trainer",run="r"} 0.25' in text
+    assert f'astraflow_prometheus_port{{component="trainer-x",role="trainer",run="r"}} {float(port)}' in text
     m.close()
     bus.close()
