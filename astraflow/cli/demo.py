@@ -39,7 +39,7 @@ def worker(url: str, run: str, worker_id: str, delay: float) -> None:
     from astraflow.core.bus.types import Message
     from astraflow.core.records import Task, Trajectory, pack_f32, pack_i32, pack_u8
     from astraflow.core.stream import Output, run_processor
-    from astraflow.core.topics import topic_name
+    from astraflow.core.topics import group_name, route, topic_name
 
     stop = False
 
@@ -49,7 +49,6 @@ def worker(url: str, run: str, worker_id: str, delay: float) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     rng = random.Random(worker_id)
-    out_topic = topic_name(run, "trajectories")
 
     def answer(task: Task, msg: Message) -> list[Output]:
         t0 = time.monotonic()
@@ -65,11 +64,12 @@ def worker(url: str, run: str, worker_id: str, delay: float) -> None:
             logprobs=pack_f32([0.0] * n + [-0.1] * m), versions=pack_i32([-1] * n + [0] * m),
             prompt_len=n, reward=float(guess == int(task.reference["answer"])),
             worker_id=worker_id, timings={"total": time.monotonic() - t0})
-        return [Output(out_topic, tr, tr.group_id.encode())]
+        out_topic, key = route(run, tr)
+        return [Output(out_topic, tr, key)]
 
     bus = connect(url)
-    run_processor(bus, group="rollout", inputs=[topic_name(run, "tasks")], kind=Task,
-                  handle=answer, dlq=topic_name(run, "dlq"), component=worker_id,
+    run_processor(bus, group=group_name(run, "rollout"), inputs=[topic_name(run, "tasks")],
+                  kind=Task, handle=answer, dlq=topic_name(run, "dlq"), component=worker_id,
                   batch_size=4, poll_timeout=0.2, session_timeout=SESSION_TIMEOUT,
                   should_stop=lambda: stop)
     bus.close()
@@ -93,7 +93,7 @@ def demo(
     from astraflow.core.bus import connect
     from astraflow.core.records import ChatMessage, Task, Trajectory, decode
     from astraflow.core.stream import Output, send
-    from astraflow.core.topics import topic_name
+    from astraflow.core.topics import group_name, reader_group, record_key, topic_name
 
     console = Console()
     if bus is None:
@@ -113,7 +113,7 @@ def demo(
     console.print(f"[bold]bus[/] {bus}   [bold]run[/] {run}   "
                   f"[bold]workers[/] {', '.join(f'{k} (pid {p.pid})' for k, p in procs.items())}")
     producer = b.producer(client_id="demo-producer")
-    reader = b.consumer(f"demo-reader-{run}", [traj_topic])
+    reader = b.consumer(reader_group("demo", traj_topic), [traj_topic])
     rng = random.Random(0)
     per_worker: Counter[str] = Counter()
     per_task: Counter[str] = Counter()
@@ -130,7 +130,7 @@ def demo(
             state = ("[red]killed (SIGKILL)" if name == killed
                      else "[green]running" if p.poll() is None else f"exited {p.returncode}")
             t.add_row(name, str(p.pid), state, str(per_worker[name]))
-        lag = sum(b.lag("rollout", tasks_topic).values())
+        lag = sum(b.lag(group_name(run, "rollout"), tasks_topic).values())
         t.caption = (f"produced {produced}/{tasks}  answered {len(per_task)}  "
                      f"redelivered {sum(per_task.values()) - len(per_task)}  lag {lag}  "
                      f"reward {sum(rewards) / max(1, len(rewards)):.2f}  "
@@ -147,7 +147,7 @@ def demo(
                 task = Task(id=f"t{produced:05d}", dataset="demo-add",
                             prompt=[ChatMessage(role="user", content=f"{a}+{c}=")],
                             reference={"answer": a + c})
-                send(producer, Output(tasks_topic, task, task.id.encode()))
+                send(producer, Output(tasks_topic, task, record_key("tasks", task)))
                 produced += 1
             producer.flush()
             for m in reader.consume(200, 0.05):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import sys
-import uuid
 from typing import Annotated, Any
 
 import typer
@@ -47,12 +46,13 @@ def inspect(
 ) -> None:
     """Print the records of TOPIC as JSON lines. Reads without committing: a group of its own."""
     from astraflow.core.bus import connect
+    from astraflow.core.topics import reader_group
 
     b = connect(bus)
     ends = b.describe_topic(topic).end_offsets  # also a clear error for an unknown topic
     # Without --follow: stop once every record that existed at start has been printed.
     pending = {p: end - 1 for p, end in ends.items() if end > 0}
-    consumer = b.consumer(f"af-inspect-{uuid.uuid4().hex[:8]}", [topic],
+    consumer = b.consumer(reader_group("inspect", topic), [topic],
                           start="latest" if latest else "earliest")
     seen = 0
     out = sys.stdout.buffer

@@ -23,7 +23,7 @@ from astraflow.core.bus.types import Bus
 from astraflow.core.errors import BusError
 from astraflow.core.records import Metric
 from astraflow.core.stream import Output, send
-from astraflow.core.topics import topic_name
+from astraflow.core.topics import record_key, topic_name
 
 log = logging.getLogger("astraflow.metrics")
 PORT_ENV = "ASTRAFLOW_METRICS_PORT"
@@ -101,7 +101,7 @@ class MetricsEmitter:
                          counters=dict(self.counters), gauges=dict(self.gauges))
         self._last = time.monotonic()
         try:
-            send(self._producer, Output(self._topic, rec, self.component.encode()))
+            send(self._producer, Output(self._topic, rec, record_key("metrics", rec)))
             self._producer.flush()
         except BusError as e:
             log.warning("metrics not emitted component=%s error=%s", self.component, e)

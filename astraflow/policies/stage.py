@@ -39,8 +39,10 @@ def build_runner(config: ExperimentConfig, stage: str, *, policy: str | None = N
                         seed=config.seed)
     topics = stage_topics(config.run, stage, chain, policies=policies, primary=primary,
                           policy=policy)
-    group = f"af.{config.run}.policy.{stage}" + (f".{policy}" if policy else "")
     from astraflow.core.metrics import MetricsEmitter
+    from astraflow.core.topics import group_name
+
+    group = group_name(config.run, "policy", stage=stage, policy=policy)
 
     component = f"policy-{stage}" + (f"-{policy}" if policy else "")
     metrics = MetricsEmitter(bus, run=config.run, role="policy", component=component)

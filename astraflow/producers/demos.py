@@ -23,7 +23,7 @@ from astraflow.core.records import (
     pack_u8,
 )
 from astraflow.core.stream import Output, send
-from astraflow.core.topics import topic_name
+from astraflow.core.topics import route
 from astraflow.producers.sources import TaskSpec
 
 
@@ -59,11 +59,14 @@ def demo_batches(tokenizer: Any, specs: Iterator[TaskSpec], *, policy: str, batc
 
 def produce_demos(bus: Bus, run: str, policy: str, batches: Iterator[Batch]) -> int:
     """Produce the batches to ``batches.<policy>``; returns how many."""
-    topic = topic_name(run, "batches", policy)
     producer = bus.producer(client_id=f"demos-{policy}")
     n = 0
     for b in batches:
-        send(producer, Output(topic, b, policy.encode()))
+        if b.policy != policy:
+            raise ValueError(f"a batch of policy {b.policy!r} among the demonstrations of "
+                             f"{policy!r}: build them with demo_batches(policy={policy!r})")
+        topic, key = route(run, b)
+        send(producer, Output(topic, b, key))
         n += 1
     producer.flush()
     producer.close()

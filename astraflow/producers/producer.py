@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from astraflow.core.bus.types import Bus
 from astraflow.core.errors import SchemaError
 from astraflow.core.records import ChatMessage, Task, decode
 from astraflow.core.stream import Output, send
-from astraflow.core.topics import topic_name
+from astraflow.core.topics import reader_group, record_key, topic_name
 from astraflow.producers.arithmetic import arithmetic
 from astraflow.producers.sources import SourceError, TaskSpec, read_jsonl, read_parquet
 
@@ -73,7 +72,7 @@ def existing_groups(bus: Bus, topic: str, *, timeout: float = 120.0) -> set[str]
     ends = bus.describe_topic(topic).end_offsets
     if not any(ends.values()):
         return set()
-    consumer = bus.consumer(f"af-producer-scan-{uuid.uuid4().hex[:12]}", [topic],
+    consumer = bus.consumer(reader_group("producer-scan", topic), [topic],
                             start="earliest")
     groups: set[str] = set()
     pos = dict.fromkeys(ends, 0)
@@ -121,7 +120,7 @@ def produce_tasks(bus: Bus, pc: Any, *, run: str, out: str | Path = ".",
                 delay = next_at - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-            send(producer, Output(topic, task, task.id.encode()))
+            send(producer, Output(topic, task, record_key(pc.topic, task)))
             stats.produced += 1
             if stats.produced % pc.flush_every == 0:
                 producer.flush()

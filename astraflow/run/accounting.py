@@ -6,7 +6,6 @@ than trusting their counters). ``unaccounted`` must be 0 and ``trained_twice`` m
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import SchemaError
 from astraflow.core.records import Batch, GroupStats, Record, Trajectory, TrajectoryGroup, decode
-from astraflow.core.topics import topic_name
+from astraflow.core.topics import group_name, reader_group, topic_name
 
 
 def read_topic(bus: Bus, topic: str, kind: type[Record]) -> Iterator[tuple[int, int, Any]]:
@@ -23,7 +22,7 @@ def read_topic(bus: Bus, topic: str, kind: type[Record]) -> Iterator[tuple[int, 
     pending = {p: e for p, e in ends.items() if e > 0}
     if not pending:
         return
-    c = bus.consumer(f"af-accounting-{uuid.uuid4().hex[:8]}", [topic])
+    c = bus.consumer(reader_group("accounting", topic), [topic])
     try:
         idle = 0
         while pending and idle < 60:
@@ -55,7 +54,7 @@ def account(bus: Bus, config: Any) -> dict[str, Any]:
         for _, _, g in read_topic(bus, topic_name(run, "groups", p), TrajectoryGroup):
             grouped.update(t.id for t in g.trajectories)
         topic = topic_name(run, "batches", p)
-        consumed = bus.committed(f"af.{run}.trainer.{p}", topic)
+        consumed = bus.committed(group_name(run, "trainer", policy=p), topic)
         for part, off, b in read_topic(bus, topic, Batch):
             ids = [t.id for g in b.groups if not g.replayed for t in g.trajectories]
             batched.update(ids)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -20,7 +19,7 @@ from typing import IO, Any
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import SchemaError
 from astraflow.core.records import Metric, decode
-from astraflow.core.topics import topic_name
+from astraflow.core.topics import reader_group, topic_name
 
 
 @dataclass
@@ -56,7 +55,7 @@ class Collector:
 
     def __post_init__(self) -> None:
         self.topic = topic_name(self.run, "metrics")
-        self._consumer = self.bus.consumer(f"af-collector-{uuid.uuid4().hex[:8]}", [self.topic],
+        self._consumer = self.bus.consumer(reader_group("collector", self.topic), [self.topic],
                                            start="earliest")
         if self.jsonl is not None:
             self.jsonl.parent.mkdir(parents=True, exist_ok=True)

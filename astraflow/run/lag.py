@@ -8,19 +8,19 @@ from astraflow.core.bus.types import Bus
 from astraflow.core.errors import BusError
 from astraflow.core.topics import topic_name
 
-#: (label, consumer group, logical topic, per policy?) — the groups the roles join.
-GROUPS: list[tuple[str, str, str, bool]] = [
-    ("tasks→rollout", "rollout", "tasks", False),
-]
+
+def lag_groups(config: Any) -> list[tuple[str, str, str]]:
+    """(label, consumer group, bus topic) of each group whose lag is shown: the names the roles
+    themselves join (the rollout group is ``rollout.group`` when set, else the run's)."""
+    return [("tasks→rollout", config.rollout.group_for(config.run),
+             topic_name(config.run, "tasks"))]
 
 
 def run_lags(bus: Bus, config: Any) -> dict[str, int]:
     out: dict[str, int] = {}
-    for label, group, name, per_policy in GROUPS:
-        for policy in (config.policies if per_policy else [None]):
-            topic = topic_name(config.run, name, policy)
-            try:
-                out[label + (f"[{policy}]" if policy else "")] = sum(bus.lag(group, topic).values())
-            except BusError:
-                continue
+    for label, group, topic in lag_groups(config):
+        try:
+            out[label] = sum(bus.lag(group, topic).values())
+        except BusError:
+            continue
     return out

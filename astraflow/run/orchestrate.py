@@ -124,7 +124,7 @@ def _warmup(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor,
         return None
     data = config.model_dump()
     for p in config.policies:
-        ck = newest_checkpoint(out / "checkpoints" / f"warmup-{p}")
+        ck = newest_checkpoint(warm.trainer.checkpoint_root(out, p))
         if ck is None:
             console.print(f"[red]warm-up of {p} left no checkpoint[/]")
             return None
@@ -212,15 +212,23 @@ def _await_final_eval(config: ExperimentConfig, col: Any, sup: Supervisor,
         sup.check()
 
 
+def export_final(config: ExperimentConfig, out: Path) -> dict[str, Path]:
+    """Each trainer's newest checkpoint (where its ``trainer.checkpoint_dir`` puts it) as a
+    Hugging Face model directory ``out/final/<policy>``; policies without one are left out."""
+    exported: dict[str, Path] = {}
+    for p in config.policies:
+        ck = newest_checkpoint(config.trainer.checkpoint_root(out, p))
+        if ck is not None:
+            exported[p] = export_model(ck, model_dir(config, p, out), out / "final" / p)
+    return exported
+
+
 def _finish(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, console: Any,
             codes: dict[str, int | None], interrupted: bool, account: Any, plot_run: Any,
             summary: Any) -> int:
     from rich.table import Table
 
-    for p in config.policies:
-        ck = newest_checkpoint(out / "checkpoints" / f"trainer-{p}")
-        if ck is not None:
-            export_model(ck, model_dir(config, p, out), out / "final" / p)
+    export_final(config, out)
     metrics = out / "metrics.jsonl"
     plots = plot_run(metrics, out / "plots") if metrics.exists() else []
     result: dict[str, Any] = summary(metrics) if metrics.exists() else {}

@@ -32,7 +32,7 @@ from astraflow.core.bus.types import Bus
 from astraflow.core.errors import AstraflowError, WeightIntegrityError
 from astraflow.core.records import TensorEntry, WeightManifest
 from astraflow.core.stream import Output, send
-from astraflow.core.topics import topic_name
+from astraflow.core.topics import record_key, topic_name
 from astraflow.weights.bits import bits_dict
 from astraflow.weights.blob import CODEC, Bits, EncodedVersion, check_compatible, encode_version
 from astraflow.weights.codec import DEFAULT_LEVEL
@@ -199,7 +199,7 @@ class Publisher:
             manifests.append(manifest_for(enc, policy=self.policy, uri=uri))
             self.stats.bytes_written += len(enc.blob)
         for m in manifests:
-            send(self._producer, Output(self.topic, m, self.policy.encode()))
+            send(self._producer, Output(self.topic, m, record_key("weights", m)))
         self._producer.flush()
         self._base, self._base_version = bits, version
         self._base_digests = encs[0].digests

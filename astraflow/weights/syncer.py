@@ -19,7 +19,6 @@ import contextlib
 import logging
 import mmap
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -29,7 +28,7 @@ import numpy as np
 from astraflow.core.bus.types import Bus, Message
 from astraflow.core.errors import SchemaError, WeightIntegrityError, WeightStoreError
 from astraflow.core.records import WeightManifest, decode
-from astraflow.core.topics import topic_name
+from astraflow.core.topics import reader_group, topic_name
 from astraflow.weights.bits import digest, dtype_info
 from astraflow.weights.blob import BaseMismatchError, Blob, parse_blob
 from astraflow.weights.route import Route, plan_route
@@ -76,7 +75,7 @@ class Syncer:
         self._bus = bus
         self._seen: dict[int, int] = {}  # partition -> next offset to read
         bus.create_topics({self.topic: 1})
-        self._consumer = bus.consumer(group or f"af-weights-sync-{policy}-{uuid.uuid4().hex[:12]}",
+        self._consumer = bus.consumer(group or reader_group("weights-sync", self.topic),
                                       [self.topic], start="earliest")
 
     # -- the view of the topic ----------------------------------------------------------------

@@ -17,7 +17,7 @@ from rollout_helpers import make_task, produce, wait_for
 
 from astraflow.config import ExperimentConfig, open_bus
 from astraflow.core.records import Metric, Trajectory, decode
-from astraflow.core.topics import topic_name
+from astraflow.core.topics import group_name, topic_name
 
 HERE = Path(__file__).parent
 N_TASKS, N_SAMPLES = 36, 2
@@ -94,7 +94,7 @@ def test_three_workers_share_tasks_and_survive_a_sigkill(bus_url: str, tmp_path:
         ids = {t.id for t in trajs.records}
         assert ids == {f"task-{i}#0/default/{s}" for i in range(N_TASKS)
                        for s in range(N_SAMPLES)}
-        assert sum(bus.lag("rollout", topic_name(run, "tasks")).values()) == 0
+        assert sum(bus.lag(group_name(run, "rollout"), topic_name(run, "tasks")).values()) == 0
         stopped = {m.component for m in metrics.poll() if m.status == "stopped"}
         assert stopped == {"w1", "w2"}
     finally:

@@ -20,7 +20,7 @@ from astraflow.consumers.rollout.service import build_worker
 from astraflow.consumers.rollout.workflows import WORKFLOWS
 from astraflow.core.bus import Bus
 from astraflow.core.records import ChatMessage, DeadLetter, Metric, Task, Trajectory
-from astraflow.core.topics import topic_name
+from astraflow.core.topics import group_name, topic_name
 
 
 def make_config(tmp_path: Path, model: Path, **rollout: Any) -> ExperimentConfig:
@@ -50,6 +50,11 @@ def setup(tmp_path: Path, arith_dir: Path):  # noqa: ANN201
     yield make
     for b in buses:
         b.close()
+
+
+def rollout_lag(bus: Bus, run: str) -> int:
+    """Tasks of ``run`` its rollout group has not committed."""
+    return sum(bus.lag(group_name(run, "rollout"), topic_name(run, "tasks")).values())
 
 
 def by_group(trajs: list[Trajectory]) -> dict[str, set[str]]:
@@ -96,9 +101,9 @@ def test_tasks_become_trajectory_groups(setup, tmp_path: Path) -> None:
     dead = read_all(bus, topic_name(run, "dlq"), DeadLetter)
     assert sorted(d.key for d in dead) == [b"empty", b"garbage", b"task-60"]
     assert any("no_such_workflow" in d.error for d in dead)
-    assert all(d.group == "rollout" for d in dead)
+    assert all(d.group == group_name(run, "rollout") for d in dead)
 
-    assert sum(bus.lag("rollout", topic_name(run, "tasks")).values()) == 0
+    assert rollout_lag(bus, run) == 0
     assert stats.tasks_done == 11 and stats.tasks_dead_lettered == 3
     assert stats.episodes == 32 and stats.episodes_failed == 2
 
@@ -179,7 +184,7 @@ def test_drain_finishes_in_flight_episodes(setup, tmp_path: Path) -> None:
     assert worker.stats.tasks_released == 0
     trajs = read_all(bus, topic_name(cfg.run, "trajectories"))
     assert len(trajs) == 2 * taken
-    assert sum(bus.lag("rollout", topic_name(cfg.run, "tasks")).values()) == 12 - taken
+    assert rollout_lag(bus, cfg.run) == 12 - taken
 
 
 def test_drain_timeout_releases_unfinished_tasks_to_the_next_worker(setup,
@@ -194,14 +199,14 @@ def test_drain_timeout_releases_unfinished_tasks_to_the_next_worker(setup,
     first.request_stop()
     thread.join(60)
     assert first.stats.tasks_released >= 1 and first.stats.tasks_done == 0
-    assert sum(bus.lag("rollout", topic_name(cfg.run, "tasks")).values()) == 4  # none committed
+    assert rollout_lag(bus, cfg.run) == 4  # none committed
 
     second = build_worker(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
         update={"drain_timeout": 60.0})}), tmp_path, bus=bus)
     second.run(max_tasks=4)
     groups = by_group(read_all(bus, topic_name(cfg.run, "trajectories")))
     assert Counter(len(ids) for ids in groups.values()) == {2: 4}
-    assert sum(bus.lag("rollout", topic_name(cfg.run, "tasks")).values()) == 0
+    assert rollout_lag(bus, cfg.run) == 0
 
 
 def test_a_busy_worker_hands_partitions_to_a_new_one(setup, tmp_path: Path) -> None:
@@ -243,4 +248,4 @@ def test_a_busy_worker_hands_partitions_to_a_new_one(setup, tmp_path: Path) -> N
     trajs = read_all(bus, trajectories)
     assert {t.id for t in trajs} == {f"task-{i}#0/default/0" for i in range(n_tasks)}
     assert {t.worker_id for t in trajs} == {"a", "b"}
-    assert sum(bus.lag("rollout", topic_name(cfg.run, "tasks")).values()) == 0
+    assert rollout_lag(bus, cfg.run) == 0

@@ -12,6 +12,8 @@ from typing import Any, Literal
 import pydantic
 
 from astraflow.core.config import Section
+from astraflow.core.errors import ConfigError
+from astraflow.core.topics import check_group, group_name
 
 SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens", "stop", "stop_token_ids")
 
@@ -131,5 +133,19 @@ class RolloutConfig(Section):
     commit_interval: float = pydantic.Field(
         0.2, gt=0, description="seconds between flush+commit of finished tasks")
     metrics_interval: float = pydantic.Field(2.0, gt=0, description="seconds between heartbeats")
-    group: str = pydantic.Field("rollout", description="consumer group on `tasks`")
+    group: str | None = pydantic.Field(
+        None, description="consumer group on `tasks`; null: the run's rollout group "
+                          "af.<run>.rollout (two runs on one cluster never share it)")
     weights: WeightSyncConfig = WeightSyncConfig()
+
+    @pydantic.field_validator("group")
+    @classmethod
+    def _group(cls, group: str | None) -> str | None:
+        try:
+            return None if group is None else check_group(group)
+        except ConfigError as e:  # pydantic collects ValueErrors with the key's path
+            raise ValueError("; ".join(e.problems)) from None
+
+    def group_for(self, run: str) -> str:
+        """The consumer group the workers of run ``run`` join on `tasks`."""
+        return self.group or group_name(run, "rollout")

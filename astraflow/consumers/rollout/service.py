@@ -83,7 +83,7 @@ def build_worker(config: Any, out: str | Path = ".", *, bus: Any = None,
             followers.append(WeightFollower(syncer, engine=engine,
                                             poll_interval=rc.weights.poll_interval))
     return RolloutWorker(
-        bus, runtime, run=config.run, worker_id=worker_id, group=rc.group,
+        bus, runtime, run=config.run, worker_id=worker_id, group=rc.group_for(config.run),
         max_concurrent_episodes=rc.max_concurrent_episodes, episode_timeout=rc.episode_timeout,
         session_timeout=rc.session_timeout, drain_timeout=rc.drain_timeout,
         poll_timeout=rc.poll_timeout, commit_interval=rc.commit_interval,

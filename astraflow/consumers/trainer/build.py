@@ -27,11 +27,6 @@ from astraflow.core.errors import ConfigError
 log = logging.getLogger("astraflow.trainer")
 
 
-def resolve(template: str, out: str | Path, policy: str) -> Path:
-    """A path template with ``{out}`` (the run directory) and ``{policy}`` filled in."""
-    return Path(template.replace("{out}", str(Path(out).resolve())).replace("{policy}", policy))
-
-
 def loss_spec(tc: TrainerConfig) -> LossSpec:
     lc = tc.loss
     return LossSpec(aggregation=lc.aggregation, eps_low=lc.eps_low, eps_high=lc.eps_high,
@@ -134,7 +129,7 @@ def build_trainer(config: Any, policy: str, out: str | Path, *, bus: Bus,
         raise ConfigError(f"unknown policy {policy!r}; valid: {', '.join(config.policies)}")
     tc: TrainerConfig = config.trainer
     engine = build_engine(tc, model_dir(config, policy, out))
-    checkpoints = CheckpointDir(resolve(tc.checkpoint_dir, out, policy), run=config.run,
+    checkpoints = CheckpointDir(tc.checkpoint_root(out, policy), run=config.run,
                                 policy=policy, keep=tc.keep_checkpoints)
     log_path = Path(out).resolve() / f"trainer-{policy}.jsonl" if tc.log_jsonl else None
     return Trainer(

@@ -20,6 +20,7 @@ imports nothing heavy; the trainer builds torch objects from it in
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import pydantic
@@ -146,6 +147,13 @@ class TrainerConfig(Section):
     dedup_window: int = pydantic.Field(10_000, ge=1,
                                        description="recent batch ids remembered (and "
                                                    "checkpointed) to drop duplicates")
+
+    def checkpoint_root(self, out: str | Path, policy: str) -> Path:
+        """Where ``policy``'s trainer keeps its checkpoints in run directory ``out``
+        (``checkpoint_dir`` filled in): the trainer writes there, `astraflow run` exports the
+        newest from there."""
+        return Path(self.checkpoint_dir.replace("{out}", str(Path(out).resolve()))
+                    .replace("{policy}", policy))
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:
