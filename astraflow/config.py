@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
 
 import pydantic
 
@@ -17,6 +16,7 @@ from astraflow.consumers.rollout.config import RolloutConfig
 from astraflow.consumers.trainer.config import TrainerConfig
 from astraflow.core.bus.types import Bus
 from astraflow.core.config import Section, load
+from astraflow.models.config import ModelConfig
 from astraflow.policies.config import DataConfig
 from astraflow.producers.config import ProducerConfig
 from astraflow.weights.config import WeightsConfig
@@ -33,17 +33,6 @@ class BusConfig(Section):
         default_factory=dict, description="extra client settings (Kafka: SASL/SSL, ...)")
     partitions: dict[str, int] = pydantic.Field(
         default_factory=dict, description="partition count per logical topic, e.g. tasks: 8")
-
-
-class ModelConfig(Section):
-    """The model of one policy: a local Hugging Face directory, optionally built here."""
-
-    path: str = pydantic.Field("{out}/models/{policy}",
-                               description="HF model directory ({out}: run dir, {policy})")
-    build: Literal["none", "tiny-arith", "tiny-ascii"] = pydantic.Field(
-        "none", description="build a tiny model at `path` when it does not exist "
-                            "(quickstart and tests; no downloads)")
-    seed: int = 0
 
 
 class WarmupConfig(Section):
@@ -111,6 +100,10 @@ class ExperimentConfig(Section):
     weights: WeightsConfig = WeightsConfig()
     launch: LaunchConfig = LaunchConfig()
 
+    def model(self, policy: str) -> ModelConfig:
+        """The model section of ``policy`` (the defaults when ``models`` does not name it)."""
+        return self.models.get(policy) or ModelConfig()
+
 
 def load_experiment(path: str | Path | None, overrides: Iterable[str] = ()) -> ExperimentConfig:
     return load(ExperimentConfig, path, overrides)
@@ -120,13 +113,12 @@ def open_bus(config: ExperimentConfig, out: str | Path = ".", *,
              create_topics: bool = True) -> Bus:
     """Connect to the experiment's bus (``{out}`` in the URL is the run directory) and create
     every topic of the run (idempotent), so any role may start first."""
-    from astraflow.core.bus import connect
+    from astraflow.core.bus import open_bus as open_run_bus
+    from astraflow.core.topics import run_topics
 
-    url = config.bus.url.replace("{out}", str(Path(out).resolve()))
-    bus = connect(url, config=config.bus.options)
-    if create_topics:
-        create_run_topics(config, bus)
-    return bus
+    topics = (run_topics(config.run, config.policies, config.bus.partitions)
+              if create_topics else None)
+    return open_run_bus(config.bus.url, out, options=config.bus.options, topics=topics)
 
 
 def create_run_topics(config: ExperimentConfig, bus: Bus) -> None:
@@ -137,23 +129,7 @@ def create_run_topics(config: ExperimentConfig, bus: Bus) -> None:
 
 
 def model_dir(config: ExperimentConfig, policy: str, out: str | Path = ".") -> Path:
-    """The model directory of ``policy``, built first when its config asks for a tiny model
-    and it does not exist yet (atomically: built aside, then renamed)."""
-    mc = config.models.get(policy, ModelConfig())
-    path = Path(mc.path.replace("{out}", str(Path(out).resolve())).replace("{policy}", policy))
-    if mc.build != "none" and not (path / "config.json").exists():
-        import tempfile
+    """The model directory of ``policy`` (see :func:`astraflow.models.config.model_dir`)."""
+    from astraflow.models.config import model_dir as resolve_model_dir
 
-        from astraflow.models.tiny import build_model, build_tokenizer, save
-
-        tok = build_tokenizer(mc.build.removeprefix("tiny-"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
-        save(build_model(tok, seed=mc.seed), tok, tmp)
-        try:
-            tmp.rename(path)
-        except OSError:  # another process built it first: use theirs
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return resolve_model_dir(config.model(policy), policy, out)

@@ -48,8 +48,8 @@ def tasks(n: int, samples: int) -> list[Any]:
 
 def ceiling(engine: Any, task_list: list[Any], batch: int, max_new: int) -> tuple[float, int, int]:
     """(seconds, episodes, generated tokens) of the engine called directly."""
-    from astraflow.consumers.rollout.context import encode, render
     from astraflow.consumers.rollout.engines import GenRequest
+    from astraflow.models.prompt import encode, render
 
     tok = engine.tokenizer
     reqs = []

@@ -26,11 +26,11 @@ import torch
 
 from astraflow.config import load_experiment
 from astraflow.consumers.evaluator import greedy_accuracy, held_out
-from astraflow.consumers.rollout.context import render_prompt
 from astraflow.consumers.rollout.rewards import build_reward
 from astraflow.consumers.trainer.build import build_engine
 from astraflow.consumers.trainer.rl import rl_step
 from astraflow.core.records import Batch, Group, Trajectory, pack_f32, pack_i32, pack_u8
+from astraflow.models.prompt import render_prompt
 from astraflow.models.tiny import load
 from astraflow.producers.arithmetic import arithmetic
 

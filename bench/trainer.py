@@ -37,12 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "trainer"
 from trainer_helpers import produce, trajectory  # noqa: E402
 
 from astraflow.config import ExperimentConfig, open_bus  # noqa: E402
-from astraflow.consumers.trainer.build import build_engine, build_trainer  # noqa: E402
+from astraflow.consumers.trainer.build import build_engine  # noqa: E402
 from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState  # noqa: E402
 from astraflow.consumers.trainer.config import TrainerConfig  # noqa: E402
 from astraflow.consumers.trainer.rl import rl_step  # noqa: E402
 from astraflow.core.records import Batch, Group  # noqa: E402
 from astraflow.models.tiny import build_model, build_tokenizer, save  # noqa: E402
+from astraflow.run.roles import build_trainer  # noqa: E402
 from astraflow.weights import FileStore, Publisher  # noqa: E402
 
 TOK = build_tokenizer("arith")

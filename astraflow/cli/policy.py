@@ -34,7 +34,7 @@ def policy(
     """Run one policy stage: consume, apply its chain of policies, produce, checkpoint and
     commit, until stopped (SIGTERM/SIGINT finish the current cycle first)."""
     from astraflow.cli.common import fail, load_config, role_run
-    from astraflow.policies.stage import run_stage
+    from astraflow.run.roles import run_stage
 
     if stage not in STAGES:
         raise fail(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")

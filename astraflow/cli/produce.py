@@ -25,7 +25,7 @@ def produce(
     Task per row to `tasks.raw` (or `tasks`), n samples per task, one group id per (task,
     attempt). Re-running skips groups already on the topic."""
     from astraflow.cli.common import load_config, role_run
-    from astraflow.producers.producer import produce as run_produce
+    from astraflow.run.roles import produce as run_produce
 
     cfg = load_config(config, overrides)
     with role_run() as should_stop:

@@ -30,7 +30,7 @@ def rollout(
     trajectories. SIGTERM/SIGINT: stop taking tasks, finish or release in-flight ones, commit,
     leave the group, exit 0."""
     from astraflow.cli.common import load_config, role_run
-    from astraflow.consumers.rollout.service import run_worker
+    from astraflow.run.roles import run_worker
 
     cfg = load_config(config, overrides)
     with role_run() as should_stop:

@@ -24,8 +24,7 @@ def top(
     from rich.console import Console
     from rich.live import Live
 
-    from astraflow.config import load_experiment
-    from astraflow.core.bus import connect
+    from astraflow.config import load_experiment, open_bus
     from astraflow.run.collector import Collector
     from astraflow.run.lag import run_lags
     from astraflow.run.view import render
@@ -36,7 +35,7 @@ def top(
     if run:
         overrides.append(f"run={run}")
     cfg = load_experiment(config, overrides)
-    b = connect(cfg.bus.url.replace("{out}", str(out.resolve())), config=cfg.bus.options)
+    b = open_bus(cfg, out, create_topics=False)  # a viewer creates nothing
     collector = Collector(b, cfg.run)
     console = Console()
     try:

@@ -45,8 +45,8 @@ def train(
     bus = None
     with role_run() as should_stop:
         try:
-            from astraflow.consumers.trainer.build import build_publisher, build_trainer
             from astraflow.core.metrics import MetricsEmitter
+            from astraflow.run.roles import build_publisher, build_trainer
 
             out.mkdir(parents=True, exist_ok=True)
             bus = open_bus(cfg, out)

@@ -2,7 +2,7 @@
 batches (``Batch`` records) on ``batches.<policy>``.
 
 Each demonstration is one trajectory: the prompt rendered exactly as the rollout worker renders
-it (:func:`astraflow.consumers.rollout.context.render_prompt`), then the answer and ``<eos>``;
+it (:func:`astraflow.models.prompt.render_prompt`), then the answer and ``<eos>``;
 the loss mask covers the answer and ``<eos>`` only. Batches are keyed and numbered like the
 batcher's, so the SFT trainer consumes them like any other batch topic.
 """
@@ -29,8 +29,8 @@ from astraflow.producers.sources import TaskSpec
 
 def demonstration(tokenizer: Any, spec: TaskSpec, answer_key: str = "answer") -> Trajectory:
     """One SFT trajectory: prompt tokens (mask 0) then answer + eos tokens (mask 1)."""
-    from astraflow.consumers.rollout.context import encode as encode_text
-    from astraflow.consumers.rollout.context import render_prompt
+    from astraflow.models.prompt import encode as encode_text
+    from astraflow.models.prompt import render_prompt
 
     _, prompt = render_prompt(tokenizer, spec.prompt)
     answer = encode_text(tokenizer, str(spec.reference[answer_key]), special=False)

@@ -15,15 +15,19 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import SchemaError
+from astraflow.core.paths import expand
 from astraflow.core.records import ChatMessage, Task, decode
 from astraflow.core.stream import Output, send
 from astraflow.core.topics import reader_group, record_key, topic_name
 from astraflow.producers.arithmetic import arithmetic
 from astraflow.producers.sources import SourceError, TaskSpec, read_jsonl, read_parquet
+
+if TYPE_CHECKING:
+    from astraflow.producers.config import ProducerConfig
 
 log = logging.getLogger("astraflow.producer")
 
@@ -35,8 +39,8 @@ class ProduceStats:
     seconds: float = 0.0
 
 
-def specs(pc: Any, out: str | Path = ".") -> Iterator[TaskSpec]:
-    """The source's tasks in order, one pass (``pc``: a ProducerConfig)."""
+def specs(pc: ProducerConfig, out: str | Path = ".") -> Iterator[TaskSpec]:
+    """The source's tasks in order, one pass."""
     if pc.source == "arithmetic":
         for spec, _repeat in arithmetic(pc.arithmetic, dataset=pc.dataset or "arith"):
             yield spec
@@ -46,11 +50,11 @@ def specs(pc: Any, out: str | Path = ".") -> Iterator[TaskSpec]:
                           "files)")
     reader = read_jsonl if pc.source == "jsonl" else read_parquet
     for raw in pc.path:
-        path = Path(raw.replace("{out}", str(Path(out).resolve())))
+        path = Path(expand(raw, out=out))
         yield from reader(path, dataset=pc.dataset or path.stem, fields=pc.fields)
 
 
-def tasks(pc: Any, out: str | Path = ".") -> Iterator[Task]:
+def tasks(pc: ProducerConfig, out: str | Path = ".") -> Iterator[Task]:
     """Task records for ``epochs`` passes over the source."""
     attempts: dict[str, int] = {}
     for _epoch in range(pc.epochs):
@@ -94,10 +98,10 @@ def existing_groups(bus: Bus, topic: str, *, timeout: float = 120.0) -> set[str]
     return groups
 
 
-def produce_tasks(bus: Bus, pc: Any, *, run: str, out: str | Path = ".",
+def produce_tasks(bus: Bus, pc: ProducerConfig, *, run: str, out: str | Path = ".",
                   max_tasks: int | None = None, should_stop: Callable[[], bool] | None = None,
                   client_id: str = "producer") -> ProduceStats:
-    """Produce the source's tasks (``pc``: a ProducerConfig) to the run's topic; flushes."""
+    """Produce the source's tasks to the run's topic; flushes."""
     start = time.monotonic()
     topic = topic_name(run, pc.topic)
     existing = existing_groups(bus, topic) if pc.skip_existing else set()
@@ -133,21 +137,17 @@ def produce_tasks(bus: Bus, pc: Any, *, run: str, out: str | Path = ".",
     return stats
 
 
-def produce(config: Any, out: str | Path = ".", *, max_tasks: int | None = None,
+def produce(bus: Bus, pc: ProducerConfig, *, run: str, out: str | Path = ".",
+            max_tasks: int | None = None,
             should_stop: Callable[[], bool] | None = None) -> ProduceStats:
-    """``astraflow produce``: open the experiment's bus, produce, report to ``metrics``."""
-    from astraflow.config import open_bus
+    """``astraflow produce``: :func:`produce_tasks` on the run's bus (whose topics exist),
+    reporting its counters to ``metrics``."""
     from astraflow.core.metrics import MetricsEmitter
 
-    bus = open_bus(config, out)
-    try:
-        metrics = MetricsEmitter(bus, run=config.run, role="producer")
-        stats = produce_tasks(bus, config.producer, run=config.run, out=out,
-                              max_tasks=max_tasks, should_stop=should_stop,
-                              client_id=metrics.component)
-        metrics.inc("tasks_produced", stats.produced)
-        metrics.inc("tasks_skipped", stats.skipped)
-        metrics.close("stopped")
-        return stats
-    finally:
-        bus.close()
+    metrics = MetricsEmitter(bus, run=run, role="producer")
+    stats = produce_tasks(bus, pc, run=run, out=out, max_tasks=max_tasks,
+                          should_stop=should_stop, client_id=metrics.component)
+    metrics.inc("tasks_produced", stats.produced)
+    metrics.inc("tasks_skipped", stats.skipped)
+    metrics.close("stopped")
+    return stats

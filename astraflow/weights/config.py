@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pydantic
 
 from astraflow.core.config import Section
+from astraflow.core.paths import expand
 
 if TYPE_CHECKING:
     from astraflow.core.bus import Bus
@@ -68,14 +69,10 @@ class WeightsConfig(Section):
         description="bytes/s cap on a worker's downloads (emulates a slow link)")
 
 
-def _fill(template: str, out: str | Path, worker: str = "") -> str:
-    return template.replace("{out}", str(Path(out).resolve())).replace("{worker}", worker)
-
-
 def _file_store(cfg: StoreConfig, out: str | Path) -> WeightStore:
     from astraflow.weights.store import FileStore
 
-    return FileStore(_fill(cfg.path, out))
+    return FileStore(expand(cfg.path, out=out))
 
 
 def _http_store(cfg: StoreConfig, out: str | Path) -> WeightStore:
@@ -107,6 +104,6 @@ def build_syncer(bus: Bus, cfg: WeightsConfig, target: Any, *, run: str, policy:
     """A rollout worker's syncer for ``policy`` into ``target`` (a WeightTarget)."""
     from astraflow.weights.syncer import Syncer
 
+    cache_dir = expand(cfg.cache_dir, out=out, worker=f"{worker}/{policy}")
     return Syncer(bus, run=run, policy=policy, store=build_store(cfg.fetch or cfg.store, out),
-                  target=target, cache_dir=_fill(cfg.cache_dir, out, f"{worker}/{policy}"),
-                  rate_limit=cfg.rate_limit)
+                  target=target, cache_dir=cache_dir, rate_limit=cfg.rate_limit)

@@ -14,7 +14,7 @@ from policy_helpers import end_count, group_trajs, manifest, produce, read_all, 
 from astraflow.config import ExperimentConfig, open_bus
 from astraflow.core.records import Batch, Task, decode
 from astraflow.core.topics import topic_name
-from astraflow.policies.stage import run_stage
+from astraflow.run.roles import run_stage
 
 DATA = {
     "pre_rollout": ["gate", "greso"],

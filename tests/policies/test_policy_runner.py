@@ -21,7 +21,7 @@ from astraflow.core.records import Batch, DeadLetter, GroupStats, TrajectoryGrou
 from astraflow.core.topics import topic_name
 from astraflow.policies.base import PolicyError
 from astraflow.policies.runner import StageRunner
-from astraflow.policies.stage import checkpoint_path, run_stage
+from astraflow.run.roles import checkpoint_path, run_stage
 
 POST = {"post_rollout": ["assembler", "staleness", "dynamic_sampling"],
         "assembler": {"group_size": 4}, "commit_interval_s": 0.001, "poll_records": 8}

@@ -12,7 +12,8 @@ import pytest
 from astraflow.config import ExperimentConfig, open_bus
 from astraflow.core.records import Task, decode
 from astraflow.core.topics import topic_name
-from astraflow.producers.producer import produce, produce_tasks, tasks
+from astraflow.producers.producer import produce_tasks, tasks
+from astraflow.run.roles import produce
 
 
 def config(tmp_path: Path, **producer: object) -> ExperimentConfig:

@@ -13,7 +13,7 @@ import signal
 import sys
 
 from astraflow.config import ExperimentConfig
-from astraflow.consumers.rollout.service import run_worker
+from astraflow.run.roles import run_worker
 
 
 def main() -> None:

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from astraflow.config import ExperimentConfig
-from astraflow.consumers.trainer.build import build_engine, build_trainer, loss_spec
+from astraflow.consumers.trainer.build import build_engine, loss_spec
 from astraflow.consumers.trainer.config import TrainerConfig
 from astraflow.core.config import validate
 from astraflow.core.errors import ConfigError
+from astraflow.run.roles import build_trainer
 
 
 def test_defaults_are_valid_and_map_to_a_loss_spec() -> None:

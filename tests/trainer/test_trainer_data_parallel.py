@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from trainer_helpers import produce, random_batch
 
 from astraflow.config import load_experiment, open_bus
-from astraflow.consumers.trainer.build import build_trainer
+from astraflow.run.roles import build_trainer
 
 
 def steps(out: Path) -> list[dict[str, Any]]:

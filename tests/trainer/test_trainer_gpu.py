@@ -12,9 +12,9 @@ import torch
 from trainer_helpers import produce, random_batch
 
 from astraflow.config import open_bus
-from astraflow.consumers.trainer.build import build_trainer
 from astraflow.core.records import WeightManifest, decode
 from astraflow.core.topics import topic_name
+from astraflow.run.roles import build_trainer
 from astraflow.weights import FileStore, Publisher
 
 

@@ -15,8 +15,8 @@ import torch
 from trainer_helpers import SEVEN, TOK, produce, sample, sft_batch, trajectory
 
 from astraflow.config import open_bus
-from astraflow.consumers.trainer.build import build_trainer
 from astraflow.core.records import Batch, Group
+from astraflow.run.roles import build_trainer
 
 
 def steps(log: Path) -> list[dict[str, Any]]:

@@ -14,17 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from astraflow.consumers.rollout.batcher import Batcher
-from astraflow.consumers.rollout.context import (
-    Draft,
-    EpisodeContext,
-    WorkflowError,
-    render_prompt,
-)
+from astraflow.consumers.rollout.context import Draft, EpisodeContext, WorkflowError
 from astraflow.consumers.rollout.engines.base import Engine
 from astraflow.consumers.rollout.rewards import REWARDS
 from astraflow.consumers.rollout.rewards.base import RewardFn
 from astraflow.consumers.rollout.workflows import WORKFLOWS
 from astraflow.core.records import ChatMessage, Task
+from astraflow.models.prompt import render_prompt
 
 PROMPT_CACHE = 4096  # rendered prompts kept (a task's samples render it once)
 DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 64,

@@ -1,14 +1,16 @@
-"""Building a rollout worker from the experiment config (what ``astraflow rollout`` runs)."""
+"""Building a rollout worker from the ``rollout`` section plus what it shares with the run
+(name, policies and their models, the ``weights`` section): what ``astraflow rollout`` runs,
+through :mod:`astraflow.run.roles`."""
 
 from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from astraflow.consumers.rollout.config import SAMPLING_KEYS
+from astraflow.consumers.rollout.config import SAMPLING_KEYS, RolloutConfig
 from astraflow.consumers.rollout.engines.base import Engine, build_engine
 from astraflow.consumers.rollout.registry import load_object
 from astraflow.consumers.rollout.runtime import Runtime
@@ -17,53 +19,54 @@ from astraflow.consumers.rollout.weights import WeightFollower
 from astraflow.consumers.rollout.worker import RolloutWorker, WorkerStats
 from astraflow.core.errors import ConfigError
 from astraflow.core.metrics import component_id
+from astraflow.core.paths import expand
+from astraflow.models.config import ModelConfig, model_dir
+
+if TYPE_CHECKING:
+    from astraflow.core.bus.types import Bus
+    from astraflow.weights.config import WeightsConfig
 
 log = logging.getLogger("astraflow.rollout")
 
 
-def _fill(text: str, out: Path, policy: str = "") -> str:
-    return text.replace("{out}", str(out.resolve())).replace("{policy}", policy)
-
-
-def build_engines(config: Any, out: str | Path = ".") -> dict[str, Engine]:
-    """One engine per hosted policy (``rollout.policies``, default: every policy)."""
-    from astraflow.config import model_dir
-
-    rc = config.rollout
-    out = Path(out)
-    policies = rc.policies or list(config.policies)
-    unknown = [p for p in policies if p not in config.policies]
+def build_engines(rc: RolloutConfig, *, policies: Sequence[str],
+                  models: Mapping[str, ModelConfig], out: str | Path = ".") -> dict[str, Engine]:
+    """One engine per hosted policy (``rc.policies``, default: every policy of the run,
+    ``policies``); a policy's model is ``rc.engine.model`` or else its ``models`` section
+    (the defaults when ``models`` does not name it)."""
+    hosted = rc.policies or list(policies)
+    unknown = [p for p in hosted if p not in policies]
     if unknown:
         raise ConfigError(f"rollout.policies: {unknown} are not policies of this run "
-                          f"({config.policies})")
+                          f"({list(policies)})")
     engines: dict[str, Engine] = {}
-    for policy in policies:
+    for policy in hosted:
         ec = rc.engine
-        path = Path(_fill(ec.model, out, policy)) if ec.model else model_dir(config, policy, out)
+        path = (Path(expand(ec.model, out=out, policy=policy)) if ec.model
+                else model_dir(models.get(policy) or ModelConfig(), policy, out))
         kwargs = ec.model_dump(exclude={"type", "model", *SAMPLING_KEYS})
-        kwargs["checkpoint_dir"] = _fill(ec.checkpoint_dir, out, policy)
+        kwargs["checkpoint_dir"] = expand(ec.checkpoint_dir, out=out, policy=policy)
         engines[policy] = build_engine(ec.type, model_path=path, **kwargs)
     return engines
 
 
-def build_worker(config: Any, out: str | Path = ".", *, bus: Any = None,
-                 engines: dict[str, Engine] | None = None,
+def build_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
+                 models: Mapping[str, ModelConfig], weights: WeightsConfig,
+                 out: str | Path = ".", bus: Bus, engines: dict[str, Engine] | None = None,
                  worker_id: str | None = None) -> RolloutWorker:
-    """A :class:`RolloutWorker` for ``config`` (an ``ExperimentConfig``), with weight followers
-    when ``rollout.weights.enabled`` and the engines can take weights (their syncers are built
-    from the ``weights`` section: store or fetch, cache dir, rate limit)."""
-    from astraflow.config import open_bus
+    """A :class:`RolloutWorker` of run ``run`` on ``bus`` (whose topics exist) as the
+    ``rollout`` section ``rc`` describes, with weight followers when ``rc.weights.enabled``
+    and the engines can take weights (their syncers are built from the ``weights`` section:
+    store or fetch, cache dir, rate limit). ``engines`` default to :func:`build_engines`."""
     from astraflow.weights.config import build_syncer
 
-    rc = config.rollout
     out = Path(out)
     worker_id = worker_id or component_id("rollout")
     for module in rc.workflow.modules:
         importlib.import_module(module)
     for name, path in rc.tools.items():
         TOOLS.add(name, load_object(path, "tool"))
-    bus = bus or open_bus(config, out)
-    engines = engines or build_engines(config, out)
+    engines = engines or build_engines(rc, policies=policies, models=models, out=out)
     runtime = Runtime.create(
         engines, reward=rc.reward.name, reward_kwargs=rc.reward.kwargs,
         reward_timeout=rc.reward.timeout, tool_timeout=rc.tool_timeout,
@@ -78,24 +81,28 @@ def build_worker(config: Any, out: str | Path = ".", *, bus: Any = None,
                 log.warning("policy=%s engine=%s takes no weight updates; its version stays "
                             "at %d", policy, engine.name, engine.version)
                 continue
-            syncer = build_syncer(bus, config.weights, target, run=config.run, policy=policy,
+            syncer = build_syncer(bus, weights, target, run=run, policy=policy,
                                   worker=worker_id, out=out)
             followers.append(WeightFollower(syncer, engine=engine,
                                             poll_interval=rc.weights.poll_interval))
     return RolloutWorker(
-        bus, runtime, run=config.run, worker_id=worker_id, group=rc.group_for(config.run),
+        bus, runtime, run=run, worker_id=worker_id, group=rc.group_for(run),
         max_concurrent_episodes=rc.max_concurrent_episodes, episode_timeout=rc.episode_timeout,
         session_timeout=rc.session_timeout, drain_timeout=rc.drain_timeout,
         poll_timeout=rc.poll_timeout, commit_interval=rc.commit_interval,
         metrics_interval=rc.metrics_interval, followers=followers)
 
 
-def run_worker(config: Any, out: str | Path = ".", *, max_tasks: int | None = None,
+def run_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
+               models: Mapping[str, ModelConfig], weights: WeightsConfig,
+               out: str | Path = ".", bus: Bus, max_tasks: int | None = None,
                timeout: float | None = None, should_stop: Callable[[], bool] | None = None,
                worker_id: str | None = None,
                on_ready: Callable[[RolloutWorker], None] | None = None) -> WorkerStats:
-    """Build the worker from ``config`` and run it until stopped; closes what it opened."""
-    worker = build_worker(config, out, worker_id=worker_id)
+    """Build the worker (:func:`build_worker`) and run it until stopped; closes its engines
+    (the bus is the caller's)."""
+    worker = build_worker(rc, run=run, policies=policies, models=models, weights=weights,
+                          out=out, bus=bus, worker_id=worker_id)
     try:
         if on_ready is not None:
             on_ready(worker)
@@ -103,4 +110,3 @@ def run_worker(config: Any, out: str | Path = ".", *, max_tasks: int | None = No
     finally:
         for engine in worker.runtime.engines.values():
             engine.close()
-        worker.bus.close()

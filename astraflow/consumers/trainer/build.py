@@ -1,8 +1,11 @@
-"""Factories: the experiment config → an :class:`Engine` and a :class:`Trainer`.
+"""Factories: the ``trainer`` section (and the policy's ``models`` section) → an
+:class:`Engine` and a :class:`Trainer`.
 
-Configs reach the trainer's classes only through here. ``accelerate`` places the model on
-the device (CPU, one GPU, or one GPU per process under ``accelerate launch``) and provides
-autocast for ``mixed_precision``; no launcher is needed for a single process.
+Configs reach the trainer's classes only through here; the experiment config never does (the
+composition, :mod:`astraflow.run.roles`, hands over these sections and the run's shared
+values). ``accelerate`` places the model on the device (CPU, one GPU, or one GPU per process
+under ``accelerate launch``) and provides autocast for ``mixed_precision``; no launcher is
+needed for a single process.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import logging
 import os
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,6 +26,10 @@ from astraflow.consumers.trainer.loop import StepFn, Trainer
 from astraflow.consumers.trainer.losses import LossSpec
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import ConfigError
+from astraflow.models.config import ModelConfig, model_dir
+
+if TYPE_CHECKING:
+    from astraflow.weights.publisher import Publisher
 
 log = logging.getLogger("astraflow.trainer")
 
@@ -111,29 +118,18 @@ def step_function(mode: str) -> StepFn:
     return rl_step
 
 
-def build_publisher(config: Any, policy: str, out: str | Path, bus: Bus) -> Any:
-    """The weights publisher of ``policy`` as the ``weights`` section describes it (serving
-    dtype, store, full-snapshot interval)."""
-    from astraflow.weights.config import build_publisher as build
-
-    return build(bus, config.weights, run=config.run, policy=policy, out=out)
-
-
-def build_trainer(config: Any, policy: str, out: str | Path, *, bus: Bus,
-                  publisher: Any = None, metrics: Any = None) -> Trainer:
-    """A trainer of ``policy`` for the experiment ``config`` (an ExperimentConfig) with its
-    model from ``model_dir`` (built first when the config asks for a tiny model)."""
-    from astraflow.config import model_dir
-
-    if policy not in config.policies:
-        raise ConfigError(f"unknown policy {policy!r}; valid: {', '.join(config.policies)}")
-    tc: TrainerConfig = config.trainer
-    engine = build_engine(tc, model_dir(config, policy, out))
-    checkpoints = CheckpointDir(tc.checkpoint_root(out, policy), run=config.run,
-                                policy=policy, keep=tc.keep_checkpoints)
+def build_trainer(tc: TrainerConfig, model: ModelConfig, *, run: str, policy: str,
+                  out: str | Path = ".", bus: Bus, publisher: Publisher | None = None,
+                  metrics: Any = None) -> Trainer:
+    """A trainer of ``policy`` in run ``run`` as the ``trainer`` section ``tc`` describes,
+    starting from the model that ``model`` names (built first when it asks for a tiny one);
+    ``{out}`` in the paths is the run directory ``out``."""
+    engine = build_engine(tc, model_dir(model, policy, out))
+    checkpoints = CheckpointDir(tc.checkpoint_root(out, policy), run=run, policy=policy,
+                                keep=tc.keep_checkpoints)
     log_path = Path(out).resolve() / f"trainer-{policy}.jsonl" if tc.log_jsonl else None
     return Trainer(
-        bus=bus, run=config.run, policy=policy, engine=engine, step_fn=step_function(tc.mode),
+        bus=bus, run=run, policy=policy, engine=engine, step_fn=step_function(tc.mode),
         checkpoints=checkpoints, publisher=publisher, checkpoint_every=tc.checkpoint_every,
         publish_every=tc.publish_every, publish_initial=tc.publish_initial,
         max_version=tc.max_steps, session_timeout=tc.session_timeout_s,

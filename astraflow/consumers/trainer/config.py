@@ -152,8 +152,9 @@ class TrainerConfig(Section):
         """Where ``policy``'s trainer keeps its checkpoints in run directory ``out``
         (``checkpoint_dir`` filled in): the trainer writes there, `astraflow run` exports the
         newest from there."""
-        return Path(self.checkpoint_dir.replace("{out}", str(Path(out).resolve()))
-                    .replace("{policy}", policy))
+        from astraflow.core.paths import expand
+
+        return Path(expand(self.checkpoint_dir, out=out, policy=policy))
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:

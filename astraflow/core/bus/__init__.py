@@ -11,6 +11,7 @@ contract both backends meet.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from astraflow.core.bus.types import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -25,7 +26,7 @@ from astraflow.core.bus.url import BusURL, parse_url
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES", "Bus", "BusURL", "Consumer", "Headers", "Message", "Producer",
-    "TopicInfo", "connect", "parse_url",
+    "TopicInfo", "connect", "open_bus", "parse_url",
 ]
 
 
@@ -49,3 +50,21 @@ def connect(url: str, *, config: Mapping[str, str] | None = None,
     from astraflow.core.bus.kafka import KafkaBus
 
     return KafkaBus(parsed.bootstrap, options=options, max_message_bytes=max_message_bytes)
+
+
+def open_bus(url: str, out: str | Path = ".", *, options: Mapping[str, str] | None = None,
+             topics: Mapping[str, int] | None = None) -> Bus:
+    """Open the bus of a run: ``url`` with ``{out}`` (the run directory) expanded, ``options``
+    as for :func:`connect`, then ``topics`` (name -> partitions, e.g. from
+    :func:`astraflow.core.topics.run_topics`) created, idempotently, so that any role may
+    start first."""
+    from astraflow.core.paths import expand
+
+    bus = connect(expand(url, out=out), config=options)
+    if topics:
+        try:
+            bus.create_topics(dict(topics))
+        except BaseException:
+            bus.close()
+            raise
+    return bus

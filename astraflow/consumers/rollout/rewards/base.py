@@ -8,9 +8,12 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from astraflow.consumers.rollout.registry import Registry
+
+if TYPE_CHECKING:
+    from astraflow.consumers.rollout.config import RewardConfig
 
 log = logging.getLogger("astraflow.rollout.reward")
 
@@ -45,7 +48,7 @@ def _coerce(out: Any) -> tuple[float, dict[str, float]]:
     return float(out), {}
 
 
-def build_reward(config: Any) -> Callable[[str, Mapping[str, Any]], float]:
+def build_reward(config: RewardConfig) -> Callable[[str, Mapping[str, Any]], float]:
     """A plain ``reward(completion, reference) -> float`` from a ``rollout.reward`` section
     (name or module path, kwargs bound), for code outside the worker (the evaluator). It raises
     what the reward raises; use :func:`score` for fault isolation and timeouts."""

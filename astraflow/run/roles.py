@@ -1,0 +1,151 @@
+"""Each role built from the experiment config: the one place that hands a role its own section
+plus the few values it shares with the run (name, policies, models, run directory, seed).
+
+Roles never see :class:`~astraflow.config.ExperimentConfig` (an import-linter contract in
+pyproject.toml says so); their factories take typed sections. These functions, used by the
+role commands (`astraflow train|rollout|policy|produce`), tests and benchmarks, unpack the
+experiment for them and keep the old call shape ``build_x(config, ...)``. Heavy imports
+(torch through the trainer and the engines) happen inside each function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from astraflow.config import ExperimentConfig, create_run_topics, open_bus
+from astraflow.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from astraflow.consumers.rollout.engines.base import Engine
+    from astraflow.consumers.rollout.worker import RolloutWorker, WorkerStats
+    from astraflow.consumers.trainer.loop import Trainer
+    from astraflow.core.bus.types import Bus
+    from astraflow.models.config import ModelConfig
+    from astraflow.policies.runner import StageRunner
+    from astraflow.producers.producer import ProduceStats
+    from astraflow.weights.publisher import Publisher
+
+
+def models(config: ExperimentConfig) -> dict[str, ModelConfig]:
+    """Every policy's model section (the defaults where ``models`` does not name it)."""
+    return {p: config.model(p) for p in config.policies}
+
+
+# trainer -------------------------------------------------------------------------------------
+
+def build_trainer(config: ExperimentConfig, policy: str, out: str | Path, *, bus: Bus,
+                  publisher: Publisher | None = None, metrics: Any = None) -> Trainer:
+    """The trainer of ``policy`` (its model built first when the config asks for a tiny
+    one)."""
+    from astraflow.consumers.trainer.build import build_trainer as build
+
+    if policy not in config.policies:
+        raise ConfigError(f"unknown policy {policy!r}; valid: {', '.join(config.policies)}")
+    return build(config.trainer, config.model(policy), run=config.run, policy=policy, out=out,
+                 bus=bus, publisher=publisher, metrics=metrics)
+
+
+def build_publisher(config: ExperimentConfig, policy: str, out: str | Path,
+                    bus: Bus) -> Publisher:
+    """The weights publisher of ``policy`` as the ``weights`` section describes it."""
+    from astraflow.weights.config import build_publisher as build
+
+    return build(bus, config.weights, run=config.run, policy=policy, out=out)
+
+
+# rollout -------------------------------------------------------------------------------------
+
+def build_engines(config: ExperimentConfig, out: str | Path = ".") -> dict[str, Engine]:
+    """One rollout engine per hosted policy."""
+    from astraflow.consumers.rollout.service import build_engines as build
+
+    return build(config.rollout, policies=config.policies, models=models(config), out=out)
+
+
+def build_worker(config: ExperimentConfig, out: str | Path = ".", *, bus: Bus,
+                 engines: dict[str, Engine] | None = None,
+                 worker_id: str | None = None) -> RolloutWorker:
+    """A rollout worker on ``bus`` (whose topics exist)."""
+    from astraflow.consumers.rollout.service import build_worker as build
+
+    return build(config.rollout, run=config.run, policies=config.policies,
+                 models=models(config), weights=config.weights, out=out, bus=bus,
+                 engines=engines, worker_id=worker_id)
+
+
+def run_worker(config: ExperimentConfig, out: str | Path = ".", *,
+               max_tasks: int | None = None, timeout: float | None = None,
+               should_stop: Callable[[], bool] | None = None, worker_id: str | None = None,
+               on_ready: Callable[[RolloutWorker], None] | None = None) -> WorkerStats:
+    """``astraflow rollout``: open the run's bus (creating its topics), run a worker until
+    stopped, close everything."""
+    from astraflow.consumers.rollout.service import run_worker as run
+
+    bus = open_bus(config, out)
+    try:
+        return run(config.rollout, run=config.run, policies=config.policies,
+                   models=models(config), weights=config.weights, out=out, bus=bus,
+                   max_tasks=max_tasks, timeout=timeout, should_stop=should_stop,
+                   worker_id=worker_id, on_ready=on_ready)
+    finally:
+        bus.close()
+
+
+# policies ------------------------------------------------------------------------------------
+
+def checkpoint_path(config: ExperimentConfig, stage: str, policy: str | None,
+                    out: str | Path = ".") -> Path:
+    """Where the ``stage`` processor (of ``policy``, for the batch stage) checkpoints."""
+    from astraflow.policies.stage import checkpoint_path as path
+
+    return path(config.data, stage, policy, run=config.run, out=out)
+
+
+def build_runner(config: ExperimentConfig, stage: str, *, policy: str | None = None,
+                 out: str | Path = ".", bus: Bus) -> StageRunner:
+    """The runner of ``stage`` on ``bus`` (whose topics exist)."""
+    from astraflow.policies.stage import build_runner as build
+
+    return build(config.data, stage, run=config.run, policies=config.policies,
+                 seed=config.seed, policy=policy, out=out, bus=bus)
+
+
+def run_stage(config: ExperimentConfig, stage: str, *, policy: str | None = None,
+              out: str | Path = ".", bus: Bus | None = None, max_records: int | None = None,
+              timeout: float | None = None, should_stop: Callable[[], bool] | None = None
+              ) -> dict[str, float]:
+    """``astraflow policy``: run one stage processor until ``max_records`` main input records,
+    ``timeout`` seconds or ``should_stop()``; returns its counters. Opens the run's bus unless
+    ``bus`` is given; the run's topics are created either way."""
+    from astraflow.policies.stage import run_stage as run
+
+    own = bus is None
+    if bus is None:
+        bus = open_bus(config, out)
+    else:
+        create_run_topics(config, bus)
+    try:
+        return run(config.data, stage, run=config.run, policies=config.policies,
+                   seed=config.seed, policy=policy, out=out, bus=bus, max_records=max_records,
+                   timeout=timeout, should_stop=should_stop)
+    finally:
+        if own:
+            bus.close()
+
+
+# producer ------------------------------------------------------------------------------------
+
+def produce(config: ExperimentConfig, out: str | Path = ".", *, max_tasks: int | None = None,
+            should_stop: Callable[[], bool] | None = None) -> ProduceStats:
+    """``astraflow produce``: open the run's bus (creating its topics), produce the
+    ``producer`` section's tasks, report to ``metrics``, close."""
+    from astraflow.producers.producer import produce as run
+
+    bus = open_bus(config, out)
+    try:
+        return run(bus, config.producer, run=config.run, out=out, max_tasks=max_tasks,
+                   should_stop=should_stop)
+    finally:
+        bus.close()
