@@ -81,7 +81,7 @@ def run_sync(run_dir: Path, *, policy: str = "default", seconds: float = 300.0,
     model = engine.model
     _, tok = load(mdir)
     reward = build_reward(cfg.rollout.reward)
-    test = held_out(cfg, cfg.launch.eval_problems)
+    test = held_out(cfg.producer, cfg.launch.eval_problems)
     train = [s for s, _ in arithmetic(cfg.producer.arithmetic)]
     rng = random.Random(cfg.seed)
     engine_cfg = cfg.rollout.engine

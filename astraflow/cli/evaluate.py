@@ -23,18 +23,18 @@ def evaluate(
     greedily and report eval_accuracy on the metrics topic. SIGTERM stops it."""
     from astraflow.cli.common import load_config, role_run
     from astraflow.config import open_bus
-    from astraflow.consumers.evaluator import Evaluator
-    from astraflow.core.metrics import MetricsEmitter
+    from astraflow.core.metrics import MetricsEmitter, component_id
+    from astraflow.run.roles import build_evaluator
 
     cfg = load_config(config, overrides)
     name = policy or cfg.policies[0]
     with role_run() as should_stop:
         bus = open_bus(cfg, out)
+        # unique per process: two evaluators of one policy must not share a label
         metrics = MetricsEmitter(bus, run=cfg.run, role="evaluator",
-                                 component=f"evaluator-{name}")
+                                 component=component_id(f"evaluator-{name}"))
         try:
-            ev = Evaluator(cfg, policy=name, out=out, bus=bus, limit=cfg.launch.eval_problems,
-                           metrics=metrics)
+            ev = build_evaluator(cfg, name, out, bus=bus, metrics=metrics)
             try:
                 ev.run(max_evals=max_evals, timeout=timeout, should_stop=should_stop,
                        every=cfg.launch.eval_every)

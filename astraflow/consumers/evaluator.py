@@ -14,9 +14,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from astraflow.producers.sources import TaskSpec
+
+if TYPE_CHECKING:
+    from astraflow.consumers.rollout.config import RewardConfig
+    from astraflow.models.config import ModelConfig
+    from astraflow.producers.config import ProducerConfig
+    from astraflow.weights.config import WeightsConfig
 
 log = logging.getLogger("astraflow.evaluator")
 
@@ -29,16 +35,16 @@ class EvalResult:
     seconds: float
 
 
-def held_out(config: Any, limit: int) -> list[TaskSpec]:
+def held_out(producer: ProducerConfig, limit: int) -> list[TaskSpec]:
     """The held-out problems of the experiment's arithmetic producer (its test split)."""
     from astraflow.producers.arithmetic import arithmetic
 
-    if config.producer.source != "arithmetic":
+    if producer.source != "arithmetic":
         from astraflow.core.errors import ConfigError
 
         raise ConfigError("evaluation needs held-out problems: producer.source=arithmetic "
-                          f"has a test split; {config.producer.source!r} has none yet")
-    cfg = config.producer.arithmetic.model_copy(update={"split": "test", "count": None})
+                          f"has a test split; {producer.source!r} has none yet")
+    cfg = producer.arithmetic.model_copy(update={"split": "test", "count": None})
     return [spec for spec, _ in arithmetic(cfg)][:limit]
 
 
@@ -48,7 +54,7 @@ def greedy_accuracy(model: Any, tokenizer: Any, specs: Sequence[TaskSpec],
     """Fraction of ``specs`` whose greedy completion scores > 0.5."""
     import torch
 
-    from astraflow.consumers.rollout.context import render_prompt
+    from astraflow.models.prompt import render_prompt
 
     pad = tokenizer.pad_token_id
     right = 0
@@ -72,28 +78,33 @@ def greedy_accuracy(model: Any, tokenizer: Any, specs: Sequence[TaskSpec],
 class Evaluator:
     """Greedy held-out accuracy of every weight version it can reach."""
 
-    def __init__(self, config: Any, *, policy: str, out: str | Path, bus: Any,
-                 limit: int = 500, metrics: Any = None) -> None:
-        from astraflow.config import model_dir
+    def __init__(self, *, run: str, policy: str, model: ModelConfig, producer: ProducerConfig,
+                 reward: RewardConfig, max_new_tokens: int, weights: WeightsConfig,
+                 out: str | Path, bus: Any, limit: int = 500, metrics: Any = None,
+                 component: str | None = None) -> None:
         from astraflow.consumers.rollout.engines.target import ModelTarget
         from astraflow.consumers.rollout.rewards import build_reward
+        from astraflow.core.metrics import component_id
         from astraflow.core.topics import topic_name
+        from astraflow.models.config import model_dir
         from astraflow.models.tiny import load
         from astraflow.weights.config import build_syncer
 
         self.policy = policy
         self.metrics = metrics
         self.bus = bus
-        self.dlq = topic_name(config.run, "dlq")
-        self.component = f"evaluator-{policy}"
-        self.model, self.tokenizer = load(model_dir(config, policy, out))
+        self.dlq = topic_name(run, "dlq")
+        # unique per process: two evaluators of one policy must not share a label
+        self.component = component or (metrics.component if metrics is not None
+                                       else component_id(f"evaluator-{policy}"))
+        self.model, self.tokenizer = load(model_dir(model, policy, out))
         self.model.eval()
-        self.specs = held_out(config, limit)
-        self.reward = build_reward(config.rollout.reward)
-        self.max_new_tokens = config.rollout.engine.max_new_tokens
+        self.specs = held_out(producer, limit)
+        self.reward = build_reward(reward)
+        self.max_new_tokens = max_new_tokens
         self.target = ModelTarget(self.model)
-        self.syncer = build_syncer(bus, config.weights, self.target, run=config.run,
-                                   policy=policy, worker="evaluator", out=out)
+        self.syncer = build_syncer(bus, weights, self.target, run=run, policy=policy,
+                                   worker="evaluator", out=out)
         self.results: list[EvalResult] = []
 
     def evaluate(self, version: int) -> EvalResult:

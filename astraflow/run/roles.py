@@ -18,6 +18,7 @@ from astraflow.config import ExperimentConfig, create_run_topics, open_bus
 from astraflow.core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from astraflow.consumers.evaluator import Evaluator
     from astraflow.consumers.rollout.engines.base import Engine
     from astraflow.consumers.rollout.worker import RolloutWorker, WorkerStats
     from astraflow.consumers.trainer.loop import Trainer
@@ -133,6 +134,22 @@ def run_stage(config: ExperimentConfig, stage: str, *, policy: str | None = None
     finally:
         if own:
             bus.close()
+
+
+# evaluator -----------------------------------------------------------------------------------
+
+def build_evaluator(config: ExperimentConfig, policy: str, out: str | Path, *, bus: Bus,
+                    metrics: Any = None) -> Evaluator:
+    """The held-out evaluator of ``policy`` (``launch.eval_problems`` problems)."""
+    from astraflow.consumers.evaluator import Evaluator
+
+    if policy not in config.policies:
+        raise ConfigError(f"unknown policy {policy!r}; valid: {', '.join(config.policies)}")
+    return Evaluator(run=config.run, policy=policy, model=config.model(policy),
+                     producer=config.producer, reward=config.rollout.reward,
+                     max_new_tokens=config.rollout.engine.max_new_tokens,
+                     weights=config.weights, out=out, bus=bus,
+                     limit=config.launch.eval_problems, metrics=metrics)
 
 
 # producer ------------------------------------------------------------------------------------

@@ -26,10 +26,7 @@ from astraflow.consumers.rollout.rewards.base import Score, score
 from astraflow.consumers.rollout.tools import ToolResult, call_tool
 from astraflow.core.errors import AstraflowError
 from astraflow.core.records import ChatMessage, Task, TurnSpan
-
-# render_prompt is re-exported for code that still imports it from here (the evaluator);
-# new code imports astraflow.models.prompt
-from astraflow.models.prompt import encode, render, render_prompt  # noqa: F401
+from astraflow.models.prompt import encode, render
 
 if TYPE_CHECKING:
     from astraflow.consumers.rollout.runtime import Runtime
