@@ -19,7 +19,7 @@ from astraflow.core.config import Section, load
 from astraflow.models.config import ModelConfig
 from astraflow.policies.config import DataConfig
 from astraflow.producers.config import ProducerConfig
-from astraflow.weights.config import WeightsConfig
+from astraflow.weights.config import StoreConfig, WeightsConfig
 
 
 class BusConfig(Section):
@@ -33,6 +33,11 @@ class BusConfig(Section):
         default_factory=dict, description="extra client settings (Kafka: SASL/SSL, ...)")
     partitions: dict[str, int] = pydantic.Field(
         default_factory=dict, description="partition count per logical topic, e.g. tasks: 8")
+    claims: StoreConfig | None = pydantic.Field(
+        StoreConfig(path="{out}/claims"),
+        description="where records over the bus's message limit go by claim check (a long "
+                    "agentic episode): a file or http store that producers and readers share "
+                    "({out}: the run directory, so one host only); null: such records fail")
 
 
 class WarmupConfig(Section):

@@ -182,31 +182,77 @@ class GroupStats(Record, tag="GroupStats", kw_only=True):
     kept: bool = True
 
 
+class TrajRef(msgspec.Struct, array_like=True):
+    """Where one trajectory record lies on the bus, and what the policies after the assembler
+    need of it without fetching it. Written by the assembler (from the record it consumed);
+    read by the batch-stage policies and, to fetch the record, the trainer."""
+
+    id: str
+    topic: str
+    partition: int
+    offset: int
+    sample_index: int = 0
+    reward: float = 0.0
+
+
+def _one_form(kind: str, gid: str, refs: list[TrajRef], trajectories: list[Trajectory]) -> None:
+    if refs and trajectories:
+        raise SchemaError(f"{kind} {gid!r} has both refs and trajectories; a group carries "
+                          "references (the pipeline) or copies (small producer-made batches)")
+
+
 class Group(msgspec.Struct, kw_only=True):
-    """The whole group of trajectories of one (task, attempt) inside a batch."""
+    """The whole group of trajectories of one (task, attempt) inside a batch: references to
+    the records on the bus (``refs``; the trainer fetches them) or, for small batches made
+    without a bus position (SFT demonstrations, benches), copies (``trajectories``). The
+    trainer fills ``trajectories`` from ``refs`` before a step."""
 
     group_id: str
     task_id: str
-    trajectories: list[Trajectory]
+    refs: list[TrajRef] = []
+    trajectories: list[Trajectory] = []
     replayed: bool = False  # true when drawn from the replay buffer
+
+    def __post_init__(self) -> None:
+        _one_form("group", self.group_id, self.refs, self.trajectories)
+
+    def rewards(self) -> list[float]:
+        return [t.reward for t in (self.refs or self.trajectories)]
+
+    def ids(self) -> list[str]:
+        return [t.id for t in (self.refs or self.trajectories)]
 
 
 class TrajectoryGroup(Record, tag="TrajectoryGroup", kw_only=True):
     """A finished group after post-rollout policies. Key: ``group_id``. Assembler → batcher.
 
-    ``version`` is the oldest policy version of any generated token in the group (what the
-    staleness rules compare against the trainer's version); -1 if no token was generated.
+    ``refs`` point at the trajectory records on ``trajectories`` (what the assembler writes
+    when it runs on the bus); ``trajectories`` holds copies instead where there is no bus
+    position (the assembler run as a pure function). ``version`` is the oldest policy version
+    of any generated token in the group (what the staleness rules compare against the
+    trainer's version); -1 if no token was generated.
     """
 
     group_id: str
     task_id: str
     policy: str = "default"
-    trajectories: list[Trajectory]
+    refs: list[TrajRef] = []
+    trajectories: list[Trajectory] = []
     reward_mean: float
     reward_std: float
     version: int
     replayed: bool = False
     created_at: float = msgspec.field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _one_form("group", self.group_id, self.refs, self.trajectories)
+
+    def rewards(self) -> list[float]:
+        return [t.reward for t in (self.refs or self.trajectories)]
+
+    def ids(self) -> list[str]:
+        return [t.id for t in (self.refs or self.trajectories)]
 
 
 class Batch(Record, tag="Batch", kw_only=True):
@@ -215,7 +261,7 @@ class Batch(Record, tag="Batch", kw_only=True):
     id: str
     policy: str
     seq: int  # batch sequence number within the policy, from 0
-    groups: list[Group]
+    groups: list[Group]  # by reference from the batcher; the trainer fetches the records
     created_at: float = msgspec.field(default_factory=time.time)
 
 
@@ -300,14 +346,26 @@ class DeadLetter(Record, tag="DeadLetter", kw_only=True):
     ts: float = msgspec.field(default_factory=time.time)
 
 
+class Claim(Record, tag="Claim", kw_only=True):
+    """A claim check: stands on the bus for a record too large for it, whose encoded bytes
+    are in the claim store (:mod:`astraflow.core.claims`). Key: the original key. Written by
+    any producer whose record is over the bus's message limit; resolved transparently by the
+    processor runtime and the trainer's fetch, so handlers see the original record."""
+
+    uri: str  # where the bytes are, relative to the claim store
+    schema_of: str  # the claimed record's schema, e.g. "Trajectory"
+    size: int  # bytes of the claimed record
+    digest: str  # sha256 hex of those bytes
+
+
 SCHEMAS: dict[str, type[Record]] = {
     cls.schema_name(): cls
     for cls in (Task, Trajectory, GroupStats, TrajectoryGroup, Batch, WeightManifest, Metric,
-                LoadReport, DeadLetter)
+                LoadReport, DeadLetter, Claim)
 }
 
 AnyRecord = (Task | Trajectory | GroupStats | TrajectoryGroup | Batch | WeightManifest | Metric
-             | LoadReport | DeadLetter)
+             | LoadReport | DeadLetter | Claim)
 
 R = TypeVar("R", bound=Record)
 

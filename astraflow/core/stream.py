@@ -39,7 +39,15 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 
-from astraflow.core.bus.types import Bus, Consumer, Message, Producer, RebalanceCallback
+from astraflow.core.bus.types import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    Bus,
+    Consumer,
+    Message,
+    Producer,
+    RebalanceCallback,
+)
+from astraflow.core.claims import BlobStore, encode_for_bus, fits, unclaim
 from astraflow.core.errors import BusError, CommitError, SchemaError
 from astraflow.core.records import DeadLetter, Record, decode, encode, schema_header
 
@@ -64,9 +72,16 @@ class Output:
     key: bytes | None = None
 
 
-def send(producer: Producer, out: Output) -> None:
-    """Produce one record with its schema header."""
-    producer.produce(out.topic, encode(out.record), key=out.key, headers=[schema_header(out.record)])
+def send(producer: Producer, out: Output, *, claims: BlobStore | None = None,
+         limit: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    """Produce one record with its schema header; with a claim store, a record over
+    ``limit`` goes by claim check (:mod:`astraflow.core.claims`)."""
+    if claims is None:
+        producer.produce(out.topic, encode(out.record), key=out.key,
+                         headers=[schema_header(out.record)])
+        return
+    value, headers = encode_for_bus(out.record, limit=limit, store=claims, key=out.key)
+    producer.produce(out.topic, value, key=out.key, headers=headers)
 
 
 class OutRecord(msgspec.Struct, array_like=True):
@@ -312,7 +327,7 @@ class Processor:
                  faults: FaultPoints | None = None,
                  on_revoke: RebalanceCallback | None = None,
                  commit: Callable[[Mapping[TP, int]], None] | None = None,
-                 label: str = "") -> None:
+                 claims: BlobStore | None = None, label: str = "") -> None:
         self.bus = bus
         self.handler = handler
         self.inputs = list(inputs)
@@ -327,6 +342,7 @@ class Processor:
         self.faults = faults or FaultPoints(os.environ.get(FAULT_ENV))
         self.label = label
         self._on_revoke = on_revoke
+        self.claims = claims
         self._commit = commit or self.commit
         self.letters = DeadLetters(dlq, component=component, label=label)
         self.offsets: dict[TP, int] = {}  # next offset to process, per input partition
@@ -456,7 +472,7 @@ class Processor:
             handled += 1
             self.count("in" if inp.main else "side_in")
             try:
-                record = inp.decode(msg)
+                record = inp.decode(unclaim(msg, self.claims))
             except SchemaError as e:
                 self._dead(msg, e, inp.group)
                 continue
@@ -495,17 +511,20 @@ class Processor:
         for out in outputs:
             self._dirty = True
             if not self.outbox_mode:
-                send(self._producer, out)
+                send(self._producer, out, claims=self.claims, limit=limit)
                 self.count("out")
                 continue
-            value = encode(out.record)
-            if len(value) + len(out.key or b"") + 64 > limit:
+            value, headers = encode_for_bus(out.record, limit=limit, store=self.claims,
+                                            key=out.key)
+            if not fits(value, out.key, limit):
                 self.count("too_large")
                 log.error("%sdropped a %s of %d bytes for %s: over the bus's "
-                          "max_message_bytes=%d", self.label, type(out.record).__name__,
-                          len(value), out.topic, limit)
+                          "max_message_bytes=%d and no claim store (bus.claims) to put it in",
+                          self.label, type(out.record).__name__, len(value), out.topic, limit)
                 continue
-            self.outbox.append(OutRecord(out.topic, out.key, value, [schema_header(out.record)]))
+            if headers[0] != schema_header(out.record):
+                self.count("claimed")
+            self.outbox.append(OutRecord(out.topic, out.key, value, headers))
             self._outbox_bytes += len(value)
 
     # ------------------------------------------------------------------------ the cycle

@@ -24,13 +24,18 @@ The incomplete-group rule:
   for a group already closed is dropped (``late``).
 
 n is ``Trajectory.group_size`` when the record carries it, else ``assembler.group_size``.
+
+On the bus the assembler keeps and emits **references** (:class:`TrajRef`: topic, partition,
+offset, id, sample index, reward), not copies: its state stays small, a trajectory crosses the
+bus once, and the trainer fetches the records of a batch itself. Run as a pure function
+(no bus position in the context) it keeps copies instead.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from astraflow.core.records import GroupStats, Record, Trajectory, TrajectoryGroup
+from astraflow.core.records import GroupStats, Record, Trajectory, TrajectoryGroup, TrajRef
 from astraflow.policies.base import Context, PolicyError, bump, remember
 from astraflow.policies.env import BuildEnv, reward_stats, token_versions
 
@@ -43,7 +48,10 @@ class OpenGroup(msgspec.Struct, kw_only=True):
     expected: int
     arrived: list[str] = []  # trajectory ids
     samples: list[int] = []  # distinct sample indices
-    usable: list[Trajectory] = []
+    usable: list[Trajectory] = []  # copies, where the records have no bus position
+    refs: list[TrajRef] = []  # references to the usable records on the bus
+    oldest: int = -1  # policy versions of the usable records' generated tokens
+    newest: int = -1
 
 
 class AssemblerState(msgspec.Struct, kw_only=True):
@@ -100,8 +108,15 @@ class Assembler:
         bump(state.counts, "trajectories")
         if t.finish_reason in self.failed_reasons:
             bump(state.counts, "failed")
-        else:
+        elif ctx.origin is None:
             g.usable.append(t)
+        else:
+            topic, partition, offset = ctx.origin
+            g.refs.append(TrajRef(t.id, topic, partition, offset, t.sample_index, t.reward))
+            lo, hi = token_versions([t])
+            if lo >= 0:
+                g.oldest = lo if g.oldest < 0 else min(g.oldest, lo)
+                g.newest = max(g.newest, hi)
         if t.sample_index not in g.samples:
             g.samples.append(t.sample_index)
             if len(g.samples) >= g.expected:
@@ -124,9 +139,10 @@ class Assembler:
         state.complete.pop(key, None)
         remember(state.closed, key, self.dedup_window)
         usable = sorted(g.usable, key=lambda t: (t.sample_index, t.id))
-        st = reward_stats([t.reward for t in usable], eps=self.eps,
+        refs = sorted(g.refs, key=lambda r: (r.sample_index, r.id))
+        st = reward_stats([t.reward for t in (refs or usable)], eps=self.eps,
                           easy_threshold=self.easy_threshold)
-        oldest, newest = token_versions(usable)
+        oldest, newest = token_versions(usable) if usable else (g.oldest, g.newest)
         stats = GroupStats(task_id=g.task_id, group_id=g.group_id, policy=g.policy, n=st.n,
                            reward_mean=st.mean, reward_std=st.std,
                            zero_variance=st.zero_variance, version=newest, kept=True)
@@ -138,8 +154,8 @@ class Assembler:
         if st.n < g.expected:
             bump(state.counts, "groups_partial")
         group = TrajectoryGroup(group_id=g.group_id, task_id=g.task_id, policy=g.policy,
-                                trajectories=usable, reward_mean=st.mean, reward_std=st.std,
-                                version=oldest)
+                                refs=refs, trajectories=usable, reward_mean=st.mean,
+                                reward_std=st.std, version=oldest)
         return [group, stats]
 
     def counters(self, state: AssemblerState) -> dict[str, int]:

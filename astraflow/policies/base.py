@@ -52,7 +52,8 @@ class PolicyError(AstraflowError):
 
 @dataclass
 class Context:
-    """What a policy may know besides its record and state: the time and the trainer versions.
+    """What a policy may know besides its record and state: the time, the trainer versions
+    and where the record being processed lies on the bus.
 
     ``versions`` holds the newest ``WeightManifest.version`` seen on ``weights.<policy>``;
     a policy with no manifest yet is at version 0 (the initial weights).
@@ -61,6 +62,9 @@ class Context:
     now: float = 0.0
     versions: dict[str, int] = field(default_factory=dict)
     seed: int = 0
+    #: (topic, partition, offset) of the main record being processed, set by the stage
+    #: runner; None where a policy runs as a pure function (no bus position)
+    origin: tuple[str, int, int] | None = None
 
     def version(self, policy: str) -> int:
         return self.versions.get(policy, 0)

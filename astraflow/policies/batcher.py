@@ -53,7 +53,7 @@ class Batcher:
         if len(state.pending) < self.batch_size:
             return []
         batch = Batch(id=f"{self.policy}-{state.seq}", policy=self.policy, seq=state.seq,
-                      groups=[Group(group_id=p.group_id, task_id=p.task_id,
+                      groups=[Group(group_id=p.group_id, task_id=p.task_id, refs=p.refs,
                                     trajectories=p.trajectories, replayed=p.replayed)
                               for p in state.pending])
         state.seq += 1

@@ -65,7 +65,7 @@ class DynamicSampling:
 
     def process(self, g: TrajectoryGroup, state: FilterState, ctx: Context) -> list[Record]:
         bump(state.counts, "generated")
-        st = reward_stats([t.reward for t in g.trajectories], eps=self.eps,
+        st = reward_stats(g.rewards(), eps=self.eps,
                           easy_threshold=self.easy_threshold)
         if st.zero_variance != "none":
             bump(state.counts, f"dropped_{st.zero_variance}")

@@ -38,7 +38,7 @@ class ReplayState(msgspec.Struct, kw_only=True):
 
 def priority(g: TrajectoryGroup) -> float:
     """Mean |advantage| of a group, advantage = reward - group mean."""
-    rewards = [t.reward for t in g.trajectories]
+    rewards = g.rewards()
     if not rewards:
         return 0.0
     mean = sum(rewards) / len(rewards)

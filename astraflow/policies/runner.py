@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 
 from astraflow.core.bus.types import Bus, Message
+from astraflow.core.claims import BlobStore
 from astraflow.core.errors import SchemaError
 from astraflow.core.records import (
     GroupStats,
@@ -46,7 +47,7 @@ from astraflow.core.records import (
     decode,
 )
 from astraflow.core.stream import TP, FaultPoints, Input, Output, OutRecord, Processor, Resume
-from astraflow.core.topics import topic_def, topic_name
+from astraflow.core.topics import group_name, parse_topic, route, topic_name
 from astraflow.policies import checkpoint as ckpt_io
 from astraflow.policies.base import GroupRef, PolicyError
 from astraflow.policies.chain import Chain
@@ -57,9 +58,6 @@ log = logging.getLogger("astraflow.policies")
 FAULT_ENV = "ASTRAFLOW_POLICY_FAULT"  # "point:n": SIGKILL self the n-th time at point (tests)
 LOG_EVERY_S = 30.0
 _group_ref = msgspec.msgpack.Decoder(GroupRef).decode
-
-_ROUTES: dict[type, str] = {Task: "tasks", TrajectoryGroup: "groups", GroupStats: "stats"}
-
 
 @dataclass(frozen=True)
 class StageTopics:
@@ -73,21 +71,13 @@ class StageTopics:
 
     def route(self, record: Record) -> tuple[str, bytes | None]:
         """The topic an output record goes to, and its key (from the topic table)."""
-        name = _ROUTES.get(type(record))
-        if name is None:
-            name = type(record).schema_name().lower()
-            name = {"batch": "batches", "deadletter": "dlq", "metric": "metrics"}.get(name, name)
-        d = topic_def(name)
-        topic = topic_name(self.run, name, getattr(record, "policy", None) if d.per_policy
-                           else None)
-        key = getattr(record, d.key, None)
-        return topic, key.encode() if isinstance(key, str) else key
+        return route(self.run, record)
 
     def side_kind(self, topic: str) -> str:
-        for kind in ("weights", "stats", "groups"):
-            if topic.startswith(f"af.{self.run}.{kind}"):
-                return kind
-        raise PolicyError(f"no side input kind for topic {topic!r}")
+        name = parse_topic(topic).name
+        if name not in ("weights", "stats", "groups"):
+            raise PolicyError(f"no side input kind for topic {topic!r}")
+        return name
 
 
 def stage_topics(run: str, stage: str, chain: Chain, *, policies: tuple[str, ...],
@@ -123,8 +113,10 @@ class StageRunner:
                  policy: str | None, checkpoint: Path, group: str,
                  commit_interval_s: float = 1.0, poll_records: int = 256,
                  poll_timeout: float = 0.2, session_timeout: float = 10.0,
-                 component: str = "", metrics: Any = None) -> None:
+                 component: str = "", metrics: Any = None,
+                 claims: BlobStore | None = None) -> None:
         self.bus = bus
+        self.claims = claims  # where claimed (oversized) records are
         self.metrics = metrics  # a MetricsEmitter: counters go to the metrics topic
         self.chain = chain
         self.topics = topics
@@ -207,8 +199,12 @@ class StageRunner:
         return outputs
 
     def _main(self, record: Record, msg: Message) -> list[Output]:
-        self.chain.ctx.now = time.time()
-        return self._outputs(self.chain.feed(record))
+        ctx = self.chain.ctx
+        ctx.now, ctx.origin = time.time(), (msg.topic, msg.partition, msg.offset)
+        try:
+            return self._outputs(self.chain.feed(record))
+        finally:
+            ctx.origin = None
 
     def _side(self, record: Any, msg: Message) -> list[Output]:
         self.chain.ctx.now = time.time()
@@ -252,12 +248,15 @@ class StageRunner:
             self.bus, self,
             [Input(self.topics.main, self.group, lambda m: decode(m.value, main_kind),
                    self._main, max_poll=self.poll_records),
-             Input(self.topics.side, f"{self.group}.side", self._decode_side, self._side,
+             Input(self.topics.side, group_name(self.topics.run, "policy", stage=self.stage,
+                                               policy=self.policy, side=True),
+                  self._decode_side, self._side,
                    main=False, max_poll=self.poll_records)],
             dlq=self.topics.dlq, component=self.component, outbox=True,
             cycle_interval=self.commit_interval_s, poll_timeout=self.poll_timeout,
             session_timeout=self.session_timeout, faults=FaultPoints(os.environ.get(FAULT_ENV)),
-            on_revoke=self._revoked, commit=self._commit, label=f"stage={self.stage} ")
+            on_revoke=self._revoked, commit=self._commit, claims=self.claims,
+            label=f"stage={self.stage} ")
         try:
             proc.run(max_records, timeout, should_stop)
         finally:

@@ -15,6 +15,7 @@ from astraflow.policies.runner import StageRunner, stage_topics
 
 if TYPE_CHECKING:
     from astraflow.core.bus.types import Bus
+    from astraflow.core.claims import BlobStore
 
 
 def checkpoint_path(data: DataConfig, stage: str, policy: str | None, *, run: str,
@@ -27,7 +28,7 @@ def checkpoint_path(data: DataConfig, stage: str, policy: str | None, *, run: st
 
 def build_runner(data: DataConfig, stage: str, *, run: str, policies: Sequence[str],
                  seed: int = 0, policy: str | None = None, out: str | Path = ".",
-                 bus: Bus) -> StageRunner:
+                 bus: Bus, claims: BlobStore | None = None) -> StageRunner:
     """The runner of ``stage`` of run ``run`` (trainable ``policies``; ``seed`` seeds the
     policies that draw) on ``bus``, whose topics must exist (see
     :func:`astraflow.core.bus.open_bus`)."""
@@ -53,6 +54,7 @@ def build_runner(data: DataConfig, stage: str, *, run: str, policies: Sequence[s
     return StageRunner(bus, chain, topics, stage=stage, policy=policy, component=component,
                        metrics=metrics,
                        checkpoint=checkpoint_path(data, stage, policy, run=run, out=out),
+                       claims=claims,
                        group=group,
                        commit_interval_s=data.commit_interval_s, poll_records=data.poll_records,
                        session_timeout=data.session_timeout_s)
@@ -61,9 +63,10 @@ def build_runner(data: DataConfig, stage: str, *, run: str, policies: Sequence[s
 def run_stage(data: DataConfig, stage: str, *, run: str, policies: Sequence[str],
               seed: int = 0, policy: str | None = None, out: str | Path = ".", bus: Bus,
               max_records: int | None = None, timeout: float | None = None,
-              should_stop: Callable[[], bool] | None = None) -> dict[str, float]:
+              should_stop: Callable[[], bool] | None = None,
+              claims: BlobStore | None = None) -> dict[str, float]:
     """Run one stage processor (:func:`build_runner`) until ``max_records`` main input
     records, ``timeout`` seconds or ``should_stop()``; returns its counters."""
     runner = build_runner(data, stage, run=run, policies=policies, seed=seed, policy=policy,
-                          out=out, bus=bus)
+                          out=out, bus=bus, claims=claims)
     return runner.run(max_records=max_records, timeout=timeout, should_stop=should_stop)

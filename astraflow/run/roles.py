@@ -23,10 +23,20 @@ if TYPE_CHECKING:
     from astraflow.consumers.rollout.worker import RolloutWorker, WorkerStats
     from astraflow.consumers.trainer.loop import Trainer
     from astraflow.core.bus.types import Bus
+    from astraflow.core.claims import BlobStore
     from astraflow.models.config import ModelConfig
     from astraflow.policies.runner import StageRunner
     from astraflow.producers.producer import ProduceStats
     from astraflow.weights.publisher import Publisher
+
+
+def claims(config: ExperimentConfig, out: str | Path) -> BlobStore | None:
+    """The claim store of the run (``bus.claims``), or None where claim checks are off."""
+    if config.bus.claims is None:
+        return None
+    from astraflow.weights.config import build_store
+
+    return build_store(config.bus.claims, out)
 
 
 def models(config: ExperimentConfig) -> dict[str, ModelConfig]:
@@ -45,7 +55,7 @@ def build_trainer(config: ExperimentConfig, policy: str, out: str | Path, *, bus
     if policy not in config.policies:
         raise ConfigError(f"unknown policy {policy!r}; valid: {', '.join(config.policies)}")
     return build(config.trainer, config.model(policy), run=config.run, policy=policy, out=out,
-                 bus=bus, publisher=publisher, metrics=metrics)
+                 bus=bus, publisher=publisher, metrics=metrics, claims=claims(config, out))
 
 
 def build_publisher(config: ExperimentConfig, policy: str, out: str | Path,
@@ -73,7 +83,7 @@ def build_worker(config: ExperimentConfig, out: str | Path = ".", *, bus: Bus,
 
     return build(config.rollout, run=config.run, policies=config.policies,
                  models=models(config), weights=config.weights, out=out, bus=bus,
-                 engines=engines, worker_id=worker_id)
+                 engines=engines, worker_id=worker_id, claims=claims(config, out))
 
 
 def run_worker(config: ExperimentConfig, out: str | Path = ".", *,
@@ -89,7 +99,7 @@ def run_worker(config: ExperimentConfig, out: str | Path = ".", *,
         return run(config.rollout, run=config.run, policies=config.policies,
                    models=models(config), weights=config.weights, out=out, bus=bus,
                    max_tasks=max_tasks, timeout=timeout, should_stop=should_stop,
-                   worker_id=worker_id, on_ready=on_ready)
+                   worker_id=worker_id, on_ready=on_ready, claims=claims(config, out))
     finally:
         bus.close()
 
@@ -110,7 +120,7 @@ def build_runner(config: ExperimentConfig, stage: str, *, policy: str | None = N
     from astraflow.policies.stage import build_runner as build
 
     return build(config.data, stage, run=config.run, policies=config.policies,
-                 seed=config.seed, policy=policy, out=out, bus=bus)
+                 seed=config.seed, policy=policy, out=out, bus=bus, claims=claims(config, out))
 
 
 def run_stage(config: ExperimentConfig, stage: str, *, policy: str | None = None,
@@ -130,7 +140,7 @@ def run_stage(config: ExperimentConfig, stage: str, *, policy: str | None = None
     try:
         return run(config.data, stage, run=config.run, policies=config.policies,
                    seed=config.seed, policy=policy, out=out, bus=bus, max_records=max_records,
-                   timeout=timeout, should_stop=should_stop)
+                   timeout=timeout, should_stop=should_stop, claims=claims(config, out))
     finally:
         if own:
             bus.close()

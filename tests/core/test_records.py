@@ -12,6 +12,7 @@ from astraflow.core.records import (
     SCHEMAS,
     Batch,
     ChatMessage,
+    Claim,
     DeadLetter,
     Group,
     GroupStats,
@@ -21,6 +22,7 @@ from astraflow.core.records import (
     TensorEntry,
     Trajectory,
     TrajectoryGroup,
+    TrajRef,
     WeightManifest,
     WorkerStatus,
     decode,
@@ -63,7 +65,25 @@ EXAMPLES = [
                                      episodes_per_s=1.5, last_seen=0.5)]),
     DeadLetter(origin="a[0]@1", topic="a", partition=0, offset=1, key=b"k", value=b"\xc1",
                headers=[("h", b"v")], error="bad", error_type="SchemaError"),
+    Claim(uri="claims/Trajectory/ab.msgpack", schema_of="Trajectory", size=3, digest="ab"),
 ]
+
+
+def test_groups_by_reference() -> None:
+    ref = TrajRef("tr-1", "af.r.trajectories", 3, 17, 2, 1.0)
+    g = TrajectoryGroup(group_id="t-1#0", task_id="t-1", refs=[ref], reward_mean=1.0,
+                        reward_std=0.0, version=3)
+    assert decode(encode(g), TrajectoryGroup) == g
+    assert g.rewards() == [1.0] and g.ids() == ["tr-1"]
+    b = Batch(id="b-0", policy="solver", seq=0,
+              groups=[Group(group_id="t-1#0", task_id="t-1", refs=[ref])])
+    assert decode(encode(b), Batch) == b
+    with pytest.raises(SchemaError, match="both refs and trajectories"):
+        Group(group_id="g", task_id="t", refs=[ref], trajectories=[trajectory()])
+    with pytest.raises(SchemaError, match="both refs and trajectories"):
+        decode(encode(TrajectoryGroup(group_id="g", task_id="t", trajectories=[trajectory()],
+                                      reward_mean=0, reward_std=0, version=0)).replace(
+            b"\xa4refs\x90", b"\xa4refs\x91" + msgspec.msgpack.encode(ref)), TrajectoryGroup)
 
 
 @pytest.mark.parametrize("record", EXAMPLES, ids=lambda r: type(r).__name__)

@@ -24,6 +24,7 @@ from astraflow.models.config import ModelConfig, model_dir
 
 if TYPE_CHECKING:
     from astraflow.core.bus.types import Bus
+    from astraflow.core.claims import BlobStore
     from astraflow.weights.config import WeightsConfig
 
 log = logging.getLogger("astraflow.rollout")
@@ -53,7 +54,8 @@ def build_engines(rc: RolloutConfig, *, policies: Sequence[str],
 def build_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
                  models: Mapping[str, ModelConfig], weights: WeightsConfig,
                  out: str | Path = ".", bus: Bus, engines: dict[str, Engine] | None = None,
-                 worker_id: str | None = None) -> RolloutWorker:
+                 worker_id: str | None = None, claims: BlobStore | None = None
+                 ) -> RolloutWorker:
     """A :class:`RolloutWorker` of run ``run`` on ``bus`` (whose topics exist) as the
     ``rollout`` section ``rc`` describes, with weight followers when ``rc.weights.enabled``
     and the engines can take weights (their syncers are built from the ``weights`` section:
@@ -86,7 +88,7 @@ def build_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
             followers.append(WeightFollower(syncer, engine=engine,
                                             poll_interval=rc.weights.poll_interval))
     return RolloutWorker(
-        bus, runtime, run=run, worker_id=worker_id, group=rc.group_for(run),
+        bus, runtime, run=run, worker_id=worker_id, group=rc.group_for(run), claims=claims,
         max_concurrent_episodes=rc.max_concurrent_episodes, episode_timeout=rc.episode_timeout,
         session_timeout=rc.session_timeout, drain_timeout=rc.drain_timeout,
         poll_timeout=rc.poll_timeout, commit_interval=rc.commit_interval,
@@ -98,11 +100,12 @@ def run_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
                out: str | Path = ".", bus: Bus, max_tasks: int | None = None,
                timeout: float | None = None, should_stop: Callable[[], bool] | None = None,
                worker_id: str | None = None,
-               on_ready: Callable[[RolloutWorker], None] | None = None) -> WorkerStats:
+               on_ready: Callable[[RolloutWorker], None] | None = None,
+               claims: BlobStore | None = None) -> WorkerStats:
     """Build the worker (:func:`build_worker`) and run it until stopped; closes its engines
     (the bus is the caller's)."""
     worker = build_worker(rc, run=run, policies=policies, models=models, weights=weights,
-                          out=out, bus=bus, worker_id=worker_id)
+                          out=out, bus=bus, worker_id=worker_id, claims=claims)
     try:
         if on_ready is not None:
             on_ready(worker)

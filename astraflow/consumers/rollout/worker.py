@@ -2,7 +2,7 @@
 
 Semantics (docs/rollout.md has the long form):
 
-* joins consumer group ``rollout`` on ``tasks``; runs up to ``max_concurrent_episodes`` episodes
+* joins the run's rollout consumer group (``af.<run>.rollout``) on ``tasks``; runs up to ``max_concurrent_episodes`` episodes
   at once (each task runs its workflow ``n_samples`` times, one trajectory group per task);
 * a record that does not decode as a Task, or names an unknown workflow, goes to the DLQ;
 * an episode that raises becomes a failed trajectory (``finish_reason="error"``) with its error;
@@ -37,11 +37,12 @@ from astraflow.consumers.rollout.registry import RegistryError
 from astraflow.consumers.rollout.runtime import EpisodeOutcome, Runtime, failed_draft, run_episode
 from astraflow.consumers.rollout.weights import WeightFollower
 from astraflow.core.bus.types import Bus, Consumer, Message
+from astraflow.core.claims import BlobStore
 from astraflow.core.errors import CommitError, RecordTooLargeError, SchemaError
 from astraflow.core.metrics import MetricsEmitter, component_id
 from astraflow.core.records import Task, Trajectory, decode, pack_f32, pack_i32, pack_u8
 from astraflow.core.stream import DeadLetters, Output, Stop, send
-from astraflow.core.topics import topic_name
+from astraflow.core.topics import group_name, record_key, topic_name
 
 log = logging.getLogger("astraflow.rollout.worker")
 
@@ -87,16 +88,18 @@ class RolloutWorker:
     """See the module docstring. ``runtime`` holds the engines, reward and workflows."""
 
     def __init__(self, bus: Bus, runtime: Runtime, *, run: str, worker_id: str | None = None,
-                 group: str = "rollout", max_concurrent_episodes: int = 32,
+                 group: str | None = None, max_concurrent_episodes: int = 32,
                  episode_timeout: float | None = None, session_timeout: float = 10.0,
                  drain_timeout: float = 30.0, poll_timeout: float = 0.1,
                  commit_interval: float = 0.2, metrics_interval: float = 2.0,
-                 followers: Sequence[WeightFollower] = ()) -> None:
+                 followers: Sequence[WeightFollower] = (),
+                 claims: BlobStore | None = None) -> None:
         self.bus = bus
+        self.claims = claims  # oversized trajectories go here by claim check (None: failed)
         self.runtime = runtime
         self.run_name = run
         self.worker_id = worker_id or component_id("rollout")
-        self.group = group
+        self.group = group or group_name(run, "rollout")
         self.max_concurrent = max_concurrent_episodes
         self.episode_timeout = episode_timeout
         self.session_timeout = session_timeout
@@ -311,7 +314,8 @@ class RolloutWorker:
     def _produce(self, records: list[Trajectory]) -> None:
         for rec in records:
             try:
-                send(self._producer, Output(self.out_topic, rec, rec.group_id.encode()))
+                send(self._producer, Output(self.out_topic, rec, record_key("trajectories", rec)),
+                     claims=self.claims, limit=self.bus.max_message_bytes)
             except RecordTooLargeError as e:
                 d = failed_draft(rec.policy, "error", f"trajectory too large for the bus: {e}")
                 small = Trajectory(id=rec.id, task_id=rec.task_id, group_id=rec.group_id,
@@ -319,7 +323,8 @@ class RolloutWorker:
                                    group_size=rec.group_size,
                                    token_ids=b"", loss_mask=b"", logprobs=b"", versions=b"",
                                    finish_reason="error", error=d.error, worker_id=self.worker_id)
-                send(self._producer, Output(self.out_topic, small, rec.group_id.encode()))
+                send(self._producer, Output(self.out_topic, small,
+                                            record_key("trajectories", small)))
             self.stats.trajectories += 1
         self.metrics.inc("trajectories", len(records))
 

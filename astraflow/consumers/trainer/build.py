@@ -29,6 +29,7 @@ from astraflow.core.errors import ConfigError
 from astraflow.models.config import ModelConfig, model_dir
 
 if TYPE_CHECKING:
+    from astraflow.core.claims import BlobStore
     from astraflow.weights.publisher import Publisher
 
 log = logging.getLogger("astraflow.trainer")
@@ -120,7 +121,7 @@ def step_function(mode: str) -> StepFn:
 
 def build_trainer(tc: TrainerConfig, model: ModelConfig, *, run: str, policy: str,
                   out: str | Path = ".", bus: Bus, publisher: Publisher | None = None,
-                  metrics: Any = None) -> Trainer:
+                  metrics: Any = None, claims: BlobStore | None = None) -> Trainer:
     """A trainer of ``policy`` in run ``run`` as the ``trainer`` section ``tc`` describes,
     starting from the model that ``model`` names (built first when it asks for a tiny one);
     ``{out}`` in the paths is the run directory ``out``."""
@@ -134,4 +135,5 @@ def build_trainer(tc: TrainerConfig, model: ModelConfig, *, run: str, policy: st
         publish_every=tc.publish_every, publish_initial=tc.publish_initial,
         max_version=tc.max_steps, session_timeout=tc.session_timeout_s,
         poll_timeout=tc.poll_timeout_s, dedup_window=tc.dedup_window,
-        on_missing_checkpoint=tc.on_missing_checkpoint, log_path=log_path, metrics=metrics)
+        on_missing_checkpoint=tc.on_missing_checkpoint, log_path=log_path, metrics=metrics,
+        claims=claims)

@@ -40,11 +40,13 @@ from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState
 from astraflow.consumers.trainer.engine import Engine
 from astraflow.consumers.trainer.telemetry import Telemetry
 from astraflow.core.bus.types import Bus, Message
+from astraflow.core.claims import BlobStore, unclaim
 from astraflow.core.errors import AstraflowError, SchemaError
+from astraflow.core.fetch import RecordGoneError, fetch
 from astraflow.core.metrics import MetricsEmitter
-from astraflow.core.records import Batch, decode
+from astraflow.core.records import Batch, Group, Trajectory, decode, encode
 from astraflow.core.stream import TP, Input, OutRecord, Processor, Resume
-from astraflow.core.topics import topic_name
+from astraflow.core.topics import group_name, topic_name
 
 log = logging.getLogger("astraflow.trainer")
 
@@ -80,8 +82,10 @@ class Trainer:
                  group: str | None = None, session_timeout: float = 10.0,
                  poll_timeout: float = 0.5, dedup_window: int = 10_000,
                  on_missing_checkpoint: str = "error", log_path: str | Path | None = None,
-                 metrics: MetricsEmitter | None = None, component: str = "") -> None:
+                 metrics: MetricsEmitter | None = None, component: str = "",
+                 claims: BlobStore | None = None) -> None:
         self.bus = bus
+        self.claims = claims  # where claimed (oversized) records are
         self.run_name = run
         self.policy = policy
         self.engine = engine
@@ -94,7 +98,7 @@ class Trainer:
         self.max_version = max_version
         self.topic = topic_name(run, "batches", policy)
         self.dlq = topic_name(run, "dlq")
-        self.group = group or f"af.{run}.trainer.{policy}"
+        self.group = group or group_name(run, "trainer", policy=policy)
         self.session_timeout = session_timeout
         self.poll_timeout = poll_timeout
         self.on_missing_checkpoint = on_missing_checkpoint
@@ -151,7 +155,8 @@ class Trainer:
             dlq=self.dlq, component=self.component, cycle_interval=None,
             cycle_when_idle=False, poll_timeout=self.poll_timeout,
             session_timeout=self.session_timeout, isolate=(),
-            commit=lambda offsets: self._commit(), label=f"trainer policy={self.policy} ")
+            commit=lambda offsets: self._commit(), claims=self.claims,
+            label=f"trainer policy={self.policy} ")
         self._proc.open()
         self.telemetry.open()
         self.telemetry.log({"event": "start", "version": self.version,
@@ -273,7 +278,12 @@ class Trainer:
         if batch.policy != self.policy:
             raise SchemaError(f"batch {batch.id!r} is for policy {batch.policy!r}, this "
                               f"trainer trains {self.policy!r}")
-        return batch
+        if batch.id in self._recent_set:
+            return batch  # a duplicate: _handle skips it, no need to fetch its records
+        try:
+            return resolve(self.bus, batch, self.claims)
+        except RecordGoneError as e:  # the batch cannot be trained: dead-letter it
+            raise SchemaError(f"batch {batch.id!r}: {e}") from e
 
     def _handle(self, batch: Batch, msg: Message) -> list[Any]:
         if batch.id in self._recent_set:
@@ -311,8 +321,8 @@ class Trainer:
     def _step(self, msg: Message, batch: Batch) -> float:
         """Train, publish; returns the busy seconds (the runtime checkpoints when due)."""
         started = time.monotonic()
-        if self._channel is not None:
-            self._channel.send(msg.value)
+        if self._channel is not None:  # the resolved batch: other ranks have no bus
+            self._channel.send(encode(batch))
         metrics = self.step_fn(self.engine, batch, self.version)
         self.version += 1
         self._remember(batch.id)
@@ -345,3 +355,30 @@ class Trainer:
             self._recent_set.discard(self.recent[0])
         self.recent.append(batch_id)
         self._recent_set.add(batch_id)
+
+
+def resolve(bus: Bus, batch: Batch, claims: BlobStore | None = None) -> Batch:
+    """``batch`` with every group's referenced trajectories fetched from the bus (claim checks
+    resolved from ``claims``; copies kept as they are). Raises RecordGoneError when a referenced record is gone, SchemaError when
+    one does not decode or is not the trajectory its reference names."""
+    by_topic: dict[str, list[tuple[int, int]]] = {}
+    for g in batch.groups:
+        for r in g.refs:
+            by_topic.setdefault(r.topic, []).append((r.partition, r.offset))
+    if not by_topic:
+        return batch
+    fetched = {topic: fetch(bus, topic, addresses) for topic, addresses in by_topic.items()}
+    groups = []
+    for g in batch.groups:
+        trajs = []
+        for r in g.refs:
+            msg = unclaim(fetched[r.topic][(r.partition, r.offset)], claims)
+            t: Trajectory = decode(msg.value, Trajectory)  # type: ignore[assignment]
+            if t.id != r.id:
+                raise SchemaError(f"batch {batch.id!r}: {msg.origin} holds trajectory {t.id!r}, "
+                                  f"the reference names {r.id!r}")
+            trajs.append(t)
+        groups.append(Group(group_id=g.group_id, task_id=g.task_id, replayed=g.replayed,
+                            trajectories=trajs or g.trajectories))
+    return Batch(id=batch.id, policy=batch.policy, seq=batch.seq, groups=groups,
+                 created_at=batch.created_at)
