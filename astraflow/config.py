@@ -109,6 +109,14 @@ class ExperimentConfig(Section):
         """The model section of ``policy`` (the defaults when ``models`` does not name it)."""
         return self.models.get(policy) or ModelConfig()
 
+    @pydantic.model_validator(mode="after")
+    def _one_group_size(self) -> ExperimentConfig:
+        """The samples per task are one number, ``producer.n_samples``: the assembler's
+        fallback for trajectories that do not carry it follows it unless set."""
+        if self.data.assembler.group_size is None:
+            self.data.assembler.group_size = self.producer.n_samples
+        return self
+
 
 def load_experiment(path: str | Path | None, overrides: Iterable[str] = ()) -> ExperimentConfig:
     return load(ExperimentConfig, path, overrides)

@@ -11,17 +11,23 @@ from typing import Annotated, Any
 import typer
 
 DEFAULT_BUS = "embedded://.astraflow/bus.db"
+BUS_ENV = "ASTRAFLOW_BUS"
 
 BusOption = Annotated[
     str,
-    typer.Option("--bus", envvar="ASTRAFLOW_BUS",
+    typer.Option("--bus", envvar=BUS_ENV,
                  help="Bus URL: embedded:///path/bus.db (default: ./.astraflow/bus.db) or "
                       "kafka://host:port[,host:port]."),
 ]
 
 
-def default_bus() -> str:
-    return os.environ.get("ASTRAFLOW_BUS", DEFAULT_BUS)
+def with_env_bus(overrides: list[str] | None) -> list[str]:
+    """``--set`` overrides with ``ASTRAFLOW_BUS`` (when set) as the first: every command that
+    reads an experiment config takes its bus from the environment like the commands with
+    ``--bus`` do; an explicit ``--set bus.url=...`` or ``--bus`` still wins."""
+    sets = list(overrides or [])
+    url = os.environ.get(BUS_ENV)
+    return [f"bus.url={url}", *sets] if url else sets
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
@@ -39,7 +45,7 @@ def load_config(path: Any, overrides: list[str] | None) -> Any:
     from astraflow.core.errors import ConfigError
 
     try:
-        return load_experiment(path, overrides or [])
+        return load_experiment(path, with_env_bus(overrides))
     except ConfigError as e:
         raise fail(str(e)) from None
 

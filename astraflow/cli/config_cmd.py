@@ -19,13 +19,13 @@ def show(
     = None,
 ) -> None:
     """Print the config with every default filled in and overrides applied (as YAML)."""
-    from astraflow.cli.common import fail
+    from astraflow.cli.common import fail, with_env_bus
     from astraflow.config import load_experiment
     from astraflow.core.config import dump
     from astraflow.core.errors import ConfigError
 
     try:
-        cfg = load_experiment(config, overrides or [])
+        cfg = load_experiment(config, with_env_bus(overrides))
     except ConfigError as e:
         raise fail(str(e)) from None
     typer.echo(dump(cfg), nl=False)

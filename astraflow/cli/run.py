@@ -23,12 +23,12 @@ def run(
     """Launch the producer, rollout workers, policy stages, trainer(s) and evaluator(s) as
     separate processes, supervise them, stop when the trainers reach their step budget (or on
     Ctrl-C), and leave the run directory: config, logs, metrics.jsonl, final weights, plots."""
-    from astraflow.cli.common import fail
+    from astraflow.cli.common import fail, with_env_bus
     from astraflow.config import load_experiment
     from astraflow.core.errors import AstraflowError
     from astraflow.run.orchestrate import run_experiment
 
-    sets = list(overrides or [])
+    sets = with_env_bus(overrides)
     if bus is not None and bus != "embedded":
         sets.append(f"bus.url={bus}")
     try:

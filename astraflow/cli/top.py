@@ -24,12 +24,13 @@ def top(
     from rich.console import Console
     from rich.live import Live
 
+    from astraflow.cli.common import with_env_bus
     from astraflow.config import load_experiment, open_bus
     from astraflow.run.collector import Collector
     from astraflow.run.lag import run_lags
     from astraflow.run.view import render
 
-    overrides = list(set_ or [])
+    overrides = with_env_bus(set_)
     if bus:
         overrides.append(f"bus.url={bus}")
     if run:

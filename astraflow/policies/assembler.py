@@ -23,7 +23,9 @@ The incomplete-group rule:
 * a trajectory id seen before (at-least-once redelivery) is dropped (``duplicate``), and one
   for a group already closed is dropped (``late``).
 
-n is ``Trajectory.group_size`` when the record carries it, else ``assembler.group_size``.
+n is ``Trajectory.group_size`` when the record carries it (rollout workers write the task's
+``n_samples``), else ``assembler.group_size`` (in an experiment config: the producer's
+``n_samples`` unless set); a trajectory with neither is refused.
 
 On the bus the assembler keeps and emits **references** (:class:`TrajRef`: topic, partition,
 offset, id, sample index, reward), not copies: its state stays small, a trajectory crosses the
@@ -69,7 +71,7 @@ class Assembler:
     consumes = Trajectory
     produces = TrajectoryGroup
 
-    def __init__(self, *, group_size: int = 8, min_group_size: int = 2,
+    def __init__(self, *, group_size: int | None = None, min_group_size: int = 2,
                  timeout_s: float = 600.0,
                  failed_reasons: tuple[str, ...] = ("error", "timeout", "aborted"),
                  policies: tuple[str, ...] = (), eps: float = 1e-6, easy_threshold: float = 0.5,
@@ -98,6 +100,10 @@ class Assembler:
         g = state.open.get(key)
         if g is None:
             expected = getattr(t, "group_size", 0) or self.group_size
+            if not expected:
+                raise PolicyError(f"trajectory {t.id!r} carries no group_size and "
+                                  "data.assembler.group_size is not set: set it to the tasks' "
+                                  "n_samples")
             g = state.open[key] = OpenGroup(policy=t.policy, group_id=t.group_id,
                                             task_id=t.task_id, first_seen=ctx.now,
                                             expected=expected)

@@ -160,9 +160,10 @@ class GresoConfig(Section):
 class AssemblerConfig(Section):
     """Group assembly: collect the n samples' trajectories of a (policy, group id)."""
 
-    group_size: int = pydantic.Field(
-        8, ge=1, description="n, the samples per group (Task.n_samples); used while "
-                             "trajectories do not carry it")
+    group_size: int | None = pydantic.Field(
+        None, ge=1, description="n, the samples per group, for trajectories that do not carry "
+                                "it (AstraFlow's workers write Task.n_samples into each); "
+                                "null: the producer's n_samples (one number, one knob)")
     min_group_size: int = pydantic.Field(
         2, ge=1, description="a group closed with fewer usable trajectories is dropped "
                              "(capped at n)")

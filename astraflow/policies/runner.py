@@ -274,8 +274,8 @@ class StageRunner:
         for k, v in self.counters().items():
             if k in self._levels:
                 self.metrics.set(k, v)
-            else:
-                self.metrics.set_total(k, v)
+            else:  # dead letters carry one name in every role
+                self.metrics.set_total("dead_lettered" if k == "runner.dead_lettered" else k, v)
         if force:
             self.metrics.emit()
         else:

@@ -100,8 +100,10 @@ def existing_groups(bus: Bus, topic: str, *, timeout: float = 120.0) -> set[str]
 
 def produce_tasks(bus: Bus, pc: ProducerConfig, *, run: str, out: str | Path = ".",
                   max_tasks: int | None = None, should_stop: Callable[[], bool] | None = None,
-                  client_id: str = "producer") -> ProduceStats:
-    """Produce the source's tasks to the run's topic; flushes."""
+                  client_id: str = "producer",
+                  progress: Callable[[ProduceStats], None] | None = None) -> ProduceStats:
+    """Produce the source's tasks to the run's topic; flushes. ``progress`` is called with
+    the counts after every task (and at the end), for live metrics."""
     start = time.monotonic()
     topic = topic_name(run, pc.topic)
     existing = existing_groups(bus, topic) if pc.skip_existing else set()
@@ -118,6 +120,8 @@ def produce_tasks(bus: Bus, pc: ProducerConfig, *, run: str, out: str | Path = "
                 break
             if task.group_id in existing:
                 stats.skipped += 1
+                if progress is not None:
+                    progress(stats)
                 continue
             if pc.rate_limit:
                 next_at += 1.0 / pc.rate_limit
@@ -128,6 +132,8 @@ def produce_tasks(bus: Bus, pc: ProducerConfig, *, run: str, out: str | Path = "
             stats.produced += 1
             if stats.produced % pc.flush_every == 0:
                 producer.flush()
+            if progress is not None:
+                progress(stats)
         producer.flush()
     finally:
         producer.close()
@@ -145,9 +151,17 @@ def produce(bus: Bus, pc: ProducerConfig, *, run: str, out: str | Path = ".",
     from astraflow.core.metrics import MetricsEmitter
 
     metrics = MetricsEmitter(bus, run=run, role="producer")
-    stats = produce_tasks(bus, pc, run=run, out=out, max_tasks=max_tasks,
-                          should_stop=should_stop, client_id=metrics.component)
-    metrics.inc("tasks_produced", stats.produced)
-    metrics.inc("tasks_skipped", stats.skipped)
-    metrics.close("stopped")
+
+    def progress(stats: ProduceStats) -> None:  # counters while producing, not only at the end
+        metrics.set_total("tasks_produced", stats.produced)
+        metrics.set_total("tasks_skipped", stats.skipped)
+        metrics.tick()
+
+    try:
+        stats = produce_tasks(bus, pc, run=run, out=out, max_tasks=max_tasks,
+                              should_stop=should_stop, client_id=metrics.component,
+                              progress=progress)
+        progress(stats)
+    finally:
+        metrics.close("stopped")
     return stats

@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from typer.testing import CliRunner
 
+from astraflow.cli.app import app
 from astraflow.core.bus import connect
 from astraflow.core.records import ChatMessage, Task, encode, schema_header
 
@@ -69,3 +72,19 @@ def test_demo_kills_a_worker_and_loses_nothing(tmp_path: Path) -> None:
     assert m and m.group(1) == "240" and m.group(2) == "0", r.stdout[-2000:]
     assert "killed (SIGKILL)" in r.stdout
     assert "'worker-0': -9" in r.stdout.replace("\n", "")
+
+
+def test_astraflow_bus_reaches_every_config_command(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """ASTRAFLOW_BUS works for the experiment commands too (they take the bus from the config):
+    it overrides bus.url, and an explicit --set bus.url still wins."""
+    url = f"embedded://{tmp_path}/from-env.db"
+    monkeypatch.setenv("ASTRAFLOW_BUS", url)
+    r = CliRunner().invoke(app, ["config", "show"])
+    assert r.exit_code == 0, r.output
+    assert yaml.safe_load(r.output)["bus"]["url"] == url
+    r = CliRunner().invoke(app, ["config", "show", "--set", "bus.url=kafka://h:9092"])
+    assert yaml.safe_load(r.output)["bus"]["url"] == "kafka://h:9092"
+    from astraflow.cli.common import load_config
+
+    assert load_config(None, []).bus.url == url

@@ -87,3 +87,14 @@ def test_model_dir_builds_a_tiny_model_once(tmp_path: Path) -> None:
     stamp = (path / "config.json").stat().st_mtime_ns
     assert model_dir(cfg, "default", tmp_path) == path
     assert (path / "config.json").stat().st_mtime_ns == stamp  # not rebuilt
+
+
+def test_the_group_size_is_one_knob() -> None:
+    """producer.n_samples is the samples per task; the assembler's fallback follows it."""
+    from astraflow.config import ExperimentConfig
+
+    cfg = ExperimentConfig.model_validate({"producer": {"n_samples": 5}})
+    assert cfg.data.assembler.group_size == 5
+    cfg = ExperimentConfig.model_validate({"producer": {"n_samples": 5},
+                                           "data": {"assembler": {"group_size": 3}}})
+    assert cfg.data.assembler.group_size == 3  # set on purpose (foreign trajectories)

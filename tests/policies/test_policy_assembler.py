@@ -131,3 +131,24 @@ def test_policies_are_separate_groups_and_unknown_policies_refused() -> None:
         ("solver", "a#0"), ("verifier", "a#0")]
     with pytest.raises(PolicyError, match="policy 'judge'"):
         run(a, [traj("b#0", 0, 1.0, policy="judge")])
+
+
+def test_on_the_bus_it_emits_references_not_copies() -> None:
+    a = Assembler(group_size=2)
+    state, ctx = a.init_state(), Context()
+    ts = group_trajs("a#0", [1, 0])
+    for i, t in enumerate(ts):
+        ctx.origin = ("af.r.trajectories", 3, 100 + i)
+        a.process(t, state, ctx)
+    assert not state.open["default/a#0"].usable  # the state holds references only
+    g = groups_of(a.tick(state, ctx))[0]
+    assert not g.trajectories and g.ids() == [t.id for t in ts] and g.rewards() == [1.0, 0.0]
+    assert [(r.topic, r.partition, r.offset) for r in g.refs] == [
+        ("af.r.trajectories", 3, 100), ("af.r.trajectories", 3, 101)]
+    assert g.version == run(Assembler(group_size=2), ts)[0][0].version  # same as from copies
+
+
+def test_a_trajectory_without_a_group_size_needs_the_fallback() -> None:
+    t = msgspec.structs.replace(traj("a#0", 0, 1.0), group_size=0)
+    with pytest.raises(PolicyError, match="carries no group_size"):
+        run(Assembler(), [t])

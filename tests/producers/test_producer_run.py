@@ -4,6 +4,7 @@ and the `astraflow produce` command function."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -106,3 +107,21 @@ def test_produce_command_function(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "produced=7 skipped=0 topic=tasks" in capsys.readouterr().out
     produce_cmd(config=path, out=tmp_path, overrides=["producer.topic=tasks"], max_tasks=None)
     assert "produced=0 skipped=7" in capsys.readouterr().out
+
+
+def test_producer_counters_show_while_it_produces(tmp_path: Path) -> None:
+    """A slow producer reports tasks_produced while it runs, not only when it finishes."""
+    from astraflow.core.records import Metric
+
+    cfg = config(tmp_path, arithmetic={"count": 6}, rate_limit=2.0)  # 3 s of producing
+    started = time.time()
+    produce(cfg, tmp_path)
+    bus = open_bus(cfg, tmp_path)
+    c = bus.consumer(f"read-{uuid.uuid4().hex[:6]}", [topic_name(cfg.run, "metrics")])
+    metrics = [decode(m.value, Metric) for m in c.consume(100, 2.0)]
+    c.close()
+    bus.close()
+    running = [m for m in metrics if m.status == "running"]
+    assert running and running[0].counters.get("tasks_produced", 0) >= 1
+    assert running[0].ts < started + 2.5  # sent early, while tasks were still coming
+    assert metrics[-1].status == "stopped" and metrics[-1].counters["tasks_produced"] == 6

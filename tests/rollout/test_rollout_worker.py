@@ -112,11 +112,11 @@ def test_tasks_become_trajectory_groups(setup, tmp_path: Path) -> None:
     assert metrics[0].status == "starting" and metrics[-1].status == "stopped"
     last = metrics[-1]
     assert last.counters["episodes"] == 32 and last.counters["failures"] == 2
-    assert last.counters["tasks_dead_lettered"] == 3
+    assert last.counters["dead_lettered"] == 3
     assert last.counters["tokens"] == sum(
         int(np.frombuffer(t.loss_mask, "u1").sum()) for t in ok)
     assert {"inflight", "weight_version", "episodes_per_s",
-            "tokens_per_s"} <= set().union(*(m.gauges for m in metrics))
+            "gen_tokens_per_s"} <= set().union(*(m.gauges for m in metrics))
 
 
 def test_weight_update_mid_episode_changes_later_versions(setup, tmp_path: Path,

@@ -62,7 +62,7 @@ def test_trains_publishes_checkpoints_and_commits(experiment: Any, tmp_path: Pat
     rows = [r for r in log if "step" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     for key in ("loss", "reward_mean", "adv_std", "clip_frac", "entropy", "grad_norm",
-                "tokens_per_s", "wait_ratio", "staleness_mean", "behav_weight_mean"):
+                "train_tokens_per_s", "wait_ratio", "staleness_mean", "behav_weight_mean"):
         assert all(key in r for r in rows), key
 
 

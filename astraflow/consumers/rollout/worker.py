@@ -149,7 +149,7 @@ class RolloutWorker:
         self.metrics = MetricsEmitter(self.bus, run=self.run_name, role="rollout",
                                       component=self.worker_id, interval=self.metrics_interval)
         self.metrics.set("episodes_per_s", 0.0)
-        self.metrics.set("tokens_per_s", 0.0)
+        self.metrics.set("gen_tokens_per_s", 0.0)
         committer: asyncio.Task[None] | None = None
         for f in self.followers:
             f.start()
@@ -248,7 +248,7 @@ class RolloutWorker:
             self._validate(task)
         except (SchemaError, TaskRejected, RegistryError) as e:
             self.stats.tasks_dead_lettered += 1
-            self.metrics.inc("tasks_dead_lettered")
+            self.metrics.inc("dead_lettered")
             await self._call(self._dead_letter, msg, e)
             self.tracker.finish(tp, msg.offset, epoch)
             self._commit_wake.set()
@@ -400,7 +400,7 @@ class RolloutWorker:
         if now - t0 >= self.metrics_interval:
             dt = now - t0
             self.metrics.set("episodes_per_s", (self.stats.episodes - e0) / dt)
-            self.metrics.set("tokens_per_s", (self.stats.tokens_generated - k0) / dt)
+            self.metrics.set("gen_tokens_per_s", (self.stats.tokens_generated - k0) / dt)
             self._rates = (now, self.stats.episodes, self.stats.tokens_generated)
         self.metrics.set("inflight", self._claimed)
         self.metrics.set("inflight_tasks", len(self._running))

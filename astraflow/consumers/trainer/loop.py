@@ -333,7 +333,7 @@ class Trainer:
         self.telemetry.step({
             "step": self.version, "time": time.time(), "batch_id": batch.id,
             "batch_seq": batch.seq, "origin": msg.origin, **metrics, "step_s": step_s,
-            "tokens_per_s": metrics.get("tokens", 0.0) / max(step_s, 1e-9)}, busy)
+            "train_tokens_per_s": metrics.get("tokens", 0.0) / max(step_s, 1e-9)}, busy)
         return busy
 
     # --------------------------------------------------------------------- effects
