@@ -1,10 +1,11 @@
 """`astraflow demo`: the dataflow spine end to end on the embedded bus.
 
 A producer releases arithmetic tasks to ``tasks``; three rollout-like worker *processes* form
-the consumer group ``rollout`` and answer each task with a trajectory on ``trajectories``;
+the run's rollout consumer group and answer each task with a trajectory on ``trajectories``;
 midway one worker is killed with SIGKILL. Its partitions move to the others after the session
 timeout and its uncommitted tasks are redelivered, so every task still gets its trajectory.
-This stands in for the main job until the RL quickstart lands; it needs no torch.
+A tour of the bus's guarantees in ~20 s without torch; the main job is ``astraflow run``
+(``scripts/quickstart.sh``).
 """
 
 from __future__ import annotations
