@@ -157,17 +157,10 @@ def main() -> None:
     ap.add_argument("--pace", type=float, default=0.004, help="seconds between paced records")
     args = ap.parse_args()
 
-    broker = None
-    bootstrap = os.environ.get("ASTRAFLOW_KAFKA_BOOTSTRAP")
-    tmp = tempfile.TemporaryDirectory()
-    if not bootstrap:
-        from astraflow.core.broker import LocalBroker
+    from astraflow.core.broker import kafka_bootstrap
 
-        print("starting a local Kafka broker ...", file=sys.stderr)
-        broker = LocalBroker(Path(tmp.name) / "kafka")
-        broker.start()
-        bootstrap = broker.bootstrap
-    try:
+    tmp = tempfile.TemporaryDirectory()
+    with kafka_bootstrap(Path(tmp.name), log=lambda m: print(m, file=sys.stderr)) as bootstrap:
         rows = []
         for size in (int(s) for s in args.sizes.split(",")):
             # 64 KB records: fewer of them, the same order of bytes.
@@ -202,10 +195,7 @@ def main() -> None:
         for name, size, rps, mbs, p50, p99, ratio in rows:
             print(f"{name:22s} {size:>7d} {rps:>10.0f} {mbs:>8.1f} {p50:>8.2f} {p99:>8.2f} "
                   f"{ratio:>11.2f}x")
-    finally:
-        if broker is not None:
-            broker.stop()
-        tmp.cleanup()
+    tmp.cleanup()
 
 
 if __name__ == "__main__":

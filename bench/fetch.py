@@ -24,7 +24,6 @@ Nothing here gates CI.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -136,21 +135,11 @@ def main() -> None:
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
     rows = [bench("embedded", f"embedded://{tmp.name}/bench.db", args)]
-    broker = None
     if not args.no_kafka:
-        bootstrap = os.environ.get("ASTRAFLOW_KAFKA_BOOTSTRAP")
-        if not bootstrap:
-            from astraflow.core.broker import LocalBroker
+        from astraflow.core.broker import kafka_bootstrap
 
-            print("starting a local Kafka broker ...", file=sys.stderr)
-            broker = LocalBroker(Path(tmp.name) / "kafka")
-            broker.start()
-            bootstrap = broker.bootstrap
-        try:
-            rows.append(bench("kafka", f"kafka://{bootstrap}", args))
-        finally:
-            if broker is not None:
-                broker.stop()
+        with kafka_bootstrap(Path(tmp.name), log=lambda m: print(m, file=sys.stderr)) as boot:
+            rows.append(bench("kafka", f"kafka://{boot}", args))
     print(f"\nbatch: {args.trajectories} trajectories × {args.tokens} tokens, "
           f"{args.partitions} partitions, 1 in {args.interleave} records is the batch's")
     print(f"{'backend':10s} {'MB':>6s} {'sequential':>11s} {'by reference':>13s} "

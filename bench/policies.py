@@ -23,7 +23,6 @@ where ``raw`` commits every poll. Nothing here gates CI.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
@@ -193,21 +192,11 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory()
     root = Path(tmp.name)
     rows = bench(f"embedded://{root}/bus.db", "embedded", args, root)
-    broker = None
     if not args.no_kafka:
-        bootstrap = os.environ.get("ASTRAFLOW_KAFKA_BOOTSTRAP")
-        if not bootstrap:
-            from astraflow.core.broker import LocalBroker
+        from astraflow.core.broker import kafka_bootstrap
 
-            print("starting a local Kafka broker ...", file=sys.stderr)
-            broker = LocalBroker(root / "kafka")
-            broker.start()
-            bootstrap = broker.bootstrap
-        try:
+        with kafka_bootstrap(root, log=lambda m: print(m, file=sys.stderr)) as bootstrap:
             rows += bench(f"kafka://{bootstrap}", "kafka", args, root)
-        finally:
-            if broker is not None:
-                broker.stop()
     print(f"\n{'bus':9s} {'path':22s} {'records/s':>10s} {'MB/s':>8s} {'vs raw':>8s}")
     for label, name, rps, mbs, ratio in rows:
         print(f"{label:9s} {name:22s} {rps:>10.0f} {mbs:>8.1f} {ratio:>7.2f}x")

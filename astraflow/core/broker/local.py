@@ -25,6 +25,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -399,3 +400,26 @@ class _DebugLog:
 
     def log(self, _level: int, fmt: str, *args: object) -> None:
         log.debug("probe: " + fmt, *args)
+
+
+EXTERNAL_ENV = "ASTRAFLOW_KAFKA_BOOTSTRAP"
+
+
+@contextlib.contextmanager
+def kafka_bootstrap(workdir: Path, *, log: Callable[[str], None] | None = None
+                    ) -> Iterator[str]:
+    """``host:port`` of a Kafka cluster for a benchmark or a script: the external one named by
+    ``ASTRAFLOW_KAFKA_BOOTSTRAP``, else a local broker started in ``workdir`` for the block
+    and stopped after it."""
+    external = os.environ.get(EXTERNAL_ENV)
+    if external:
+        yield external
+        return
+    if log is not None:
+        log("starting a local Kafka broker ...")
+    broker = LocalBroker(Path(workdir) / "kafka")
+    broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
