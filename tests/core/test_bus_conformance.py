@@ -20,7 +20,8 @@ import pytest
 
 from astraflow.core.bus import Bus, Consumer, Message
 from astraflow.core.bus.partitioner import partition_for
-from astraflow.core.errors import CommitError, RecordTooLargeError, TopicError
+from astraflow.core.bus.reader import read_all
+from astraflow.core.errors import BusError, CommitError, RecordTooLargeError, TopicError
 from astraflow.core.records import ChatMessage, DeadLetter, Task, decode, encode
 from astraflow.core.stream import Output, run_processor
 
@@ -334,3 +335,223 @@ def test_topic_errors(bus: Bus, new_topic) -> None:
         bus.describe_topic("no-such-topic-xyz")
     with pytest.raises(TopicError, match="no-such-topic-xyz"):
         bus.consumer("g", [topic, "no-such-topic-xyz"])
+
+
+# -- commit is partial by partition (types.Consumer.commit) --------------------------------------
+
+def _take_half(bus: Bus, topic: str, group: str, n_parts: int) -> tuple[Consumer, Consumer,
+                                                                        list[Message], list]:
+    """``a`` is delivered every record (nothing committed), then ``b`` joins and takes some of
+    a's partitions. Returns a, b, what a was delivered and what a was revoked."""
+    revoked: list[tuple[str, int]] = []
+    a = bus.consumer(group, [topic], client_id="a", session_timeout=6, on_revoke=revoked.extend)
+    delivered: list[Message] = []
+    wait_until(lambda: {m.partition for m in delivered} == set(range(n_parts)), 30,
+               "records of every partition", tick=lambda: delivered.extend(a.consume(100, 0.1)))
+    b = bus.consumer(group, [topic], client_id="b", session_timeout=6)
+    wait_until(lambda: bool(revoked) and bool(b.assignment()), 45, "b to take partitions",
+               tick=lambda: (a.poll(0.05), b.poll(0.05)))
+    return a, b, delivered, revoked
+
+
+def test_commit_commits_what_is_owned_and_names_only_the_lost(bus: Bus, new_topic,
+                                                              new_group) -> None:
+    topic, group = new_topic(partitions=4), new_group()
+    produce_tasks(bus, topic, range(40))
+    a, b, delivered, revoked = _take_half(bus, topic, group, 4)
+    kept = {p for _, p in a.assignment()}
+    moved = {p for _, p in revoked}
+    assert kept and moved and not kept & moved
+    with pytest.raises(CommitError) as err:
+        a.commit(delivered)
+    named = {p for p in range(4) if f"{topic}[{p}]" in str(err.value)}
+    assert named == moved, "only the partitions a lost are named"
+    last = {m.partition: m.offset + 1 for m in delivered}
+    assert bus.committed(group, topic) == {p: last[p] for p in kept}, "the owned ones committed"
+    a.commit()  # the lost partitions were reported once: nothing left to refuse
+    b.close()
+    a.close()
+
+
+def test_commit_of_delivered_records_names_partitions_lost_before_it(bus: Bus, new_topic,
+                                                                     new_group) -> None:
+    topic, group = new_topic(partitions=4), new_group()
+    produce_tasks(bus, topic, range(40))
+    a, b, delivered, revoked = _take_half(bus, topic, group, 4)
+    kept = {p for _, p in a.assignment()}
+    with pytest.raises(CommitError) as err:
+        a.commit()  # everything delivered: some of it from partitions a no longer owns
+    named = {p for p in range(4) if f"{topic}[{p}]" in str(err.value)}
+    assert named == {p for _, p in revoked}
+    last = {m.partition: m.offset + 1 for m in delivered}
+    assert bus.committed(group, topic) == {p: last[p] for p in kept}
+    a.commit()  # reported once
+    b.close()
+    a.close()
+
+
+def test_a_partition_lost_and_regained_is_redelivered_not_an_error(bus: Bus, new_topic,
+                                                                   new_group) -> None:
+    """What a session expiry during a broker restart looks like to the member: its partitions
+    go and come back. Nothing is lost, the records come again, commits work at once."""
+    topic, group = new_topic(partitions=4), new_group()
+    produce_tasks(bus, topic, range(40))
+    a, b, delivered, revoked = _take_half(bus, topic, group, 4)
+    b.close()
+    again: list[Message] = []
+    wait_until(lambda: len(a.assignment()) == 4, 45, "a to own every partition again",
+               tick=lambda: again.extend(a.consume(100, 0.05)))
+    wait_until(lambda: {m.partition for m in again} >= {p for _, p in revoked}, 30,
+               "the regained partitions' records again",
+               tick=lambda: again.extend(a.consume(100, 0.05)))
+    a.commit()  # no CommitError: every partition it delivered from is its own again
+    assert sum(bus.lag(group, topic).values()) == 0
+    ids = [decode(m.value, Task).id for m in delivered + again]
+    assert set(ids) == {f"task-{i}" for i in range(40)}
+    assert {decode(m.value, Task).id for m in again} == {
+        decode(m.value, Task).id for m in delivered if (topic, m.partition) in revoked}
+    a.close()
+
+
+# -- the group-less reader (types.Reader) --------------------------------------------------------
+
+def _group_traces(bus: Bus) -> object:
+    """Everything consumer groups leave on the bus, to show that readers leave nothing."""
+    if bus.url.startswith("embedded://"):
+        import sqlite3
+
+        conn = sqlite3.connect(bus.url.removeprefix("embedded://"))
+        try:
+            return {table: conn.execute(f"SELECT grp, {cols} FROM {table} ORDER BY 1, 2, 3"
+                                        ).fetchall()
+                    for table, cols in (("group_members", "member_id, topics"),
+                                        ("group_owners", "topic, partition"),
+                                        ("group_offsets", "topic, partition"),
+                                        ("group_state", "generation, 0"))}
+        finally:
+            conn.close()
+    listed = bus.admin.list_consumer_groups(request_timeout=30).result()  # type: ignore[attr-defined]
+    return sorted(g.group_id for g in listed.valid)
+
+
+def _values(msgs: list[Message]) -> list[tuple[int, str]]:
+    return [(m.partition, decode(m.value, Task).id) for m in msgs]
+
+
+def _read(reader, n: int, timeout: float = 30.0) -> list[Message]:  # noqa: ANN001
+    out: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        out.extend(reader.consume(n - len(out), 0.5))
+    return out
+
+
+def test_reader_reads_every_partition_from_earliest(bus: Bus, new_topic) -> None:
+    topic = new_topic(partitions=4)
+    produce_tasks(bus, topic, range(60))
+    ends = bus.describe_topic(topic).end_offsets
+    r = bus.reader(topic)
+    assert (r.topic, r.partitions) == (topic, 4)
+    got = _read(r, 60)
+    assert r.consume(100, 0.3) == [], "nothing beyond what exists"
+    r.close()
+    r.close()  # idempotent
+    assert sorted(decode(m.value, Task).id for m in got) == sorted(f"task-{i}" for i in range(60))
+    for p in range(4):
+        assert [m.offset for m in got if m.partition == p] == list(range(ends[p]))
+    assert all(m.origin == f"{topic}[{m.partition}]@{m.offset}" for m in got)
+
+
+def test_reader_from_latest_and_from_offsets(bus: Bus, new_topic) -> None:
+    topic = new_topic(partitions=3)
+    produce_tasks(bus, topic, range(30))
+    ends = bus.describe_topic(topic).end_offsets
+    latest = bus.reader(topic, start="latest")
+    assert [latest.position(p) for p in range(3)] == [ends[p] for p in range(3)]
+    assert latest.consume(100, 0.3) == []
+    produce_tasks(bus, topic, range(30, 36))  # produced after reader() returned: delivered
+    assert sorted(decode(m.value, Task).id for m in _read(latest, 6)) == sorted(
+        f"task-{i}" for i in range(30, 36))
+    latest.close()
+    p1 = max(range(3), key=lambda p: ends[p])
+    start = {p1: ends[p1] - 2}  # the others start at the earliest
+    r = bus.reader(topic, start=start)
+    got = _read(r, sum(ends.values()) + 6 - (ends[p1] - 2))
+    assert [m.offset for m in got if m.partition == p1][:2] == [ends[p1] - 2, ends[p1] - 1]
+    assert all(m.offset >= ends[p1] - 2 for m in got if m.partition == p1)
+    assert {m.offset for m in got if m.partition != p1} >= {0}
+    r.close()
+
+
+def test_reader_seek_and_position(bus: Bus, new_topic) -> None:
+    topic = new_topic(partitions=2)
+    p = bus.producer()
+    for i in range(10):
+        p.produce(topic, encode(task(i)), partition=0)
+    p.flush()
+    r = bus.reader(topic)
+    assert (r.position(0), r.position(1)) == (0, 0)
+    first = _read(r, 10)
+    assert r.position(0) == 10 and [m.offset for m in first] == list(range(10))
+    r.seek(0, 7)
+    assert r.position(0) == 7
+    assert [m.offset for m in _read(r, 3)] == [7, 8, 9], "read again from the sought offset"
+    r.seek(0, 10)  # the end: fine, waits for the next record
+    with pytest.raises(BusError, match=r"offset 11 is outside"):
+        r.seek(0, 11)
+    with pytest.raises(BusError, match="no partition 5"):
+        r.seek(5, 0)
+    with pytest.raises(BusError, match="no partition 5"):
+        r.position(5)
+    r.close()
+
+
+def test_reader_errors_name_the_bad_value(bus: Bus, new_topic) -> None:
+    topic = new_topic(partitions=2)
+    produce_tasks(bus, topic, range(4))
+    with pytest.raises(TopicError, match="no-such-topic-xyz"):
+        bus.reader("no-such-topic-xyz")
+    with pytest.raises(BusError, match=r"start='middle'.*earliest, latest"):
+        bus.reader(topic, start="middle")
+    end0 = bus.describe_topic(topic).end_offsets[0]
+    with pytest.raises(BusError) as err:
+        bus.reader(topic, start={0: end0 + 1, 7: 0})
+    assert f"offset {end0 + 1} is outside {topic}[0]" in str(err.value)
+    assert "no partition 7" in str(err.value)
+
+
+def test_read_all_reads_what_exists_now_and_stops(bus: Bus, new_topic) -> None:
+    topic = new_topic(partitions=3)
+    assert list(read_all(bus, topic)) == []  # empty: returns at once
+    produce_tasks(bus, topic, range(30))
+    got = []
+    for m in read_all(bus, topic, idle_timeout=30):
+        if not got:  # produced while reading: not part of "now"
+            produce_tasks(bus, topic, range(30, 40))
+        got.append(m)
+    assert sorted(decode(m.value, Task).id for m in got) == sorted(f"task-{i}" for i in range(30))
+
+
+def test_reader_joins_no_group_and_leaves_nothing(bus: Bus, new_topic, new_group) -> None:
+    topic, group = new_topic(partitions=4), new_group()
+    produce_tasks(bus, topic, range(40))
+    revoked: list[tuple[str, int]] = []
+    member = bus.consumer(group, [topic], client_id="member", session_timeout=6,
+                          on_revoke=revoked.extend)
+    wait_until(lambda: len(member.assignment()) == 4, 30, "the member to own every partition",
+               tick=lambda: member.poll(0.05))
+    member.commit()
+    committed = bus.committed(group, topic)
+    before = _group_traces(bus)
+    readers = [bus.reader(topic, client_id=f"r{i}") for i in range(3)]
+    for r in readers:  # each reads everything: nothing is shared between readers
+        assert len(_read(r, 40)) == 40
+    # A group member meanwhile keeps every partition: readers are not members of anything.
+    for _ in range(10):
+        member.poll(0.05)
+    assert len(member.assignment()) == 4 and not revoked
+    for r in readers:
+        r.close()
+    assert _group_traces(bus) == before, "no group, member, ownership or offset was written"
+    assert bus.committed(group, topic) == committed
+    member.close()

@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 
 from astraflow.cli.broker import app as broker_cli
 from astraflow.core.broker import LocalBroker, fetch_jars, jars_dir
-from astraflow.core.bus import connect
+from astraflow.core.bus import Message, connect
 from astraflow.core.bus.kafka import KafkaBus
 from astraflow.core.bus.partitioner import partition_for
-from astraflow.core.errors import CommitError, RecordTooLargeError
+from astraflow.core.errors import BusError, CommitError, RecordTooLargeError
 
 pytestmark = pytest.mark.kafka
 
@@ -48,6 +48,12 @@ def kbus(kafka_bootstrap: str) -> Iterator[KafkaBus]:
 
 def test_broker_restart_mid_stream_loses_no_record(local_kafka_broker: LocalBroker,
                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """The broker restarts while a producer and a consumer run. The contract (types.py): every
+    record whose flush returned is delivered at least once. It also allows what a restart may
+    cause: commits that fail while the broker is down (BusError) or are refused because the
+    member's session expired meanwhile and its partitions were lost (CommitError), and the
+    redelivery of uncommitted records that follows. Those are counted, not failures; once the
+    broker is back, commits work again (the group's lag reaches 0)."""
     caplog.set_level(logging.WARNING, logger="astraflow.bus.kafka")
     bus = connect(f"kafka://{local_kafka_broker.bootstrap}")
     topic, group = uid("restart"), uid("g")
@@ -76,18 +82,20 @@ def test_broker_restart_mid_stream_loses_no_record(local_kafka_broker: LocalBrok
             failures.append(e)
 
     seen: Counter[str] = Counter()
-    commit_failures = 0
+    refused: Counter[str] = Counter()  # commits the contract allows to fail, by error type
     c = bus.consumer(group, [topic], client_id="restart-consumer", session_timeout=10)
 
+    def commit(batch: list[Message] | None) -> None:
+        try:
+            c.commit(batch)
+        except BusError as e:  # CommitError included: the records are delivered again
+            refused[type(e).__name__] += 1
+
     def pump() -> None:
-        nonlocal commit_failures
         batch = c.consume(200, 0.1)
         seen.update(m.value.decode() for m in batch)
         if batch:
-            try:
-                c.commit(batch)
-            except Exception:  # noqa: BLE001 - the broker is down: the records come again
-                commit_failures += 1
+            commit(batch)
         assert not failures, failures
 
     producer = threading.Thread(target=produce_forever, daemon=True)
@@ -110,7 +118,11 @@ def test_broker_restart_mid_stream_loses_no_record(local_kafka_broker: LocalBrok
         producer.join(60)
         assert not producer.is_alive() and not failures, failures
         wait_until(lambda: set(durable) <= set(seen), 60, "every durable record", tick=pump)
-        c.commit()
+        # Commits work again: whatever is still uncommitted (including records redelivered
+        # after a lost assignment) gets committed within a bounded time.
+        wait_until(lambda: sum(bus.lag(group, topic).values()) == 0, 60,
+                   "the group's lag to reach 0 after the restart",
+                   tick=lambda: (pump(), commit(None)))
     finally:
         stop.set()
         c.close()
@@ -118,10 +130,9 @@ def test_broker_restart_mid_stream_loses_no_record(local_kafka_broker: LocalBrok
     duplicates = sum(n - 1 for n in seen.values())
     phases = Counter(phase_of[r] for r in durable)
     print(f"records={len(durable)} phases={dict(phases)} duplicates={duplicates} "
-          f"commit_failures={commit_failures}")
+          f"refused_commits={dict(refused)}")
     assert not lost
     assert phases["before"] and phases["during"] and phases["after"]
-    assert sum(bus.lag(group, topic).values()) == 0, "commits work again after the restart"
     # The connection-refused stream while the broker was down is rate-limited per client.
     noisy = [r for r in caplog.records if r.name == "astraflow.bus.kafka"]
     assert len(noisy) < 30, [r.getMessage() for r in noisy]

@@ -26,6 +26,9 @@ owns. A partition therefore has at most one owner at a time. Members heartbeat f
 whoever notices a member silent for longer than its session timeout removes it and its
 ownerships, and its partitions are redelivered from the group's committed offsets.
 
+Readers (:mod:`astraflow.core.bus.embedded_reader`) read every partition of a topic with no
+group at all: they only ever read the file.
+
 Durability: after ``flush()`` (and ``commit()``) returns, the data survives the crash or
 SIGKILL of any process with ``synchronous=normal`` (the default); surviving power loss or an
 OS crash needs ``synchronous=full`` (an fsync per transaction). Retention is out of scope:
@@ -57,11 +60,13 @@ from astraflow.core.bus.embedded_db import (
     write_tx,
 )
 from astraflow.core.bus.embedded_group import EmbeddedConsumer
+from astraflow.core.bus.embedded_reader import EmbeddedReader
 from astraflow.core.bus.partitioner import partition_for
-from astraflow.core.bus.types import Headers, RebalanceCallback, TopicInfo
+from astraflow.core.bus.reader import start_offsets
+from astraflow.core.bus.types import Headers, ReaderStart, RebalanceCallback, TopicInfo
 from astraflow.core.errors import BusError, RecordTooLargeError, TopicError
 
-__all__ = ["EmbeddedBus", "EmbeddedConsumer", "EmbeddedProducer"]
+__all__ = ["EmbeddedBus", "EmbeddedConsumer", "EmbeddedProducer", "EmbeddedReader"]
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
 _MAX_TOPIC_NAME = 249  # Kafka's limit
@@ -99,7 +104,8 @@ class EmbeddedBus:
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = connect_db(self.path, self.synchronous)
         init_schema(self._conn, self.path)
-        self._clients: weakref.WeakSet[EmbeddedProducer | EmbeddedConsumer] = weakref.WeakSet()
+        self._clients: weakref.WeakSet[EmbeddedProducer | EmbeddedConsumer | EmbeddedReader] = (
+            weakref.WeakSet())
 
     def __repr__(self) -> str:
         return f"EmbeddedBus({self.url!r})"
@@ -196,6 +202,17 @@ class EmbeddedBus:
                                     on_revoke=on_revoke)
         self._clients.add(consumer)
         return consumer
+
+    def reader(self, topic: str, *, start: ReaderStart = "earliest",
+               client_id: str = "") -> EmbeddedReader:
+        """A group-less reader of every partition of ``topic`` (see the Bus protocol); it only
+        reads the file, so it leaves nothing behind."""
+        info = self.describe_topic(topic)  # TopicError for an unknown topic
+        positions = start_offsets(topic, start, {p: (0, end)  # no retention: 0 is the first
+                                                 for p, end in info.end_offsets.items()})
+        reader = EmbeddedReader(self, topic, positions, client_id=client_id)
+        self._clients.add(reader)
+        return reader
 
     # ------------------------------------------------------------------------------ groups
 

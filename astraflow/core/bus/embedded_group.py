@@ -27,14 +27,12 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from astraflow.core.bus.embedded_db import bump_generation, read_tx, write_tx
+from astraflow.core.bus.embedded_fetch import MAX_WAIT, MIN_WAIT, Partition, fetch, take
 from astraflow.core.bus.types import Message, RebalanceCallback
 from astraflow.core.errors import BusError, CommitError
 
@@ -45,15 +43,8 @@ log = logging.getLogger("astraflow.bus.embedded")
 
 TP = tuple[str, int]
 _STARTS = ("earliest", "latest")
-_FETCH_RECORDS = 500
-_FETCH_BYTES = 8 * 1024 * 1024
-# Idle polling backoff: short, because end-to-end latency is bounded by it.
-_MIN_WAIT = 0.002
-_MAX_WAIT = 0.010
 # While records are buffered, the database is looked at no more often than this.
 _RECHECK_BUSY = 0.005
-
-_decode_headers = msgspec.msgpack.Decoder(list[tuple[str, bytes]]).decode
 
 
 def assign(members: Sequence[str], topic: str, partitions: int) -> dict[str, list[int]]:
@@ -100,13 +91,6 @@ class _View:
     owners: dict[TP, str]
 
 
-@dataclass
-class _Partition:
-    position: int  # next offset to deliver
-    fetched: int  # next offset to read from the database
-    buffer: deque[Message] = field(default_factory=deque)
-
-
 class EmbeddedConsumer:
     """A member of consumer group ``group`` on ``topics``; see the module docstring.
 
@@ -140,9 +124,11 @@ class EmbeddedConsumer:
         self._pid = os.getpid()
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = bus.connect()
-        self._owned: dict[TP, _Partition] = {}
+        self._owned: dict[TP, Partition] = {}
         self._delivered: dict[TP, int] = {}  # offset after the newest delivered record
         self._last_commit: dict[TP, int] = {}
+        # Partitions dropped with delivered, uncommitted records (named by commit(None)).
+        self._lost: set[TP] = set()
         self._ends: dict[TP, int] = {}
         self._data_version = -1
         self._generation = -1
@@ -180,7 +166,7 @@ class EmbeddedConsumer:
             raise BusError(f"max_records must be >= 1, got {max_records}")
         with self._lock:
             deadline = time.monotonic() + max(timeout, 0.0)
-            delay = _MIN_WAIT
+            delay = MIN_WAIT
             while True:
                 self._tick()
                 records = self._take(max_records)
@@ -190,31 +176,37 @@ class EmbeddedConsumer:
                 if left <= 0:
                     return []
                 time.sleep(min(delay, left))
-                delay = min(delay * 2, _MAX_WAIT)
+                delay = min(delay * 2, MAX_WAIT)
 
     def commit(self, messages: Message | Sequence[Message] | None = None) -> None:
         """Commit synchronously, per partition the offset after the newest given (or, with
         None, delivered) record. Committed offsets never move backwards. Partitions this
-        member still owns are committed; CommitError names the ones it no longer owns."""
+        member still owns are committed; CommitError names the ones it no longer owns (with
+        None: those dropped with uncommitted deliveries that have not come back)."""
+        lost: set[TP] = set()
         with self._lock:
             conn = self._db()
             if messages is None:
                 offsets = dict(self._delivered)
+                lost, self._lost = self._lost, set()
             else:
                 offsets = {}
                 for m in [messages] if isinstance(messages, Message) else messages:
                     tp = (m.topic, m.partition)
                     offsets[tp] = max(offsets.get(tp, 0), m.offset + 1)
             offsets = {tp: o for tp, o in offsets.items() if self._last_commit.get(tp) != o}
-            if not offsets:
-                return
-            refused = write_tx(conn, lambda c: self._write_offsets(c, offsets))
-            self._last_commit.update((tp, o) for tp, o in offsets.items() if tp not in refused)
-        if refused:
-            names = ", ".join(f"{t}[{p}]" for t, p in refused)
+            refused: list[TP] = []
+            if offsets:
+                refused = write_tx(conn, lambda c: self._write_offsets(c, offsets))
+                self._last_commit.update((tp, o) for tp, o in offsets.items()
+                                         if tp not in refused)
+            self._lost -= set(refused)  # named now: not again by the next commit(None)
+        if refused or lost:
+            names = ", ".join(f"{t}[{p}]" for t, p in sorted(set(refused) | lost))
             raise CommitError(f"group {self.group!r} member {self.member_id}: cannot commit "
                               f"{names}: partition reassigned to another member after a "
-                              "rebalance; the records will be redelivered to the new owner")
+                              "rebalance or an expired session; the records will be delivered "
+                              "again")
 
     def assignment(self) -> list[tuple[str, int]]:
         """The (topic, partition) pairs this member owns now."""
@@ -235,8 +227,7 @@ class EmbeddedConsumer:
                                f"{self.member_id}; assigned: {sorted(self._owned)}")
             if offset < 0:
                 raise BusError(f"cannot seek {topic}[{partition}] to negative offset {offset}")
-            part.position = part.fetched = offset
-            part.buffer.clear()
+            part.seek(offset)
 
     def close(self) -> None:
         """Leave the group: ``on_revoke`` for what it owns, ownerships and membership deleted
@@ -294,50 +285,17 @@ class EmbeddedConsumer:
             self._rebalance()
         for tp, part in self._owned.items():
             if not part.buffer and part.fetched < self._ends.get(tp, 0):
-                self._fetch(tp, part)
+                fetch(conn, tp[0], tp[1], part)
 
     def _refresh_ends(self) -> None:
         rows = self._db().execute(self._ends_sql, self.topics)
         self._ends = {(t, p): end for t, p, end in rows}
 
-    def _fetch(self, tp: TP, part: _Partition) -> None:
-        topic, partition = tp
-        cur = self._db().execute(
-            "SELECT offset, key, value, headers, ts FROM messages WHERE topic = ? AND "
-            "partition = ? AND offset >= ? ORDER BY offset LIMIT ?",
-            (topic, partition, part.fetched, _FETCH_RECORDS))
-        size = 0
-        try:
-            for offset, key, value, headers, ts in cur:
-                part.buffer.append(Message(topic, partition, offset, key, value,
-                                           _decode_headers(headers) if headers else [], ts))
-                part.fetched = offset + 1
-                size += len(value)
-                if size >= _FETCH_BYTES:
-                    break
-        finally:
-            cur.close()  # ends the read snapshot so it cannot hold back WAL checkpoints
-
     def _take(self, max_records: int) -> list[Message]:
-        """Round-robin: each partition with buffered records gets an equal share in turn."""
-        parts = [(tp, part) for tp, part in self._owned.items() if part.buffer]
-        if not parts:
-            return []
-        self._rr = (self._rr + 1) % len(parts)
-        parts = parts[self._rr:] + parts[:self._rr]
-        out: list[Message] = []
-        while parts and len(out) < max_records:
-            share = max(1, (max_records - len(out)) // len(parts))
-            remaining = []
-            for tp, part in parts:
-                n = min(share, len(part.buffer), max_records - len(out))
-                if n == 0:
-                    break
-                out.extend(part.buffer.popleft() for _ in range(n))
-                part.position = self._delivered[tp] = out[-1].offset + 1
-                if part.buffer:
-                    remaining.append((tp, part))
-            parts = remaining
+        self._rr += 1
+        out = take(list(self._owned.items()), max_records, self._rr)
+        for m in out:
+            self._delivered[m.topic, m.partition] = m.offset + 1
         return out
 
     # -------------------------------------------------------------------------- rebalance
@@ -383,7 +341,8 @@ class EmbeddedConsumer:
             self._expired.set()
             return
         for tp, position in claimed:
-            self._owned[tp] = _Partition(position, position)
+            self._owned[tp] = Partition(position, position)
+            self._lost.discard(tp)  # back: its records come again from the committed offset
         self._refresh_ends()
         if claimed:
             log.info("group=%s member=%s assigned %s", self.group, self.member_id,
@@ -404,6 +363,8 @@ class EmbeddedConsumer:
 
     def _drop(self, tps: Sequence[TP]) -> None:
         for tp in tps:
+            if self._delivered.get(tp, 0) > self._last_commit.get(tp, 0):
+                self._lost.add(tp)
             self._owned.pop(tp, None)
             self._delivered.pop(tp, None)
             self._last_commit.pop(tp, None)

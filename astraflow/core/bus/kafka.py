@@ -2,7 +2,8 @@
 
 Producers are idempotent, compress with zstd and partition keys with murmur2 like Java and the
 embedded bus. Consumers join groups with cooperative-sticky assignment, never commit on their
-own, and commit synchronously when asked. Topics are created with the admin client (automatic
+own, and commit synchronously when asked. Readers (:mod:`astraflow.core.bus.kafka_reader`)
+assign every partition of a topic to themselves and join no group. Topics are created with the admin client (automatic
 topic creation is never relied on).
 
 librdkafka's logs go to the ``astraflow.bus.kafka`` logger; the lines it repeats while a broker
@@ -26,8 +27,15 @@ from astraflow.core.bus.kafka_clients import (
     ck,
     ck_admin,
     kafka_error,
+    watermarks,
 )
-from astraflow.core.bus.types import DEFAULT_MAX_MESSAGE_BYTES, RebalanceCallback, TopicInfo
+from astraflow.core.bus.kafka_reader import KafkaReader
+from astraflow.core.bus.types import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    ReaderStart,
+    RebalanceCallback,
+    TopicInfo,
+)
 from astraflow.core.errors import BusError, TopicError
 
 log = logging.getLogger("astraflow.bus.kafka")
@@ -197,8 +205,7 @@ class KafkaBus:
         out = {}
         for p in range(n):
             try:
-                out[p] = self._offsets_client.get_watermark_offsets(
-                    ck.TopicPartition(topic, p), timeout=TIMEOUT, cached=False)
+                out[p] = watermarks(self._offsets_client, topic, p)
             except ck.KafkaException as e:
                 raise self._unreachable(f"reading the offsets of {topic}[{p}]", e) from e
         self._offsets_client.poll(0)  # serves its log lines; it joins no group
@@ -253,6 +260,12 @@ class KafkaBus:
         return KafkaConsumer(self, group, list(topics), client_id=client_id, start=start,
                              session_timeout=session_timeout, on_assign=on_assign,
                              on_revoke=on_revoke)
+
+    def reader(self, topic: str, *, start: ReaderStart = "earliest",
+               client_id: str = "") -> KafkaReader:
+        """A group-less reader of every partition of ``topic`` (see the Bus protocol):
+        ``assign()`` at explicit offsets, no group joined, nothing committed."""
+        return KafkaReader(self, topic, start=start, client_id=client_id)
 
     # ---- group offsets
 

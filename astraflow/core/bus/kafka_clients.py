@@ -33,9 +33,13 @@ NOISE_EVERY_S = 5.0
 OVERHEAD = 64 * 1024
 
 E = ck.KafkaError
-_REBALANCE = {E.REBALANCE_IN_PROGRESS, E.ILLEGAL_GENERATION, E.UNKNOWN_MEMBER_ID,
-              E.FENCED_INSTANCE_ID, E._ASSIGNMENT_LOST, E.STALE_MEMBER_EPOCH,
-              E.FENCED_MEMBER_EPOCH}
+# The member is still in the group, which is rebalancing: it still owns what it has not yet
+# been told to revoke (cooperative protocol), so the commit is retried once the round ends.
+_REBALANCING = {E.REBALANCE_IN_PROGRESS, E.STALE_MEMBER_EPOCH}
+# The membership itself is gone (session expired, fenced): every partition went with it.
+_MEMBERSHIP_LOST = {E.ILLEGAL_GENERATION, E.UNKNOWN_MEMBER_ID, E.FENCED_INSTANCE_ID,
+                    E._ASSIGNMENT_LOST, E.FENCED_MEMBER_EPOCH}
+_REBALANCE = _REBALANCING | _MEMBERSHIP_LOST
 _RETRY = {E._TRANSPORT, E._TIMED_OUT, E._WAIT_COORD, E.COORDINATOR_NOT_AVAILABLE,
           E.NOT_COORDINATOR, E.COORDINATOR_LOAD_IN_PROGRESS, E.REQUEST_TIMED_OUT,
           E._ALL_BROKERS_DOWN, E.NETWORK_EXCEPTION}
@@ -55,6 +59,35 @@ def too_large_message(topic: str, size: int, limit: int | str, where: str) -> st
             "Large payloads such as weights go through the weight store with only a manifest "
             "on the bus; or raise max_message_bytes in connect() AND the broker's "
             "message.max.bytes / the topic's max.message.bytes.")
+
+
+def to_message(msg: Any) -> Message:
+    """A :class:`Message` from a confluent-kafka message without an error."""
+    _kind, ts = msg.timestamp()
+    return Message(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
+                   key=msg.key(), value=msg.value() or b"",
+                   headers=[(k, v or b"") for k, v in msg.headers() or ()],
+                   timestamp=ts / 1000.0 if ts > 0 else 0.0)
+
+
+def watermarks(client: Any, topic: str, partition: int) -> tuple[int, int]:
+    """(low, high) offsets of ``topic[partition]``, retried while the cluster settles: just
+    after a topic is created (or a broker restarted) its leader may answer
+    NOT_LEADER_FOR_PARTITION for a moment. Raises ck.KafkaException after TIMEOUT."""
+    deadline = time.monotonic() + TIMEOUT
+    delay = 0.05
+    while True:
+        try:
+            lo, hi = client.get_watermark_offsets(ck.TopicPartition(topic, partition),
+                                                  timeout=TIMEOUT, cached=False)
+            return int(lo), int(hi)
+        except ck.KafkaException as e:
+            err = kafka_error(e)
+            if not (err.code() in _TRANSIENT or err.retriable()) or \
+                    time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
 
 
 def kafka_error(e: BaseException) -> ck.KafkaError:
@@ -283,8 +316,7 @@ class KafkaConsumer:
             for tp in committed:
                 off = tp.offset
                 if off < 0:
-                    _lo, off = self._c.get_watermark_offsets(
-                        ck.TopicPartition(tp.topic, tp.partition), timeout=TIMEOUT, cached=False)
+                    _lo, off = watermarks(self._c, tp.topic, tp.partition)
                 out.append(ck.TopicPartition(tp.topic, tp.partition, off))
                 self._next[(tp.topic, tp.partition)] = off
             return out
@@ -297,6 +329,7 @@ class KafkaConsumer:
         pairs = [(tp.topic, tp.partition) for tp in parts]
         for pair in pairs:
             self._next.pop(pair, None)
+            self._lost.discard(pair)  # back: its records come again from the committed offset
         tps = self._start_offsets(parts) if self._start == "latest" and parts else parts
         if self._cooperative:
             consumer.incremental_assign(tps)
@@ -353,11 +386,7 @@ class KafkaConsumer:
         topic, part, off = msg.topic(), msg.partition(), msg.offset()
         self._pending[(topic, part)] = off
         self._next[(topic, part)] = off + 1
-        _kind, ts = msg.timestamp()
-        return Message(topic=topic, partition=part, offset=off, key=msg.key(),
-                       value=msg.value() or b"",
-                       headers=[(k, v or b"") for k, v in msg.headers() or ()],
-                       timestamp=ts / 1000.0 if ts > 0 else 0.0)
+        return to_message(msg)
 
     def _on_error(self, err: ck.KafkaError, msg: Any) -> None:
         where = f"{msg.topic()}[{msg.partition()}]" if msg.topic() else ""
@@ -399,7 +428,10 @@ class KafkaConsumer:
 
     def commit(self, messages: Message | Sequence[Message] | None = None) -> None:
         """Commit synchronously. Partitions this member owns are committed; then CommitError
-        names any that it no longer owns (their records will be delivered again)."""
+        names the ones it no longer owns (their records will be delivered again): with
+        ``messages``, those not assigned now; with None, those revoked or lost with
+        uncommitted deliveries that have not come back; and every partition of the call when
+        the broker says the membership itself is gone (an expired session)."""
         if messages is None:
             offsets = dict(self._pending)
             lost, self._lost = set(self._lost), set()
@@ -410,16 +442,23 @@ class KafkaConsumer:
                 pair = (m.topic, m.partition)
                 offsets[pair] = max(offsets.get(pair, -1), m.offset)
             lost = {pair for pair in offsets if pair not in self._assigned}
+            self._lost -= lost  # named now: not again by the next commit(None)
         for pair in lost:
             offsets.pop(pair, None)
+        why = "no longer assigned to this member"
         if offsets:
-            self._commit(offsets)
+            refusal = self._commit(offsets)
+            if refusal is not None:
+                lost |= set(offsets)
+                why = refusal
         if lost:
             names = ", ".join(f"{t}[{p}]" for t, p in sorted(lost))
-            raise CommitError(f"group {self.group!r}: {names} no longer assigned to member "
-                              f"{self.member_id}; those records will be delivered again")
+            raise CommitError(f"group {self.group!r} member {self.member_id}: cannot commit "
+                              f"{names}: {why}; those records will be delivered again")
 
-    def _commit(self, offsets: dict[tuple[str, int], int]) -> None:
+    def _commit(self, offsets: dict[tuple[str, int], int]) -> str | None:
+        """Commit ``offsets`` (partition -> newest processed offset); None when done, or why
+        the broker refused every one of them because this membership is gone."""
         tps = [ck.TopicPartition(t, p, off + 1) for (t, p), off in offsets.items()]
         what = ", ".join(f"{t}[{p}]@{off + 1}" for (t, p), off in sorted(offsets.items()))
         deadline = time.monotonic() + COMMIT_RETRY_S
@@ -433,19 +472,23 @@ class KafkaConsumer:
                 err = kafka_error(e)
             if err is None or err.code() == E._NO_OFFSET:
                 break
-            if err.code() in _REBALANCE:
-                raise CommitError(f"group {self.group!r} refused the commit of {what}: "
-                                  f"{err.str()} (a rebalance moved partitions; the records "
-                                  "will be delivered again)")
-            if (err.code() in _RETRY or err.retriable()) and time.monotonic() < deadline:
+            rebalancing = err.code() in _REBALANCING and self._cooperative
+            if err.code() in _REBALANCE and not rebalancing:
+                return (f"the group refused the commit ({err.str()}): this member's session "
+                        "expired or a rebalance moved the partitions")
+            if (rebalancing or err.code() in _RETRY or err.retriable()) and \
+                    time.monotonic() < deadline:
                 self._log.noise(f"group={self.group} commit: {err.str()}; retrying")
                 time.sleep(delay)
                 delay = min(1.0, delay * 2)
                 continue
+            if rebalancing:
+                return f"the group was still rebalancing after {COMMIT_RETRY_S:.0f}s"
             raise BusError(f"group {self.group!r} commit of {what} failed: {err.str()}")
         for pair, off in offsets.items():
             if self._pending.get(pair, -1) <= off:
                 self._pending.pop(pair, None)
+        return None
 
     def assignment(self) -> list[tuple[str, int]]:
         return sorted(self._assigned)
@@ -464,7 +507,7 @@ class KafkaConsumer:
             committed = self._c.committed([tp], timeout=TIMEOUT)[0].offset
             if committed >= 0:
                 return int(committed)
-            lo, hi = self._c.get_watermark_offsets(tp, timeout=TIMEOUT, cached=False)
+            lo, hi = watermarks(self._c, topic, partition)
         except ck.KafkaException as e:
             raise BusError(f"position of {topic}[{partition}]: {kafka_error(e).str()}") from e
         return int(lo if self._start == "earliest" else hi)

@@ -7,12 +7,16 @@ Two backends implement it (``embedded`` and ``kafka``), and one conformance suit
 * at-least-once: a consumer resumes from its group's committed offsets, and records delivered
   but not committed are delivered again after a crash or a rebalance;
 * :meth:`Producer.flush` returns only when every record produced before it is durable, so a
-  consumer that flushes its outputs before :meth:`Consumer.commit` never loses work.
+  consumer that flushes its outputs before :meth:`Consumer.commit` never loses work;
+* :meth:`Consumer.commit` commits every partition the member still owns and raises
+  :class:`~astraflow.core.errors.CommitError` naming only the partitions it lost (see there);
+* a :class:`Reader` (:meth:`Bus.reader`) reads every partition of a topic without a group: it
+  never commits and leaves no group, member or offset behind on the bus.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -82,8 +86,17 @@ class Consumer(Protocol):
 
     def commit(self, messages: Message | Sequence[Message] | None = None) -> None:
         """Synchronously commit: for each partition, the offset after the newest given message
-        (or, with None, after the newest record delivered so far). Raises CommitError when a
-        partition is no longer assigned to this member."""
+        (or, with None, after the newest record delivered so far).
+
+        Partial by partition: every partition this member owns now is committed, then
+        CommitError names the ones it does not own, whose records will be delivered again
+        (at-least-once: a rebalance or an expired session moved them). With None, "does not
+        own" means: records were delivered from the partition, then it was revoked or lost
+        before they were committed and it has not come back to this member. A partition that
+        was lost and came back is not an error: its uncommitted records are delivered to this
+        member again from the committed offset, and what is delivered after its return is
+        committed as usual. Any other failure (broker unreachable past the retry deadline)
+        raises BusError and commits nothing."""
 
     def assignment(self) -> list[tuple[str, int]]:
         """The (topic, partition) pairs this member owns now."""
@@ -96,6 +109,41 @@ class Consumer(Protocol):
 
     def close(self) -> None:
         """Leave the group (its partitions move to the others at once) and release resources."""
+
+
+#: Where a :class:`Reader` starts: "earliest", "latest", or an offset per partition.
+ReaderStart = str | Mapping[int, int]
+
+
+@runtime_checkable
+class Reader(Protocol):
+    """Reads every partition of one topic without joining a consumer group.
+
+    For followers of a whole topic (the weight syncer, the metrics collector, accounting,
+    ``astraflow inspect``): nothing is shared with other readers, nothing is committed, and no
+    group, member or offset is created on the bus, so a reader leaves no trace when it closes
+    or dies. Its positions live only in the reader; a restarted reader starts again from its
+    ``start``. Records come in order within each partition; partitions added to the topic after
+    the reader was made are not read. Not for concurrent use from several threads.
+    """
+
+    topic: str
+    partitions: int
+
+    def poll(self, timeout: float = 1.0) -> Message | None:
+        """The next record of any partition, or None after ``timeout`` seconds."""
+
+    def consume(self, max_records: int = 500, timeout: float = 1.0) -> list[Message]:
+        """Up to ``max_records`` records; returns as soon as at least one is available."""
+
+    def position(self, partition: int) -> int:
+        """The offset of the next record this reader delivers from ``partition``."""
+
+    def seek(self, partition: int, offset: int) -> None:
+        """Deliver ``partition`` from ``offset`` next (0 <= offset <= the partition's end)."""
+
+    def close(self) -> None:
+        """Release the reader's connections. Idempotent."""
 
 
 @runtime_checkable
@@ -123,6 +171,15 @@ class Bus(Protocol):
         """Join consumer group ``group`` on ``topics``. ``start`` ("earliest" | "latest") is
         where a partition with no committed offset starts. A member that stops heartbeating
         for ``session_timeout`` seconds is removed and its partitions move to the others."""
+
+    def reader(self, topic: str, *, start: ReaderStart = "earliest",
+               client_id: str = "") -> Reader:
+        """A :class:`Reader` of every partition of ``topic``, joining no group. ``start`` is
+        "earliest" (the first record still on the bus), "latest" (the end of each partition as
+        of this call: records produced once ``reader`` returns are delivered) or a mapping of
+        partition to the offset to read first (0 <= offset <= the partition's end; partitions
+        it leaves out start at the earliest). An unknown topic raises TopicError, a bad
+        ``start`` BusError."""
 
     def committed(self, group: str, topic: str) -> dict[int, int]:
         """The group's committed offset per partition (absent: nothing committed)."""
