@@ -1,4 +1,5 @@
-"""`astraflow inspect TOPIC`: print a topic's records as JSON lines (bytes as base64)."""
+"""`astraflow inspect TOPIC [--from earliest|latest|P:OFFSET,...] [--limit N] [--follow]`: print
+a topic's records as JSON lines (bytes as base64), read without a consumer group."""
 
 from __future__ import annotations
 
@@ -36,38 +37,65 @@ def message_json(msg: Any) -> bytes:
     return msgspec.json.encode(line)
 
 
+def parse_start(value: str) -> str | dict[int, int]:
+    """``--from``: ``earliest``, ``latest``, or ``P:OFFSET[,P:OFFSET...]`` (partitions not
+    named start at the earliest)."""
+    if value in ("earliest", "latest"):
+        return value
+    offsets: dict[int, int] = {}
+    for part in value.split(","):
+        p, sep, off = part.strip().partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            offsets[int(p)] = int(off)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{value!r}: use earliest, latest, or PARTITION:OFFSET[,PARTITION:OFFSET...] "
+                "(e.g. 0:120,3:40)", param_hint="--from") from None
+    return offsets
+
+
 def inspect(
     topic: str,
+    start: Annotated[str, typer.Option(
+        "--from", help="Where to start: earliest, latest, or PARTITION:OFFSET[,...] (other "
+        "partitions from the earliest).")] = "earliest",
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new records.")]
     = False,
-    limit: Annotated[int | None, typer.Option("--max", "-n", help="Stop after N records.")] = None,
-    latest: Annotated[bool, typer.Option(help="Start at the end (with --follow).")] = False,
+    limit: Annotated[int | None, typer.Option("--limit", "--max", "-n",
+                                              help="Stop after N records.")] = None,
+    latest: Annotated[bool, typer.Option(help="Same as --from latest.", hidden=True)] = False,
     bus: BusOption = DEFAULT_BUS,
 ) -> None:
-    """Print the records of TOPIC as JSON lines. Reads without committing: a group of its own."""
+    """Print the records of TOPIC as JSON lines: origin (topic[partition]@offset), key,
+    headers and the decoded record. Without --follow, stops after the records that exist now.
+    Reads without joining a consumer group: nothing is committed, nothing is left behind."""
     from astraflow.core.bus import connect
-    from astraflow.core.topics import reader_group
 
+    where = parse_start("latest" if latest else start)
     b = connect(bus)
-    ends = b.describe_topic(topic).end_offsets  # also a clear error for an unknown topic
+    try:
+        ends = b.describe_topic(topic).end_offsets  # also a clear error for an unknown topic
+        reader = b.reader(topic, start=where, client_id="inspect")
+    except BaseException:
+        b.close()
+        raise
     # Without --follow: stop once every record that existed at start has been printed.
-    pending = {p: end - 1 for p, end in ends.items() if end > 0}
-    consumer = b.consumer(reader_group("inspect", topic), [topic],
-                          start="latest" if latest else "earliest")
+    pending = {p: end for p, end in ends.items() if reader.position(p) < end}
     seen = 0
     out = sys.stdout.buffer
     try:
-        while (limit is None or seen < limit) and (follow or (pending and not latest)):
-            batch = 500 if limit is None else min(500, limit - seen)
-            msgs = consumer.consume(batch, 0.5)
+        while (limit is None or seen < limit) and (follow or pending):
+            msgs = reader.consume(500 if limit is None else min(500, limit - seen), 0.5)
             for m in msgs:
-                out.write(message_json(m) + b"\n")
-                if pending.get(m.partition, -1) <= m.offset:
-                    pending.pop(m.partition, None)
+                if follow or m.offset < ends.get(m.partition, 0):
+                    out.write(message_json(m) + b"\n")
+                    seen += 1
             out.flush()
-            seen += len(msgs)
+            pending = {p: end for p, end in pending.items() if reader.position(p) < end}
     except KeyboardInterrupt:
         pass
     finally:
-        consumer.close()
+        reader.close()
         b.close()

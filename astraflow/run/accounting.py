@@ -10,33 +10,21 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+from astraflow.core.bus.reader import read_all
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import SchemaError
 from astraflow.core.records import Batch, GroupStats, Record, Trajectory, TrajectoryGroup, decode
-from astraflow.core.topics import group_name, reader_group, topic_name
+from astraflow.core.topics import group_name, topic_name
 
 
 def read_topic(bus: Bus, topic: str, kind: type[Record]) -> Iterator[tuple[int, int, Any]]:
-    """(partition, offset, record) of every record on ``topic`` now (undecodable ones skipped)."""
-    ends = bus.describe_topic(topic).end_offsets
-    pending = {p: e for p, e in ends.items() if e > 0}
-    if not pending:
-        return
-    c = bus.consumer(reader_group("accounting", topic), [topic])
-    try:
-        idle = 0
-        while pending and idle < 60:
-            msgs = c.consume(1000, 0.5)
-            idle = 0 if msgs else idle + 1
-            for m in msgs:
-                if m.offset + 1 >= pending.get(m.partition, 0):
-                    pending.pop(m.partition, None)
-                try:
-                    yield m.partition, m.offset, decode(m.value, kind)
-                except SchemaError:
-                    continue
-    finally:
-        c.close()
+    """(partition, offset, record) of every record on ``topic`` now (undecodable ones skipped),
+    read without a consumer group."""
+    for m in read_all(bus, topic, client_id="accounting"):
+        try:
+            yield m.partition, m.offset, decode(m.value, kind)
+        except SchemaError:
+            continue
 
 
 def account(bus: Bus, config: Any) -> dict[str, Any]:

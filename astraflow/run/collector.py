@@ -19,7 +19,7 @@ from typing import IO, Any
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import SchemaError
 from astraflow.core.records import Metric, decode
-from astraflow.core.topics import reader_group, topic_name
+from astraflow.core.topics import topic_name
 
 
 @dataclass
@@ -55,15 +55,15 @@ class Collector:
 
     def __post_init__(self) -> None:
         self.topic = topic_name(self.run, "metrics")
-        self._consumer = self.bus.consumer(reader_group("collector", self.topic), [self.topic],
-                                           start="earliest")
+        # A group-less reader: every collector sees every snapshot, and leaves nothing behind.
+        self._reader = self.bus.reader(self.topic, start="earliest", client_id="collector")
         if self.jsonl is not None:
             self.jsonl.parent.mkdir(parents=True, exist_ok=True)
             self._fh = self.jsonl.open("a")
 
     def poll(self, timeout: float = 0.0) -> int:
         n = 0
-        for msg in self._consumer.consume(1000, timeout):
+        for msg in self._reader.consume(1000, timeout):
             try:
                 m = decode(msg.value, Metric)
             except SchemaError:
@@ -128,7 +128,7 @@ class Collector:
         self._fh.flush()
 
     def close(self) -> None:
-        self._consumer.close()
+        self._reader.close()
         if self._fh is not None:
             self._fh.close()
             self._fh = None

@@ -1,7 +1,8 @@
 """The syncer: keeps a rollout worker's weights at the newest published version.
 
-It reads every manifest of ``weights.<policy>`` (a consumer group of its own, from the
-beginning; it never commits), plans the cheapest route from the version its target holds
+It reads every manifest of ``weights.<policy>`` from the beginning with a group-less reader
+(:meth:`~astraflow.core.bus.types.Bus.reader`: no consumer group, nothing committed), plans
+the cheapest route from the version its target holds
 (:func:`~astraflow.weights.route.plan_route`), fetches the blobs (resumably, optionally
 rate-limited), checks each blob against its manifest, applies it in place and verifies every
 tensor's digest. A missing blob, a corrupt blob or a wrong base is healed: the route is planned
@@ -28,7 +29,7 @@ import numpy as np
 from astraflow.core.bus.types import Bus, Message
 from astraflow.core.errors import SchemaError, WeightIntegrityError, WeightStoreError
 from astraflow.core.records import WeightManifest, decode
-from astraflow.core.topics import reader_group, topic_name
+from astraflow.core.topics import topic_name
 from astraflow.weights.bits import digest, dtype_info
 from astraflow.weights.blob import BaseMismatchError, Blob, parse_blob
 from astraflow.weights.route import Route, plan_route
@@ -58,8 +59,7 @@ class Syncer:
 
     def __init__(self, bus: Bus, *, run: str, policy: str, store: WeightStore,
                  target: WeightTarget, cache_dir: str | Path | None = None,
-                 rate_limit: float | None = None, group: str | None = None,
-                 max_heals: int = 3) -> None:
+                 rate_limit: float | None = None, max_heals: int = 3) -> None:
         self.policy = policy
         self.store = store
         self.target = target
@@ -73,10 +73,9 @@ class Syncer:
         self._digests: dict[str, str] | None = None  # of the version held, when known
         self._version = target.current_version()
         self._bus = bus
-        self._seen: dict[int, int] = {}  # partition -> next offset to read
         bus.create_topics({self.topic: 1})
-        self._consumer = bus.consumer(group or reader_group("weights-sync", self.topic),
-                                      [self.topic], start="earliest")
+        self._reader = bus.reader(self.topic, start="earliest",
+                                  client_id=f"weights-sync-{policy}")
 
     # -- the view of the topic ----------------------------------------------------------------
     @property
@@ -91,7 +90,7 @@ class Syncer:
         """Read every manifest on the topic now; when there is none new, wait up to ``timeout``
         seconds for one. Returns how many records were read."""
         ends = self._bus.describe_topic(self.topic).end_offsets
-        behind = {p: end for p, end in ends.items() if end > self._seen.get(p, 0)}
+        behind = {p: end for p, end in ends.items() if end > self._reader.position(p)}
         deadline = time.monotonic() + timeout
         got = 0
         while max_records is None or got < max_records:
@@ -100,11 +99,10 @@ class Syncer:
             else:  # caught up: wait only for the first new record
                 wait = 0.0 if got else max(0.0, deadline - time.monotonic())
             n = 500 if max_records is None else min(500, max_records - got)
-            msgs = self._consumer.consume(n, wait)
+            msgs = self._reader.consume(n, wait)
             if not msgs:
                 break
             for msg in msgs:
-                self._seen[msg.partition] = msg.offset + 1
                 if behind.get(msg.partition, -1) <= msg.offset + 1:
                     behind.pop(msg.partition, None)
                 self._take(msg)
@@ -178,7 +176,7 @@ class Syncer:
         return self.stats
 
     def close(self) -> None:
-        self._consumer.close()
+        self._reader.close()
 
     # -- applying one blob --------------------------------------------------------------------
     def _fetch(self, uri: str) -> Blob:

@@ -58,3 +58,28 @@ def test_collector_writes_metrics_jsonl_plots_and_view(tmp_path: Path) -> None:
     assert "tasks→rollout 3" in text
     col.close()
     bus.close()
+
+
+def test_collectors_each_see_every_snapshot_and_join_no_group(tmp_path: Path) -> None:
+    import sqlite3
+
+    bus = connect(f"embedded://{tmp_path}/bus.db")
+    bus.create_topics(run_topics("r", ["default"]))
+    emitters = [MetricsEmitter(bus, run="r", role="rollout", component=f"rollout-{i}")
+                for i in range(4)]  # keyed by component: spread over the topic's partitions
+    for e in emitters:
+        e.emit()
+    first, second = Collector(bus, "r"), Collector(bus, "r")
+    for col in (first, second):  # a group would split the partitions between the two
+        for _ in range(20):
+            if len(col.components) == 4:
+                break
+            col.poll(0.5)
+        assert set(col.components) == {f"rollout-{i}" for i in range(4)}
+    first.close()
+    second.close()
+    conn = sqlite3.connect(tmp_path / "bus.db")
+    for table in ("group_members", "group_owners", "group_offsets", "group_state"):
+        assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,), table
+    conn.close()
+    bus.close()

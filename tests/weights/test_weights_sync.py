@@ -77,6 +77,22 @@ def test_syncers_from_0_and_v_minus_1_and_v_minus_30_end_identical(bus, store, h
         syncer.close()
 
 
+def test_syncers_read_without_a_consumer_group(bus, store, history, tmp_path) -> None:
+    import sqlite3
+
+    syncers = [Syncer(bus, run=RUN, policy=POLICY, store=store, target=DictTarget({}))
+               for _ in range(2)]
+    for syncer in syncers:  # each sees every manifest: nothing is shared or committed
+        assert syncer.sync_once(timeout=5) == len(history) - 1
+        assert syncer.stats.manifests == bus.describe_topic(
+            topic_name(RUN, "weights", POLICY)).end_offsets[0]
+        syncer.close()
+    conn = sqlite3.connect(tmp_path / "bus.db")
+    for table in ("group_members", "group_owners", "group_offsets", "group_state"):
+        assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,), table
+    conn.close()
+
+
 def test_routes_are_cheapest(bus, store, history) -> None:
     newest = len(history) - 1
     syncer = Syncer(bus, run=RUN, policy=POLICY, store=store, target=DictTarget({}, version=43))
