@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 import pydantic
 
@@ -42,13 +43,39 @@ class BusConfig(Section):
 
 class WarmupConfig(Section):
     """An SFT warm-up before RL: demonstrations (the producer's train split with its reference
-    answers) go through the bus to the trainer in ``sft`` mode; RL starts from the result."""
+    answers) go through the bus to the trainer in ``sft`` mode; RL starts from the result:
+    after ``steps`` steps, or at the first check inside ``target_accuracy`` (see
+    :mod:`astraflow.run.warmup`)."""
 
-    steps: int = pydantic.Field(0, ge=0, description="SFT steps before RL; 0: no warm-up")
+    steps: int = pydantic.Field(0, ge=0, description="SFT steps before RL (with "
+                                                      "target_accuracy: the most); 0: none")
     batch_size: int = pydantic.Field(256, ge=1, description="demonstrations per SFT step")
     lr: float = pydantic.Field(2e-3, gt=0, description="SFT learning rate")
     grad_clip: float | None = pydantic.Field(None, gt=0,
                                              description="SFT gradient-norm clip; null: off")
+    target_accuracy: tuple[float, float] | None = pydantic.Field(
+        None, description="[low, high]: stop the warm-up at the first check whose held-out "
+                          "greedy accuracy (launch.eval_problems of the producer's test split) "
+                          "is inside this band, and start RL there; `steps` is then the cap. "
+                          "null: exactly `steps` steps")
+    check_every: int = pydantic.Field(
+        10, ge=1, description="with target_accuracy: checkpoint and measure every N SFT steps")
+    on_miss: Literal["error", "closest"] = pydantic.Field(
+        "error", description="with target_accuracy, when no check was inside the band by "
+                             "`steps`: error (the run fails, RL does not start) or closest "
+                             "(RL starts from the check nearest the band, with a warning)")
+
+    @pydantic.model_validator(mode="after")
+    def _band(self) -> WarmupConfig:
+        if self.target_accuracy is None:
+            return self
+        low, high = self.target_accuracy
+        if not 0.0 <= low < high <= 1.0:
+            raise ValueError(f"target_accuracy {[low, high]} must be [low, high] with "
+                             "0 <= low < high <= 1, e.g. [0.2, 0.3]")
+        # steps: 0 stays valid with a band: no warm-up at all (`--set launch.warmup.steps=0`
+        # starts RL from a given model), so the band is moot
+        return self
 
 
 class LaunchConfig(Section):

@@ -65,6 +65,10 @@ def warmup_config(config: ExperimentConfig) -> ExperimentConfig:
     t = data["trainer"]
     t.update(mode="sft", max_steps=w.steps, checkpoint_every=w.steps, grad_clip=w.grad_clip,
              checkpoint_dir="{out}/checkpoints/warmup-{policy}", publish_initial=False)
+    if w.target_accuracy is not None:
+        # `astraflow run` measures each checkpoint while the trainer goes on; a few kept give
+        # it time to pin one before the trainer prunes it (run/warmup.py)
+        t.update(checkpoint_every=w.check_every, keep_checkpoints=max(4, t["keep_checkpoints"]))
     t["optimizer"]["lr"] = w.lr
     t["optimizer"]["warmup_steps"] = 0
     data["launch"].update(evaluate=False, stop_at_accuracy=None)

@@ -15,13 +15,11 @@ from astraflow.core.topics import run_topics
 from astraflow.run.launch import (
     export_model,
     newest_checkpoint,
-    produce_demonstrations,
     rl_roles,
-    role_env,
     warmup_config,
     write_config,
 )
-from astraflow.run.supervisor import RoleSpec, Supervisor, cli
+from astraflow.run.supervisor import Supervisor
 
 
 def _prepare_out(out: Path, fresh: bool) -> None:
@@ -85,7 +83,7 @@ def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
     try:
         rl = config
         if config.launch.warmup.steps > 0:
-            rl = _warmup(config, out, bus, sup, console)
+            rl = _warmup(config, out, bus, sup, console, fresh=fresh)
             if rl is None:
                 return 1
         code = _rl_phase(rl, out, bus, sup, console, live=live, started=time.time())
@@ -94,44 +92,16 @@ def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
     return code
 
 
-def _warmup(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor,
-            console: Any) -> ExperimentConfig | None:
-    from rich.progress import Progress
+def _warmup(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, console: Any,
+            *, fresh: bool) -> ExperimentConfig | None:
+    """The SFT warm-up (astraflow.run.warmup); a continued run reuses the one it finished."""
+    from astraflow.run.warmup import reuse, run_warmup
 
-    from astraflow.run.collector import Collector
-
-    warm = warmup_config(config)
-    path = write_config(warm, out / "config-warmup.yaml")
-    create_run_topics(warm, bus)
-    steps = config.launch.warmup.steps
-    with console.status("producing SFT demonstrations"):
-        for p in config.policies:
-            produce_demonstrations(config, warm, p, out, bus)
-    sup.start([RoleSpec(f"warmup-{p}", cli("train", str(path), "--policy", p, "--out", str(out),
-                                           "--no-publish"),
-                        restart=config.launch.restart, terminal=True, env=role_env(config))
-               for p in config.policies])
-    col = Collector(bus, warm.run)
-    with Progress(console=console) as progress:
-        task = progress.add_task("SFT warm-up", total=steps)
-        while sup.check():
-            col.poll(0.5)
-            progress.update(task, completed=col.trainer_step())
-        progress.update(task, completed=col.trainer_step())
-    col.close()
-    if sup.failed:
-        console.print(f"[red]warm-up failed: {', '.join(sup.failed)}[/]")
-        return None
-    data = config.model_dump()
-    for p in config.policies:
-        ck = newest_checkpoint(warm.trainer.checkpoint_root(out, p))
-        if ck is None:
-            console.print(f"[red]warm-up of {p} left no checkpoint[/]")
-            return None
-        dest = export_model(ck, model_dir(config, p, out), out / "models" / f"{p}-warm")
-        data.setdefault("models", {})[p] = {"path": str(dest), "build": "none"}
-    console.print(f"SFT warm-up done: {steps} steps; RL starts from {out / 'models'}")
-    return ExperimentConfig.model_validate(data)
+    done = None if fresh else reuse(config, out)
+    if done is not None:
+        console.print(f"warm-up already done: RL starts from {out / 'models'}")
+        return done
+    return run_warmup(config, out, bus, sup, console)
 
 
 def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, console: Any,
@@ -237,6 +207,8 @@ def _finish(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, cons
                            "exit_codes": r.exit_codes} for n, r in sup.roles.items()}
     result["failed_roles"] = sup.failed
     result["interrupted"] = interrupted
+    if (out / "warmup.json").exists():  # where RL started and how the warm-up got there
+        result["warmup"] = json.loads((out / "warmup.json").read_text())
     (out / "summary.json").write_text(json.dumps(result, indent=2))
     table = Table(title=f"run {config.run}")
     table.add_column("")
@@ -244,6 +216,9 @@ def _finish(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, cons
     for k in ("trainer_steps", "elapsed_s", "eval_first", "eval_last", "eval_best",
               "episodes_per_s_mean", "wait_ratio_mean"):
         table.add_row(k, str(result.get(k)))
+    for p, w in result.get("warmup", {}).get("policies", {}).items():
+        acc = "" if w.get("accuracy") is None else f"{w['accuracy']:.3f} at "
+        table.add_row(f"warm-up {p}", f"{acc}step {w.get('step')} ({w.get('outcome')})")
     for k, v in result["accounting"].items():
         table.add_row(f"trajectories: {k}", str(v))
     console.print(table)

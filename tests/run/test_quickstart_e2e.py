@@ -15,7 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
-# Reduced budget: the README's warm-up (400 SFT steps), then 100 RL steps instead of 5 minutes.
+# Reduced budget: the README's warm-up (SFT until held-out accuracy is inside the quickstart's
+# launch.warmup.target_accuracy), then 100 RL steps instead of 5 minutes.
 STEPS = 100
 BUDGET = [f"trainer.max_steps={STEPS}", "launch.eval_every=20", "launch.timeout_s=400"]
 
@@ -62,13 +63,18 @@ def check_run(out: Path, rc: int, output: str) -> dict:
 
 
 def learned(summary: dict, out: Path) -> None:
-    """Both phases taught the model. The SFT warm-up: held-out greedy accuracy of the RL
-    starting point (version 0) is well above a random model's (0.0). RL: the mean of the last
-    two evaluations (versions 80 and 100) is at least 5 points above the start (measured here:
-    0.236 at version 0, 0.30–0.36 at 80–100; one evaluation alone can dip by ~0.1)."""
+    """Both phases taught the model. The SFT warm-up: RL starts inside the configured band —
+    the evaluator's version 0 is the warm-up's landing check, on the same problems. RL: the
+    mean of the last two evaluations (versions 80 and 100) is at least 5 points above the
+    start (measured here: 0.250 at version 0, after 60 s of RL ~100 steps 0.30, best 0.32;
+    one evaluation alone can dip by ~0.1)."""
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
-    assert evals[0] >= 0.1, evals
+    warm = summary["warmup"]
+    low, high = warm["band"]
+    landed = warm["policies"]["default"]
+    assert landed["outcome"] == "in_band", warm
+    assert low <= evals[0] <= high and evals[0] == landed["accuracy"], (evals, landed)
     assert (evals[-1] + evals[-2]) / 2 >= evals[0] + 0.05, evals
 
 

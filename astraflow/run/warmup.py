@@ -1,0 +1,476 @@
+"""The SFT warm-up phase of `astraflow run`, and where it stops.
+
+Demonstrations (the producer's train split with its reference answers) go through the bus to
+`astraflow train` in ``sft`` mode, a separate process like every role. RL then starts from
+what the warm-up left. Two ways to end it (``launch.warmup``):
+
+* ``target_accuracy: null`` — exactly ``steps`` SFT steps; RL starts from the last one.
+* ``target_accuracy: [low, high]`` — the trainer checkpoints every ``check_every`` steps; this
+  process measures each checkpoint's held-out greedy accuracy (the evaluator's problems,
+  ``launch.eval_problems`` of them, nothing trained on) while the trainer goes on, and the
+  first checkpoint inside the band is where RL starts (the trainer is stopped then). ``steps``
+  is the cap. If no check lands in the band by then, ``on_miss`` decides: ``error`` fails the
+  run, ``closest`` starts RL from the checked model nearest the band, with a warning.
+
+Why by measurement: SFT of a tiny model at a high learning rate is chaotic, so the same
+number of steps lands at very different accuracies on CPUs whose floating-point paths differ
+(measured: 0.236 on one machine, 0.760 on another, after the same 400 steps), and where RL
+starts decides what RL can show. The checks are cheap (500 greedy problems of the quickstart:
+0.1 s) next to the SFT steps between them.
+
+Every check is a line of ``metrics.jsonl`` (``phase: warmup``) and the outcome is
+``warmup.json`` in the run directory (and ``warmup`` in ``summary.json``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from astraflow.config import ExperimentConfig, create_run_topics, model_dir
+from astraflow.core.errors import ConfigError
+from astraflow.run.launch import (
+    export_model,
+    newest_checkpoint,
+    produce_demonstrations,
+    role_env,
+    warmup_config,
+    write_config,
+)
+from astraflow.run.supervisor import RoleSpec, Supervisor, cli
+
+log = logging.getLogger("astraflow.run.warmup")
+
+RESULT = "warmup.json"
+
+
+# --------------------------------------------------------------------------- band logic
+
+@dataclass(frozen=True)
+class Check:
+    """One held-out measurement of a warm-up checkpoint (step 0: the model before SFT)."""
+
+    step: int
+    accuracy: float
+    seconds: float = 0.0  # spent measuring
+    time: float = 0.0  # when (seconds since the epoch)
+
+
+def distance(accuracy: float, band: tuple[float, float]) -> float:
+    """How far ``accuracy`` is outside ``band`` (0 inside it, edges included)."""
+    low, high = band
+    return max(0.0, low - accuracy, accuracy - high)
+
+
+@dataclass
+class BandWatch:
+    """The checks of one policy's warm-up against the target band, in step order.
+
+    Pure (no model, no bus): :meth:`add` a check, read :attr:`landed` (the first check inside
+    the band), :attr:`closest` (nearest the band; the earliest of equals) and :attr:`jumps`
+    (consecutive checks that stepped over the whole band, which says ``check_every`` is too
+    coarse for this trajectory)."""
+
+    band: tuple[float, float]
+    checks: list[Check] = field(default_factory=list)
+    landed: Check | None = None
+    closest: Check | None = None
+    jumps: list[tuple[Check, Check]] = field(default_factory=list)
+
+    def add(self, check: Check) -> bool:
+        """Record ``check``; True when it is the first one inside the band."""
+        low, high = self.band
+        prev = self.checks[-1] if self.checks else None
+        self.checks.append(check)
+        if prev is not None and self.landed is None and (
+                (prev.accuracy < low and check.accuracy > high)
+                or (prev.accuracy > high and check.accuracy < low)):
+            self.jumps.append((prev, check))
+        if self.closest is None or (distance(check.accuracy, self.band)
+                                    < distance(self.closest.accuracy, self.band)):
+            self.closest = check
+        if self.landed is None and distance(check.accuracy, self.band) == 0.0:
+            self.landed = check
+            return True
+        return False
+
+    def outcome(self, on_miss: str) -> tuple[str, Check | None]:
+        """Once the checks are over: ``("in_band", landed)``, ``("closest", nearest)`` when
+        ``on_miss`` is ``closest``, else ``("missed", None)``."""
+        if self.landed is not None:
+            return "in_band", self.landed
+        if on_miss == "closest" and self.closest is not None:
+            return "closest", self.closest
+        return "missed", None
+
+    def describe_miss(self) -> str:
+        """Why no check landed, and what to change."""
+        low, high = self.band
+        if not self.checks:
+            return "no checkpoint was measured"
+        best = self.closest
+        assert best is not None
+        text = (f"no check of {len(self.checks)} was inside [{low}, {high}]; the nearest was "
+                f"{best.accuracy:.3f} at step {best.step}")
+        if self.jumps:
+            a, b = self.jumps[0]
+            text += (f"; accuracy jumped over the band between step {a.step} ({a.accuracy:.3f})"
+                     f" and step {b.step} ({b.accuracy:.3f}): lower launch.warmup.check_every")
+        elif best.accuracy < low:
+            text += ": raise launch.warmup.steps (the cap) or launch.warmup.lr"
+        else:
+            text += ": the model is above the band before it is checked; lower " \
+                    "launch.warmup.check_every or widen launch.warmup.target_accuracy"
+        return text
+
+
+# --------------------------------------------------------------------- measuring a checkpoint
+
+class HeldOutProbe:
+    """Held-out greedy accuracy of weight files for one policy, in this process: the
+    evaluator's problems and reward, the policy's model architecture (fp32, CPU)."""
+
+    def __init__(self, config: ExperimentConfig, policy: str, out: Path) -> None:
+        import torch
+
+        from astraflow.consumers.evaluator import held_out
+        from astraflow.consumers.rollout.rewards import build_reward
+        from astraflow.models.tiny import load
+
+        if config.launch.threads_per_role is not None:
+            # this process shares the cores with the trainer it is measuring
+            torch.set_num_threads(config.launch.threads_per_role)
+        try:
+            self.specs = held_out(config.producer, config.launch.eval_problems)
+        except ConfigError as e:
+            raise ConfigError(f"launch.warmup.target_accuracy: {e}; or set target_accuracy: "
+                              "null for a warm-up of exactly `steps` steps") from None
+        self.model, self.tokenizer = load(model_dir(config, policy, out))
+        self.model.eval()
+        self.reward = build_reward(config.rollout.reward)
+        self.max_new_tokens = config.rollout.engine.max_new_tokens
+
+    def measure(self, weights: Path | None = None) -> float:
+        """Accuracy of ``weights`` (a ``model.safetensors`` of the same architecture), or of
+        the model as loaded when None."""
+        from safetensors.torch import load_file
+
+        from astraflow.consumers.evaluator import greedy_accuracy
+
+        if weights is not None:
+            self.model.load_state_dict(load_file(str(weights)), strict=True)
+        return greedy_accuracy(self.model, self.tokenizer, self.specs,
+                               lambda text, ref: float(self.reward(text, ref)),
+                               max_new_tokens=self.max_new_tokens)
+
+
+class CheckpointWatch:
+    """New checkpoints of one warm-up trainer, each pinned (its ``model.safetensors``
+    hard-linked aside, so the trainer's pruning cannot take it while it is measured)."""
+
+    def __init__(self, root: Path, keep: Path, every: int) -> None:
+        self.root = root
+        self.keep = keep
+        self.every = every
+        self.seen = 0  # step 0 is the model as built, measured before the trainer starts
+        self.missed: list[int] = []  # checkpoint steps pruned before they could be pinned
+
+    def new(self) -> list[tuple[int, Path]]:
+        """(step, pinned weights) of every checkpoint newer than the last one returned."""
+        if not self.root.is_dir():
+            return []
+        steps = sorted(int(p.name.removeprefix("step-")) for p in self.root.glob("step-*")
+                       if p.is_dir() and p.name.removeprefix("step-").isdigit())
+        found = []
+        for step in steps:
+            if step <= self.seen:
+                continue
+            # the trainer checkpoints at every multiple of `every` (and where it stops)
+            self.missed += range((self.seen // self.every + 1) * self.every, step, self.every)
+            self.seen = step
+            pinned = self.keep / f"step-{step:010d}"
+            try:
+                pinned.mkdir(parents=True, exist_ok=True)
+                _link(self.root / f"step-{step:010d}" / "model.safetensors",
+                      pinned / "model.safetensors")
+            except FileNotFoundError:  # pruned between the listing and the link
+                shutil.rmtree(pinned, ignore_errors=True)
+                self.missed.append(step)
+                continue
+            found.append((step, pinned))
+        return found
+
+
+def _link(src: Path, dst: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        dst.unlink()
+    try:
+        os.link(src, dst)
+    except OSError as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        shutil.copy2(src, dst)  # another filesystem: copy
+
+
+# ------------------------------------------------------------------------------- the phase
+
+@dataclass
+class PolicyWarmup:
+    """Where one policy's warm-up stands while it runs."""
+
+    policy: str
+    watch: BandWatch
+    probe: HeldOutProbe
+    checkpoints: CheckpointWatch
+    outcome: str | None = None  # once decided: in_band | closest | missed | failed
+    chosen: Check | None = None
+    stopped_at: int | None = None  # trainer step when it was stopped (None: ran to the cap)
+
+    def pinned(self, step: int) -> Path:
+        return self.checkpoints.keep / f"step-{step:010d}"
+
+
+def run_warmup(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor,
+               console: Any) -> ExperimentConfig | None:
+    """Run the warm-up; the RL phase's config (each policy's model: the warm-up's result),
+    or None when it failed (the reason is printed)."""
+    started = time.time()
+    warm = warmup_config(config)
+    path = write_config(warm, out / "config-warmup.yaml")
+    create_run_topics(warm, bus)
+    w = config.launch.warmup
+    if w.target_accuracy is None:
+        return _fixed(config, warm, path, out, bus, sup, console, started)
+    band = (float(w.target_accuracy[0]), float(w.target_accuracy[1]))
+    with console.status("loading the held-out problems for the warm-up checks"):
+        runs = {p: PolicyWarmup(p, BandWatch(band), HeldOutProbe(config, p, out),
+                                CheckpointWatch(warm.trainer.checkpoint_root(out, p),
+                                                out / "warmup" / p, w.check_every))
+                for p in config.policies}
+    for r in runs.values():  # the model as built: already in the band needs no SFT
+        _measure(r, 0, None)
+        if r.watch.landed is not None:
+            r.outcome, r.chosen = "in_band", r.watch.landed
+    todo = [p for p, r in runs.items() if r.outcome is None]
+    if todo:
+        with console.status("producing SFT demonstrations"):
+            for p in todo:
+                produce_demonstrations(config, warm, p, out, bus)
+        sup.start([_trainer_role(config, path, out, p) for p in todo])
+        _follow(config, runs, sup, console, band)
+        sup.stop([f"warmup-{p}" for p in todo])
+    for r in runs.values():
+        if r.outcome is None:  # its trainer failed
+            r.outcome = "failed"
+    result = _record(config, runs, out, started, band)
+    if sup.failed:
+        console.print(f"[red]warm-up failed: {', '.join(sup.failed)}[/]")
+        return None
+    return _start_from(config, runs, out, console, result)
+
+
+def _trainer_role(config: ExperimentConfig, path: Path, out: Path, policy: str) -> RoleSpec:
+    return RoleSpec(f"warmup-{policy}", cli("train", str(path), "--policy", policy, "--out",
+                                            str(out), "--no-publish"),
+                    restart=config.launch.restart, terminal=True, env=role_env(config))
+
+
+def _measure(r: PolicyWarmup, step: int, weights: Path | None) -> Check:
+    t0 = time.monotonic()
+    acc = r.probe.measure(weights)
+    check = Check(step, acc, round(time.monotonic() - t0, 3), time.time())
+    r.watch.add(check)
+    log.info("warm-up check policy=%s step=%d accuracy=%.4f seconds=%.2f", r.policy, step, acc,
+             check.seconds)
+    return check
+
+
+def _follow(config: ExperimentConfig, runs: dict[str, PolicyWarmup], sup: Supervisor,
+            console: Any, band: tuple[float, float]) -> None:
+    """Measure every new checkpoint until each policy landed in the band or its trainer is
+    done; stop a trainer as soon as its policy landed."""
+    from rich.progress import Progress
+
+    pending = {p: r for p, r in runs.items() if r.outcome is None}
+    with Progress(console=console) as progress:
+        bars = {p: progress.add_task(_label(p, r, band), total=config.launch.warmup.steps)
+                for p, r in pending.items()}
+        while pending:
+            sup.check()  # restarts a dead trainer by the launch rules
+            if sup.failed:
+                return
+            for p, r in list(pending.items()):
+                # read before scanning: a trainer that is done wrote its last checkpoint
+                done = sup.roles[f"warmup-{p}"].state == "done"
+                for step, pinned in r.checkpoints.new():
+                    _measure(r, step, pinned / "model.safetensors")
+                    _prune_pins(r)
+                    progress.update(bars[p], completed=step, description=_label(p, r, band))
+                    if r.watch.landed is not None:
+                        break
+                if r.watch.landed is not None:
+                    r.outcome, r.chosen = "in_band", r.watch.landed
+                    r.stopped_at = r.checkpoints.seen
+                    sup.stop([f"warmup-{p}"])
+                elif done:
+                    r.outcome, r.chosen = r.watch.outcome(config.launch.warmup.on_miss)
+                else:
+                    continue
+                del pending[p]
+            if pending:
+                time.sleep(0.2)
+
+
+def _label(policy: str, r: PolicyWarmup, band: tuple[float, float]) -> str:
+    last = r.watch.checks[-1] if r.watch.checks else None
+    now = f"{last.accuracy:.3f} at step {last.step}" if last else "not measured yet"
+    return f"SFT warm-up {policy}: held-out {now}, target [{band[0]:.2f}, {band[1]:.2f}]"
+
+
+def _prune_pins(r: PolicyWarmup) -> None:
+    """Keep only the pinned weights that can still be chosen: the closest check so far (the
+    first one in the band once there is one)."""
+    keep = r.pinned(r.watch.closest.step) if r.watch.closest is not None else None
+    for d in r.checkpoints.keep.glob("step-*"):
+        if d != keep:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _record(config: ExperimentConfig, runs: dict[str, PolicyWarmup], out: Path,
+            started: float, band: tuple[float, float] | None) -> dict[str, Any]:
+    """``warmup.json``, and one ``metrics.jsonl`` line per check. The lines are written when
+    the warm-up is over, so their ``elapsed`` counts back from the RL phase's start
+    (negative); ``step`` is the RL trainer's step, 0 during the warm-up."""
+    w = config.launch.warmup
+    ended = time.time()
+    result: dict[str, Any] = {
+        "band": list(band) if band else None, "check_every": w.check_every if band else None,
+        "cap": w.steps, "on_miss": w.on_miss, "lr": w.lr, "seconds": round(ended - started, 1),
+        "policies": {}}
+    lines = []
+    for p, r in runs.items():
+        chosen = r.chosen
+        result["policies"][p] = {
+            "outcome": r.outcome, "step": chosen.step if chosen else None,
+            "accuracy": chosen.accuracy if chosen else None, "stopped_at": r.stopped_at,
+            "checks": [[c.step, c.accuracy] for c in r.watch.checks],
+            "jumps": [[a.step, a.accuracy, b.step, b.accuracy] for a, b in r.watch.jumps],
+            "missed_checks": r.checkpoints.missed,
+            "check_seconds": round(sum(c.seconds for c in r.watch.checks), 2)}
+        lines += [{"time": c.time, "elapsed": round(c.time - ended, 3), "source": f"warmup-{p}",
+                   "phase": "warmup", "step": 0, "warmup_step": c.step,
+                   "warmup_accuracy": c.accuracy} for c in r.watch.checks]
+    (out / RESULT).write_text(json.dumps(result, indent=2))
+    if lines:
+        with (out / "metrics.jsonl").open("a") as f:
+            f.writelines(json.dumps(x) + "\n" for x in sorted(lines, key=lambda x: x["time"]))
+    return result
+
+
+def _start_from(config: ExperimentConfig, runs: dict[str, PolicyWarmup], out: Path,
+                console: Any, result: dict[str, Any]) -> ExperimentConfig | None:
+    """The RL phase's config, each policy starting from its chosen check; None (and why)
+    when a policy missed the band and ``on_miss`` is ``error``."""
+    band = result["band"]
+    for p, r in runs.items():
+        if r.checkpoints.missed:
+            console.print(f"[yellow]warning: warm-up of {p}: {len(r.checkpoints.missed)} "
+                          "checkpoint(s) were pruned by the trainer before they could be "
+                          f"measured (steps {r.checkpoints.missed[:5]}): this host is too "
+                          "busy for launch.warmup.check_every; a check may have been skipped[/]")
+    missed = [p for p, r in runs.items() if r.outcome == "missed"]
+    for p in missed:
+        console.print(f"[red]warm-up of {p} missed launch.warmup.target_accuracy: "
+                      f"{runs[p].watch.describe_miss()}. RL does not start "
+                      "(launch.warmup.on_miss: error; `closest` starts from the nearest "
+                      f"check instead). Checks: {out / RESULT}[/]")
+    if missed:
+        return None
+    data = config.model_dump()
+    for p, r in runs.items():
+        chosen = r.chosen
+        assert chosen is not None
+        if r.outcome == "closest":
+            console.print(f"[yellow]warning: warm-up of {p} never reached [{band[0]}, "
+                          f"{band[1]}]: {r.watch.describe_miss()}. RL starts from the nearest "
+                          f"check (launch.warmup.on_miss: closest).[/]")
+        else:
+            console.print(f"[green]warm-up of {p}: held-out accuracy {chosen.accuracy:.3f} at "
+                          f"step {chosen.step}, inside [{band[0]}, {band[1]}]: RL starts "
+                          "there[/]")
+        if chosen.step == 0:
+            continue  # the model as built
+        dest = export_model(r.pinned(chosen.step), model_dir(config, p, out),
+                            out / "models" / f"{p}-warm")
+        data.setdefault("models", {})[p] = {"path": str(dest), "build": "none"}
+    shutil.rmtree(out / "warmup", ignore_errors=True)
+    console.print(f"SFT warm-up done in {result['seconds']:.0f} s; RL starts from "
+                  f"{out / 'models'}")
+    return ExperimentConfig.model_validate(data)
+
+
+def _fixed(config: ExperimentConfig, warm: ExperimentConfig, path: Path, out: Path, bus: Any,
+           sup: Supervisor, console: Any, started: float) -> ExperimentConfig | None:
+    """``target_accuracy: null``: exactly ``steps`` SFT steps, RL from the last."""
+    from rich.progress import Progress
+
+    from astraflow.run.collector import Collector
+
+    steps = config.launch.warmup.steps
+    with console.status("producing SFT demonstrations"):
+        for p in config.policies:
+            produce_demonstrations(config, warm, p, out, bus)
+    sup.start([_trainer_role(config, path, out, p) for p in config.policies])
+    col = Collector(bus, warm.run)
+    with Progress(console=console) as progress:
+        task = progress.add_task("SFT warm-up", total=steps)
+        while sup.check():
+            col.poll(0.5)
+            progress.update(task, completed=col.trainer_step())
+        progress.update(task, completed=col.trainer_step())
+    col.close()
+    if sup.failed:
+        console.print(f"[red]warm-up failed: {', '.join(sup.failed)}[/]")
+        return None
+    data = config.model_dump()
+    for p in config.policies:
+        ck = newest_checkpoint(warm.trainer.checkpoint_root(out, p))
+        if ck is None:
+            console.print(f"[red]warm-up of {p} left no checkpoint[/]")
+            return None
+        dest = export_model(ck, model_dir(config, p, out), out / "models" / f"{p}-warm")
+        data.setdefault("models", {})[p] = {"path": str(dest), "build": "none"}
+    result = {"band": None, "cap": steps, "lr": config.launch.warmup.lr,
+              "seconds": round(time.time() - started, 1),
+              "policies": {p: {"outcome": "fixed", "step": steps} for p in config.policies}}
+    (out / RESULT).write_text(json.dumps(result, indent=2))
+    console.print(f"SFT warm-up done: {steps} steps; RL starts from {out / 'models'}")
+    return ExperimentConfig.model_validate(data)
+
+
+def reuse(config: ExperimentConfig, out: Path) -> ExperimentConfig | None:
+    """A continued run (``--no-fresh``) whose warm-up already ended: the RL config it chose
+    (its ``warmup.json`` and exported models), or None to run the warm-up."""
+    try:
+        result = json.loads((out / RESULT).read_text())
+    except (OSError, ValueError):
+        return None
+    data = config.model_dump()
+    for p in config.policies:
+        r = result.get("policies", {}).get(p)
+        if r is None or r.get("outcome") not in ("in_band", "closest", "fixed"):
+            return None
+        if r.get("step") == 0:
+            continue
+        dest = out / "models" / f"{p}-warm"
+        if not (dest / "model.safetensors").exists():
+            return None
+        data.setdefault("models", {})[p] = {"path": str(dest), "build": "none"}
+    return ExperimentConfig.model_validate(data)
