@@ -40,11 +40,11 @@ def account(bus: Bus, config: Any) -> dict[str, Any]:
     batched: set[str] = set()
     for p in config.policies:
         for _, _, g in read_topic(bus, topic_name(run, "groups", p), TrajectoryGroup):
-            grouped.update(t.id for t in g.trajectories)
+            grouped.update(g.ids())
         topic = topic_name(run, "batches", p)
         consumed = bus.committed(group_name(run, "trainer", policy=p), topic)
         for part, off, b in read_topic(bus, topic, Batch):
-            ids = [t.id for g in b.groups if not g.replayed for t in g.trajectories]
+            ids = [i for g in b.groups if not g.replayed for i in g.ids()]
             batched.update(ids)
             if off < consumed.get(part, 0):
                 trained.update(ids)

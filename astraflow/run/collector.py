@@ -5,7 +5,7 @@ lines of ``metrics.jsonl``.
 epoch), ``elapsed`` (seconds since the collector started) and ``step`` (the trainer's step);
 trainer lines carry the trainer's gauges (``loss``, ``reward_mean``, ``wait_ratio``, ...),
 evaluation lines carry ``eval_accuracy`` (held-out greedy accuracy, 0..1), rollout summary
-lines carry ``episodes_per_s`` and ``tokens_per_s``.
+lines carry ``episodes_per_s`` and ``gen_tokens_per_s`` (tokens generated per second).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class Collector:
             return
         eps, tps = self.rollout_rates()
         self._write({"source": "rollout", "step": self.trainer_step(),
-                     "episodes_per_s": round(eps, 3), "tokens_per_s": round(tps, 1),
+                     "episodes_per_s": round(eps, 3), "gen_tokens_per_s": round(tps, 1),
                      "rollout_workers": len([c for c in self.by_role("rollout")
                                              if c.metric.status == "running"])}, time.time())
         self._fh.flush()
