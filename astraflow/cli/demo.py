@@ -94,7 +94,7 @@ def demo(
     from astraflow.core.bus import connect
     from astraflow.core.records import ChatMessage, Task, Trajectory, decode
     from astraflow.core.stream import Output, send
-    from astraflow.core.topics import group_name, reader_group, record_key, topic_name
+    from astraflow.core.topics import group_name, record_key, topic_name
 
     console = Console()
     if bus is None:
@@ -114,7 +114,7 @@ def demo(
     console.print(f"[bold]bus[/] {bus}   [bold]run[/] {run}   "
                   f"[bold]workers[/] {', '.join(f'{k} (pid {p.pid})' for k, p in procs.items())}")
     producer = b.producer(client_id="demo-producer")
-    reader = b.consumer(reader_group("demo", traj_topic), [traj_topic])
+    reader = b.reader(traj_topic, client_id="demo")
     rng = random.Random(0)
     per_worker: Counter[str] = Counter()
     per_task: Counter[str] = Counter()

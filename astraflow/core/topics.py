@@ -3,7 +3,8 @@ and group names (DESIGN.md §2, §4).
 
 Every topic name in AstraFlow comes from :func:`topic_name`, every message key from
 :func:`record_key` (or :func:`route`, which gives both), every consumer-group name from
-:func:`group_name` (or :func:`reader_group`); no other module spells one. Names are
+:func:`group_name`; no other module spells one (whole-topic readers join no group:
+``Bus.reader``). Names are
 namespaced by run: ``af.<run>.<name>``; per-policy topics append the policy:
 ``af.<run>.batches.<policy>``. Groups likewise: ``af.<run>.rollout``, so two runs on one
 Kafka cluster never share a group (and never rebalance each other).
@@ -12,7 +13,6 @@ Kafka cluster never share a group (and never rebalance each other).
 from __future__ import annotations
 
 import re
-import uuid
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -283,19 +283,3 @@ def group_name(run: str, role: str, *, policy: str | None = None, stage: str | N
     if side:
         parts.append("side")
     return ".".join(parts)
-
-
-def reader_group(purpose: str, topic: str) -> str:
-    """A fresh, never-committing group for a one-off read of ``topic`` (the weight syncer, the
-    collector, accounting, ``inspect``): namespaced by the topic's run when it is a run's topic,
-    unique per call so readers never share offsets or rebalance each other.
-
-    >>> reader_group("collector", "af.demo.metrics").startswith("af.demo.reader.collector.")
-    True
-    """
-    _check("reader purpose", purpose)
-    try:
-        run = parse_topic(topic).run
-    except ConfigError:
-        return f"af.reader.{purpose}.{uuid.uuid4().hex[:12]}"
-    return f"af.{run}.reader.{purpose}.{uuid.uuid4().hex[:12]}"

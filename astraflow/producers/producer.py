@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from astraflow.core.bus.reader import read_all
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import SchemaError
 from astraflow.core.paths import expand
 from astraflow.core.records import ChatMessage, Task, decode
 from astraflow.core.stream import Output, send
-from astraflow.core.topics import reader_group, record_key, topic_name
+from astraflow.core.topics import record_key, topic_name
 from astraflow.producers.arithmetic import arithmetic
 from astraflow.producers.sources import SourceError, TaskSpec, read_jsonl, read_parquet
 
@@ -72,29 +73,18 @@ def tasks(pc: ProducerConfig, out: str | Path = ".") -> Iterator[Task]:
 
 
 def existing_groups(bus: Bus, topic: str, *, timeout: float = 120.0) -> set[str]:
-    """Group ids of every Task on ``topic`` now (read from the beginning by a throwaway group)."""
-    ends = bus.describe_topic(topic).end_offsets
-    if not any(ends.values()):
-        return set()
-    consumer = bus.consumer(reader_group("producer-scan", topic), [topic],
-                            start="earliest")
+    """Group ids of every Task on ``topic`` now (read from the beginning by a group-less
+    reader: a producer restart leaves no consumer group behind)."""
     groups: set[str] = set()
-    pos = dict.fromkeys(ends, 0)
     deadline = time.monotonic() + timeout
-    try:
-        while any(pos[p] < end for p, end in ends.items()):
-            if time.monotonic() > deadline:
-                raise SourceError(f"reading the {sum(ends.values())} records of {topic} to skip "
-                                  f"existing groups took over {timeout:g} s; set "
-                                  "producer.skip_existing=false to produce without the check")
-            for msg in consumer.consume(1000, 0.5):
-                pos[msg.partition] = max(pos.get(msg.partition, 0), msg.offset + 1)
-                try:
-                    groups.add(decode(msg.value, Task).resolved_group_id())  # type: ignore[union-attr]
-                except SchemaError:
-                    continue
-    finally:
-        consumer.close()
+    for msg in read_all(bus, topic, client_id="producer-scan"):
+        if time.monotonic() > deadline:
+            raise SourceError(f"reading {topic} to skip existing groups took over {timeout:g} s;"
+                              " set producer.skip_existing=false to produce without the check")
+        try:
+            groups.add(decode(msg.value, Task).resolved_group_id())  # type: ignore[union-attr]
+        except SchemaError:
+            continue
     return groups
 
 

@@ -51,6 +51,19 @@ def test_topics_create_list_describe_and_inspect(tmp_path: Path) -> None:
     assert good["headers"] == {"af-schema": "Task/1"}
     bad = next(x for x in lines if x["key"] == "bad")
     assert "not a msgpack record" in bad["error"] and bad["raw_base64"]
+    # --from and --limit
+    where = {x["key"]: x["origin"] for x in lines}
+    part, off = re.match(r"af\.r1\.tasks\[(\d+)\]@(\d+)", where["t1"]).groups()
+    r = astraflow("inspect", "af.r1.tasks", "--from", f"{part}:{int(off) + 1}", "--bus", url,
+                  cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "t1" not in [json.loads(x)["key"] for x in r.stdout.splitlines()]
+    r = astraflow("inspect", "af.r1.tasks", "--limit", "1", "--bus", url, cwd=tmp_path)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 1
+    r = astraflow("inspect", "af.r1.tasks", "--from", "latest", "--bus", url, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == ""
+    r = astraflow("inspect", "af.r1.tasks", "--from", "sideways", "--bus", url, cwd=tmp_path)
+    assert r.returncode != 0 and "--from" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_unknown_topic_is_a_one_line_error(tmp_path: Path) -> None:

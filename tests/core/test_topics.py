@@ -13,7 +13,6 @@ from astraflow.core.topics import (
     check_group,
     group_name,
     parse_topic,
-    reader_group,
     record_key,
     route,
     run_topics,
@@ -120,12 +119,6 @@ def test_bad_group_requests_name_the_fix() -> None:
 
 def test_stages_match_the_policies_package() -> None:
     assert tuple(POLICY_STAGES) == STAGES
-
-
-def test_reader_groups_are_fresh_and_namespaced() -> None:
-    a, b = reader_group("inspect", "af.r1.metrics"), reader_group("inspect", "af.r1.metrics")
-    assert a != b and a.startswith("af.r1.reader.inspect.")
-    assert reader_group("inspect", "some-foreign-topic").startswith("af.reader.inspect.")
 
 
 def test_doctests() -> None:
