@@ -29,12 +29,13 @@ def uid(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-def wait_until(cond: Callable[[], bool], timeout: float, what: str,
+def wait_until(cond: Callable[[], bool], timeout: float, what: str | Callable[[], str],
                tick: Callable[[], object] = lambda: None) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout}s waiting for {said}")
         tick()
 
 
@@ -117,7 +118,14 @@ def test_broker_restart_mid_stream_loses_no_record(local_kafka_broker: LocalBrok
         stop.set()
         producer.join(60)
         assert not producer.is_alive() and not failures, failures
-        wait_until(lambda: set(durable) <= set(seen), 60, "every durable record", tick=pump)
+        # A member whose session expired during the restart rejoins, and the coordinator may
+        # hold the rebalance for the old member's session: allow two minutes, then say where
+        # the consumer stands (assignment, lag) so a stall can be told from a slow rejoin.
+        wait_until(lambda: set(durable) <= set(seen), 120,
+                   lambda: (f"every durable record: {len(set(durable) - set(seen))} of "
+                            f"{len(durable)} unseen; assignment={c.assignment()} "
+                            f"lag={bus.lag(group, topic)} refused={dict(refused)}"),
+                   tick=pump)
         # Commits work again: whatever is still uncommitted (including records redelivered
         # after a lost assignment) gets committed within a bounded time.
         wait_until(lambda: sum(bus.lag(group, topic).values()) == 0, 60,

@@ -16,9 +16,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 # Reduced budget: the README's warm-up (SFT until held-out accuracy is inside the quickstart's
-# launch.warmup.target_accuracy), then 100 RL steps instead of 5 minutes.
-STEPS = 100
-BUDGET = [f"trainer.max_steps={STEPS}", "launch.eval_every=20", "launch.timeout_s=400"]
+# launch.warmup.target_accuracy), then 200 RL steps instead of 5 minutes (from the band's 0.25,
+# 100 steps reach ~0.30: too close to the learning bar below to tell learning from noise).
+STEPS = 200
+BUDGET = [f"trainer.max_steps={STEPS}", "launch.eval_every=40", "launch.timeout_s=400"]
 
 
 def start_run(out: Path, *extra: str) -> subprocess.Popen[str]:
@@ -65,9 +66,10 @@ def check_run(out: Path, rc: int, output: str) -> dict:
 def learned(summary: dict, out: Path) -> None:
     """Both phases taught the model. The SFT warm-up: RL starts inside the configured band —
     the evaluator's version 0 is the warm-up's landing check, on the same problems. RL: the
-    mean of the last two evaluations (versions 80 and 100) is at least 5 points above the
-    start (measured here: 0.250 at version 0, after 60 s of RL ~100 steps 0.30, best 0.32;
-    one evaluation alone can dip by ~0.1)."""
+    mean of the last two evaluations is at least 5 points above the start (measured here,
+    one run with a rollout process killed: 0.250 at version 0, then 0.226, 0.268, 0.328,
+    0.318, 0.344 and 0.368 at version 200; at 100 steps a run measured 0.284 and 0.316 and
+    then dipped to 0.252 — one evaluation alone can dip by ~0.06)."""
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
     warm = summary["warmup"]
