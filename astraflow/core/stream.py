@@ -5,8 +5,9 @@
 1. **consume** each input (a consumer group per input) and **skip what was already done**:
    a record before the offset the handler's checkpoint holds for its partition is a
    redelivery and is skipped (consumers are also sought to those offsets when assigned);
-2. **decode** it (a record that cannot be decoded goes to the dead-letter topic with its
-   origin and error, and processing goes on) and **hand it to the handler**, which returns
+2. **decode** it — a claim check (:mod:`astraflow.core.claims`) is resolved first, so
+   handlers never see one; a record that cannot be decoded goes to the dead-letter topic with
+   its origin and error, and processing goes on — and **hand it to the handler**, which returns
    output records (a record whose handling raises one of the isolated errors is dead-lettered
    too);
 3. at a **cycle** (by interval, when input pauses, when the handler asks, and at the stop):
