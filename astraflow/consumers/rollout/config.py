@@ -74,6 +74,10 @@ class EngineConfig(Section):
     gpu_memory_utilization: float = pydantic.Field(0.85, gt=0, le=1, description="vllm")
     vllm_args: dict[str, Any] = pydantic.Field(default_factory=dict,
                                                description="vllm: extra vllm.LLM(...) arguments")
+    update_chunk_mb: float = pydantic.Field(
+        256.0, gt=0, description="vllm: at most this many MB of changed weights per "
+                                 "collective_rpc call of a weight update (one larger tensor "
+                                 "goes alone); bounds the host memory an update holds")
 
 
 class RewardConfig(Section):

@@ -1,36 +1,80 @@
 """The ``vllm`` engine: vLLM in-process (``vllm.LLM``), weights loaded in place.
 
+Needs vLLM >= 0.10.2 on a CUDA GPU; written against vLLM 0.33.0's source (``vllm/entrypoints/
+llm.py``, ``vllm/v1/worker/gpu_worker.py``, ``gpu_model_runner.py``, ``vllm/v1/core``).
+
 Generation is ``LLM.generate`` on token-id prompts with ``SamplingParams(logprobs=0)`` (the
 sampled token's logprob), stop strings kept in the output. The engine is built with
-``logprobs_mode="processed_logprobs"`` (vLLM >= 0.10.2) so behaviour logprobs are those of the
-temperature-scaled, top-p-filtered distribution that sampled; an older vLLM without that option
-reports raw logprobs (a warning says so).
+``logprobs_mode="processed_logprobs"`` so behaviour logprobs are those of the temperature-scaled,
+top-p-filtered distribution that sampled; an older vLLM without that option reports raw
+logprobs (a warning says so). A request that vLLM finishes as ``abort`` or ``error`` (or any
+reason but ``stop`` / ``length``) raises :class:`EngineError`: the batch's episodes fail and are
+counted, rather than training on a cut-off answer as if it had stopped.
 
-Weights: the syncer keeps bf16 bits on the host (:class:`HostTarget`); between two
-``generate`` calls the changed tensors go to every vLLM worker through ``collective_rpc`` to a
-worker extension (:mod:`.vllm_ext`) that calls the model's ``load_weights`` in place, the route
-vLLM's RLHF examples document. Updates land between batches (the batcher's calls), not between
-decoding steps inside a batch: tokens of one batch share one version.
+Weights: the syncer keeps bf16 bits on the host (:class:`HostTarget`); between two ``generate``
+calls the changed tensors go to every vLLM worker through ``collective_rpc`` to a worker
+extension (:mod:`.vllm_ext`) that calls the model's ``load_weights`` in place, the route vLLM's
+RLHF examples document. One RPC carries at most ``update_chunk_mb`` of tensor bytes (a single
+larger tensor goes alone): each RPC holds several copies of its bytes in host memory across the
+two processes. After the tensors, the prefix cache is reset (see :meth:`VLLMEngine._reset_cache`).
+Updates land between batches (the batcher's calls), not between decoding steps inside a batch:
+tokens of one batch share one version. Quantized models cannot take tensor deltas (see
+:mod:`.vllm_ext`) and are refused at the first update.
 
-Not exercised in this repository's CI (no GPU): its tests are marked ``gpu`` and skipped where
-vLLM or CUDA is missing.
+Not exercised in this repository's CI (no GPU): the CPU tests drive it against a fake ``vllm``
+module; the tests marked ``gpu`` run it for real where vLLM and CUDA are installed.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from astraflow.consumers.rollout.engines.base import ENGINES, EngineError, GenRequest, GenResult
 from astraflow.consumers.rollout.engines.hf import StepGate
 from astraflow.consumers.rollout.engines.target import HostTarget
+from astraflow.consumers.rollout.engines.vllm_ext import Payload
 
 log = logging.getLogger("astraflow.rollout.vllm")
 
 T = TypeVar("T")
 EXTENSION = "astraflow.consumers.rollout.engines.vllm_ext.WeightLoader"
+FINISH_REASONS = {"stop": "stop", "length": "length"}  # vLLM's reason -> GenResult's
+
+
+def chunk(sizes: Iterable[tuple[str, int]], max_bytes: int) -> list[list[str]]:
+    """Group (name, nbytes) into runs of at most ``max_bytes`` each, in order; a tensor larger
+    than ``max_bytes`` is a run of its own."""
+    runs: list[list[str]] = []
+    run: list[str] = []
+    held = 0
+    for name, nbytes in sizes:
+        if run and held + nbytes > max_bytes:
+            runs.append(run)
+            run, held = [], 0
+        run.append(name)
+        held += nbytes
+    if run:
+        runs.append(run)
+    return runs
+
+
+def payload(target: HostTarget, names: Sequence[str]) -> Payload:
+    """The RPC form of ``names``' bits in ``target`` (what :func:`.vllm_ext.decode` reads)."""
+    return [(n, target.bits[n][0], list(target.shapes[n]), target.bits[n][1].tobytes())
+            for n in names]
+
+
+def finish_reason(reason: str | None, index: int) -> str:
+    """GenResult's finish reason for vLLM's, or :class:`EngineError` for a failed request."""
+    mapped = FINISH_REASONS.get(str(reason))
+    if mapped is None:
+        raise EngineError(f"vLLM finished request {index} of the batch with finish_reason="
+                          f"{reason!r} (valid: stop, length); abort/error mean the request "
+                          "was cut off, so its episode fails instead of training on it")
+    return mapped
 
 
 class VLLMEngine:
@@ -41,8 +85,11 @@ class VLLMEngine:
 
     def __init__(self, model_path: str | Path, *, dtype: str = "auto",
                  gpu_memory_utilization: float = 0.85, max_batch_size: int = 256, seed: int = 0,
-                 initial_version: int = 0, vllm_args: dict[str, Any] | None = None,
-                 **_: Any) -> None:
+                 initial_version: int = 0, update_chunk_mb: float = 256,
+                 vllm_args: dict[str, Any] | None = None, **_: Any) -> None:
+        if update_chunk_mb <= 0:
+            raise EngineError(f"update_chunk_mb={update_chunk_mb}: must be > 0 (MB of changed "
+                              "weights per collective_rpc call; default 256)")
         try:
             import vllm
         except ImportError:
@@ -65,9 +112,17 @@ class VLLMEngine:
         self.tokenizer = self.llm.get_tokenizer()
         self.max_batch_size = max_batch_size
         self.initial_version = initial_version
+        self.update_chunk_bytes = int(update_chunk_mb * 2**20)
+        self.quantization = getattr(getattr(self.llm, "model_config", None), "quantization", None)
+        if self.quantization is not None:
+            log.warning("model=%s quantization=%s: weight updates will be refused (tensor "
+                        "deltas need an unquantized model)", model_path, self.quantization)
         self.target = HostTarget()
         self.gate = StepGate()
         self._version = initial_version
+        self._unsent: set[str] = set()  # changed tensors not yet loaded by every worker
+        self._failed: str | None = None  # why generation is refused (a half-done update)
+        self.rpc_calls = 0  # collective_rpc calls made for weights (metrics, tests)
 
     @property
     def version(self) -> int:
@@ -77,7 +132,20 @@ class VLLMEngine:
         return self.target
 
     def close(self) -> None:
-        pass
+        """Stop vLLM's engine core (its process and the GPU memory it holds). vLLM 0.33's ``LLM``
+        has no ``shutdown``; the engine-core client's ``shutdown`` is what its finaliser calls."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        shutdown = getattr(llm, "shutdown", None)  # a later vLLM may add one
+        if shutdown is None:
+            shutdown = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None),
+                               "shutdown", None)
+        if shutdown is None:
+            log.warning("this vLLM's LLM has no shutdown route; its engine core stops when the "
+                        "process exits")
+            return
+        shutdown()
 
     def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
         from vllm import SamplingParams
@@ -91,32 +159,73 @@ class VLLMEngine:
             for r in requests]
         self.gate.acquire()
         try:
+            if self.llm is None:
+                raise EngineError("the vllm engine is closed")
+            if self._failed:
+                raise EngineError(self._failed)
             version = self._version
             outs = self.llm.generate(prompts, params, use_tqdm=False)
         finally:
             self.gate.release()
         results = []
-        for out in outs:
+        for i, out in enumerate(outs):
             c = out.outputs[0]
+            finish = finish_reason(c.finish_reason, i)
             ids = [int(t) for t in c.token_ids]
-            lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids, strict=True)]
-            results.append(GenResult(ids, lps, [version] * len(ids),
-                                     "length" if c.finish_reason == "length" else "stop"))
+            if c.logprobs is None or len(c.logprobs) != len(ids):
+                raise EngineError(f"vLLM returned {len(ids)} tokens and "
+                                  f"{len(c.logprobs or [])} logprobs for request {i}")
+            lps = [float(step[t].logprob) for step, t in zip(c.logprobs, ids, strict=True)]
+            results.append(GenResult(ids, lps, [version] * len(ids), finish))  # type: ignore[arg-type]
         return results
 
     def update_weights(self, fn: Callable[[], T]) -> T:
         def run() -> T:
+            if self.quantization is not None:
+                # before fn(): the syncer must not count a version the workers cannot load
+                raise EngineError(
+                    f"the vllm engine cannot update a quantized model (quantization="
+                    f"{self.quantization!r}) tensor by tensor; serve an unquantized "
+                    "checkpoint, or turn rollout.weights.enabled off for fixed weights")
             result = fn()
-            names = self.target.take_changed()
-            if names:
-                payload = [(n, self.target.bits[n][0], list(self.target.shapes[n]),
-                            self.target.bits[n][1].tobytes()) for n in names]
-                self.llm.collective_rpc("af_load_weights", args=(payload,))
+            self._unsent.update(self.target.take_changed())
+            if self._unsent or self._failed:
+                self._failed = ("a weight update did not finish: the workers hold a mix of "
+                                "versions; generation waits for the next update")
+                self._send(sorted(self._unsent))
+                self._reset_cache()
+                self._failed = None
             if self.target.version is not None:
                 self._version = self.target.version
             return result
 
         return self.gate.update(run)
+
+    def _send(self, names: Sequence[str]) -> None:
+        """Load ``names`` on every worker, one RPC per run of at most update_chunk_bytes."""
+        sizes = ((n, self.target.bits[n][1].nbytes) for n in names)
+        for run in chunk(sizes, self.update_chunk_bytes):
+            loaded = self.llm.collective_rpc("af_load_weights", args=(payload(self.target, run),))
+            self.rpc_calls += 1
+            if any(n != len(run) for n in loaded):
+                raise EngineError(f"vLLM workers loaded {loaded} tensors of {len(run)} sent")
+            self._unsent.difference_update(run)
+
+    def _reset_cache(self) -> None:
+        """Drop the prefix cache: its KV blocks were computed with the old weights and its key
+        does not include them, so GRPO's repeated prompts and shared system prompts would reuse
+        them. vLLM 0.33's ``LLM.reset_prefix_cache()`` returns False only when KV blocks are
+        still held by unfinished requests (``BlockPool.reset_prefix_cache``). Updates run
+        between ``generate`` calls, under the gate, and ``LLM.generate`` returns only when all
+        its requests finished, so False means something else holds blocks: an error, not a
+        retry. (Salting prompts with the version, ``TokensPrompt(cache_salt=...)``, would also
+        work while requests run, but leaves the old version's blocks occupying the cache until
+        evicted; the reset is the RLHF route vLLM documents.)"""
+        if not self.llm.reset_prefix_cache():
+            raise EngineError("vLLM refused to reset its prefix cache after a weight update "
+                              "(KV blocks still in use by unfinished requests); its cached KV "
+                              "is from the old weights, so generation is refused until the "
+                              "next update succeeds")
 
 
 ENGINES.add("vllm", VLLMEngine)
