@@ -245,6 +245,42 @@ def test_close_shuts_the_engine_core_down(fake_vllm: None) -> None:
         engine.generate([GenRequest([1])])
 
 
+def test_published_weights_reach_every_worker_bit_exact(fake_vllm: None, arith_dir: Path,
+                                                        tmp_path: Path) -> None:
+    """Publisher -> syncer -> engine -> worker extension, as the gpu test below runs it."""
+    import torch
+
+    from astraflow.consumers.rollout.weights import WeightFollower
+    from astraflow.core.bus import connect
+    from astraflow.models.tiny import build_model, build_tokenizer
+    from astraflow.weights.publisher import Publisher
+    from astraflow.weights.store import FileStore
+    from astraflow.weights.syncer import Syncer
+
+    engine, llm = make(update_chunk_mb=0.25)
+    new = build_model(build_tokenizer("arith"), seed=1)
+    bus = connect(f"embedded://{tmp_path}/bus.db")
+    store = FileStore(tmp_path / "weights")
+    pub = Publisher(bus, run="v", policy="default", store=store)
+    pub.publish(new.state_dict(), 1)
+    pub.flush()
+    follower = WeightFollower(Syncer(bus, run="v", policy="default", store=store,
+                                     target=engine.weight_target()), engine=engine)
+    try:
+        assert follower.sync_now(timeout=10) == 1
+    finally:
+        follower.close()
+        pub.close()
+        bus.close()
+    assert engine.version == 1 and llm.events[-1] == ("reset", True)
+    assert len(llm.rpc_sizes) > 1 and max(llm.rpc_sizes) <= 0.25 * 2**20
+    expected = {n: t.to(torch.bfloat16) for n, t in new.state_dict().items()}
+    for w in llm.workers:
+        assert sorted(w.model.loaded) == sorted(expected)
+        for n, t in expected.items():
+            assert torch.equal(w.model.loaded[n], t), n
+
+
 def test_update_chunk_mb_comes_from_config(fake_vllm: None, tmp_path: Path) -> None:
     from astraflow.consumers.rollout.config import RolloutConfig
     from astraflow.consumers.rollout.service import build_engines
