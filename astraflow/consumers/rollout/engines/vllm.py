@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from astraflow.consumers.rollout.engines.base import ENGINES, EngineError, GenRequest, GenResult
 from astraflow.consumers.rollout.engines.hf import StepGate
@@ -41,7 +41,7 @@ log = logging.getLogger("astraflow.rollout.vllm")
 
 T = TypeVar("T")
 EXTENSION = "astraflow.consumers.rollout.engines.vllm_ext.WeightLoader"
-FINISH_REASONS = {"stop": "stop", "length": "length"}  # vLLM's reason -> GenResult's
+FINISH_REASONS: dict[str, Literal["stop", "length"]] = {"stop": "stop", "length": "length"}
 
 
 def chunk(sizes: Iterable[tuple[str, int]], max_bytes: int) -> list[list[str]]:
@@ -67,7 +67,7 @@ def payload(target: HostTarget, names: Sequence[str]) -> Payload:
             for n in names]
 
 
-def finish_reason(reason: str | None, index: int) -> str:
+def finish_reason(reason: str | None, index: int) -> Literal["stop", "length"]:
     """GenResult's finish reason for vLLM's, or :class:`EngineError` for a failed request."""
     mapped = FINISH_REASONS.get(str(reason))
     if mapped is None:
@@ -176,7 +176,7 @@ class VLLMEngine:
                 raise EngineError(f"vLLM returned {len(ids)} tokens and "
                                   f"{len(c.logprobs or [])} logprobs for request {i}")
             lps = [float(step[t].logprob) for step, t in zip(c.logprobs, ids, strict=True)]
-            results.append(GenResult(ids, lps, [version] * len(ids), finish))  # type: ignore[arg-type]
+            results.append(GenResult(ids, lps, [version] * len(ids), finish))
         return results
 
     def update_weights(self, fn: Callable[[], T]) -> T:
