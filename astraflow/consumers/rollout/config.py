@@ -53,15 +53,28 @@ class EngineConfig(Section):
     base_url: str = pydantic.Field("http://127.0.0.1:8000",
                                    description="openai: server URL (without /v1)")
     served_model: str | None = pydantic.Field(
-        None, description="openai: the `model` field of requests (default: the directory name)")
+        None, description="openai: the `model` field of requests (default: not sent; the "
+                          "server then uses its base model)")
     api_key: str | None = pydantic.Field(None, description="openai: bearer token")
     request_timeout: float = pydantic.Field(120.0, gt=0, description="openai: seconds")
-    admin: Literal["none", "sglang", "custom"] = pydantic.Field(
+    server: Literal["auto", "vllm", "sglang"] = pydantic.Field(
+        "auto", description="openai: the server's kind (auto: GET /v1/models owned_by); "
+                            "decides the server-specific request fields and logprob check")
+    check_logprobs: bool = pydantic.Field(
+        True, description="openai: fail a request whose logprobs the server reports under "
+                          "another distribution than the sampling one (vLLM without "
+                          "--logprobs-mode processed_logprobs; SGLang with top_p < 1); "
+                          "false: warn once")
+    admin: Literal["none", "sglang", "vllm", "custom"] = pydantic.Field(
         "none", description="openai: how new weights reach the server: none (server weights "
-                            "are fixed), sglang (POST /update_weights_from_disk), custom "
-                            "(POST admin_path with admin_body)")
-    admin_path: str = pydantic.Field("/update_weights",
-                                     description="openai, admin=custom: the endpoint path")
+                            "are fixed), sglang (POST /update_weights_from_disk), vllm "
+                            "(dev-mode /collective_rpc reload_weights, /reset_prefix_cache, "
+                            "/update_weight_version), custom (POST admin_path with admin_body)")
+    admin_path: str | None = pydantic.Field(
+        None, description="openai, admin=custom: the endpoint path (required)")
+    admin_timeout: float = pydantic.Field(
+        1800.0, gt=0, description="openai: seconds a weight load may take (SGLang's waits for "
+                                  "the requests in flight)")
     admin_body: dict[str, Any] = pydantic.Field(
         default_factory=lambda: {"weight_dir": "{path}"},
         description="openai, admin=custom: JSON body; '{path}' and '{version}' in string "

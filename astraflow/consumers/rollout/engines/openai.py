@@ -1,28 +1,53 @@
 """The ``openai`` engine: any OpenAI-compatible ``/v1/completions`` server (vLLM, SGLang).
 
 Requests send the prompt as token ids and ask for the sampled token's logprob; token ids come
-back through vLLM's extensions ``return_token_ids`` (``choices[].token_ids``) or
+back through ``return_token_ids`` (``choices[].token_ids``; vLLM and SGLang) or vLLM's
 ``return_tokens_as_token_ids`` (logprob tokens spelled ``"token_id:<id>"``); a server that gives
-neither is refused (text cannot be re-tokenised reliably). Stop strings are kept in the output
-(``include_stop_str_in_output``). The server batches (``continuous``): requests go one by one,
-up to ``max_batch_size`` in flight.
+neither is refused (text cannot be re-tokenised reliably). The server batches (``continuous``):
+requests go one by one, up to ``max_batch_size`` in flight.
 
-Behaviour logprobs are whatever the server reports: vLLM reports the raw (temperature 1)
-distribution unless started with ``--logprobs-mode processed_logprobs``; start it that way when
-sampling at another temperature.
+What each request says, and why (checked against vLLM 0.33.0 and SGLang 0.5.23):
+
+* Sampling: every field the trainer's distribution depends on is sent, neutral where
+  astraflow has no setting (``top_k: -1``, ``min_p: 0``, ``repetition_penalty: 1``,
+  ``presence_penalty`` and ``frequency_penalty: 0``). vLLM fills a field left out from the
+  model's ``generation_config.json`` (``--generation-config auto``, its default), so the server
+  would sample from a distribution the trainer does not assume.
+* ``model`` only when ``served_model`` is configured: both servers take a request without it
+  as one for their (single) base model, while a guessed name (``vllm serve /path/x`` serves
+  ``"/path/x"``) is answered with 404.
+* Stop strings stay in the output: ``include_stop_str_in_output`` (vLLM), ``no_stop_trim``
+  (SGLang; it otherwise trims the matched stop string or stop token). Only the fields of the
+  server found (:mod:`.openai_server`) are sent; an unknown server gets both.
+* A ``finish_reason`` other than ``stop`` / ``length`` (``abort``, ``error``, ...) is an
+  :class:`EngineError`: the episode fails and is counted, never trained on.
+
+Behaviour logprobs are what the server reports, so the engine checks what it reports
+(:func:`.openai_server.logprob_problem`) and refuses a request whose logprobs would be of
+another distribution (``check_logprobs: false``: a warning, once).
 
 Weights (``admin``): the syncer's bits are kept on the host; each new version is written as a
 safetensors checkpoint under ``checkpoint_dir`` (config and tokenizer files copied from the
 model directory), then the server is told to load it:
 
-* ``sglang``: ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"}`` (SGLang's
-  ``UpdateWeightFromDiskReqInput``; checked against its source, not against a running server);
-* ``custom``: ``POST admin_path`` with ``admin_body``, ``{path}``/``{version}`` filled in. For vLLM
-  there is no stable upstream load-from-disk endpoint: put one in front of it (e.g. a route that
-  calls ``collective_rpc`` on a worker extension, as prime-rl does) and point ``custom`` at it.
+* ``sglang``: ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"}``
+  (``UpdateWeightFromDiskReqInput``; it waits for the server's in-flight requests, hence
+  ``admin_timeout``); SGLang flushes its radix cache itself (``flush_cache`` defaults to true).
+* ``vllm``: vLLM's development endpoints (``VLLM_SERVER_DEV_MODE=1``), in this order:
+  ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path"}}`` (every
+  worker reloads in place from the checkpoint), ``POST /reset_prefix_cache`` (its cache keys do
+  not include the weights; ``{"success": false}`` is an error), ``POST /update_weight_version``
+  ``{"new_version"}``.
+* ``custom``: ``POST admin_path`` with ``admin_body``, ``{path}``/``{version}`` filled in.
 
-Versions per token are the version the server was last told to load when the request was sent
-(a request in flight across an update is attributed to the older version).
+Versions per token: requests hold :class:`.openai_server.UpdateGate` shared and an update holds
+it exclusively, so the server never loads weights while one of this engine's requests runs, and
+each request is labelled with the version it ran under, exactly. The price: an update waits for
+the requests in flight to finish (new ones wait behind it), as SGLang's own update does. The
+versions servers report themselves (vLLM's ``return_weight_versions``, SGLang's
+``metadata.weight_version``) are not used: vLLM relabels in a call separate from the reload, and
+neither covers ``custom``. If loading fails part way, the server's weights are unknown, so
+requests fail until a later sync succeeds (the follower retries at its next poll).
 """
 
 from __future__ import annotations
@@ -38,12 +63,36 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from astraflow.consumers.rollout.engines.base import ENGINES, EngineError, GenRequest, GenResult
+from astraflow.consumers.rollout.engines.openai_server import (
+    ServerInfo,
+    UpdateGate,
+    logprob_problem,
+    probe_server,
+    unverified,
+)
 from astraflow.consumers.rollout.engines.target import HostTarget
 
 log = logging.getLogger("astraflow.rollout.openai")
 
 T = TypeVar("T")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+ADMINS = ("none", "sglang", "vllm", "custom")
+SERVERS = ("auto", "vllm", "sglang")
+# Sent with every request: the values that leave the distribution as temperature/top-p make it.
+NEUTRAL_SAMPLING: dict[str, Any] = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
+                                    "presence_penalty": 0.0, "frequency_penalty": 0.0}
+_VLLM_FIELDS = {"include_stop_str_in_output": True, "return_tokens_as_token_ids": True}
+_SGLANG_FIELDS = {"no_stop_trim": True}
+_VLLM_DEV_HINT = ("vLLM serves /collective_rpc, /reset_prefix_cache and /update_weight_version "
+                  "only when started with VLLM_SERVER_DEV_MODE=1 in its environment")
+
+
+class ServerHTTPError(EngineError):
+    """The server answered with an HTTP error status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class OpenAIEngine:
@@ -55,12 +104,22 @@ class OpenAIEngine:
     def __init__(self, model_path: str | Path, *, base_url: str = "http://127.0.0.1:8000",
                  served_model: str | None = None, api_key: str | None = None,
                  request_timeout: float = 120.0, max_batch_size: int = 64,
-                 admin: str = "none", admin_path: str = "/update_weights",
-                 admin_body: dict[str, Any] | None = None,
+                 server: str = "auto", check_logprobs: bool = True,
+                 admin: str = "none", admin_path: str | None = None,
+                 admin_body: dict[str, Any] | None = None, admin_timeout: float = 1800.0,
                  checkpoint_dir: str | Path | None = None, initial_version: int = 0,
                  tokenizer: Any = None, **_: Any) -> None:
-        if admin not in ("none", "sglang", "custom"):
-            raise EngineError(f"unknown admin {admin!r}; valid: none, sglang, custom")
+        if admin not in ADMINS:
+            raise EngineError(f"unknown admin {admin!r}; valid: {', '.join(ADMINS)}")
+        if server not in SERVERS:
+            raise EngineError(f"unknown server {server!r}; valid: {', '.join(SERVERS)}")
+        if admin in ("vllm", "sglang") and server not in ("auto", admin):
+            raise EngineError(f"admin {admin!r} loads weights into a {admin} server, but "
+                              f"server is {server!r}; set server: {admin} (or auto)")
+        if admin == "custom" and not admin_path:
+            raise EngineError("admin 'custom' needs admin_path (the route that loads a "
+                              "checkpoint directory); for vLLM use admin: vllm, for SGLang "
+                              "admin: sglang")
         if tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -68,23 +127,44 @@ class OpenAIEngine:
         self.tokenizer = tokenizer
         self.model_path = Path(model_path)
         self.base_url = base_url.rstrip("/")
-        self.served_model = served_model or self.model_path.name
+        self.served_model = served_model
         self.api_key = api_key
         self.request_timeout = request_timeout
         self.max_batch_size = max_batch_size
+        self.server = admin if admin in ("vllm", "sglang") and server == "auto" else server
+        self.check_logprobs = check_logprobs
         self.admin = admin
         self.admin_path = admin_path
         self.admin_body = admin_body or {"weight_dir": "{path}"}
+        self.admin_timeout = admin_timeout
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else self.model_path.parent / (
             f"{self.model_path.name}-rollout-weights")
         self._version = initial_version
         self._loaded: int | None = None  # the version the server was told to load
         self.target = HostTarget() if admin != "none" else None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one update at a time
+        self.gate = UpdateGate()  # requests vs. updates
+        self._info: ServerInfo | None = None
+        self._info_lock = threading.Lock()
+        self._warned: set[str] = set()
+        self._broken: str | None = None  # why the server's weights are unknown, if they are
 
     @property
     def version(self) -> int:
         return self._version
+
+    @property
+    def info(self) -> ServerInfo:
+        """What the server is (asked once, on first use: the server may start after us)."""
+        with self._info_lock:
+            if self._info is None:
+                self._info = probe_server(self._get_or_none, self.server)
+                log.info("server %s is %s (logprobs_mode=%s)", self.base_url, self._info.kind,
+                         self._info.logprobs_mode)
+                warning = unverified(self._info)
+                if warning:
+                    log.warning("%s: %s", self.base_url, warning)
+            return self._info
 
     def weight_target(self) -> HostTarget | None:
         return self.target
@@ -93,58 +173,81 @@ class OpenAIEngine:
         pass
 
     # -- HTTP ----------------------------------------------------------------------------------
-    def _post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> Any:
-        req = urllib.request.Request(f"{self.base_url}{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    def _http(self, method: str, path: str, body: dict[str, Any] | None = None,
+              timeout: float | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"{self.base_url}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
         if self.api_key:
             req.add_header("Authorization", f"Bearer {self.api_key}")
+        where = f"{method} {self.base_url}{path}"
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.request_timeout) as resp:
                 return json.loads(resp.read() or b"{}")
         except urllib.error.HTTPError as e:
             detail = e.read()[:500].decode("utf-8", "replace")
-            raise EngineError(f"POST {self.base_url}{path}: HTTP {e.code}: {detail}") from None
+            raise ServerHTTPError(f"{where}: HTTP {e.code}: {detail}", e.code) from None
         except (urllib.error.URLError, OSError) as e:
-            raise EngineError(f"POST {self.base_url}{path}: {e}") from None
+            raise EngineError(f"{where}: {e}") from None
         except json.JSONDecodeError as e:
-            raise EngineError(f"POST {self.base_url}{path}: not JSON ({e})") from None
+            raise EngineError(f"{where}: not JSON ({e})") from None
+
+    def _post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> Any:
+        return self._http("POST", path, body, timeout)
+
+    def _get_or_none(self, path: str) -> Any:
+        try:
+            return self._http("GET", path)
+        except ServerHTTPError as e:
+            if e.status in (404, 405, 501):  # no such route: what the probe wants to know
+                return None
+            raise
 
     # -- generation ----------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
         return [self._one(r) for r in requests]
 
-    def _one(self, r: GenRequest) -> GenResult:
-        version = self._version
+    def request_body(self, r: GenRequest) -> dict[str, Any]:
+        """The ``/v1/completions`` body for ``r`` (see the module docstring)."""
+        kind = self.info.kind
         body: dict[str, Any] = {
-            "model": self.served_model, "prompt": list(r.prompt_ids),
-            "max_tokens": r.max_new_tokens, "temperature": r.temperature, "top_p": r.top_p,
-            "logprobs": 1, "include_stop_str_in_output": True, "skip_special_tokens": False,
-            "return_tokens_as_token_ids": True, "return_token_ids": True,
+            "prompt": list(r.prompt_ids), "max_tokens": r.max_new_tokens,
+            "temperature": r.temperature, "top_p": r.top_p, **NEUTRAL_SAMPLING,
+            "logprobs": 1, "skip_special_tokens": False, "return_token_ids": True,
+            **(_VLLM_FIELDS if kind != "sglang" else {}),
+            **(_SGLANG_FIELDS if kind != "vllm" else {}),
         }
+        if self.served_model:
+            body["model"] = self.served_model
         if r.stop:
             body["stop"] = list(r.stop)
         if r.stop_token_ids:
             body["stop_token_ids"] = list(r.stop_token_ids)
-        resp = self._post("/v1/completions", body)
-        try:
-            choice = resp["choices"][0]
-        except (KeyError, IndexError, TypeError):
-            raise EngineError(f"completion response without choices: {str(resp)[:300]}") from None
-        lp = choice.get("logprobs") or {}
-        logprobs = [float(x) if x is not None else 0.0 for x in lp.get("token_logprobs") or []]
-        ids = choice.get("token_ids")
-        if ids is None:
-            ids = [_token_id(t) for t in lp.get("tokens") or []]
-        if len(ids) != len(logprobs):
-            raise EngineError(f"server returned {len(ids)} token ids and {len(logprobs)} "
-                              "logprobs; it must support return_token_ids or "
-                              "return_tokens_as_token_ids with logprobs (vLLM does)")
-        finish = "length" if choice.get("finish_reason") == "length" else "stop"
-        return GenResult([int(i) for i in ids], logprobs, [version] * len(ids), finish)
+        return body
+
+    def _one(self, r: GenRequest) -> GenResult:
+        problem = logprob_problem(self.info, r.temperature, r.top_p)
+        if problem:
+            if self.check_logprobs:
+                raise EngineError(f"{self.base_url}: {problem} (or set check_logprobs: false "
+                                  "to train on them anyway)")
+            if problem not in self._warned:
+                self._warned.add(problem)
+                log.warning("%s: %s", self.base_url, problem)
+        body = self.request_body(r)
+        with self.gate.shared():
+            if self._broken:
+                raise EngineError(f"{self.base_url}: the server's weights are unknown after a "
+                                  f"failed update ({self._broken}); requests fail until the "
+                                  "next weight sync loads a version")
+            version = self._version
+            resp = self._post("/v1/completions", body)
+        return _parse_choice(resp, version)
 
     # -- weights -------------------------------------------------------------------------------
     def update_weights(self, fn: Callable[[], T]) -> T:
-        """Run the sync (into the host copy), then write a checkpoint and tell the server."""
+        """Run the sync (into the host copy), write a checkpoint, then, with no request in
+        flight, tell the server to load it."""
         with self._lock:
             result = fn()
             assert self.target is not None
@@ -152,11 +255,18 @@ class OpenAIEngine:
             changed = self.target.take_changed()
             if version is not None and version != self._loaded and changed:
                 try:
-                    self._load(self._write_checkpoint(version), version)
+                    path = self._write_checkpoint(version)
+                    with self.gate.exclusive():
+                        try:
+                            self._load(path, version)
+                        except BaseException as e:
+                            self._broken = f"loading version {version}: {e}"
+                            raise
+                        self._loaded = self._version = version
+                        self._broken = None
                 except BaseException:
                     self.target.changed.update(changed)  # retried at the next sync
                     raise
-                self._loaded = self._version = version
             return result
 
     def _write_checkpoint(self, version: int) -> Path:
@@ -177,14 +287,65 @@ class OpenAIEngine:
         return path
 
     def _load(self, path: Path, version: int) -> None:
+        # The HTTP timeout outlasts the server's own work (and, for SGLang, its wait for the
+        # requests of other clients in flight).
+        timeout = self.admin_timeout + 30
         if self.admin == "sglang":
             resp = self._post("/update_weights_from_disk",
-                              {"model_path": str(path), "weight_version": str(version)})
+                              {"model_path": str(path), "weight_version": str(version)}, timeout)
             if isinstance(resp, dict) and resp.get("success") is False:
                 raise EngineError(f"SGLang refused weights {path}: {resp.get('message')}")
+        elif self.admin == "vllm":
+            self._load_vllm(path, version, timeout)
         else:
-            self._post(self.admin_path, _fill(self.admin_body, str(path), version))
+            assert self.admin_path is not None
+            self._post(self.admin_path, _fill(self.admin_body, str(path), version), timeout)
         log.info("server %s loaded weights version=%d from %s", self.base_url, version, path)
+
+    def _load_vllm(self, path: Path, version: int, timeout: float) -> None:
+        try:
+            self._post("/collective_rpc", {"method": "reload_weights",
+                                           "kwargs": {"weights_path": str(path)},
+                                           "timeout": self.admin_timeout}, timeout)
+            reset = self._post("/reset_prefix_cache", {}, timeout)
+            if not (isinstance(reset, dict) and reset.get("success") is True):
+                raise EngineError(
+                    f"vLLM at {self.base_url} did not reset its prefix cache after loading "
+                    f"{path} (answer: {reset}); its cached KV would come from the old weights. "
+                    "It fails while requests hold cache blocks: are other clients using "
+                    "this server?")
+            self._post("/update_weight_version", {"new_version": str(version)}, timeout)
+        except ServerHTTPError as e:
+            if e.status == 404:
+                raise EngineError(f"{e}; {_VLLM_DEV_HINT}") from None
+            raise
+
+
+def _parse_choice(resp: Any, version: int) -> GenResult:
+    try:
+        choice = resp["choices"][0]
+    except (KeyError, IndexError, TypeError):
+        raise EngineError(f"completion response without choices: {str(resp)[:300]}") from None
+    finish = choice.get("finish_reason")
+    if finish not in ("stop", "length"):
+        # abort (SGLang, vLLM), error (vLLM), content_filter, repetition, None: not a sample
+        # of the policy's distribution to train on.
+        raise EngineError(f"the server ended the generation with finish_reason={finish!r} "
+                          f"({str(choice.get('stop_reason') or choice.get('matched_stop'))[:200]}"
+                          "); the episode fails")
+    lp = choice.get("logprobs") or {}
+    raw = lp.get("token_logprobs") or []
+    if any(x is None for x in raw):
+        raise EngineError(f"the server returned a null logprob for a generated token: {raw[:20]}")
+    logprobs = [float(x) for x in raw]
+    ids = choice.get("token_ids")
+    if ids is None:
+        ids = [_token_id(t) for t in lp.get("tokens") or []]
+    if len(ids) != len(logprobs):
+        raise EngineError(f"server returned {len(ids)} token ids and {len(logprobs)} "
+                          "logprobs; it must support return_token_ids or "
+                          "return_tokens_as_token_ids with logprobs (vLLM and SGLang do)")
+    return GenResult([int(i) for i in ids], logprobs, [version] * len(ids), finish)
 
 
 def _token_id(token: Any) -> int:
