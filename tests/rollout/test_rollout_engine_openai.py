@@ -254,7 +254,7 @@ def test_server_errors_are_engine_errors(arith_dir: Path) -> None:
 @pytest.mark.parametrize(("mode", "temperature", "top_p", "ok"), [
     ("processed_logprobs", 0.7, 0.9, True),
     ("raw_logprobs", 1.0, 1.0, True),
-    ("raw_logprobs", 0.0, 1.0, True),
+    ("raw_logprobs", 0.0, 0.5, True),  # greedy: top-p ignored, unscaled logprobs
     ("raw_logprobs", 0.7, 1.0, False),
     ("raw_logprobs", 1.0, 0.9, False),
     ("processed_logits", 1.0, 1.0, False),
@@ -282,6 +282,7 @@ def test_sglang_refuses_top_p(server_factory: Callable[..., Server], arith_dir: 
     with pytest.raises(EngineError, match="top-p renormalisation"):
         client.generate([GenRequest([1, 4], max_new_tokens=2, top_p=0.8)])
     assert client.generate([GenRequest([1, 4], max_new_tokens=2, temperature=0.6)])
+    assert client.generate([GenRequest([1, 4], max_new_tokens=2, temperature=0.0, top_p=0.8)])
 
 
 def test_vllm_without_dev_mode_warns(server_factory: Callable[..., Server], arith_dir: Path,

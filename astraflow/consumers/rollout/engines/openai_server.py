@@ -10,10 +10,11 @@
 
   - vLLM ``processed_logprobs``: log-softmax after penalties, temperature and top-k/top-p
     masking: the sampling distribution, always. ``raw_logprobs`` (its default): log-softmax of
-    the unscaled logits, the same only at temperature 0 or 1 without top-p. ``*_logits``
+    the unscaled logits, the same only greedy or at temperature 1 without top-p. ``*_logits``
     modes report logits, never logprobs.
   - SGLang: ``log(softmax(logits / temperature))`` before top-p, so right only with
-    ``top_p == 1`` (greedy: the unscaled distribution, as :mod:`.base` wants). The
+    ``top_p == 1`` or greedy (temperature 0: the unscaled distribution, top-p ignored, as
+    :mod:`.base` wants). The
     ``SGLANG_RETURN_ORIGINAL_LOGPROB`` environment variable (unscaled logprobs) is not visible
     through its API; the docs say not to set it.
 
@@ -68,12 +69,13 @@ def logprob_problem(info: ServerInfo, temperature: float, top_p: float) -> str |
         mode = info.logprobs_mode
         if mode == "processed_logprobs":
             return None
-        if mode == "raw_logprobs" and temperature in (0.0, 1.0) and top_p >= 1.0:
-            return None
+        if mode == "raw_logprobs" and (temperature == 0.0 or (temperature == 1.0
+                                                              and top_p >= 1.0)):
+            return None  # greedy ignores top-p and reports the unscaled distribution
         return (f"the vLLM server reports logprobs_mode={mode!r}, which are not the logprobs "
                 f"of the distribution that samples at temperature={temperature}, top_p={top_p}; "
                 f"restart it with {VLLM_FLAG}")
-    if info.kind == "sglang" and top_p < 1.0:
+    if info.kind == "sglang" and top_p < 1.0 and temperature > 0.0:  # greedy: no top-p
         return (f"SGLang reports log_softmax(logits / temperature) without the top-p "
                 f"renormalisation, not the logprobs of the distribution that samples at "
                 f"top_p={top_p}; sample with top_p 1.0 on SGLang, or use a vLLM server started "
