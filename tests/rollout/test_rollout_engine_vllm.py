@@ -144,13 +144,15 @@ def test_builds_llm_and_maps_requests(fake_vllm: None) -> None:
 
 
 @pytest.mark.parametrize("reason", ["abort", "error", "repetition", None])
-def test_failed_finish_reasons_raise(fake_vllm: None, reason: str | None) -> None:
+def test_failed_finish_reasons_fail_that_request(fake_vllm: None, reason: str | None) -> None:
     engine, llm = make()
     llm.finish = reason  # type: ignore[assignment]
-    with pytest.raises(EngineError, match=f"finish_reason={reason!r}"):
-        engine.generate([GenRequest([1, 4])])
+    (res,) = engine.generate([GenRequest([1, 4])])
+    assert res.error is not None and f"finish_reason={reason!r}" in res.error
+    assert res.token_ids == [] and res.logprobs == []
     llm.finish = "stop"
-    assert engine.generate([GenRequest([1, 4])])[0].finish_reason == "stop"
+    (res,) = engine.generate([GenRequest([1, 4])])
+    assert res.finish_reason == "stop" and res.error is None
 
 
 def test_update_loads_exact_bytes_on_every_worker_then_resets_cache(fake_vllm: None) -> None:

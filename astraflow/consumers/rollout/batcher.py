@@ -14,7 +14,7 @@ import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from astraflow.consumers.rollout.engines.base import Engine, GenRequest, GenResult
+from astraflow.consumers.rollout.engines.base import Engine, EngineError, GenRequest, GenResult
 
 log = logging.getLogger("astraflow.rollout.batcher")
 
@@ -44,6 +44,8 @@ class Batcher:
             async with self._slots:
                 (res,) = await loop.run_in_executor(self._pool, self.engine.generate, [request])
             self._count(1, [res])
+            if res.error is not None:
+                raise EngineError(res.error)
             return res
         if self._task is None:
             self._wake = asyncio.Event()
@@ -83,7 +85,11 @@ class Batcher:
                     continue
                 self._count(len(batch), results)
                 for (_, f), res in zip(batch, results, strict=True):
-                    if not f.done():
+                    if f.done():
+                        continue
+                    if res.error is not None:  # this request alone failed
+                        f.set_exception(EngineError(res.error))
+                    else:
                         f.set_result(res)
 
     async def close(self) -> None:

@@ -51,6 +51,9 @@ class GenResult:
     versions: list[int]  # policy version of the weights that produced each token
     finish_reason: Literal["stop", "length"]
     extra: dict[str, Any] = field(default_factory=dict)
+    #: set when this request failed (e.g. the engine aborted it): its episode fails and is
+    #: counted, the other requests of the batch go on; the arrays are then empty
+    error: str | None = None
 
 
 @runtime_checkable

@@ -8,8 +8,9 @@ sampled token's logprob), stop strings kept in the output. The engine is built w
 ``logprobs_mode="processed_logprobs"`` so behaviour logprobs are those of the temperature-scaled,
 top-p-filtered distribution that sampled; an older vLLM without that option reports raw
 logprobs (a warning says so). A request that vLLM finishes as ``abort`` or ``error`` (or any
-reason but ``stop`` / ``length``) raises :class:`EngineError`: the batch's episodes fail and are
-counted, rather than training on a cut-off answer as if it had stopped.
+reason but ``stop`` / ``length``) comes back as a failed result (``GenResult.error``): that
+request's episode fails and is counted (the batch's other requests go on), rather than training
+on a cut-off answer as if it had stopped.
 
 Weights: the syncer keeps bf16 bits on the host (:class:`HostTarget`); between two ``generate``
 calls the changed tensors go to every vLLM worker through ``collective_rpc`` to a worker
@@ -170,7 +171,11 @@ class VLLMEngine:
         results = []
         for i, out in enumerate(outs):
             c = out.outputs[0]
-            finish = finish_reason(c.finish_reason, i)
+            try:
+                finish = finish_reason(c.finish_reason, i)
+            except EngineError as e:  # this request fails; the batch's others go on
+                results.append(GenResult([], [], [], "stop", error=str(e)))
+                continue
             ids = [int(t) for t in c.token_ids]
             if c.logprobs is None or len(c.logprobs) != len(ids):
                 raise EngineError(f"vLLM returned {len(ids)} tokens and "
