@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from astraflow.core.bus.types import Headers, Message, RebalanceCallback
@@ -268,6 +268,39 @@ class KafkaProducer:
                 close()
 
 
+
+def poll_one(client: Any, message: Callable[[Any], Message | None],
+             timeout: float) -> Message | None:
+    """The next record of a confluent-kafka consumer within ``timeout`` seconds; what
+    ``message`` turns into None (an error it handled) is skipped."""
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = client.poll(max(0.0, deadline - time.monotonic()))
+        if msg is None:
+            return None
+        out = message(msg)
+        if out is not None:
+            return out
+        if time.monotonic() >= deadline:
+            return None
+
+
+def consume_many(client: Any, message: Callable[[Any], Message | None], max_records: int,
+                 timeout: float) -> list[Message]:
+    """Up to ``max_records`` records: wait up to ``timeout`` for the first, then take what is
+    already fetched without waiting."""
+    first = poll_one(client, message, timeout)
+    if first is None:
+        return []
+    out = [first]
+    if max_records > 1:
+        for msg in client.consume(max_records - 1, 0):
+            m = message(msg)
+            if m is not None:
+                out.append(m)
+    return out
+
+
 class KafkaConsumer:
     """A member of a consumer group (cooperative-sticky) that commits only when asked."""
 
@@ -399,30 +432,13 @@ class KafkaConsumer:
 
     def poll(self, timeout: float = 1.0) -> Message | None:
         self._log.check("consumer")
-        deadline = time.monotonic() + timeout
-        while True:
-            msg = self._c.poll(max(0.0, deadline - time.monotonic()))
-            if msg is None:
-                return None
-            out = self._message(msg)
-            if out is not None:
-                return out
-            if time.monotonic() >= deadline:
-                return None
+        return poll_one(self._c, self._message, timeout)
 
     def consume(self, max_records: int = 500, timeout: float = 1.0) -> list[Message]:
         if max_records <= 0:
             return []
-        first = self.poll(timeout)
-        if first is None:
-            return []
-        out = [first]
-        if max_records > 1:  # what is already buffered, without waiting
-            for msg in self._c.consume(max_records - 1, 0):
-                m = self._message(msg)
-                if m is not None:
-                    out.append(m)
-        return out
+        self._log.check("consumer")
+        return consume_many(self._c, self._message, max_records, timeout)
 
     # ---- offsets
 

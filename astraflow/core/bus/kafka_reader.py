@@ -11,7 +11,6 @@ the fixed :data:`READER_GROUP_ID` is never joined and no offset is ever stored u
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from astraflow.core.bus.kafka_clients import (
@@ -19,7 +18,9 @@ from astraflow.core.bus.kafka_clients import (
     _UNKNOWN_TOPIC,
     ClientLog,
     ck,
+    consume_many,
     kafka_error,
+    poll_one,
     to_message,
     watermarks,
 )
@@ -95,30 +96,13 @@ class KafkaReader:
 
     def poll(self, timeout: float = 1.0) -> Message | None:
         self._log.check("reader")
-        deadline = time.monotonic() + timeout
-        while True:
-            msg = self._c.poll(max(0.0, deadline - time.monotonic()))
-            if msg is None:
-                return None
-            out = self._message(msg)
-            if out is not None:
-                return out
-            if time.monotonic() >= deadline:
-                return None
+        return poll_one(self._c, self._message, timeout)
 
     def consume(self, max_records: int = 500, timeout: float = 1.0) -> list[Message]:
         if max_records < 1:
             raise BusError(f"max_records must be >= 1, got {max_records}")
-        first = self.poll(timeout)
-        if first is None:
-            return []
-        out = [first]
-        if max_records > 1:  # what is already fetched, without waiting
-            for msg in self._c.consume(max_records - 1, 0):
-                m = self._message(msg)
-                if m is not None:
-                    out.append(m)
-        return out
+        self._log.check("reader")
+        return consume_many(self._c, self._message, max_records, timeout)
 
     # ---- positions
 
