@@ -1,10 +1,17 @@
 """Workflows: ``async def workflow(ctx, task, **kwargs) -> Draft | list[Draft]``.
 
-Registered by name (``single_turn``, ``multi_turn_tools``) or loaded from a user's
-``module.path:function`` named in ``Task.workflow`` or ``rollout.workflow.default``.
+Registered by name (``single_turn``, ``multi_turn_tools``, and the multi-policy
+``solver_verifier`` and ``solver_selector`` with their reward contracts in ``contracts``) or
+loaded from a user's ``module.path:function`` named in ``Task.workflow`` or
+``rollout.workflow.default``.
 """
 
-from astraflow.consumers.rollout.workflows import multi_turn, single_turn  # noqa: F401  (register)
+from astraflow.consumers.rollout.workflows import (  # noqa: F401  (register)
+    multi_turn,
+    single_turn,
+    solver_selector,
+    solver_verifier,
+)
 from astraflow.consumers.rollout.workflows.base import WORKFLOWS
 
 __all__ = ["WORKFLOWS"]

@@ -1,0 +1,249 @@
+"""Reward contracts: which scalar each role of a multi-policy workflow gets, and from what.
+
+A workflow that runs several policies (roles) in one episode registers a
+:class:`RewardContract`: one :class:`RoleReward` per role, each naming a *rule* from
+:data:`RULES` that turns the episode's :class:`Outcome` into that role's reward.
+
+>>> register_contract(RewardContract("solver_verifier", {
+...     "solver": RoleReward("final"), "verifier": RoleReward("verdict_correct")},
+...     provides=frozenset({"verdict"})))
+
+Config may override a role's rule through the workflow's kwargs (``rewards``), e.g.
+``rollout.workflow.kwargs.solver_verifier.rewards: {verifier: "constant:0.5"}`` or
+``{verifier: {rule: constant, value: 0.5}}``; :func:`resolve_contract` validates it.
+
+**The degenerate-contract check** (:class:`ContractCheck`, one per process in :data:`CHECK`).
+Group-normalised advantages are ``reward - mean(group)``: a role whose reward is the same for
+every member of a group gets zero advantage, so no gradient. The check warns (once per
+workflow and role, on the ``astraflow.rollout.contract`` logger) when
+
+1. *declared*: the role's rule does not depend on the episode's outcome (``constant``: e.g. a
+   tie reward of 0.5 for everyone) — warned the first time the contract is used; or
+2. *observed*: the last ``window`` (default 8) complete groups of that role (groups of size
+   >= 2, all ``n_samples`` members seen by this worker) each had zero reward variance. A single
+   flat group is normal (every sample right, or every one wrong); ``window`` flat groups in a
+   row with no varied group between them means the contract or the task set gives the role
+   nothing to learn from. A varied group resets the count.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from astraflow.consumers.rollout.context import WorkflowError
+
+log = logging.getLogger("astraflow.rollout.contract")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What an episode produced, as the rules see it. Written by the workflow."""
+
+    final: float  # reward of the answer that counts (after the verdict's retry / the pick)
+    threshold: float = 0.5  # a reward >= threshold counts as a correct answer
+    judged: float | None = None  # reward of the answer the verifier judged; None: no verifier
+    verdict: bool | None = None  # True approve, False reject; None: unclear or no verifier
+    candidates: tuple[float, ...] = ()  # reward of each candidate (solver_selector)
+    picked: int | None = None  # index into candidates; None: unclear pick or no selector
+
+    def correct(self, reward: float) -> bool:
+        return reward >= self.threshold
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A role's reward as a function of the outcome (and the role's ``value``)."""
+
+    fn: Callable[[Outcome, float], float]
+    doc: str
+    outcome_dependent: bool = True  # False: same reward whatever happened (the check warns)
+    needs: frozenset[str] = frozenset()  # Outcome facts the workflow must provide
+
+
+def _verdict_correct(o: Outcome, _: float) -> float:
+    if o.verdict is None or o.judged is None:
+        return 0.0  # an unclear verdict is never right
+    return float(o.verdict == o.correct(o.judged))
+
+
+def _picked(o: Outcome, _: float) -> float:
+    return 0.0 if o.picked is None else o.candidates[o.picked]
+
+
+def _picked_correct(o: Outcome, _: float) -> float:
+    return float(o.picked is not None and o.correct(o.candidates[o.picked]))
+
+
+RULES: dict[str, Rule] = {
+    "final": Rule(lambda o, _: o.final, "reward of the answer that counts"),
+    "verdict_correct": Rule(_verdict_correct, "1 if the verdict (approve/reject) matched the "
+                            "reference-based correctness of the judged answer, else 0",
+                            needs=frozenset({"verdict"})),
+    "picked": Rule(_picked, "reward of the picked candidate (0 for an unclear pick)",
+                   needs=frozenset({"picked"})),
+    "picked_correct": Rule(_picked_correct, "1 if the picked candidate is correct, else 0 "
+                           "(always 0 in a group where no candidate was correct)",
+                           needs=frozenset({"picked"})),
+    "constant": Rule(lambda o, v: v, "the role's `value`, whatever happened",
+                     outcome_dependent=False),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RoleReward:
+    """One role's clause: a rule name from :data:`RULES` and its ``value`` (``constant``)."""
+
+    rule: str
+    value: float = 0.0
+
+    def __str__(self) -> str:
+        return f"{self.rule}:{self.value:g}" if self.rule == "constant" else self.rule
+
+
+@dataclass(frozen=True)
+class RewardContract:
+    """The reward of every role of one workflow. ``provides``: the :class:`Outcome` facts the
+    workflow fills in (``verdict``, ``picked``), so a rule needing another is refused."""
+
+    workflow: str
+    roles: Mapping[str, RoleReward]
+    provides: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        for role, clause in self.roles.items():
+            _check_rule(self, role, clause, f"the {self.workflow} contract's role {role!r}")
+
+    def reward(self, role: str, outcome: Outcome) -> float:
+        clause = self.roles[role]
+        return float(RULES[clause.rule].fn(outcome, clause.value))
+
+    def describe(self) -> str:
+        return ", ".join(f"{r}={c}" for r, c in self.roles.items())
+
+
+def _check_rule(contract: RewardContract, role: str, clause: RoleReward, where: str) -> None:
+    rule = RULES.get(clause.rule)
+    if rule is None:
+        raise WorkflowError(f"unknown reward rule {clause.rule!r} in {where}; valid: "
+                            f"{', '.join(sorted(RULES))}")
+    missing = rule.needs - contract.provides
+    if missing:
+        raise WorkflowError(f"reward rule {clause.rule!r} in {where} needs "
+                            f"{', '.join(sorted(missing))}, which workflow {contract.workflow!r} "
+                            f"does not provide; valid rules here: "
+                            f"{', '.join(sorted(n for n, r in RULES.items() if r.needs <= contract.provides))}")
+
+
+CONTRACTS: dict[str, RewardContract] = {}
+
+
+def register_contract(contract: RewardContract) -> RewardContract:
+    """Declare the default contract of ``contract.workflow`` (a user's workflow may too)."""
+    CONTRACTS[contract.workflow] = contract
+    return contract
+
+
+def _clause(raw: Any, where: str) -> RoleReward:
+    if isinstance(raw, RoleReward):
+        return raw
+    if isinstance(raw, str):
+        rule, _, value = raw.partition(":")
+        try:
+            return RoleReward(rule.strip(), float(value) if value else 0.0)
+        except ValueError:
+            raise WorkflowError(f"bad reward clause {raw!r} in {where}: expected 'rule' or "
+                                "'constant:VALUE'") from None
+    if isinstance(raw, Mapping) and "rule" in raw and set(raw) <= {"rule", "value"}:
+        return RoleReward(str(raw["rule"]), float(raw.get("value", 0.0)))
+    raise WorkflowError(f"bad reward clause {raw!r} in {where}: expected 'rule', "
+                        "'constant:VALUE' or {rule: ..., value: ...}")
+
+
+def resolve_contract(workflow: str, overrides: Mapping[str, Any] | None = None) -> RewardContract:
+    """The registered contract of ``workflow`` with ``overrides`` (the workflow's ``rewards``
+    kwarg: role -> clause) applied; every bad role or rule is reported with its config path."""
+    base = CONTRACTS.get(workflow)
+    if base is None:
+        raise WorkflowError(f"workflow {workflow!r} has no registered reward contract; "
+                            f"registered: {', '.join(sorted(CONTRACTS)) or '(none)'}")
+    if not overrides:
+        return base
+    where = f"rollout.workflow.kwargs.{workflow}.rewards"
+    if not isinstance(overrides, Mapping):
+        raise WorkflowError(f"{where} must map role -> rule, got {overrides!r}")
+    roles = dict(base.roles)
+    errors = []
+    for role, raw in overrides.items():
+        if role not in roles:
+            errors.append(f"{where}.{role}: workflow {workflow!r} has no role {role!r}; roles: "
+                          f"{', '.join(base.roles)}")
+            continue
+        try:
+            roles[role] = clause = _clause(raw, f"{where}.{role}")
+            _check_rule(base, role, clause, f"{where}.{role}")
+        except WorkflowError as e:
+            errors.append(str(e))
+    if errors:
+        raise WorkflowError("; ".join(errors))
+    return RewardContract(workflow, roles, base.provides)
+
+
+class ContractCheck:
+    """Warns when a role's reward cannot vary within a group (see the module docstring).
+    State is per process; :meth:`reset` forgets it (tests)."""
+
+    MAX_PENDING = 4096  # groups being collected (an abandoned group must not leak memory)
+
+    def __init__(self, window: int = 8) -> None:
+        self.window = window
+        self.reset()
+
+    def reset(self) -> None:
+        self.warned: set[tuple[str, str]] = set()
+        self._declared: set[tuple[str, str, str]] = set()
+        self._pending: OrderedDict[tuple[str, str, str], dict[int, float]] = OrderedDict()
+        self._flat: dict[tuple[str, str], int] = {}
+
+    def declare(self, contract: RewardContract) -> None:
+        """Warn once per role whose rule does not depend on the outcome."""
+        for role, clause in contract.roles.items():
+            key = (contract.workflow, role, str(clause))
+            if (contract.workflow, role) in self.warned or key in self._declared:
+                continue
+            self._declared.add(key)
+            if not RULES[clause.rule].outcome_dependent:
+                self._warn(contract.workflow, role,
+                           f"rule={clause} does not depend on the episode's outcome")
+
+    def observe(self, workflow: str, role: str, group: str, size: int, index: int,
+                reward: float) -> None:
+        """Record one member's reward; judge the group when all ``size`` members are in."""
+        if size < 2 or (workflow, role) in self.warned:
+            return
+        key = (workflow, role, group)
+        members = self._pending.setdefault(key, {})
+        members[index] = reward
+        if len(members) < size:
+            if len(self._pending) > self.MAX_PENDING:
+                self._pending.popitem(last=False)
+            return
+        del self._pending[key]
+        flat = max(members.values()) == min(members.values())
+        n = self._flat[(workflow, role)] = self._flat.get((workflow, role), 0) + 1 if flat else 0
+        if n >= self.window:
+            self._warn(workflow, role, f"observed zero reward variance in the last {n} groups "
+                                       f"(reward={reward:g})")
+
+    def _warn(self, workflow: str, role: str, why: str) -> None:
+        self.warned.add((workflow, role))
+        log.warning("degenerate reward contract workflow=%s role=%s: %s; every member of a "
+                    "group gets the same reward, so its group-normalised advantage is 0 and the "
+                    "role learns nothing (set rollout.workflow.kwargs.%s.rewards.%s)",
+                    workflow, role, why, workflow, role)
+
+
+CHECK = ContractCheck()

@@ -1,0 +1,118 @@
+"""``solver_verifier``: the solver answers, the verifier approves or rejects, a reject earns the
+solver one retry with the verdict in its context; the final answer counts.
+
+The episode (roles ``solver`` and ``verifier``, each a policy; see ``policies``):
+
+1. the solver answers the task's prompt;
+2. the verifier gets ``verifier_prompt`` (``{problem}``: the task's prompt text, ``{answer}``:
+   the solver's answer) and writes its judgement, ending with a verdict line (below);
+3. on a reject (and ``retry``), the solver's conversation gets ``retry_prompt`` as a user turn
+   (``{verdict}``: the verifier's whole text) and the solver answers again, in the same
+   conversation: its trajectory holds both answers, the verdict between them masked 0;
+4. the final answer (the retry's, else the first) is scored by the configured reward.
+
+**The verdict format.** The verifier's text must contain ``VERDICT: approve`` or
+``VERDICT: reject`` (case-insensitive; ``yes``/``correct`` approve, ``no``/``incorrect``
+reject); the last such line counts. Without one, a last non-empty line that is just one of those
+words (``yes``, ``No.``, ``**approve**``) counts; a last word alone does not (``...is not
+correct`` must not approve). Anything else is *unclear*: the solver is not asked to retry, the verifier's
+``verdict_correct`` reward is 0, and the episode counts ``verdict_unclear``.
+
+Trajectories: one for the solver (both its turns), one for the verifier; their rewards come
+from the workflow's reward contract (default: solver ``final``, verifier ``verdict_correct``;
+override with ``rewards``). Components: ``first_answer`` (reward before any retry),
+``retried``, ``approved`` (1/0/-1 for unclear), ``final_answer``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from astraflow.consumers.rollout.context import Draft, EpisodeContext
+from astraflow.consumers.rollout.workflows.base import WORKFLOWS
+from astraflow.consumers.rollout.workflows.contracts import (
+    CHECK,
+    Outcome,
+    RewardContract,
+    RoleReward,
+    register_contract,
+    resolve_contract,
+)
+from astraflow.consumers.rollout.workflows.roles import (
+    finish_role,
+    problem_text,
+    role_policies,
+    sampling_for,
+)
+from astraflow.core.records import ChatMessage, Task
+
+NAME = "solver_verifier"
+ROLES = ("solver", "verifier")
+CONTRACT = register_contract(RewardContract(
+    NAME, {"solver": RoleReward("final"), "verifier": RoleReward("verdict_correct")},
+    provides=frozenset({"verdict"})))
+
+VERIFIER_PROMPT = ("Problem:\n{problem}\n\nProposed answer:\n{answer}\n\nIs the proposed answer "
+                   "correct? Explain briefly, then end with 'VERDICT: approve' or "
+                   "'VERDICT: reject'.")
+RETRY_PROMPT = "A verifier rejected your answer:\n{verdict}\nTry again."
+
+_APPROVE = {"approve", "approved", "yes", "correct", "accept"}
+_REJECT = {"reject", "rejected", "no", "incorrect", "wrong"}
+_TAGGED = re.compile(r"verdict\s*:\s*\**\s*([a-z]+)", re.IGNORECASE)
+_BARE = re.compile(r"^[\s*_`'\"(\[]*([a-z]+)[\s*_`'\".!)\]]*$", re.IGNORECASE)
+
+
+def parse_verdict(text: str) -> bool | None:
+    """True (approve), False (reject) or None (unclear) — see the module docstring."""
+    tagged = _TAGGED.findall(text)
+    if tagged:
+        word = tagged[-1].lower()
+    else:
+        lines = [line for line in text.splitlines() if line.strip()]
+        bare = _BARE.match(lines[-1]) if lines else None
+        word = bare.group(1).lower() if bare else ""
+    return True if word in _APPROVE else False if word in _REJECT else None
+
+
+@WORKFLOWS.register(NAME)
+async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True,
+                          verifier_prompt: str = VERIFIER_PROMPT,
+                          retry_prompt: str = RETRY_PROMPT, correct_threshold: float = 0.5,
+                          policies: Mapping[str, str] | None = None,
+                          rewards: Mapping[str, Any] | None = None,
+                          role_sampling: Mapping[str, Mapping[str, Any]] | None = None,
+                          **sampling: Any) -> list[Draft]:
+    """See the module docstring. ``policies``: role -> policy (default: the role's name);
+    ``rewards``: role -> contract clause overrides; ``role_sampling``: role -> sampling
+    overrides; other keyword arguments are sampling overrides for both roles."""
+    contract = resolve_contract(NAME, rewards)
+    CHECK.declare(contract)
+    pol = role_policies(ctx, NAME, ROLES, policies)
+
+    solver = ctx.conversation(task.prompt, policy=pol["solver"])
+    first = await solver.generate(**sampling_for("solver", sampling, role_sampling))
+    verifier = ctx.conversation([ChatMessage(role="user", content=verifier_prompt.format(
+        problem=problem_text(task), answer=first.text))], policy=pol["verifier"])
+    judgement = await verifier.generate(**sampling_for("verifier", sampling, role_sampling))
+    verdict = parse_verdict(judgement.text)
+    if verdict is None:
+        ctx.count("verdict_unclear")
+    judged = (await ctx.reward(first.text)).value
+
+    final = judged
+    retried = verdict is False and retry
+    if retried:
+        ctx.count("verifier_retries")
+        solver.add(ChatMessage(role="user", content=retry_prompt.format(verdict=judgement.text)))
+        second = await solver.generate(**sampling_for("solver", sampling, role_sampling))
+        final = (await ctx.reward(second.text)).value
+
+    outcome = Outcome(final=final, threshold=correct_threshold, judged=judged, verdict=verdict)
+    approved = -1.0 if verdict is None else float(verdict)
+    return [finish_role(ctx, contract, "solver", solver, outcome,
+                        {"first_answer": judged, "retried": float(retried)}),
+            finish_role(ctx, contract, "verifier", verifier, outcome,
+                        {"approved": approved, "judged_answer": judged})]

@@ -1,0 +1,297 @@
+"""Multi-policy workflows on scripted engines (one per policy): solver_verifier's approve and
+reject → retry paths, solver_selector's pick, each role's reward per its contract, per-token
+versions per policy, contract overrides and the degenerate-contract check."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+from rollout_helpers import ScriptedEngine
+
+from astraflow.consumers.rollout.context import Draft, WorkflowError
+from astraflow.consumers.rollout.runtime import EpisodeOutcome, Runtime, run_episode
+from astraflow.consumers.rollout.workflows.contracts import (
+    CHECK,
+    ContractCheck,
+    RoleReward,
+    resolve_contract,
+)
+from astraflow.consumers.rollout.workflows.solver_selector import parse_choice
+from astraflow.consumers.rollout.workflows.solver_verifier import parse_verdict
+from astraflow.core.records import ChatMessage, Task
+
+LOGGER = "astraflow.rollout.contract"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_check() -> Iterator[None]:
+    CHECK.reset()  # warnings are once per process; each test starts from none
+    yield
+    CHECK.reset()
+
+
+def task(workflow: str, *, answer: str = "5", n: int = 1, i: int = 0) -> Task:
+    return Task(id=f"q{i}", dataset="t", prompt=[ChatMessage(role="user", content="2+3=")],
+                reference={"answer": answer}, workflow=workflow, n_samples=n)
+
+
+def runtime(tok: Any, scripts: Mapping[str, Sequence[str]], versions: Mapping[str, int],
+            **kwargs: Any) -> tuple[Runtime, dict[str, ScriptedEngine]]:
+    engines = {p: ScriptedEngine(tok, s, version=versions[p]) for p, s in scripts.items()}
+    rt = Runtime.create(engines, reward="exact_match", sampling={"max_new_tokens": 200},
+                        **kwargs)
+    return rt, engines
+
+
+def run(rt: Runtime, tasks: Sequence[tuple[Task, int]]) -> list[EpisodeOutcome]:
+    """Run (task, sample_index) episodes one after the other (the scripts are in that order)."""
+    async def go() -> list[EpisodeOutcome]:
+        try:
+            return [await run_episode(rt, t, i) for t, i in tasks]
+        finally:
+            await rt.close()
+
+    return asyncio.run(go())
+
+
+def generated(tok: Any, d: Draft) -> list[str]:
+    """The text of each assistant turn of a draft."""
+    return [tok.decode(d.token_ids[s.start:s.end], skip_special_tokens=True)
+            for s in d.spans if s.role == "assistant"]
+
+
+def masked_versions(d: Draft) -> set[int]:
+    return {v for v, m in zip(d.versions, d.loss_mask, strict=True) if m}
+
+
+def by_policy(out: EpisodeOutcome) -> dict[str, Draft]:
+    assert out.error is None, out.error
+    drafts = {d.policy: d for d in out.drafts}
+    assert len(drafts) == len(out.drafts)  # one trajectory per policy
+    return drafts
+
+
+def test_parse_verdict_and_choice() -> None:
+    assert parse_verdict("It checks out.\nVERDICT: approve") is True
+    assert parse_verdict("verdict: **Reject**") is False
+    assert parse_verdict("VERDICT: reject\nOn reflection, VERDICT: approve") is True
+    assert parse_verdict("No.") is False and parse_verdict("yes") is True
+    for unclear in ("the answer is not correct", "hmm", "", "VERDICT: maybe"):
+        assert parse_verdict(unclear) is None
+    assert parse_choice("2 looks right. CHOICE: 3", 3) == 2
+    assert parse_choice(" 1 ", 3) == 0
+    for unclear in ("CHOICE: 4", "CHOICE: 0", "the answer is 5", ""):
+        assert parse_choice(unclear, 3) is None
+
+
+def test_solver_verifier_approve(ascii_tokenizer) -> None:
+    tok = ascii_tokenizer
+    rt, engines = runtime(tok, {"solver": ["5"], "verifier": ["Checks out. VERDICT: approve"]},
+                          {"solver": 3, "verifier": 7})
+    (out,) = run(rt, [(task("solver_verifier"), 0)])
+    d = by_policy(out)
+    assert generated(tok, d["solver"]) == ["5"]  # no retry
+    assert (d["solver"].reward, d["verifier"].reward) == (1.0, 1.0)
+    assert d["solver"].rewards["retried"] == 0.0 and d["verifier"].rewards["approved"] == 1.0
+    assert masked_versions(d["solver"]) == {3} and masked_versions(d["verifier"]) == {7}
+    # the verifier saw the problem and the solver's answer
+    seen = tok.decode(engines["verifier"].calls[0].prompt_ids)
+    assert "2+3=" in seen and "Proposed answer:\n5" in seen
+    assert len(engines["solver"].calls) == 1
+
+
+def test_solver_verifier_reject_then_retry(ascii_tokenizer) -> None:
+    tok = ascii_tokenizer
+    verdict = "2+3 is not 6. VERDICT: reject"
+    rt, engines = runtime(tok, {"solver": ["6", "5"], "verifier": [verdict]},
+                          {"solver": 2, "verifier": 9})
+    (out,) = run(rt, [(task("solver_verifier"), 0)])
+    d = by_policy(out)
+    solver = d["solver"]
+    assert generated(tok, solver) == ["6", "5"]  # both turns in one trajectory
+    # the retry was generated with the verdict in its context, and the trajectory keeps it
+    assert verdict in tok.decode(engines["solver"].calls[1].prompt_ids)
+    between = [s for s in solver.spans if s.role == "user"][-1]
+    assert verdict in tok.decode(solver.token_ids[between.start:between.end])
+    assert set(solver.loss_mask[between.start:between.end]) == {0}
+    # contract: the solver gets its final (retried) answer's reward; the verifier was right to
+    # reject the wrong first answer
+    assert solver.reward == 1.0 and solver.rewards["first_answer"] == 0.0
+    assert solver.rewards["retried"] == 1.0
+    assert d["verifier"].reward == 1.0 and d["verifier"].rewards["approved"] == 0.0
+    assert masked_versions(solver) == {2} and masked_versions(d["verifier"]) == {9}
+    assert out.ctx.counters == {"verifier_retries": 1.0}
+
+
+@pytest.mark.parametrize(("answer", "verdict", "solver_reward", "verifier_reward"), [
+    ("6", "VERDICT: approve", 0.0, 0.0),  # approved a wrong answer: no retry, verifier wrong
+    ("5", "VERDICT: reject", 1.0, 0.0),  # rejected a right answer: retry, verifier wrong
+    ("5", "I am not sure", 1.0, 0.0),  # unclear: no retry, never right
+])
+def test_solver_verifier_contract_rewards(ascii_tokenizer, answer: str, verdict: str,
+                                          solver_reward: float, verifier_reward: float) -> None:
+    rt, engines = runtime(ascii_tokenizer, {"solver": [answer, "5"], "verifier": [verdict]},
+                          {"solver": 0, "verifier": 0})
+    (out,) = run(rt, [(task("solver_verifier"), 0)])
+    d = by_policy(out)
+    assert (d["solver"].reward, d["verifier"].reward) == (solver_reward, verifier_reward)
+    retried = parse_verdict(verdict) is False
+    assert len(engines["solver"].calls) == (2 if retried else 1)
+    if parse_verdict(verdict) is None:
+        assert out.ctx.counters == {"verdict_unclear": 1.0}
+
+
+def test_retry_can_be_switched_off_and_policies_mapped(ascii_tokenizer) -> None:
+    rt, engines = runtime(ascii_tokenizer, {"actor": ["6", "5"], "judge": ["VERDICT: reject"]},
+                          {"actor": 1, "judge": 4}, workflow_kwargs={"solver_verifier": {
+                              "retry": False,
+                              "policies": {"solver": "actor", "verifier": "judge"}}})
+    (out,) = run(rt, [(task("solver_verifier"), 0)])
+    d = by_policy(out)
+    assert set(d) == {"actor", "judge"}
+    assert len(engines["actor"].calls) == 1 and d["actor"].reward == 0.0
+    assert d["judge"].reward == 1.0
+
+
+def test_solver_selector_pick(ascii_tokenizer) -> None:
+    tok = ascii_tokenizer
+    rt, engines = runtime(tok, {"solver": ["4", "5", "6"], "selector": ["CHOICE: 2"]},
+                          {"solver": 5, "selector": 8},
+                          workflow_kwargs={"solver_selector": {"k": 3}})
+    (out,) = run(rt, [(task("solver_selector"), 0)])
+    d = by_policy(out)
+    assert len(engines["solver"].calls) == 3
+    seen = tok.decode(engines["selector"].calls[0].prompt_ids)
+    assert "1. 4\n2. 5\n3. 6" in seen and "2+3=" in seen
+    assert generated(tok, d["solver"]) == ["5"]  # the picked candidate's trajectory
+    assert (d["solver"].reward, d["selector"].reward) == (1.0, 1.0)
+    assert d["selector"].rewards["picked"] == 2.0 and d["selector"].rewards["best"] == 1.0
+    assert masked_versions(d["solver"]) == {5} and masked_versions(d["selector"]) == {8}
+
+
+def test_solver_selector_wrong_and_unclear_picks(ascii_tokenizer) -> None:
+    tok = ascii_tokenizer
+    rt, _ = runtime(tok, {"solver": ["4", "5", "6", "5", "4"], "selector": ["CHOICE: 1", "??"]},
+                    {"solver": 0, "selector": 0},
+                    workflow_kwargs={"solver_selector": {"k": 2}})
+    wrong, unclear = run(rt, [(task("solver_selector"), 0), (task("solver_selector"), 1)])
+    d = by_policy(wrong)
+    assert generated(tok, d["solver"]) == ["4"] and d["selector"].reward == 0.0
+    d = by_policy(unclear)
+    # unclear: the system answer falls back to candidate 1 ("6"), the selector gets 0
+    assert generated(tok, d["solver"]) == ["6"] and d["solver"].reward == 0.0
+    assert d["selector"].reward == 0.0 and d["selector"].rewards["picked"] == 0.0
+    assert unclear.ctx.counters == {"choice_unclear": 1.0}
+
+
+def test_contract_override_from_workflow_kwargs(ascii_tokenizer) -> None:
+    rt, _ = runtime(ascii_tokenizer, {"solver": ["6"], "verifier": ["VERDICT: reject"]},
+                    {"solver": 0, "verifier": 0}, workflow_kwargs={"solver_verifier": {
+                        "retry": False, "rewards": {"verifier": "constant:0.25"}}})
+    (out,) = run(rt, [(task("solver_verifier"), 0)])
+    assert by_policy(out)["verifier"].reward == 0.25
+    contract = resolve_contract("solver_verifier", {"verifier": {"rule": "constant",
+                                                                 "value": 0.5}})
+    assert contract.roles["verifier"] == RoleReward("constant", 0.5)
+    assert contract.roles["solver"] == RoleReward("final")
+
+
+@pytest.mark.parametrize(("workflow", "overrides", "message"), [
+    ("solver_verifier", {"judge": "final"},
+     "rollout.workflow.kwargs.solver_verifier.rewards.judge: workflow 'solver_verifier' has "
+     "no role 'judge'; roles: solver, verifier"),
+    ("solver_verifier", {"verifier": "vibes"}, "unknown reward rule 'vibes'"),
+    ("solver_verifier", {"verifier": "picked"}, "needs picked"),
+    ("solver_selector", {"selector": "verdict_correct"}, "needs verdict"),
+    ("solver_verifier", {"verifier": "constant:lots"}, "expected 'rule' or 'constant:VALUE'"),
+    ("nope", {}, "workflow 'nope' has no registered reward contract"),
+])
+def test_bad_contract_overrides_are_refused(workflow: str, overrides: dict, message: str) -> None:
+    with pytest.raises(WorkflowError) as e:
+        resolve_contract(workflow, overrides or None)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"policies": {"verifier": "judge"}},
+     "workflow 'solver_verifier' role 'verifier' uses policy 'judge', which has no engine in "
+     "this worker; hosted: solver, verifier"),
+    ({"policies": {"critic": "solver"}}, "has no role 'critic'"),
+])
+def test_unknown_policy_or_role_is_a_clear_error(ascii_tokenizer, kwargs: dict,
+                                                 message: str) -> None:
+    rt, _ = runtime(ascii_tokenizer, {"solver": ["5"], "verifier": ["yes"]},
+                    {"solver": 0, "verifier": 0}, workflow_kwargs={"solver_verifier": kwargs})
+    (out,) = run(rt, [(task("solver_verifier"), 0)])
+    assert out.error is not None and message in out.error
+    assert [d.finish_reason for d in out.drafts] == ["error"]
+
+
+def test_missing_policy_engine_is_a_clear_error(ascii_tokenizer) -> None:
+    rt, _ = runtime(ascii_tokenizer, {"solver": ["5"]}, {"solver": 0})
+    (out,) = run(rt, [(task("solver_selector"), 0)])
+    assert "role 'selector' uses policy 'selector', which has no engine" in (out.error or "")
+
+
+def test_constant_contract_warns_once(ascii_tokenizer, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    rt, _ = runtime(ascii_tokenizer, {"solver": ["5", "6"], "verifier": ["yes", "yes"]},
+                    {"solver": 0, "verifier": 0}, workflow_kwargs={"solver_verifier": {
+                        "rewards": {"verifier": "constant:0.5"}}})
+    run(rt, [(task("solver_verifier", n=2), 0), (task("solver_verifier", n=2), 1)])
+    warnings = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert len(warnings) == 1, warnings
+    assert "workflow=solver_verifier role=verifier" in warnings[0]
+    assert "rule=constant:0.5 does not depend on the episode's outcome" in warnings[0]
+
+
+def test_sound_contract_does_not_warn(ascii_tokenizer, caplog) -> None:
+    """Default contract, groups whose answers differ: no warning, even after many groups."""
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    groups = 10
+    solver, verifier, episodes = [], [], []
+    for g in range(groups):
+        solver += ["5", "6"]  # one right, one wrong per group of 2
+        verifier += ["VERDICT: approve", "VERDICT: approve"]
+        episodes += [(task("solver_verifier", n=2, i=g), 0), (task("solver_verifier", n=2, i=g), 1)]
+    rt, _ = runtime(ascii_tokenizer, {"solver": solver, "verifier": verifier},
+                    {"solver": 0, "verifier": 0})
+    outs = run(rt, episodes)
+    assert all(o.error is None for o in outs)
+    assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == []
+
+
+def test_observed_flat_groups_warn_after_the_window(caplog) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    check = ContractCheck(window=3)
+    # a varied group, then flat ones: the warning comes with the third flat group in a row
+    for i, r in enumerate([1.0, 0.0]):
+        check.observe("wf", "verifier", "g0", 2, i, r)
+    for g in range(1, 3):
+        for i in range(2):
+            check.observe("wf", "verifier", f"g{g}", 2, i, 0.5)
+    assert not caplog.records
+    check.observe("wf", "verifier", "g3", 2, 0, 0.5)
+    assert not caplog.records  # the group is not complete yet
+    check.observe("wf", "verifier", "g3", 2, 1, 0.5)
+    (rec,) = caplog.records
+    assert "observed zero reward variance in the last 3 groups" in rec.getMessage()
+    for g in range(4, 10):  # once per workflow/role
+        for i in range(2):
+            check.observe("wf", "verifier", f"g{g}", 2, i, 0.5)
+    assert len(caplog.records) == 1
+
+
+def test_a_varied_group_resets_the_flat_count(caplog) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    check = ContractCheck(window=2)
+    for g, rewards in enumerate([(1.0, 1.0), (0.0, 1.0), (0.0, 0.0), (1.0, 0.0), (1.0, 1.0)]):
+        for i, r in enumerate(rewards):
+            check.observe("wf", "solver", f"g{g}", 2, i, r)
+    for i in range(3):  # groups of one sample never count: no variance to have
+        check.observe("wf", "solver", f"single{i}", 1, 0, 1.0)
+    assert not caplog.records
