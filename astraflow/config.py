@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pydantic
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from astraflow.consumers.rollout.config import RolloutConfig
-from astraflow.consumers.trainer.config import TrainerConfig
+from astraflow.consumers.trainer.config import TrainerConfig, with_overrides
 from astraflow.core.bus.types import Bus
 from astraflow.core.config import Section, load
+from astraflow.core.errors import ConfigError
 from astraflow.models.config import ModelConfig
 from astraflow.policies.config import DataConfig
 from astraflow.producers.config import ProducerConfig
@@ -129,12 +131,71 @@ class ExperimentConfig(Section):
     rollout: RolloutConfig = RolloutConfig()
     data: DataConfig = DataConfig()
     trainer: TrainerConfig = TrainerConfig()
+    trainers: dict[str, dict[str, Any]] = pydantic.Field(
+        default_factory=dict,
+        description="per policy: a partial trainer section deep-merged over `trainer`, e.g. "
+                    "verifier: {optimizer: {lr: 1.0e-5}}; each result is checked as a whole "
+                    "trainer section; a policy absent here trains with `trainer`")
     weights: WeightsConfig = WeightsConfig()
     launch: LaunchConfig = LaunchConfig()
 
     def model(self, policy: str) -> ModelConfig:
         """The model section of ``policy`` (the defaults when ``models`` does not name it)."""
         return self.models.get(policy) or ModelConfig()
+
+    def trainer_for(self, policy: str) -> TrainerConfig:
+        """The effective trainer section of ``policy``: ``trainers.<policy>`` laid over
+        ``trainer`` (``trainer`` itself when ``trainers`` does not name the policy)."""
+        override = self.trainers.get(policy)
+        if not override:
+            return self.trainer
+        try:
+            return with_overrides(self.trainer, override)
+        except pydantic.ValidationError as e:  # trainer changed after loading
+            raise ConfigError([f"trainers.{policy}.{'.'.join(map(str, err['loc']))}: "
+                               f"{err['msg']}" for err in e.errors()]) from None
+
+    @pydantic.field_validator("models")
+    @classmethod
+    def _known_policies(cls, models: dict[str, ModelConfig],
+                        info: pydantic.ValidationInfo) -> dict[str, ModelConfig]:
+        """A per-policy key must name a policy of ``policies`` (a typo would otherwise be
+        silently ignored and the policy given the defaults)."""
+        _refuse(_unknown(models, info.data.get("policies")))
+        return models
+
+    @pydantic.field_validator("data")
+    @classmethod
+    def _known_data_policies(cls, data: DataConfig,
+                             info: pydantic.ValidationInfo) -> DataConfig:
+        policies = info.data.get("policies")
+        primary = [data.primary_policy] if data.primary_policy is not None else []
+        _refuse(_unknown(data.batch_sizes, policies, ("batch_sizes",))
+                + _unknown(data.max_staleness_per_policy, policies,
+                           ("max_staleness_per_policy",))
+                + _unknown(primary, policies, ("primary_policy",), keyed=False))
+        return data
+
+    @pydantic.field_validator("trainers")
+    @classmethod
+    def _whole_trainer_sections(cls, trainers: dict[str, dict[str, Any]],
+                                info: pydantic.ValidationInfo) -> dict[str, dict[str, Any]]:
+        """Each policy's merged section is validated now, so a bad override fails at load
+        time with its path (``trainers.<policy>.<key>``), every problem at once; so is a key
+        that names no policy."""
+        errors = _unknown(trainers, info.data.get("policies"))
+        base = info.data.get("trainer")
+        for policy, override in trainers.items():
+            if base is None:  # `trainer` is invalid and reported; a merge would only echo it
+                break
+            try:
+                with_overrides(base, override)
+            except pydantic.ValidationError as e:
+                errors += [InitErrorDetails(type=_trainer_error(err),
+                                            loc=(policy, *err["loc"]), input=err["input"])
+                           for err in e.errors()]
+        _refuse(errors)
+        return trainers
 
     @pydantic.model_validator(mode="after")
     def _one_group_size(self) -> ExperimentConfig:
@@ -143,6 +204,45 @@ class ExperimentConfig(Section):
         if self.data.assembler.group_size is None:
             self.data.assembler.group_size = self.producer.n_samples
         return self
+
+
+def _unknown(value: Iterable[str], policies: list[str] | None, where: tuple[str, ...] = (),
+             *, keyed: bool = True) -> list[InitErrorDetails]:
+    """One error per name in ``value`` (a mapping's keys, located under ``where`` + the key;
+    with ``keyed=False`` plain values, located at ``where``) that is not a policy; none when
+    ``policies`` itself failed validation."""
+    if policies is None:
+        return []
+    return [InitErrorDetails(
+        type=_error("unknown_policy", f"unknown policy {name!r}; valid (policies): "
+                                      f"{', '.join(policies)}; add it to policies or fix the "
+                                      "name"),
+        loc=(*where, name) if keyed else where, input=name)
+        for name in value if name not in policies]
+
+
+def _trainer_error(err: Any) -> PydanticCustomError:
+    """An error inside a merged trainer section; an unknown key lists the valid ones (the
+    generic hint cannot walk into ``trainers``' free-form dicts)."""
+    if err["type"] != "extra_forbidden":
+        return _error(err["type"], err["msg"])
+    section: Any = TrainerConfig
+    for part in err["loc"][:-1]:
+        section = section.model_fields[part].annotation
+    return _error("unknown_key", f"unknown key; valid keys here: "
+                                 f"{', '.join(sorted(section.model_fields))}")
+
+
+def _error(kind: str, message: str) -> PydanticCustomError:
+    # the message is final text: braces in it are escaped from the template formatting
+    return PydanticCustomError(kind, message.replace("{", "{{").replace("}", "}}"))
+
+
+def _refuse(errors: list[InitErrorDetails]) -> None:
+    # a ValidationError raised in a field validator keeps its line errors, each located
+    # under the field, so every bad key is reported at once with its own path
+    if errors:
+        raise pydantic.ValidationError.from_exception_data("ExperimentConfig", errors)
 
 
 def load_experiment(path: str | Path | None, overrides: Iterable[str] = ()) -> ExperimentConfig:

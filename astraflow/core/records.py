@@ -150,6 +150,14 @@ class Trajectory(Record, tag="Trajectory", kw_only=True):
     error: str | None = None  # set when finish_reason == "error"
     worker_id: str = ""
     timings: dict[str, float] = {}  # seconds: "generate", "reward", "total", ...
+    # The weight version of every policy the producing worker hosts, as its engines stood when
+    # the episode's records were written (its end): what the episode was produced under when
+    # several policies act in it (a solver's reward depends on the verifier that judged it).
+    # Written by the rollout worker; read by whoever judges cross-policy freshness (metrics,
+    # filters). The trajectory's own policy is also in the per-token ``versions``, which stay
+    # the exact record of its tokens. Absent ({}): not recorded (a record from before this
+    # field, or one written outside a worker); readers fall back to ``versions``.
+    version_vector: dict[str, int] = {}
     created_at: float = msgspec.field(default_factory=time.time)
 
     def __post_init__(self) -> None:

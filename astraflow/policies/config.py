@@ -120,7 +120,8 @@ class GateConfig(Section):
 
     max_staleness: int | None = pydantic.Field(
         None, ge=0, description="versions of staleness the released work may reach; "
-                                "absent: data.max_staleness")
+                                "absent: data.max_staleness; the primary policy's entry in "
+                                "data.max_staleness_per_policy wins")
     lost_after_s: float = pydantic.Field(
         3600.0, gt=0, description="a released group whose GroupStats has not come back after "
                                   "this long is written off, freeing its slot")
@@ -178,8 +179,9 @@ class AssemblerConfig(Section):
 class StalenessConfig(Section):
     """Staleness filter: drop groups more than ``max_staleness`` versions old."""
 
-    max_staleness: int | None = pydantic.Field(None, ge=0,
-                                               description="absent: data.max_staleness")
+    max_staleness: int | None = pydantic.Field(
+        None, ge=0, description="absent: data.max_staleness; "
+                                "data.max_staleness_per_policy wins for the policies it names")
 
 
 class ReplayConfig(Section):
@@ -215,6 +217,12 @@ class DataConfig(Section):
         default_factory=dict, description="per-policy overrides of batch_size")
     max_staleness: int = pydantic.Field(4, ge=0, description="versions a group may lag the "
                                                             "trainer (gate and staleness)")
+    max_staleness_per_policy: dict[str, int] = pydantic.Field(
+        default_factory=dict,
+        description="per-policy bounds, e.g. {verifier: 8}: a group of that policy may lag "
+                    "that policy's own trainer this many versions (staleness filter; the gate "
+                    "for the primary policy); wins over gate/staleness.max_staleness and "
+                    "max_staleness; a policy absent here uses those")
     easy_threshold: float = pydantic.Field(
         0.5, description="a zero-variance group whose reward is >= this is 'easy', else 'hard'")
     reward_eps: float = pydantic.Field(1e-6, ge=0.0,
@@ -256,5 +264,21 @@ class DataConfig(Section):
             raise ValueError(f"batch sizes must be >= 1: {', '.join(bad)}")
         return sizes
 
+    @pydantic.field_validator("max_staleness_per_policy")
+    @classmethod
+    def _bounds(cls, bounds: dict[str, int]) -> dict[str, int]:
+        bad = [f"{k}={v}" for k, v in bounds.items() if v < 0]
+        if bad:
+            raise ValueError(f"staleness bounds must be >= 0: {', '.join(bad)}")
+        return bounds
+
     def batch_size_of(self, policy: str) -> int:
         return self.batch_sizes.get(policy, self.batch_size)
+
+    def max_staleness_of(self, policy: str, override: int | None = None) -> int:
+        """The staleness bound of ``policy``: its ``max_staleness_per_policy`` entry, else
+        ``override`` (a stage's own ``max_staleness``, e.g. ``staleness.max_staleness``), else
+        ``max_staleness``. The policy's entry wins because it is the most specific key."""
+        if policy in self.max_staleness_per_policy:
+            return self.max_staleness_per_policy[policy]
+        return self.max_staleness if override is None else override

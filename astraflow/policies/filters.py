@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import msgspec
 
 from astraflow.core.records import Record, TrajectoryGroup
@@ -14,27 +16,41 @@ class FilterState(msgspec.Struct, kw_only=True):
 
 
 class Staleness:
-    """Drops (and counts) groups older than ``max_staleness`` versions relative to the
-    trainer's latest published version: ``version(policy) - group.version > max_staleness``.
+    """Drops (and counts) groups older than their policy's bound relative to that policy's
+    trainer: ``version(p) - group.version > bound(p)`` for a group of policy ``p``.
+
+    Each policy is judged by its own clock: ``ctx.version(p)`` is the newest version on
+    ``weights.<p>`` and ``group.version`` the oldest version of any of p's tokens in the group,
+    so a slow trainer of another policy neither ages nor rescues p's groups. ``bound(p)`` is
+    ``per_policy[p]`` when given, else ``max_staleness`` (one policy: the old single bound).
 
     A group with no generated token (``version == -1``) has no age and is kept. In
     ``post_rollout`` a dropped group's GroupStats says ``kept=False`` (the gate frees its
-    slot); in ``batch`` the group already counted as accepted.
+    slot); in ``batch`` the group already counted as accepted. Counts ``kept`` and
+    ``dropped_stale``, and per policy ``dropped_stale.<p>`` when several policies have bounds.
     """
 
     name = "staleness"
     consumes = TrajectoryGroup
     produces = TrajectoryGroup
 
-    def __init__(self, *, max_staleness: int = 4) -> None:
+    def __init__(self, *, max_staleness: int = 4,
+                 per_policy: Mapping[str, int] | None = None) -> None:
         self.max_staleness = max_staleness
+        self.per_policy = dict(per_policy or {})
+
+    def bound(self, policy: str) -> int:
+        """The staleness bound of ``policy``'s groups."""
+        return self.per_policy.get(policy, self.max_staleness)
 
     def init_state(self) -> FilterState:
         return FilterState()
 
     def process(self, g: TrajectoryGroup, state: FilterState, ctx: Context) -> list[Record]:
-        if g.version >= 0 and ctx.version(g.policy) - g.version > self.max_staleness:
+        if g.version >= 0 and ctx.version(g.policy) - g.version > self.bound(g.policy):
             bump(state.counts, "dropped_stale")
+            if self.per_policy:
+                bump(state.counts, f"dropped_stale.{g.policy}")
             return []
         bump(state.counts, "kept")
         return [g]
@@ -79,7 +95,8 @@ class DynamicSampling:
 
 def build_staleness(env: BuildEnv) -> Staleness:
     s = env.data.staleness.max_staleness
-    return Staleness(max_staleness=env.data.max_staleness if s is None else s)
+    return Staleness(max_staleness=env.data.max_staleness if s is None else s,
+                     per_policy=env.data.max_staleness_per_policy)
 
 
 def build_dynamic_sampling(env: BuildEnv) -> DynamicSampling:

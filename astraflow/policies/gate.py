@@ -131,5 +131,5 @@ class Gate:
 def build(env: BuildEnv) -> Gate:
     s = env.data.gate.max_staleness
     return Gate(primary=env.primary, batch_size=env.data.batch_size_of(env.primary),
-                max_staleness=env.data.max_staleness if s is None else s,
+                max_staleness=env.data.max_staleness_of(env.primary, s),
                 lost_after_s=env.data.gate.lost_after_s, dedup_window=env.data.dedup_window)

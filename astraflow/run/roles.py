@@ -54,8 +54,9 @@ def build_trainer(config: ExperimentConfig, policy: str, out: str | Path, *, bus
 
     if policy not in config.policies:
         raise ConfigError(f"unknown policy {policy!r}; valid: {', '.join(config.policies)}")
-    return build(config.trainer, config.model(policy), run=config.run, policy=policy, out=out,
-                 bus=bus, publisher=publisher, metrics=metrics, claims=claims(config, out))
+    return build(config.trainer_for(policy), config.model(policy), run=config.run,
+                 policy=policy, out=out, bus=bus, publisher=publisher, metrics=metrics,
+                 claims=claims(config, out))
 
 
 def build_publisher(config: ExperimentConfig, policy: str, out: str | Path,

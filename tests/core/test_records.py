@@ -160,3 +160,22 @@ def test_enumerated_fields_are_validated() -> None:
     bad["finish_reason"] = "exploded"
     with pytest.raises(SchemaError, match="finish_reason"):
         decode(msgspec.msgpack.encode(bad), Trajectory)
+
+
+def test_version_vector_round_trips_and_is_absent_in_older_records() -> None:
+    import msgspec.structs
+
+    with_vector = msgspec.structs.replace(trajectory(), version_vector={"solver": 3,
+                                                                        "verifier": 7})
+    assert decode(encode(with_vector), Trajectory).version_vector == {"solver": 3,
+                                                                      "verifier": 7}
+    assert decode(encode(with_vector)) == with_vector
+    # a record from before the field (no key on the wire) reads as "not recorded"
+    plain = msgspec.msgpack.decode(encode(trajectory()))
+    assert plain.pop("version_vector") == {}
+    old = decode(msgspec.msgpack.encode(plain), Trajectory)
+    assert old.version_vector == {}
+    assert msgspec.structs.replace(old, created_at=0.0) == msgspec.structs.replace(
+        trajectory(), created_at=0.0)
+    with pytest.raises(SchemaError, match="version_vector"):
+        decode(msgspec.msgpack.encode({**plain, "version_vector": {"solver": "3"}}), Trajectory)

@@ -103,3 +103,26 @@ def test_primary_policy_must_be_a_policy_of_the_run() -> None:
     with pytest.raises(ConfigError, match="'judge' is not one of policies"):
         build_policies(DataConfig(primary_policy="judge"), "pre_rollout",
                        policies=("solver",))
+
+
+def test_per_policy_data_keys_must_name_policies_of_the_run() -> None:
+    with pytest.raises(ConfigError) as e:
+        validate(ExperimentConfig, {"policies": ["solver", "verifier"], "data": {
+            "max_staleness_per_policy": {"verifier": 8, "verifer": 2},
+            "batch_sizes": {"judge": 4}, "primary_policy": "critic"}})
+    text = "\n".join(e.value.problems)
+    for where, name in (("data.max_staleness_per_policy.verifer", "verifer"),
+                        ("data.batch_sizes.judge", "judge"), ("data.primary_policy", "critic")):
+        assert f"{where}: unknown policy {name!r}; valid (policies): solver, verifier" in text
+    assert len(e.value.problems) == 3
+
+
+def test_per_policy_staleness_bounds() -> None:
+    cfg = validate(ExperimentConfig, {"policies": ["solver", "verifier"], "data": {
+        "max_staleness": 3, "max_staleness_per_policy": {"verifier": 8}}})
+    d = cfg.data
+    assert (d.max_staleness_of("solver"), d.max_staleness_of("verifier")) == (3, 8)
+    assert (d.max_staleness_of("solver", 1), d.max_staleness_of("verifier", 1)) == (1, 8)
+    assert DataConfig().max_staleness_per_policy == {}  # one policy: one bound, as before
+    assert any("data.max_staleness_per_policy" in p and ">= 0" in p
+               for p in problems({"max_staleness_per_policy": {"default": -1}}))

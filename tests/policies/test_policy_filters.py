@@ -9,7 +9,10 @@ from astraflow.core.records import GroupStats, TrajectoryGroup
 from astraflow.policies.assembler import Assembler
 from astraflow.policies.base import Context
 from astraflow.policies.chain import Chain
-from astraflow.policies.filters import DynamicSampling, FilterState, Staleness
+from astraflow.policies.config import DataConfig
+from astraflow.policies.env import BuildEnv
+from astraflow.policies.filters import DynamicSampling, FilterState, Staleness, build_staleness
+from astraflow.policies.gate import build as build_gate
 
 
 def test_dynamic_sampling_keeps_exactly_the_mixed_groups() -> None:
@@ -35,6 +38,67 @@ def test_staleness_drops_and_counts_groups_older_than_the_bound() -> None:
     assert state.counts == {"kept": 3, "dropped_stale": 1}
     # no version published yet: everything is at version 0
     assert f.process(tgroup("x", [1, 0], version=0), state, Context()) != []
+
+
+def test_each_policy_is_judged_by_its_own_version_and_its_own_bound() -> None:
+    f = Staleness(max_staleness=2, per_policy={"verifier": 6})
+    state = f.init_state()
+    # the verifier's trainer is far ahead of the solver's: that must not age solver groups
+    ctx = Context(versions={"solver": 10, "verifier": 20})
+    groups = [tgroup("s8", [1, 0], version=8, policy="solver"),      # 2 behind: kept
+              tgroup("s7", [1, 0], version=7, policy="solver"),      # 3 > 2: dropped
+              tgroup("v14", [1, 0], version=14, policy="verifier"),  # 6 behind: kept
+              tgroup("v13", [1, 0], version=13, policy="verifier"),  # 7 > 6: dropped
+              tgroup("v-1", [1, 0], version=-1, policy="verifier")]  # no token: no age
+    kept = [o.group_id for g in groups for o in f.process(g, state, ctx)]
+    assert kept == ["s8", "v14", "v-1"]
+    assert (f.bound("solver"), f.bound("verifier")) == (2, 6)
+    assert state.counts == {"kept": 3, "dropped_stale": 2, "dropped_stale.solver": 1,
+                            "dropped_stale.verifier": 1}
+
+
+@pytest.mark.parametrize("data,bounds", [
+    ({}, (4, 4)),  # the defaults: one bound, data.max_staleness
+    ({"max_staleness": 3}, (3, 3)),
+    ({"staleness": {"max_staleness": 1}}, (1, 1)),
+    ({"max_staleness_per_policy": {"verifier": 9}}, (4, 9)),
+    # the policy's own entry is the most specific key and wins over the stage's
+    ({"staleness": {"max_staleness": 1}, "max_staleness_per_policy": {"verifier": 9}},
+     (1, 9)),
+])
+def test_the_built_filter_takes_each_policys_bound_from_data(data: dict, bounds: tuple
+                                                             ) -> None:
+    f = build_staleness(BuildEnv(data=DataConfig(**data), stage="post_rollout",
+                                 policies=("solver", "verifier"), primary="solver"))
+    assert (f.bound("solver"), f.bound("verifier")) == bounds
+
+
+@pytest.mark.parametrize("data,bound", [
+    ({}, 4),
+    ({"gate": {"max_staleness": 2}}, 2),
+    ({"max_staleness_per_policy": {"verifier": 9}}, 4),  # not the primary: not the gate's
+    ({"gate": {"max_staleness": 2}, "max_staleness_per_policy": {"solver": 7}}, 7),
+])
+def test_the_gate_follows_the_primary_policys_bound(data: dict, bound: int) -> None:
+    gate = build_gate(BuildEnv(data=DataConfig(**data), stage="pre_rollout",
+                               policies=("solver", "verifier"), primary="solver"))
+    assert gate.max_staleness == bound
+
+
+def test_a_two_policy_post_rollout_stage_filters_each_policy_by_its_bound() -> None:
+    chain = Chain("post_rollout", [("assembler", Assembler(group_size=2, min_group_size=2)),
+                                   ("staleness", Staleness(max_staleness=1,
+                                                           per_policy={"verifier": 3}))])
+    chain.set_version("solver", 5)
+    chain.set_version("verifier", 5)
+    records = [t for p in ("solver", "verifier") for v in (4, 3, 2)
+               for t in group_trajs(f"{p}-v{v}#0", [1, 0], version=v, policy=p)]
+    out = chain.run(records)
+    assert sorted(o.group_id for o in out if isinstance(o, TrajectoryGroup)) == [
+        "solver-v4#0", "verifier-v2#0", "verifier-v3#0", "verifier-v4#0"]
+    assert stats_kept(out) == {"solver-v4#0": True, "solver-v3#0": False,
+                               "solver-v2#0": False, "verifier-v4#0": True,
+                               "verifier-v3#0": True, "verifier-v2#0": True}
 
 
 def stats_kept(out: list) -> dict[str, bool]:

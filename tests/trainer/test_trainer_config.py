@@ -60,3 +60,90 @@ def test_unknown_policy(experiment: Any, tmp_path: Path) -> None:
     cfg = experiment()
     with pytest.raises(ConfigError, match="unknown policy 'solver'; valid: default"):
         build_trainer(cfg, "solver", tmp_path, bus=open_bus(cfg, tmp_path))
+
+
+# per-policy trainer sections ------------------------------------------------------------------
+
+TWO = {"policies": ["solver", "verifier"]}
+
+
+def test_without_trainers_every_policy_trains_with_the_shared_section() -> None:
+    cfg = validate(ExperimentConfig, {**TWO, "trainer": {"optimizer": {"lr": 1e-4}}})
+    assert cfg.trainers == {}
+    assert cfg.trainer_for("solver") is cfg.trainer and cfg.trainer_for("verifier") is cfg.trainer
+    assert ExperimentConfig().trainer_for("default") == TrainerConfig()
+
+
+def test_a_policys_overrides_are_deep_merged_over_the_shared_section() -> None:
+    cfg = validate(ExperimentConfig, {**TWO, "trainer": {
+        "optimizer": {"lr": 1e-4, "weight_decay": 0.1}, "loss": {"eps_high": 0.28},
+        "max_steps": 50}, "trainers": {"verifier": {
+            "optimizer": {"lr": 1e-5}, "loss": {"kl": "k3", "kl_coef": 0.01}}}})
+    solver, verifier = cfg.trainer_for("solver"), cfg.trainer_for("verifier")
+    assert solver is cfg.trainer
+    assert verifier.optimizer.lr == 1e-5 and solver.optimizer.lr == 1e-4
+    # siblings of an overridden key keep the shared values; untouched sections too
+    assert verifier.optimizer.weight_decay == 0.1 and verifier.loss.eps_high == 0.28
+    assert verifier.max_steps == 50 and (verifier.loss.kl, verifier.loss.kl_coef) == ("k3", 0.01)
+    assert (solver.loss.kl, cfg.trainer.optimizer.lr) == ("none", 1e-4)  # the base untouched
+    # the merge follows later changes of the shared section (tests and tools set it in code)
+    cfg.trainer.max_steps = 7
+    assert cfg.trainer_for("verifier").max_steps == 7
+
+
+def test_trainers_overrides_come_through_set() -> None:
+    from astraflow.config import load_experiment
+
+    cfg = load_experiment(None, ["policies=[solver, verifier]",
+                                 "trainers.verifier.optimizer.lr=2e-5"])
+    assert cfg.trainer_for("verifier").optimizer.lr == 2e-5
+    assert cfg.trainer_for("solver").optimizer.lr == TrainerConfig().optimizer.lr
+
+
+def test_bad_per_policy_sections_are_reported_together_with_their_paths() -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(ExperimentConfig, {**TWO, "seed": "x", "trainers": {
+            "verifier": {"mode": "ppo", "optimizer": {"lr": -1, "lrr": 1}},
+            "solvr": {"optimizer": {"lr": 1e-5}}}})
+    text = str(err.value)
+    lines = text.splitlines()
+    for key in ("config: seed:", "config: trainers.verifier.mode:",
+                "config: trainers.verifier.optimizer.lr:",
+                "config: trainers.verifier.optimizer.lrr: unknown key",
+                "config: trainers.solvr: unknown policy 'solvr'"):
+        assert any(line.strip().startswith(f"- {key}") for line in lines), (key, text)
+    assert "valid keys here: betas, eps, lr" in text  # the unknown key's valid siblings
+    assert "valid (policies): solver, verifier" in text
+
+
+def test_a_merge_that_breaks_a_cross_field_rule_is_refused_at_its_policy() -> None:
+    # valid alone, invalid once merged: the shared kl_coef meets the policy's kl: none
+    with pytest.raises(ConfigError, match=r"trainers\.verifier: .*kl_coef=0\.1 with "
+                                          r"loss\.kl=none"):
+        validate(ExperimentConfig, {**TWO, "trainer": {"loss": {"kl": "k3", "kl_coef": 0.1}},
+                                    "trainers": {"verifier": {"loss": {"kl": "none"}}}})
+
+
+def test_models_naming_no_policy_are_refused_with_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"models\.verifer: unknown policy 'verifer'"):
+        validate(ExperimentConfig, {**TWO, "models": {"verifer": {}}})
+
+
+def test_build_trainer_gets_its_policys_section(experiment: Any, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import astraflow.consumers.trainer.build as trainer_build
+
+    seen: dict[str, TrainerConfig] = {}
+
+    def fake_build(section: TrainerConfig, model: Any, *, policy: str, **kw: Any) -> str:
+        seen[policy] = section
+        return policy
+
+    monkeypatch.setattr(trainer_build, "build_trainer", fake_build)
+    cfg = experiment(policies=["default", "verifier"],
+                     trainers={"verifier": {"optimizer": {"lr": 1e-6}}})
+    for policy in cfg.policies:
+        assert build_trainer(cfg, policy, tmp_path, bus=None) == policy  # type: ignore[arg-type]
+    assert seen["default"] is cfg.trainer
+    assert seen["verifier"].optimizer.lr == 1e-6
+    assert seen["verifier"].session_timeout_s == cfg.trainer.session_timeout_s == 1.0

@@ -291,6 +291,9 @@ class RolloutWorker:
 
     def _records(self, task: Task, index: int, out: EpisodeOutcome) -> list[Trajectory]:
         group = task.resolved_group_id()
+        # one snapshot for the episode's records: every policy's trajectories of one episode
+        # say they were produced under the same vector
+        vector = {policy: engine.version for policy, engine in self.runtime.engines.items()}
         seen: dict[str, int] = {}
         records = []
         for d in out.drafts:
@@ -307,7 +310,7 @@ class RolloutWorker:
                 versions=pack_i32(d.versions), prompt_len=d.prompt_len, spans=d.spans,
                 reward=d.reward, rewards=d.rewards, finish_reason=d.finish_reason,  # type: ignore[arg-type]
                 error=None if d.error is None else d.error[:MAX_ERROR_CHARS],
-                worker_id=self.worker_id,
+                worker_id=self.worker_id, version_vector=vector,
                 timings={**out.ctx.timings, "total": out.seconds}))
         return records
 

@@ -16,12 +16,16 @@ imports nothing heavy; the trainer builds torch objects from it in
         kl: k3                      # none | k1 | k3, against the frozen initial model
         kl_coef: 0.001
       checkpoint_every: 50
+
+Several policies share this section; ``trainers.<policy>`` in the experiment config lays a
+partial section over it for one policy (:func:`with_overrides`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pydantic
 
@@ -172,3 +176,23 @@ class TrainerConfig(Section):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``override`` laid over ``base``: mappings merge key by key, any other value replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        below = out.get(key)
+        if isinstance(value, Mapping) and isinstance(below, Mapping):
+            out[key] = deep_merge(below, value)
+        else:
+            out[key] = value
+    return out
+
+
+def with_overrides(base: TrainerConfig, override: Mapping[str, Any]) -> TrainerConfig:
+    """The trainer section of one policy: ``override`` (a partial ``trainer`` section, e.g.
+    ``{"optimizer": {"lr": 1e-5}}``) deep-merged over ``base`` and validated as a whole
+    section, so a merge that breaks a cross-field rule is refused like a bad ``trainer``.
+    Raises :class:`pydantic.ValidationError` with locations inside the section."""
+    return TrainerConfig.model_validate(deep_merge(base.model_dump(), override))
