@@ -143,6 +143,32 @@ class ExperimentConfig(Section):
         """The model section of ``policy`` (the defaults when ``models`` does not name it)."""
         return self.models.get(policy) or ModelConfig()
 
+    def team(self) -> dict[str, str]:
+        """Role -> policy of the run's multi-policy workflow (the one tasks use:
+        ``producer.workflow``, else ``rollout.workflow.default``): each role of its reward
+        contract, mapped by the workflow's ``policies`` kwarg, else the role's own name.
+        Empty for a single-policy workflow (``single_turn``, ...)."""
+        workflow = self.team_workflow()
+        if workflow is None:
+            return {}
+        from astraflow.consumers.rollout.workflows.contracts import CONTRACTS
+
+        mapped = self.rollout.workflow.kwargs.get(workflow, {}).get("policies") or {}
+        return {role: str(mapped.get(role, role)) for role in CONTRACTS[workflow].roles}
+
+    def team_workflow(self) -> str | None:
+        """The name of the run's multi-policy workflow (one with a registered reward
+        contract), or None."""
+        from astraflow.consumers.rollout.workflows.contracts import CONTRACTS
+
+        name = (self.producer.workflow if self.producer.workflow != "single_turn"
+                else self.rollout.workflow.default)
+        return name if name in CONTRACTS else None
+
+    def role_of(self, policy: str) -> str | None:
+        """The team role ``policy`` plays (the first, if it plays several), or None."""
+        return next((r for r, p in self.team().items() if p == policy), None)
+
     def trainer_for(self, policy: str) -> TrainerConfig:
         """The effective trainer section of ``policy``: ``trainers.<policy>`` laid over
         ``trainer`` (``trainer`` itself when ``trainers`` does not name the policy)."""
@@ -196,6 +222,39 @@ class ExperimentConfig(Section):
                            for err in e.errors()]
         _refuse(errors)
         return trainers
+
+    @pydantic.model_validator(mode="after")
+    def _team_policies(self) -> ExperimentConfig:
+        """Every role of the run's multi-policy workflow is played by a policy of ``policies``
+        (refused at load time, at the key that names it, rather than by every rollout worker
+        at its first task); a ``policies`` mapping naming no role is refused too."""
+        workflow = self.team_workflow()
+        if workflow is None:
+            return self
+        from astraflow.consumers.rollout.workflows.contracts import CONTRACTS
+
+        roles = CONTRACTS[workflow].roles
+        where = ("rollout", "workflow", "kwargs", workflow, "policies")
+        mapped = self.rollout.workflow.kwargs.get(workflow, {}).get("policies") or {}
+        if not isinstance(mapped, dict):
+            _refuse([InitErrorDetails(type=_error("bad_mapping", "a mapping role -> policy"),
+                                      loc=where, input=mapped)])
+        errors = [InitErrorDetails(
+            type=_error("unknown_role", f"workflow {workflow!r} has no role {role!r}; roles: "
+                                        f"{', '.join(roles)}"), loc=(*where, role), input=role)
+            for role in mapped if role not in roles]
+        for role, policy in self.team().items():
+            if policy in self.policies:
+                continue
+            loc = (*where, role) if role in mapped else ("policies",)
+            errors.append(InitErrorDetails(type=_error(
+                "role_without_policy",
+                f"workflow {workflow!r} role {role!r} is played by policy {policy!r}, which is "
+                f"not in policies ({', '.join(self.policies)}): add it to policies, or map "
+                f"the role with rollout.workflow.kwargs.{workflow}.policies.{role}"),
+                loc=loc, input=policy))
+        _refuse(errors)
+        return self
 
     @pydantic.model_validator(mode="after")
     def _one_group_size(self) -> ExperimentConfig:

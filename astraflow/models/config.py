@@ -21,9 +21,10 @@ class ModelConfig(Section):
 
     path: str = pydantic.Field("{out}/models/{policy}",
                                description="HF model directory ({out}: run dir, {policy})")
-    build: Literal["none", "tiny-arith", "tiny-ascii"] = pydantic.Field(
+    build: Literal["none", "tiny-arith", "tiny-team", "tiny-ascii"] = pydantic.Field(
         "none", description="build a tiny model at `path` when it does not exist "
-                            "(quickstart and tests; no downloads)")
+                            "(quickstart and tests; no downloads); tiny-team: "
+                            "arith plus '?yesno' for a verifier's verdict")
     seed: int = 0
 
 

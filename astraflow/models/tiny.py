@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
 ALPHABETS = {
     "arith": "0123456789+-*=",
+    # arith plus what a verifier needs to judge a claim "12+34=46?" with "yes" or "no"
+    "team": "0123456789+-*=?yesno",
     # printable ASCII and newline: enough for tool calls and JSON in multi-turn tests
     "ascii": "".join(chr(c) for c in range(32, 127)) + "\n",
 }

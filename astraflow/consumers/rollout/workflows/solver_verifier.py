@@ -7,7 +7,8 @@ The episode (roles ``solver`` and ``verifier``, each a policy; see ``policies``)
 2. the verifier gets ``verifier_prompt`` (``{problem}``: the task's prompt text, ``{answer}``:
    the solver's answer) and writes its judgement, ending with a verdict line (below);
 3. on a reject (and ``retry``), the solver's conversation gets ``retry_prompt`` as a user turn
-   (``{verdict}``: the verifier's whole text) and the solver answers again, in the same
+   (``{verdict}``: the verifier's whole text, ``{problem}``: the task's prompt text) and the
+   solver answers again, in the same
    conversation: its trajectory holds both answers, the verdict between them masked 0;
 4. the final answer (the retry's, else the first) is scored by the configured reward.
 
@@ -106,7 +107,8 @@ async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True
     retried = verdict is False and retry
     if retried:
         ctx.count("verifier_retries")
-        solver.add(ChatMessage(role="user", content=retry_prompt.format(verdict=judgement.text)))
+        solver.add(ChatMessage(role="user", content=retry_prompt.format(
+            verdict=judgement.text, problem=problem_text(task))))
         second = await solver.generate(**sampling_for("solver", sampling, role_sampling))
         final = (await ctx.reward(second.text)).value
 
