@@ -19,6 +19,15 @@ words (``yes``, ``No.``, ``**approve**``) counts; a last word alone does not (``
 correct`` must not approve). Anything else is *unclear*: the solver is not asked to retry, the verifier's
 ``verdict_correct`` reward is 0, and the episode counts ``verdict_unclear``.
 
+**The verifier's latency.** ``verifier_latency`` (a spec of
+:mod:`astraflow.consumers.rollout.latency`, e.g. ``{type: lognormal, p50: 0.05, p99: 2.0}``,
+a number of seconds, or None) adds a delay after the verifier's turn, standing in for a slow
+checker: the episode ``asyncio.sleep``-s (other episodes keep decoding), draws from a
+``random.Random`` seeded by the task id and sample index (so the same episode waits the same
+in the pipeline and in ``bench/multimodel.py``'s lockstep baseline), records the seconds in the
+episode's timings (``verifier_latency``, on both trajectories) and counts
+``verifier_latency_waits`` and ``verifier_latency_s``.
+
 Trajectories: one for the solver (both its turns), one for the verifier; their rewards come
 from the workflow's reward contract (default: solver ``final``, verifier ``verdict_correct``;
 override with ``rewards``). Components: ``first_answer`` (reward before any retry),
@@ -27,11 +36,13 @@ override with ``rewards``). Components: ``first_answer`` (reward before any retr
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from astraflow.consumers.rollout.context import Draft, EpisodeContext
+from astraflow.consumers.rollout.latency import Latency, parse_latency, wait
 from astraflow.consumers.rollout.workflows.base import WORKFLOWS
 from astraflow.consumers.rollout.workflows.contracts import (
     CHECK,
@@ -85,10 +96,14 @@ async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True
                           policies: Mapping[str, str] | None = None,
                           rewards: Mapping[str, Any] | None = None,
                           role_sampling: Mapping[str, Mapping[str, Any]] | None = None,
+                          verifier_latency: Latency | Mapping[str, Any] | float | None = None,
                           **sampling: Any) -> list[Draft]:
     """See the module docstring. ``policies``: role -> policy (default: the role's name);
     ``rewards``: role -> contract clause overrides; ``role_sampling``: role -> sampling
-    overrides; other keyword arguments are sampling overrides for both roles."""
+    overrides; ``verifier_latency``: a delay after the verifier's turn; other keyword
+    arguments are sampling overrides for both roles."""
+    latency = parse_latency(verifier_latency,
+                            where=f"rollout.workflow.kwargs.{NAME}.verifier_latency")
     contract = resolve_contract(NAME, rewards)
     CHECK.declare(contract)
     pol = role_policies(ctx, NAME, ROLES, policies)
@@ -98,6 +113,11 @@ async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True
     verifier = ctx.conversation([ChatMessage(role="user", content=verifier_prompt.format(
         problem=problem_text(task), answer=first.text))], policy=pol["verifier"])
     judgement = await verifier.generate(**sampling_for("verifier", sampling, role_sampling))
+    if latency is not None:
+        waited = await wait(latency, random.Random(f"{task.id}/{ctx.sample_index}"))
+        ctx.timings["verifier_latency"] = ctx.timings.get("verifier_latency", 0.0) + waited
+        ctx.count("verifier_latency_waits")
+        ctx.count("verifier_latency_s", waited)
     verdict = parse_verdict(judgement.text)
     if verdict is None:
         ctx.count("verdict_unclear")

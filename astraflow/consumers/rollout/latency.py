@@ -1,0 +1,265 @@
+"""Latency distributions: extra seconds a workflow waits at some point of an episode, standing
+in for a slow checker, a long analysis or a tool call (the long tail that stalls a lockstep
+trainer). A spec is a small typed mapping chosen by its ``type``:
+
+=============  ==================================  ====================================
+``type``       keys                                 draws
+=============  ==================================  ====================================
+``fixed``      ``seconds``                          always ``seconds``
+``uniform``    ``low``, ``high``                    uniform in [low, high]
+``lognormal``  ``p50``, ``p99``                     lognormal with that median and 99th
+                                                    percentile: ``mu = ln p50``,
+                                                    ``sigma = (ln p99 - ln p50) / z(0.99)``
+``trace``      ``path``, ``order`` (cycle|sample)   recorded seconds from a file (one number
+                                                    a line, ``#`` comments, or a JSON list),
+                                                    replayed in order (cycled) or sampled
+=============  ==================================  ====================================
+
+A bare number means ``fixed``. Use :func:`parse_latency` on whatever the configuration holds
+(None, a number, a mapping, a spec) and :func:`wait` inside the workflow: it samples with the
+caller's ``random.Random`` and ``asyncio.sleep``-s, so other episodes keep decoding meanwhile.
+
+    >>> spec = parse_latency({"type": "lognormal", "p50": 0.05, "p99": 2.0}, where="x")
+    >>> seconds = await wait(spec, random.Random(f"{task.id}/{sample_index}"))
+
+Nothing here knows about workflows: a tool (issue 14) or a reward can take a spec too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+from statistics import NormalDist
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+
+import pydantic
+
+from astraflow.core.config import Section
+from astraflow.core.errors import ConfigError
+
+Z99 = NormalDist().inv_cdf(0.99)  # 2.3263...: p99 of a lognormal is exp(mu + Z99 * sigma)
+
+
+@runtime_checkable
+class Latency(Protocol):
+    """A distribution of non-negative seconds."""
+
+    def sample(self, rng: random.Random) -> float:
+        """One draw, in seconds (>= 0)."""
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile (0 < q < 1), in seconds: analytic where there is a formula."""
+
+
+class FixedLatency(Section):
+    """Always the same delay."""
+
+    type: Literal["fixed"]
+    seconds: float = pydantic.Field(ge=0, allow_inf_nan=False, description="the delay")
+
+    def sample(self, rng: random.Random) -> float:
+        return self.seconds
+
+    def quantile(self, q: float) -> float:
+        return self.seconds
+
+
+class UniformLatency(Section):
+    """Uniform between ``low`` and ``high`` seconds."""
+
+    type: Literal["uniform"]
+    low: float = pydantic.Field(ge=0, allow_inf_nan=False)
+    high: float = pydantic.Field(ge=0, allow_inf_nan=False)
+
+    @pydantic.field_validator("high")
+    @classmethod
+    def _ordered(cls, high: float, info: pydantic.ValidationInfo) -> float:
+        low = info.data.get("low")
+        if low is not None and high < low:
+            raise ValueError(f"must be >= low ({low:g})")
+        return high
+
+    def sample(self, rng: random.Random) -> float:
+        return rng.uniform(self.low, self.high)
+
+    def quantile(self, q: float) -> float:
+        return self.low + _q(q) * (self.high - self.low)
+
+
+class LognormalLatency(Section):
+    """Lognormal given by its median ``p50`` and 99th percentile ``p99`` (the long tail)."""
+
+    type: Literal["lognormal"]
+    p50: float = pydantic.Field(gt=0, allow_inf_nan=False, description="median seconds")
+    p99: float = pydantic.Field(gt=0, allow_inf_nan=False, description="99th percentile")
+
+    @pydantic.field_validator("p99")
+    @classmethod
+    def _ordered(cls, p99: float, info: pydantic.ValidationInfo) -> float:
+        p50 = info.data.get("p50")
+        if p50 is not None and p99 <= p50:
+            raise ValueError(f"must be > p50 ({p50:g}); for a constant delay use type: fixed")
+        return p99
+
+    @property
+    def mu(self) -> float:
+        return math.log(self.p50)
+
+    @property
+    def sigma(self) -> float:
+        return (math.log(self.p99) - math.log(self.p50)) / Z99
+
+    def sample(self, rng: random.Random) -> float:
+        return rng.lognormvariate(self.mu, self.sigma)
+
+    def quantile(self, q: float) -> float:
+        return math.exp(self.mu + self.sigma * NormalDist().inv_cdf(_q(q)))
+
+
+class TraceLatency(Section):
+    """Recorded delays replayed from a file: ``cycle`` walks them in order (wrapping around,
+    one position shared by every caller of this spec), ``sample`` draws one at random."""
+
+    type: Literal["trace"]
+    path: str = pydantic.Field(description="one number (seconds) a line, or a JSON list")
+    order: Literal["cycle", "sample"] = "sample"
+    _values: list[float] = pydantic.PrivateAttr(default_factory=list)
+    _next: int = pydantic.PrivateAttr(0)
+
+    @pydantic.model_validator(mode="after")
+    def _load(self) -> TraceLatency:
+        self._values = read_trace(Path(self.path))
+        return self
+
+    @property
+    def values(self) -> list[float]:
+        return list(self._values)
+
+    def sample(self, rng: random.Random) -> float:
+        if self.order == "sample":
+            return rng.choice(self._values)
+        value = self._values[self._next % len(self._values)]
+        self._next += 1
+        return value
+
+    def quantile(self, q: float) -> float:
+        ordered = sorted(self._values)
+        return ordered[min(len(ordered) - 1, int(_q(q) * len(ordered)))]
+
+
+LatencySpec = Annotated[FixedLatency | UniformLatency | LognormalLatency | TraceLatency,
+                        pydantic.Field(discriminator="type")]
+TYPES: dict[str, type[Section]] = {"fixed": FixedLatency, "uniform": UniformLatency,
+                                   "lognormal": LognormalLatency, "trace": TraceLatency}
+_ADAPTER: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(LatencySpec)
+_CACHE: OrderedDict[str, Latency] = OrderedDict()
+_CACHE_SIZE = 64
+
+
+def _q(q: float) -> float:
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"quantile {q!r} must be in (0, 1)")
+    return q
+
+
+def read_trace(path: Path) -> list[float]:
+    """The seconds recorded in ``path``: a JSON list, or one number a line (blank lines and
+    ``#`` comments skipped). Raises ValueError naming the file and line of a bad value."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(f"cannot read trace file {str(path)!r}: {e.strerror or e}") from None
+    if text.lstrip().startswith("["):
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"trace file {str(path)!r} is not a valid JSON list: {e}") from None
+        items = [(f"item {i}", v) for i, v in enumerate(raw)]
+    else:
+        items = [(f"line {n}", line.split("#", 1)[0].strip())
+                 for n, line in enumerate(text.splitlines(), 1)]
+        items = [(where, v) for where, v in items if v]
+    values = []
+    for where, v in items:
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            x = math.nan
+        if isinstance(v, bool) or not math.isfinite(x) or x < 0:
+            raise ValueError(f"trace file {str(path)!r} {where}: {v!r} is not a finite "
+                             "number of seconds >= 0")
+        values.append(x)
+    if not values:
+        raise ValueError(f"trace file {str(path)!r} holds no values")
+    return values
+
+
+def parse_latency(value: Latency | Mapping[str, Any] | float | None, *,
+                  where: str = "latency") -> Latency | None:
+    """A latency spec from configuration: None (no latency), a number (fixed seconds), a
+    mapping with ``type`` (see the module docstring) or a spec already. Raises ConfigError
+    naming ``where`` and the bad key, with every problem at once. Mappings are parsed once and
+    cached, so a spec given as a workflow kwarg is not re-read (trace files) per episode and a
+    ``cycle`` trace keeps its position."""
+    if value is None or isinstance(value, Latency):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float, Mapping)):
+        raise ConfigError(f"{where}: expected a mapping with 'type' ({', '.join(TYPES)}), a "
+                          f"number of seconds or null; got {type(value).__name__} {value!r}")
+    if isinstance(value, (int, float)):
+        value = {"type": "fixed", "seconds": value}
+    try:
+        key = json.dumps(dict(value), sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        key = None
+    if key is not None and key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    spec = _validate(dict(value), where)
+    if key is not None:
+        _CACHE[key] = spec
+        if len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return spec
+
+
+def _validate(data: dict[str, Any], where: str) -> Latency:
+    kind = data.get("type")
+    if kind not in TYPES:
+        hint = " (the key is 'type', not 'dist')" if "dist" in data and kind is None else ""
+        got = "missing" if kind is None else f"unknown type {kind!r}"
+        raise ConfigError(f"{where}.type: {got}{hint}; valid: {', '.join(TYPES)}")
+    try:
+        spec: Latency = _ADAPTER.validate_python(data)
+    except pydantic.ValidationError as e:
+        problems = []
+        for err in e.errors():
+            loc = ".".join(str(p) for p in err["loc"][1:])  # [0] is the type tag
+            path = f"{where}.{loc}" if loc else where
+            if err["type"] == "extra_forbidden":
+                fields = sorted(TYPES[kind].model_fields)
+                problems.append(f"{path}: unknown key for type {kind}; valid keys: "
+                                f"{', '.join(fields)}")
+                continue
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            got = (f" (got {err['input']!r})" if loc and "input" in err
+                   and err["type"] != "missing" else "")
+            problems.append(f"{path}: {msg}{got}")
+        raise ConfigError(problems) from None
+    return spec
+
+
+async def wait(latency: Latency | None, rng: random.Random) -> float:
+    """Sleep one draw of ``latency`` (without blocking the event loop) and return the
+    seconds drawn; 0.0 at once when ``latency`` is None."""
+    if latency is None:
+        return 0.0
+    seconds = latency.sample(rng)
+    if seconds > 0:
+        await asyncio.sleep(seconds)
+    return seconds
