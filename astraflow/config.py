@@ -43,6 +43,26 @@ class BusConfig(Section):
                     "({out}: the run directory, so one host only); null: such records fail")
 
 
+class PolicyWarmupConfig(Section):
+    """One policy's own warm-up settings, laid over ``launch.warmup``'s (null: the shared
+    value). A verifier measured by balanced judgement accuracy needs another band than a
+    solver measured by answer accuracy."""
+
+    target_accuracy: tuple[float, float] | None = pydantic.Field(
+        None, description="[low, high] for this policy (its held-out measure: answer "
+                          "accuracy, or for a verifier balanced judgement accuracy)")
+    lr: float | None = pydantic.Field(None, gt=0, description="SFT learning rate")
+    steps: int | None = pydantic.Field(None, ge=0, description="SFT steps (the cap with a band)")
+
+    @pydantic.field_validator("target_accuracy")
+    @classmethod
+    def _band(cls, band: tuple[float, float] | None) -> tuple[float, float] | None:
+        if band is not None and not 0.0 <= band[0] < band[1] <= 1.0:
+            raise ValueError(f"target_accuracy {list(band)} must be [low, high] with "
+                             "0 <= low < high <= 1")
+        return band
+
+
 class WarmupConfig(Section):
     """An SFT warm-up before RL: demonstrations (the producer's train split with its reference
     answers) go through the bus to the trainer in ``sft`` mode; RL starts from the result:
@@ -66,6 +86,22 @@ class WarmupConfig(Section):
         "error", description="with target_accuracy, when no check was inside the band by "
                              "`steps`: error (the run fails, RL does not start) or closest "
                              "(RL starts from the check nearest the band, with a warning)")
+    policies: dict[str, PolicyWarmupConfig] = pydantic.Field(
+        default_factory=dict, description="per policy: its own target_accuracy, lr, steps "
+                                          "(e.g. verifier: {target_accuracy: [0.6, 0.75]})")
+
+    def band(self, policy: str) -> tuple[float, float] | None:
+        """The target band of ``policy`` (its own, else the shared one)."""
+        own = self.policies.get(policy)
+        return own.target_accuracy if own and own.target_accuracy else self.target_accuracy
+
+    def lr_of(self, policy: str) -> float:
+        own = self.policies.get(policy)
+        return own.lr if own and own.lr is not None else self.lr
+
+    def steps_of(self, policy: str) -> int:
+        own = self.policies.get(policy)
+        return own.steps if own and own.steps is not None else self.steps
 
     @pydantic.model_validator(mode="after")
     def _band(self) -> WarmupConfig:
@@ -189,6 +225,14 @@ class ExperimentConfig(Section):
         silently ignored and the policy given the defaults)."""
         _refuse(_unknown(models, info.data.get("policies")))
         return models
+
+    @pydantic.field_validator("launch")
+    @classmethod
+    def _known_warmup_policies(cls, launch: LaunchConfig,
+                               info: pydantic.ValidationInfo) -> LaunchConfig:
+        _refuse(_unknown(launch.warmup.policies, info.data.get("policies"),
+                         ("warmup", "policies")))
+        return launch
 
     @pydantic.field_validator("data")
     @classmethod

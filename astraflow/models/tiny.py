@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
 ALPHABETS = {
     "arith": "0123456789+-*=",
-    # arith plus what a verifier needs to judge a claim "12+34=46?" with "yes" or "no"
-    "team": "0123456789+-*=?yesno",
+    # arith plus what a verifier needs to judge a claim "12+34=47?": its own sum, a newline,
+    # then "yes" or "no" ("46\nno")
+    "team": "0123456789+-*=?yesno\n",
     # printable ASCII and newline: enough for tool calls and JSON in multi-turn tests
     "ascii": "".join(chr(c) for c in range(32, 127)) + "\n",
 }
@@ -85,6 +86,26 @@ def save(model: Any, tokenizer: Any, path: str | Path) -> Path:
     return out
 
 
+def _plain_tokenizer(path: Path) -> bool:
+    """A directory whose tokenizer is a plain ``tokenizers`` one (what :func:`save` writes)."""
+    import json
+
+    try:
+        cfg = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return cfg.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer :func:`save` wrote, exactly as saved. ``AutoTokenizer`` would pick the
+    model type's class (Qwen2's) and lay its normalizer and byte-level pre-tokenizer over the
+    saved one: spaces and newlines would then encode to nothing in a character vocabulary."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(Path(path))
+
+
 def load(path: str | Path, *, device: str = "cpu", dtype: Any = None) -> tuple[Any, Any]:
     """Load a model directory saved by :func:`save` (or any local HF causal-LM directory)."""
     import torch
@@ -95,6 +116,6 @@ def load(path: str | Path, *, device: str = "cpu", dtype: Any = None) -> tuple[A
     if not (p / "config.json").exists():
         raise ConfigError(f"model directory {p} has no config.json; build one with "
                           "astraflow.models.tiny.save() or give a Hugging Face model directory")
-    tok = AutoTokenizer.from_pretrained(p)
+    tok = load_tokenizer(p) if _plain_tokenizer(p) else AutoTokenizer.from_pretrained(p)
     model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or torch.float32).to(device)
     return model, tok

@@ -39,9 +39,13 @@ def wrong_answer(right: str, rng: random.Random) -> str:
 
 
 def claim_specs(specs: Iterable[TaskSpec], *, prompt: str = DEFAULT_PROMPT, seed: int = 0,
-                approve: str = "yes", reject: str = "no") -> Iterator[TaskSpec]:
+                approve: str = "yes", reject: str = "no",
+                show_work: bool = True) -> Iterator[TaskSpec]:
     """Two claims per problem (its right answer, then a wrong one), each a TaskSpec whose
-    reference ``answer`` is the verdict to give."""
+    reference ``answer`` is the text to give: with ``show_work`` the verifier's own answer,
+    a newline, then the verdict ("46\nno"), else the verdict alone. Showing the work is what
+    lets a tiny model judge: it cannot add in the one forward pass a bare verdict gets, but it
+    can write the sum digit by digit (as a solver does) and then compare."""
     rng = random.Random(seed)
     for spec in specs:
         problem = "\n".join(m.content for m in spec.prompt if m.role != "system")
@@ -51,6 +55,7 @@ def claim_specs(specs: Iterable[TaskSpec], *, prompt: str = DEFAULT_PROMPT, seed
                 id=f"{spec.id}?{answer}",
                 prompt=[ChatMessage(role="user",
                                     content=prompt.format(problem=problem, answer=answer))],
-                reference={"answer": approve if correct else reject,
+                reference={"answer": (f"{right}\n" if show_work else "")
+                           + (approve if correct else reject),
                            "correct": "1" if correct else "0", "claimed": answer},
                 metadata={**spec.metadata, "claim": "right" if correct else "wrong"})

@@ -58,38 +58,66 @@ def rl_roles(config: ExperimentConfig, cfg_path: Path, out: Path) -> list[RoleSp
 
 
 def warmup_config(config: ExperimentConfig) -> ExperimentConfig:
-    """The SFT phase's config: its own run (topics), the trainer in sft mode."""
+    """The SFT phase's config: its own run (topics), the trainer in sft mode; a policy's own
+    ``launch.warmup.policies.<policy>`` lr and steps become its ``trainers.<policy>`` (the RL
+    phase's ``trainers`` overrides do not apply to the warm-up)."""
     w = config.launch.warmup
     data = config.model_dump()
     data["run"] = f"{config.run}-warmup"
     t = data["trainer"]
     t.update(mode="sft", max_steps=w.steps, checkpoint_every=w.steps, grad_clip=w.grad_clip,
              checkpoint_dir="{out}/checkpoints/warmup-{policy}", publish_initial=False)
-    if w.target_accuracy is not None:
+    banded = any(w.band(p) is not None for p in config.policies)
+    if banded:
         # `astraflow run` measures each checkpoint while the trainer goes on; a few kept give
         # it time to pin one before the trainer prunes it (run/warmup.py)
         t.update(checkpoint_every=w.check_every, keep_checkpoints=max(4, t["keep_checkpoints"]))
     t["optimizer"]["lr"] = w.lr
     t["optimizer"]["warmup_steps"] = 0
+    data["trainers"] = {}
+    for p in config.policies:
+        own: dict[str, Any] = {}
+        if w.lr_of(p) != w.lr:
+            own["optimizer"] = {"lr": w.lr_of(p)}
+        if w.steps_of(p) != w.steps:
+            own["max_steps"] = w.steps_of(p)
+            if not banded:
+                own["checkpoint_every"] = max(1, w.steps_of(p))
+        if own:
+            data["trainers"][p] = own
     data["launch"].update(evaluate=False, stop_at_accuracy=None)
     return ExperimentConfig.model_validate(data)
 
 
 def produce_demonstrations(config: ExperimentConfig, warm: ExperimentConfig, policy: str,
                            out: Path, bus: Any) -> int:
-    """The warm-up's SFT batches: the producer's train split with reference answers."""
+    """The warm-up's SFT batches of ``policy``: the producer's train split with reference
+    answers; for the policy playing a team's ``verifier`` role, right and wrong claims about
+    that split (half each) with the verdict to give (:mod:`astraflow.producers.claims`)."""
     from astraflow.config import model_dir
     from astraflow.models.tiny import load
     from astraflow.producers.arithmetic import arithmetic
+    from astraflow.producers.claims import claim_specs
     from astraflow.producers.demos import demo_batches, produce_demos
 
     _, tok = load(model_dir(config, policy, out))
-    specs = (spec for spec, _ in arithmetic(config.producer.arithmetic.model_copy(
+    specs: Any = (spec for spec, _ in arithmetic(config.producer.arithmetic.model_copy(
         update={"split": "train", "count": None})))
+    if config.role_of(policy) == "verifier":
+        specs = claim_specs(specs, prompt=verifier_prompt(config), seed=config.seed)
     w = config.launch.warmup
     return produce_demos(bus, warm.run, policy,
                          demo_batches(tok, specs, policy=policy, batch_size=w.batch_size,
-                                      steps=w.steps))
+                                      steps=w.steps_of(policy)))
+
+
+def verifier_prompt(config: ExperimentConfig) -> str:
+    """The verifier's prompt template of the run's team workflow (its kwargs, else the
+    workflow's default)."""
+    from astraflow.consumers.rollout.workflows.solver_verifier import NAME, VERIFIER_PROMPT
+
+    kwargs = config.rollout.workflow.kwargs.get(config.team_workflow() or NAME, {})
+    return str(kwargs.get("verifier_prompt", VERIFIER_PROMPT))
 
 
 def newest_checkpoint(root: Path) -> Path | None:

@@ -135,7 +135,9 @@ class BandWatch:
 
 class HeldOutProbe:
     """Held-out greedy accuracy of weight files for one policy, in this process: the
-    evaluator's problems and reward, the policy's model architecture (fp32, CPU)."""
+    evaluator's problems and reward, the policy's model architecture (fp32, CPU). For the
+    policy playing a team's ``verifier`` role: balanced judgement accuracy on the held-out
+    problems' claims (right and wrong, half each; the mean of the two halves' accuracies)."""
 
     def __init__(self, config: ExperimentConfig, policy: str, out: Path) -> None:
         import torch
@@ -156,6 +158,15 @@ class HeldOutProbe:
         self.model.eval()
         self.reward = build_reward(config.rollout.reward)
         self.max_new_tokens = config.rollout.engine.max_new_tokens
+        self.claims: tuple[list[Any], list[Any]] | None = None
+        if config.role_of(policy) == "verifier":
+            from astraflow.producers.claims import claim_specs
+            from astraflow.run.launch import verifier_prompt
+
+            claims = list(claim_specs(self.specs, prompt=verifier_prompt(config),
+                                      seed=config.seed))
+            self.claims = ([c for c in claims if c.reference["correct"] == "1"],
+                           [c for c in claims if c.reference["correct"] == "0"])
 
     def measure(self, weights: Path | None = None) -> float:
         """Accuracy of ``weights`` (a ``model.safetensors`` of the same architecture), or of
@@ -166,9 +177,19 @@ class HeldOutProbe:
 
         if weights is not None:
             self.model.load_state_dict(load_file(str(weights)), strict=True)
-        return greedy_accuracy(self.model, self.tokenizer, self.specs,
-                               lambda text, ref: float(self.reward(text, ref)),
-                               max_new_tokens=self.max_new_tokens)
+        if self.claims is None:
+            return greedy_accuracy(self.model, self.tokenizer, self.specs,
+                                   lambda text, ref: float(self.reward(text, ref)),
+                                   max_new_tokens=self.max_new_tokens)
+        from astraflow.consumers.rollout.workflows.solver_verifier import parse_verdict
+
+        def judged(text: str, ref: dict[str, Any]) -> float:
+            return float(parse_verdict(text) == (ref["correct"] == "1"))
+
+        right, wrong = (greedy_accuracy(self.model, self.tokenizer, half, judged,
+                                        max_new_tokens=self.max_new_tokens)
+                        for half in self.claims)
+        return (right + wrong) / 2
 
 
 class CheckpointWatch:
@@ -246,12 +267,14 @@ def run_warmup(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor,
     path = write_config(warm, out / "config-warmup.yaml")
     create_run_topics(warm, bus)
     w = config.launch.warmup
-    if w.target_accuracy is None:
+    if all(w.band(p) is None for p in config.policies):
         return _fixed(config, warm, path, out, bus, sup, console, started)
-    band = (float(w.target_accuracy[0]), float(w.target_accuracy[1]))
+    if any(w.band(p) is None for p in config.policies):
+        raise ConfigError("launch.warmup: give every policy a target_accuracy (shared or "
+                          "under launch.warmup.policies.<policy>) or none")
     with console.status("loading the held-out problems for the warm-up checks"):
-        runs = {p: PolicyWarmup(p, BandWatch(band), HeldOutProbe(config, p, out),
-                                CheckpointWatch(warm.trainer.checkpoint_root(out, p),
+        runs = {p: PolicyWarmup(p, BandWatch(_band(w.band(p))), HeldOutProbe(config, p, out),
+                                CheckpointWatch(warm.trainer_for(p).checkpoint_root(out, p),
                                                 out / "warmup" / p, w.check_every))
                 for p in config.policies}
     for r in runs.values():  # the model as built: already in the band needs no SFT
@@ -264,16 +287,21 @@ def run_warmup(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor,
             for p in todo:
                 produce_demonstrations(config, warm, p, out, bus)
         sup.start([_trainer_role(config, path, out, p) for p in todo])
-        _follow(config, runs, sup, console, band)
+        _follow(config, runs, sup, console)
         sup.stop([f"warmup-{p}" for p in todo])
     for r in runs.values():
         if r.outcome is None:  # its trainer failed
             r.outcome = "failed"
-    result = _record(config, runs, out, started, band)
+    result = _record(config, runs, out, started, w.target_accuracy)
     if sup.failed:
         console.print(f"[red]warm-up failed: {', '.join(sup.failed)}[/]")
         return None
     return _start_from(config, runs, out, console, result)
+
+
+def _band(band: tuple[float, float] | None) -> tuple[float, float]:
+    assert band is not None
+    return float(band[0]), float(band[1])
 
 
 def _trainer_role(config: ExperimentConfig, path: Path, out: Path, policy: str) -> RoleSpec:
@@ -293,14 +321,14 @@ def _measure(r: PolicyWarmup, step: int, weights: Path | None) -> Check:
 
 
 def _follow(config: ExperimentConfig, runs: dict[str, PolicyWarmup], sup: Supervisor,
-            console: Any, band: tuple[float, float]) -> None:
+            console: Any) -> None:
     """Measure every new checkpoint until each policy landed in the band or its trainer is
     done; stop a trainer as soon as its policy landed."""
     from rich.progress import Progress
 
     pending = {p: r for p, r in runs.items() if r.outcome is None}
     with Progress(console=console) as progress:
-        bars = {p: progress.add_task(_label(p, r, band), total=config.launch.warmup.steps)
+        bars = {p: progress.add_task(_label(p, r), total=config.launch.warmup.steps_of(p))
                 for p, r in pending.items()}
         while pending:
             sup.check()  # restarts a dead trainer by the launch rules
@@ -312,7 +340,7 @@ def _follow(config: ExperimentConfig, runs: dict[str, PolicyWarmup], sup: Superv
                 for step, pinned in r.checkpoints.new():
                     _measure(r, step, pinned / "model.safetensors")
                     _prune_pins(r)
-                    progress.update(bars[p], completed=step, description=_label(p, r, band))
+                    progress.update(bars[p], completed=step, description=_label(p, r))
                     if r.watch.landed is not None:
                         break
                 if r.watch.landed is not None:
@@ -328,7 +356,8 @@ def _follow(config: ExperimentConfig, runs: dict[str, PolicyWarmup], sup: Superv
                 time.sleep(0.2)
 
 
-def _label(policy: str, r: PolicyWarmup, band: tuple[float, float]) -> str:
+def _label(policy: str, r: PolicyWarmup) -> str:
+    band = r.watch.band
     last = r.watch.checks[-1] if r.watch.checks else None
     now = f"{last.accuracy:.3f} at step {last.step}" if last else "not measured yet"
     return f"SFT warm-up {policy}: held-out {now}, target [{band[0]:.2f}, {band[1]:.2f}]"
@@ -351,14 +380,15 @@ def _record(config: ExperimentConfig, runs: dict[str, PolicyWarmup], out: Path,
     w = config.launch.warmup
     ended = time.time()
     result: dict[str, Any] = {
-        "band": list(band) if band else None, "check_every": w.check_every if band else None,
+        "band": list(band) if band else None, "check_every": w.check_every,
         "cap": w.steps, "on_miss": w.on_miss, "lr": w.lr, "seconds": round(ended - started, 1),
         "policies": {}}
     lines = []
     for p, r in runs.items():
         chosen = r.chosen
         result["policies"][p] = {
-            "outcome": r.outcome, "step": chosen.step if chosen else None,
+            "band": list(r.watch.band), "outcome": r.outcome,
+            "step": chosen.step if chosen else None,
             "accuracy": chosen.accuracy if chosen else None, "stopped_at": r.stopped_at,
             "checks": [[c.step, c.accuracy] for c in r.watch.checks],
             "jumps": [[a.step, a.accuracy, b.step, b.accuracy] for a, b in r.watch.jumps],
@@ -378,7 +408,6 @@ def _start_from(config: ExperimentConfig, runs: dict[str, PolicyWarmup], out: Pa
                 console: Any, result: dict[str, Any]) -> ExperimentConfig | None:
     """The RL phase's config, each policy starting from its chosen check; None (and why)
     when a policy missed the band and ``on_miss`` is ``error``."""
-    band = result["band"]
     for p, r in runs.items():
         if r.checkpoints.missed:
             console.print(f"[yellow]warning: warm-up of {p}: {len(r.checkpoints.missed)} "
@@ -397,6 +426,7 @@ def _start_from(config: ExperimentConfig, runs: dict[str, PolicyWarmup], out: Pa
     for p, r in runs.items():
         chosen = r.chosen
         assert chosen is not None
+        band = r.watch.band
         if r.outcome == "closest":
             console.print(f"[yellow]warning: warm-up of {p} never reached [{band[0]}, "
                           f"{band[1]}]: {r.watch.describe_miss()}. RL starts from the nearest "
@@ -441,7 +471,7 @@ def _fixed(config: ExperimentConfig, warm: ExperimentConfig, path: Path, out: Pa
         return None
     data = config.model_dump()
     for p in config.policies:
-        ck = newest_checkpoint(warm.trainer.checkpoint_root(out, p))
+        ck = newest_checkpoint(warm.trainer_for(p).checkpoint_root(out, p))
         if ck is None:
             console.print(f"[red]warm-up of {p} left no checkpoint[/]")
             return None
@@ -449,7 +479,8 @@ def _fixed(config: ExperimentConfig, warm: ExperimentConfig, path: Path, out: Pa
         data.setdefault("models", {})[p] = {"path": str(dest), "build": "none"}
     result = {"band": None, "cap": steps, "lr": config.launch.warmup.lr,
               "seconds": round(time.time() - started, 1),
-              "policies": {p: {"outcome": "fixed", "step": steps} for p in config.policies}}
+              "policies": {p: {"outcome": "fixed", "step": config.launch.warmup.steps_of(p)}
+                           for p in config.policies}}
     (out / RESULT).write_text(json.dumps(result, indent=2))
     console.print(f"SFT warm-up done: {steps} steps; RL starts from {out / 'models'}")
     return ExperimentConfig.model_validate(data)

@@ -42,3 +42,19 @@ def test_model_generates_and_round_trips_through_disk(tmp_path: Path) -> None:
     assert torch.equal(out1, out2)
     with pytest.raises(ConfigError, match="config.json"):
         load(tmp_path / "nothing")
+
+
+def test_a_saved_tokenizer_loads_as_saved_spaces_and_newlines_included(tmp_path: Path) -> None:
+    # AutoTokenizer would pick Qwen2's class and its byte-level pre-tokenizer: " " and "\n"
+    # then encoded to nothing, so a verifier taught "46\nno" learned "46no"
+    from astraflow.models.prompt import encode
+    from astraflow.models.tiny import build_model, build_tokenizer, load, save
+
+    for alphabet, text in (("team", "46\nno"), ("ascii", "a b\nc")):
+        tok = build_tokenizer(alphabet)
+        save(build_model(tok, seed=0), tok, tmp_path / alphabet)
+        _, loaded = load(tmp_path / alphabet)
+        ids = encode(loaded, text, special=False)
+        assert ids == encode(tok, text, special=False)
+        assert len(ids) == len(text)
+        assert loaded.decode(ids) == text
