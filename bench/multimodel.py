@@ -1,0 +1,604 @@
+"""Two models trained together, pipeline vs a synchronous lockstep baseline, with and without a
+long-tail verifier latency (issue 13): time per iteration (one trainer step of each policy),
+accuracy per step and time to a target solver accuracy, in one invocation.
+
+    python bench/multimodel.py                                  # 4 arms, 150 s of RL each
+    python bench/multimodel.py --warm runs/solver-verifier      # reuse that run's warm models
+    python bench/multimodel.py --seconds 60 --only lockstep lockstep-tail
+    python bench/multimodel.py --set launch.warmup.steps=0      # RL from the models as built
+
+Arms (every arm starts RL from the same warm models):
+
+* ``pipeline`` / ``pipeline-tail``: ``astraflow run <config>`` as a subprocess (producer, gate,
+  rollout workers, assembler, staleness, a batcher + trainer + evaluator per policy), RL only,
+  ``launch.timeout_s`` = --seconds + --startup (its processes start inside that budget).
+* ``lockstep`` / ``lockstep-tail``: one process, what a colocated synchronous multi-agent
+  trainer does, repeated: run the step's episodes (``data.batch_size`` tasks of the producer's
+  stream, ``producer.n_samples`` each) with the real ``solver_verifier`` workflow on in-process
+  ``hf`` engines (all solver turns, all verifier turns, the verifier latency of every episode
+  awaited concurrently, the retries; the step waits for the last episode) → one ``rl_step`` of
+  each policy (the trainer's own step, its own trainers.<policy> settings) → copy both
+  policies' weights into the rollout engines (rounded to ``weights.dtype``, as the pipeline's
+  workers see them). The two engines run in their own threads, so a verifier batch may
+  overlap the solver's second batch: if anything this flatters the baseline.
+* ``-tail``: ``verifier_latency`` (default lognormal p50 0.05 s, p99 2 s) after every verifier
+  turn, seeded per episode (task id, sample index): both arms wait the same draws.
+
+Measured per arm: **s/iter**, the seconds per iteration (pipeline: from the first trainer's
+start to the time the slower policy reached its last common step, over that many steps;
+lockstep: its clock over its steps); the solver's held-out greedy accuracy curve (pipeline:
+its evaluator's lines in ``metrics.jsonl``; lockstep: every --every steps, evaluation off the
+clock) and **time to --target**; at the end of every arm, the bench itself measures the final
+models with one code path: solver accuracy (greedy, alone), the verifier's judgement accuracy
+(greedy verdicts on right and wrong claims about the held-out problems, balanced) and the
+team's **system accuracy** (the workflow run greedily: answer, verdict, retry). The ratios are
+lockstep s/iter over pipeline s/iter (> 1: the pipeline is faster).
+
+Results: ``<out>/multimodel.json`` and a markdown table. Timing noise on 2-core machines is
+large: compare within one invocation, and repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOW = "solver_verifier"
+TAIL = {"type": "lognormal", "p50": 0.05, "p99": 2.0}
+ARMS = ("pipeline", "lockstep", "pipeline-tail", "lockstep-tail")
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def warm_models(run_dir: Path) -> dict[str, Path]:
+    """The model directory of each policy RL started from in ``run_dir`` (its config-rl.yaml:
+    the warm-up's exports, or the models as built when there was no warm-up)."""
+    from astraflow.config import load_experiment, model_dir
+
+    path = run_dir / "config-rl.yaml"
+    if not path.exists():
+        raise SystemExit(f"{run_dir} has no config-rl.yaml: not a finished `astraflow run` "
+                         "directory (its warm-up never ended?)")
+    cfg = load_experiment(path)
+    return {p: model_dir(cfg, p, run_dir).resolve() for p in cfg.policies}
+
+
+def arm_config(base: Path, overrides: Sequence[str], warm: Mapping[str, Path], *,
+               seconds: float, latency: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``base`` with --set ``overrides``, RL only from the ``warm`` models,
+    ``launch.timeout_s`` = ``seconds``, the verifier's latency set (or removed)."""
+    from astraflow.core.config import apply_overrides
+
+    data = apply_overrides(read_yaml(base), overrides)
+    data["models"] = {p: {"path": str(path), "build": "none"} for p, path in warm.items()}
+    launch = data.setdefault("launch", {})
+    launch.update(timeout_s=seconds, stop_at_accuracy=None)
+    launch.setdefault("warmup", {})["steps"] = 0
+    kwargs = data.setdefault("rollout", {}).setdefault("workflow", {}).setdefault(
+        "kwargs", {}).setdefault(WORKFLOW, {})
+    kwargs.pop("verifier_latency", None)
+    if latency is not None:
+        kwargs["verifier_latency"] = dict(latency)
+    return data
+
+
+def write_yaml(data: Mapping[str, Any], path: Path) -> Path:
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(dict(data), sort_keys=False))
+    return path
+
+
+def astraflow_run(config: Path, out: Path, log: Path, sets: Sequence[str] = ()) -> int:
+    cmd = [sys.executable, "-m", "astraflow.cli.app", "run", str(config), "--out", str(out),
+           "--no-live", *[a for s in sets for a in ("--set", s)]]
+    print(f"  $ astraflow run {config} --out {out} {' '.join(f'--set {s}' for s in sets)}",
+          flush=True)
+    with open(log, "w") as fh:
+        return subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+
+
+def make_warm(config: Path, overrides: Sequence[str], out: Path) -> Path:
+    """Run the config's warm-up once (RL stopped after a second); its run directory."""
+    run_dir = out / "warmup"
+    data = read_yaml(config)
+    from astraflow.core.config import apply_overrides
+
+    data = apply_overrides(data, [*overrides, "launch.timeout_s=1", "launch.stop_at_accuracy=null"])
+    cfg = write_yaml(data, out / "warmup.yaml")
+    t0 = time.monotonic()
+    code = astraflow_run(cfg, run_dir, out / "warmup.log")
+    print(f"[warmup] exit {code} in {time.monotonic() - t0:.0f} s", flush=True)
+    if not (run_dir / "config-rl.yaml").exists():
+        raise SystemExit(f"the warm-up run left no config-rl.yaml; see {out / 'warmup.log'}")
+    return run_dir
+
+
+# -- evaluation: one code path for every arm's models ---------------------------------------
+
+def held_out_tasks(cfg: Any) -> list[Any]:
+    from astraflow.consumers.evaluator import held_out
+    from astraflow.core.records import Task
+
+    return [Task(id=s.id, dataset="arith", prompt=list(s.prompt), reference=s.reference,
+                 workflow=WORKFLOW, n_samples=1, group_id=f"eval/{s.id}")
+            for s in held_out(cfg.producer, cfg.launch.eval_problems)]
+
+
+def verifier_prompt(cfg: Any) -> str:
+    from astraflow.consumers.rollout.workflows.solver_verifier import VERIFIER_PROMPT
+
+    return str(cfg.rollout.workflow.kwargs.get(WORKFLOW, {}).get("verifier_prompt",
+                                                                 VERIFIER_PROMPT))
+
+
+def solver_accuracy(cfg: Any, model: Any, tok: Any) -> float:
+    """What the solver's evaluator measures: greedy answers to the held-out problems."""
+    from astraflow.consumers.evaluator import greedy_accuracy, held_out
+    from astraflow.consumers.rollout.rewards import build_reward
+
+    reward = build_reward(cfg.rollout.reward)
+    model.eval()
+    return greedy_accuracy(model, tok, held_out(cfg.producer, cfg.launch.eval_problems),
+                           lambda t, r: float(reward(t, r)),
+                           max_new_tokens=cfg.rollout.engine.max_new_tokens)
+
+
+def verifier_accuracy(cfg: Any, model: Any, tok: Any) -> float:
+    """Greedy verdicts on a right and a wrong claim about each held-out problem, accuracy
+    averaged over the two kinds (balanced)."""
+    from astraflow.consumers.evaluator import greedy_accuracy, held_out
+    from astraflow.consumers.rollout.workflows.solver_verifier import parse_verdict
+    from astraflow.producers.claims import claim_specs
+
+    claims = list(claim_specs(held_out(cfg.producer, cfg.launch.eval_problems),
+                              prompt=verifier_prompt(cfg), seed=cfg.seed))
+
+    def right(text: str, ref: dict[str, Any]) -> float:
+        return float(parse_verdict(text) is (ref["correct"] == "1"))
+
+    model.eval()
+    accs = [greedy_accuracy(model, tok, [c for c in claims if c.reference["correct"] == kind],
+                            right, max_new_tokens=cfg.rollout.engine.max_new_tokens)
+            for kind in ("1", "0")]
+    return sum(accs) / 2
+
+
+async def system_accuracy(cfg: Any, engines: Mapping[str, Any]) -> float:
+    """The team on the held-out problems, greedy: the solver answers, the verifier judges, a
+    reject earns a retry; the fraction whose final answer is right (no latency: off the clock
+    anyway)."""
+    from astraflow.consumers.rollout.runtime import Runtime, run_episode
+
+    kwargs = {k: v for k, v in cfg.rollout.workflow.kwargs.get(WORKFLOW, {}).items()
+              if k != "verifier_latency"}
+    rt = Runtime.create(engines, reward=cfg.rollout.reward.name,
+                        reward_kwargs=cfg.rollout.reward.kwargs,
+                        sampling={"max_new_tokens": cfg.rollout.engine.max_new_tokens},
+                        default_workflow=WORKFLOW,
+                        workflow_kwargs={WORKFLOW: {**kwargs, "temperature": 0.0}})
+    try:
+        outs = await asyncio.gather(*(run_episode(rt, t, 0) for t in held_out_tasks(cfg)))
+    finally:
+        await rt.close()
+    team = cfg.team() or {"solver": "solver"}
+    finals = [d.rewards.get("final_answer", 0.0) for o in outs for d in o.drafts
+              if d.policy == team["solver"]]
+    return sum(f > 0.5 for f in finals) / max(1, len(outs))
+
+
+def evaluate(cfg: Any, engines: Mapping[str, Any]) -> dict[str, float]:
+    """Solver, verifier and system accuracy of the models in ``engines`` (hf engines)."""
+    team = cfg.team()
+    s, v = engines[team["solver"]], engines[team["verifier"]]
+    return {"solver_accuracy": round(solver_accuracy(cfg, s.model, s.tokenizer), 4),
+            "verifier_accuracy": round(verifier_accuracy(cfg, v.model, v.tokenizer), 4),
+            "system_accuracy": round(asyncio.run(system_accuracy(cfg, engines)), 4)}
+
+
+def hf_engines(cfg: Any, models: Mapping[str, Path], *,
+               threads: int = os.cpu_count() or 1) -> dict[str, Any]:
+    """The rollout engines of the config (its ``rollout.engine`` settings) on ``models``."""
+    from astraflow.consumers.rollout.service import build_engines
+    from astraflow.models.config import ModelConfig
+
+    engines = build_engines(cfg.rollout, policies=cfg.policies,
+                            models={p: ModelConfig(path=str(m)) for p, m in models.items()})
+    import torch
+
+    torch.set_num_threads(threads)  # building an engine sets rollout.engine.threads
+    return engines
+
+
+# -- the lockstep baseline -------------------------------------------------------------------
+
+@dataclass
+class Lockstep:
+    """The synchronous multi-agent trainer: episodes of a step → one step of each policy →
+    weights into the engines; see the module docstring. ``step()`` is one iteration."""
+
+    cfg: Any
+    models: Mapping[str, Path]
+    threads: int = 2
+    engines: dict[str, Any] = field(default_factory=dict)
+    trainers: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+    steps: int = 0
+    #: the trajectories of the last step by policy (what its rl_step trained on)
+    trained: dict[str, list[Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from astraflow.consumers.rollout.runtime import Runtime
+        from astraflow.consumers.trainer.build import build_engine
+        from astraflow.producers.producer import tasks
+
+        cfg = self.cfg
+        self.engines = hf_engines(cfg, self.models, threads=self.threads)
+        self.trainers = {p: build_engine(cfg.trainer_for(p), self.models[p])
+                         for p in cfg.policies}
+        self.versions = dict.fromkeys(cfg.policies, 0)
+        rc = cfg.rollout
+        from astraflow.consumers.rollout.context import SAMPLING_KEYS
+
+        self.runtime = Runtime.create(
+            self.engines, reward=rc.reward.name, reward_kwargs=rc.reward.kwargs,
+            reward_timeout=rc.reward.timeout, tool_timeout=rc.tool_timeout,
+            sampling={k: getattr(rc.engine, k) for k in SAMPLING_KEYS},
+            default_workflow=rc.workflow.default, workflow_kwargs=rc.workflow.kwargs)
+        self.tasks: Iterator[Any] = tasks(cfg.producer)
+        self.batch = {p: cfg.data.batch_size_of(p) for p in cfg.policies}
+        self._loop = asyncio.new_event_loop()
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self.runtime.close())
+        self._loop.close()
+
+    def step(self) -> dict[str, float]:
+        """One iteration; its timings (s) and training rewards."""
+        from astraflow.consumers.trainer.rl import rl_step
+        from astraflow.core.records import Batch, Group
+
+        t0 = time.perf_counter()
+        n_tasks = max(self.batch.values())
+        todo = [next(self.tasks) for _ in range(n_tasks)]
+        outs = self._loop.run_until_complete(self._episodes(todo))
+        t1 = time.perf_counter()
+        groups: dict[str, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
+        for (task, index), out in outs:
+            for traj in self._trajectories(task, index, out):
+                groups[traj.policy][traj.group_id].append(traj)
+        row: dict[str, float] = {}
+        for p, trainer in self.trainers.items():
+            keep = [Group(group_id=g, task_id=ts[0].task_id, trajectories=ts)
+                    for g, ts in groups[p].items() if len(ts) >= 2][:self.batch[p]]
+            self.trained[p] = [t for g in keep for t in g.trajectories]
+            m = rl_step(trainer, Batch(id=f"{p}-{self.steps}", policy=p, seq=self.steps,
+                                       groups=keep), self.versions[p])
+            self.versions[p] += 1
+            row[f"{p}_reward"] = round(float(m.get("reward_mean", 0.0)), 4)
+        t2 = time.perf_counter()
+        for p in self.trainers:
+            self.sync(p)
+        t3 = time.perf_counter()
+        self.steps += 1
+        team = self.cfg.team()
+        solver = [d for _, o in outs for d in o.drafts if d.policy == team["solver"]]
+        waits = [o.ctx.timings.get("verifier_latency", 0.0) for _, o in outs]
+        row.update(step=self.steps, rollout_s=round(t1 - t0, 3), train_s=round(t2 - t1, 3),
+                   sync_s=round(t3 - t2, 3), step_s=round(t3 - t0, 3),
+                   latency_max_s=round(max(waits, default=0.0), 3),
+                   solver_first=round(sum(d.rewards.get("first_answer", 0.0) for d in solver)
+                                      / max(1, len(solver)), 4),
+                   failed=sum(o.error is not None for _, o in outs))
+        return row
+
+    async def _episodes(self, todo: Sequence[Any]) -> list[tuple[tuple[Any, int], Any]]:
+        from astraflow.consumers.rollout.runtime import run_episode
+
+        keys = [(t, i) for t in todo for i in range(t.n_samples)]
+        outs = await asyncio.gather(*(run_episode(self.runtime, t, i) for t, i in keys))
+        return list(zip(keys, outs, strict=True))
+
+    def _trajectories(self, task: Any, index: int, out: Any) -> list[Any]:
+        """The worker's trajectory records of one episode (failed ones left out, as the
+        assembler leaves them out)."""
+        from astraflow.core.records import Trajectory, pack_f32, pack_i32, pack_u8
+
+        group = task.resolved_group_id()
+        vector = {p: e.version for p, e in self.engines.items()}
+        roles = "agent" in Trajectory.__struct_fields__  # the role, where records carry it
+        return [Trajectory(
+            id=f"{group}/{d.policy}/{index}", task_id=task.id, group_id=group, policy=d.policy,
+            sample_index=index, group_size=task.n_samples, token_ids=pack_i32(d.token_ids),
+            loss_mask=pack_u8(d.loss_mask), logprobs=pack_f32(d.logprobs),
+            versions=pack_i32(d.versions), prompt_len=d.prompt_len, spans=d.spans,
+            reward=d.reward, rewards=d.rewards, finish_reason=d.finish_reason,
+            worker_id="lockstep", version_vector=vector,
+            **({"agent": getattr(d, "agent", "")} if roles else {}))
+            for d in out.drafts if d.error is None and d.finish_reason not in ("error", "timeout")]
+
+    def sync(self, policy: str) -> None:
+        """The trainer's weights into the policy's rollout engine, in the serving dtype."""
+        import torch
+
+        src = dict(self.trainers[policy].model.state_dict())
+        engine = self.engines[policy]
+        dtype = getattr(torch, self.cfg.weights.dtype) if self.cfg.weights.dtype else None
+        version = self.versions[policy]
+
+        def copy() -> None:
+            target = engine.weight_target()
+            with torch.no_grad():
+                for name, t in target.tensors.items():
+                    w = src[name].detach()
+                    t.data.copy_((w.to(dtype) if dtype is not None else w).to(t.dtype))
+            target.commit(version)
+
+        engine.update_weights(copy)
+
+    def accuracy(self) -> dict[str, float]:
+        """The solver's held-out accuracy and the team's system accuracy (off the clock)."""
+        s = self.engines[self.cfg.team()["solver"]]
+        return {"accuracy": round(solver_accuracy(self.cfg, s.model, s.tokenizer), 4),
+                "system_accuracy": round(asyncio.run(system_accuracy(self.cfg, self.engines)),
+                                         4)}
+
+    def evaluate(self) -> dict[str, float]:
+        return evaluate(self.cfg, self.engines)
+
+
+def run_lockstep(cfg: Any, models: Mapping[str, Path], *, seconds: float,
+                 max_steps: int | None = None, every: int = 10, target: float | None = None,
+                 threads: int = 2, final_eval: bool = True,
+                 log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The baseline for ``seconds`` of its clock (evaluation off the clock) or ``max_steps``
+    iterations. Returns its per-step rows, solver accuracy curve and final measures."""
+    loop = Lockstep(cfg, models, threads=threads)
+    try:
+        curve = [{"step": 0, "time": 0.0, **loop.accuracy()}]
+        rows: list[dict[str, float]] = []
+        clock = 0.0
+        while clock < seconds and (max_steps is None or loop.steps < max_steps):
+            row = loop.step()
+            clock += row["step_s"]
+            row["time"] = round(clock, 3)
+            rows.append(row)
+            if loop.steps % every == 0:
+                curve.append({"step": loop.steps, "time": round(clock, 3), **loop.accuracy()})
+                log(f"step {loop.steps} {clock:.1f}s solver {curve[-1]['accuracy']:.3f} "
+                    f"system {curve[-1]['system_accuracy']:.3f} (last step "
+                    f"{row['step_s']:.2f}s: rollout {row['rollout_s']:.2f} train "
+                    f"{row['train_s']:.2f} latency max {row['latency_max_s']:.2f})")
+        if curve[-1]["step"] != loop.steps:
+            curve.append({"step": loop.steps, "time": round(clock, 3), **loop.accuracy()})
+        steps = loop.steps
+        result: dict[str, Any] = {
+            "steps": {p: steps for p in cfg.policies}, "iterations": steps,
+            "s_per_iter": round(clock / steps, 3) if steps else None,
+            "versions": dict(loop.versions), "rows": rows,
+            "breakdown_s": {k: round(sum(r[k] for r in rows) / max(1, len(rows)), 3)
+                            for k in ("rollout_s", "train_s", "sync_s", "latency_max_s")},
+            "solver_curve": [{k: c[k] for k in ("step", "time", "accuracy")} for c in curve],
+            "system_curve": [{"step": c["step"], "time": c["time"],
+                              "accuracy": c["system_accuracy"]} for c in curve],
+            "time_to_target_s": next((c["time"] for c in curve if target is not None
+                                      and c["accuracy"] >= target), None)}
+        if final_eval:
+            result["final"] = {"step": steps, **loop.evaluate()}
+        return result
+    finally:
+        loop.close()
+
+
+# -- the pipeline ----------------------------------------------------------------------------
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def pipeline_result(out: Path, policies: Sequence[str], solver: str,
+                    target: float | None) -> dict[str, Any]:
+    """Iteration time and curves of a finished run directory (trainer-<policy>.jsonl: exact
+    step times; metrics.jsonl: the evaluators' lines)."""
+    logs = {p: read_jsonl(out / f"trainer-{p}.jsonl") for p in policies}
+    starts = [r["time"] for rows in logs.values() for r in rows if r.get("event") == "start"]
+    steps = {p: [r for r in rows if "step" in r and "event" not in r]
+             for p, rows in logs.items()}
+    if not starts or not all(steps.values()):
+        return {"error": f"a trainer took no step; see {out / 'logs'}",
+                "steps": {p: len(s) for p, s in steps.items()}}
+    t0 = min(starts)
+    common = min(s[-1]["step"] for s in steps.values())
+    reached = max(next(r["time"] for r in s if r["step"] >= common) for s in steps.values())
+    steady = max((s[-1]["time"] - s[0]["time"]) / max(1, s[-1]["step"] - s[0]["step"])
+                 for s in steps.values())
+    evals = [r for r in read_jsonl(out / "metrics.jsonl") if "eval_accuracy" in r]
+
+    def curve(policy: str) -> list[dict[str, float]]:
+        rows = [r for r in evals if r.get("policy") == policy
+                or str(r.get("source", "")).startswith(f"evaluator-{policy}-")]
+        return [{"step": int(r["step"]), "time": round(r["time"] - t0, 3),
+                 "accuracy": r["eval_accuracy"]} for r in rows]
+
+    solver_curve = curve(solver)
+    hit = next((c for c in solver_curve if target is not None and c["accuracy"] >= target),
+               None)
+    to_target = None
+    if hit is not None:  # when the trainer made that version, not when it was evaluated
+        made = [r["time"] for r in steps[solver] if r["step"] >= hit["step"]]
+        to_target = 0.0 if hit["step"] == 0 else round(min(made, default=t0) - t0, 3)
+    system = [{"step": int(r["step"]), "time": round(r["time"] - t0, 3),
+               "accuracy": r["system_accuracy"]}
+              for r in read_jsonl(out / "metrics.jsonl") if "system_accuracy" in r]
+    return {"steps": {p: s[-1]["step"] for p, s in steps.items()}, "iterations": common,
+            "s_per_iter": round((reached - t0) / common, 3), "s_per_iter_steady": round(steady, 3),
+            "rows": {p: [{k: r.get(k) for k in ("step", "time", "reward_mean", "staleness_mean",
+                                                 "wait_ratio")} for r in s]
+                     for p, s in steps.items()},
+            "solver_curve": solver_curve,
+            "verifier_curve": curve(next(p for p in policies if p != solver)),
+            "system_curve": system, "time_to_target_s": to_target}
+
+
+def run_pipeline(name: str, cfg_path: Path, out: Path, *, target: float | None) -> dict[str, Any]:
+    from astraflow.config import load_experiment
+
+    cfg = load_experiment(cfg_path)
+    t0 = time.monotonic()
+    code = astraflow_run(cfg_path, out, out.parent / f"{name}.log")
+    res = {"exit": code, "wall_s": round(time.monotonic() - t0, 1),
+           **pipeline_result(out, cfg.policies, cfg.team()["solver"], target)}
+    final = {p: out / "final" / p for p in cfg.policies}
+    if all((f / "config.json").exists() for f in final.values()):
+        engines = hf_engines(cfg, final)
+        res["final"] = {"step": res.get("iterations"), **evaluate(cfg, engines)}
+    return res
+
+
+# -- the report ------------------------------------------------------------------------------
+
+def at_step(curve: Sequence[Mapping[str, float]], step: int) -> float | None:
+    """The newest accuracy measured at or before ``step``."""
+    before = [c for c in curve if c["step"] <= step]
+    return before[-1]["accuracy"] if before else None
+
+
+def f(v: Any, spec: str = ".3f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def report(results: Mapping[str, Mapping[str, Any]], *, target: float | None) -> str:
+    done = {k: r for k, r in results.items() if r.get("iterations")}
+    common = min((r["iterations"] for r in done.values()), default=0)
+    head = (f"| arm | s/iter | iterations | solver acc start → end | solver / system acc @ "
+            f"step {common} | time to solver {f(target, '.2f')} (s) | final solver | "
+            "final verifier | final system |")
+    lines = [head, "|" + "---|" * 9]
+    for name, r in results.items():
+        curve = r.get("solver_curve") or []
+        fin = r.get("final", {})
+        lines.append(
+            f"| {name} | {f(r.get('s_per_iter'), '.2f')} | {r.get('iterations', '-')} | "
+            f"{f(curve[0]['accuracy'] if curve else None)} → "
+            f"{f(curve[-1]['accuracy'] if curve else None)} | {f(at_step(curve, common))} / "
+            f"{f(at_step(r.get('system_curve') or [], common))} | "
+            f"{f(r.get('time_to_target_s'), '.1f')} | {f(fin.get('solver_accuracy'))} | "
+            f"{f(fin.get('verifier_accuracy'))} | {f(fin.get('system_accuracy'))} |")
+    lines.append("")
+    for name, r in results.items():  # where the time goes
+        if "breakdown_s" in r:
+            b = r["breakdown_s"]
+            lines.append(f"- {name}: per iteration {b['rollout_s']:.2f} s episodes (of which "
+                         f"the slowest verifier wait {b['latency_max_s']:.2f} s), "
+                         f"{b['train_s']:.2f} s training both, {b['sync_s']:.3f} s weight sync")
+        elif r.get("s_per_iter_steady") is not None:
+            lines.append(f"- {name}: {r['s_per_iter_steady']:.2f} s/iter after the first step "
+                         f"(the slower trainer), steps {r.get('steps')}")
+    ratios = []
+    for tail in ("", "-tail"):
+        p, b = results.get(f"pipeline{tail}", {}), results.get(f"lockstep{tail}", {})
+        if p.get("s_per_iter") and b.get("s_per_iter"):
+            ratios.append(f"{'with' if tail else 'without'} the long tail: lockstep / pipeline "
+                          f"s/iter = {b['s_per_iter'] / p['s_per_iter']:.2f}x")
+        if p.get("time_to_target_s") and b.get("time_to_target_s"):
+            ratios.append(f"{'with' if tail else 'without'} the long tail: lockstep / pipeline "
+                          f"time to target = {b['time_to_target_s'] / p['time_to_target_s']:.2f}x")
+    return "\n".join(lines + [""] + [f"- {r}" for r in ratios])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", type=Path, default=ROOT / "examples" / "solver_verifier.yaml")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-multimodel")
+    ap.add_argument("--seconds", type=float, default=150.0,
+                    help="RL budget of each arm (pipeline: launch.timeout_s; lockstep: its "
+                         "clock, evaluation excluded)")
+    ap.add_argument("--startup", type=float, default=25.0,
+                    help="pipeline: seconds added to its launch.timeout_s for starting its "
+                         "processes (the lockstep clock starts after loading its models)")
+    ap.add_argument("--steps", type=int, default=None, help="lockstep: at most this many")
+    ap.add_argument("--every", type=int, default=10,
+                    help="lockstep: solver held-out accuracy every N steps")
+    ap.add_argument("--target", type=float, default=0.4,
+                    help="the solver's held-out accuracy for time to target")
+    ap.add_argument("--tail", type=json.loads, default=TAIL,
+                    help=f"the verifier latency of the -tail arms, JSON (default {TAIL})")
+    ap.add_argument("--only", nargs="*", default=None, help=f"a subset of {', '.join(ARMS)}")
+    ap.add_argument("--warm", type=Path, default=None,
+                    help="start from the models RL started from in this finished run "
+                         "directory, instead of running the warm-up")
+    ap.add_argument("--set", dest="sets", action="append", default=[],
+                    help="config override for every arm (and the warm-up), e.g. "
+                         "launch.warmup.steps=0")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="lockstep: torch threads")
+    args = ap.parse_args()
+    arms = args.only or list(ARMS)
+    unknown = set(arms) - set(ARMS)
+    if unknown:
+        ap.error(f"unknown arms {sorted(unknown)}; choose from {list(ARMS)}")
+    from astraflow.consumers.rollout.latency import parse_latency
+
+    tail = parse_latency(args.tail, where="--tail")  # refused here, not in every episode
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    warm_dir = args.warm or make_warm(args.config, args.sets, args.out)
+    warm = warm_models(warm_dir)
+    print(f"warm models: {', '.join(f'{p}={m}' for p, m in warm.items())}", flush=True)
+    results: dict[str, dict[str, Any]] = {}
+    from astraflow.config import load_experiment
+
+    for arm in arms:
+        latency = args.tail if arm.endswith("-tail") else None
+        pipeline = arm.startswith("pipeline")
+        budget = args.seconds + (args.startup if pipeline else 0.0)
+        cfg_path = write_yaml(arm_config(args.config, args.sets, warm, seconds=budget,
+                                         latency=latency), args.out / f"{arm}.yaml")
+        print(f"[{arm}] {args.seconds:.0f} s of RL"
+              f"{f', verifier latency {tail}' if latency else ''}", flush=True)
+        if pipeline:
+            res = run_pipeline(arm, cfg_path, args.out / arm, target=args.target)
+        else:
+            res = run_lockstep(load_experiment(cfg_path), warm, seconds=args.seconds,
+                               max_steps=args.steps, every=args.every, target=args.target,
+                               threads=args.threads,
+                               log=lambda s, a=arm: print(f"[{a}] {s}", flush=True))
+        results[arm] = res
+        print(f"[{arm}] s/iter {res.get('s_per_iter')} iterations {res.get('iterations')} "
+              f"final {res.get('final')}", flush=True)
+    table = report(results, target=args.target)
+    (args.out / "multimodel.json").write_text(json.dumps(
+        {"config": str(args.config), "seconds": args.seconds, "target": args.target,
+         "tail": args.tail, "warm": {p: str(m) for p, m in warm.items()},
+         "sets": args.sets, "wall_s": round(time.monotonic() - started, 1),
+         "results": results, "table": table}, indent=1))
+    print(f"\n{args.seconds:.0f} s of RL per arm from the same warm models ({warm_dir}); "
+          f"tail: {args.tail}\n")
+    print(table)
+    return 0 if all(r.get("exit", 0) == 0 and r.get("iterations") for r in results.values()) \
+        else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
