@@ -136,6 +136,12 @@ class Trajectory(Record, tag="Trajectory", kw_only=True):
     task_id: str
     group_id: str
     policy: str = "default"
+    # The workflow role that produced this trajectory ("solver", "verifier", ...), written by
+    # the rollout worker from the workflow's draft; read by the assembler, which groups by
+    # (policy, agent, group id) so that a policy playing two roles in one episode has one
+    # group (one normalisation) per role. Absent (""): a single-role workflow, or a record
+    # from before this field: grouped by (policy, group id) as before.
+    agent: str = ""
     sample_index: int = 0
     group_size: int = 0  # trajectories of this policy in the group (the task's n_samples); 0: unknown
     token_ids: bytes
@@ -177,6 +183,10 @@ class GroupStats(Record, tag="GroupStats", kw_only=True):
     task_id: str
     group_id: str
     policy: str = "default"
+    # The role of the group's trajectories (``Trajectory.agent``); written by the assembler.
+    # With ``policy`` and ``group_id`` it names the group: a policy playing two roles gets
+    # two GroupStats per task. Absent (""): a single-role group, as before this field.
+    agent: str = ""
     n: int
     reward_mean: float
     reward_std: float
@@ -239,16 +249,25 @@ class TrajectoryGroup(Record, tag="TrajectoryGroup", kw_only=True):
     position (the assembler run as a pure function). ``version`` is the oldest policy version
     of any generated token in the group (what the staleness rules compare against the
     trainer's version); -1 if no token was generated.
+
+    A group is one (policy, agent, group id): ``agent`` is the role its trajectories played
+    (``Trajectory.agent``; "" for a single-role workflow), so a policy playing two roles in
+    a task's episodes has two groups with the same ``group_id``, each normalised on its own.
+    ``version_vector`` is, for every policy in the members' version vectors, the oldest
+    version any member was produced under (what the staleness filter compares against that
+    policy's trainer); absent ({}): no member recorded one (older records).
     """
 
     group_id: str
     task_id: str
     policy: str = "default"
+    agent: str = ""
     refs: list[TrajRef] = []
     trajectories: list[Trajectory] = []
     reward_mean: float
     reward_std: float
     version: int
+    version_vector: dict[str, int] = {}
     replayed: bool = False
     created_at: float = msgspec.field(default_factory=time.time)
 

@@ -1,9 +1,16 @@
 """Group assembler (post-rollout, ``trajectories → groups``).
 
-Collects the trajectories of the n samples (episodes) of each (policy, group id) and emits
-one TrajectoryGroup, plus a GroupStats for the ``stats`` topic (GRESO's feedback, the gate's
-accounting). A sample is a ``sample_index``; an episode may give a policy several
+Collects the trajectories of the n samples (episodes) of each (policy, agent, group id) and
+emits one TrajectoryGroup, plus a GroupStats for the ``stats`` topic (GRESO's feedback, the
+gate's accounting). A sample is a ``sample_index``; an episode may give a policy several
 trajectories (a workflow returning several drafts), all of which belong to the group.
+
+**Agent-wise groups.** ``agent`` is the workflow role a trajectory was produced in
+(``Trajectory.agent``). When one policy plays two roles (``solver_verifier`` with both roles
+mapped to one policy), its solver and verifier trajectories of a task are two groups, each
+with its own reward mean/std (and so its own advantages in the trainer), its own GroupStats
+and its own completeness: a group of solver answers and a group of verdicts are different
+populations. Records without an agent ("") group by (policy, group id) as before.
 
 The incomplete-group rule:
 
@@ -42,6 +49,22 @@ from astraflow.policies.base import Context, PolicyError, bump, remember
 from astraflow.policies.env import BuildEnv, reward_stats, token_versions
 
 
+def group_key(policy: str, agent: str, group_id: str) -> str:
+    """The assembler's key of a group: ``policy/group_id``, or ``policy:agent/group_id``
+    for a role's group (the agent-less form is the one checkpoints held before agents)."""
+    return f"{policy}:{agent}/{group_id}" if agent else f"{policy}/{group_id}"
+
+
+def oldest_vector(acc: dict[str, int], vector: dict[str, int]) -> dict[str, int]:
+    """``acc`` with every policy of ``vector`` at the older of the two versions."""
+    if not vector:
+        return acc
+    out = dict(acc)
+    for policy, version in vector.items():
+        out[policy] = min(out.get(policy, version), version)
+    return out
+
+
 class OpenGroup(msgspec.Struct, kw_only=True):
     policy: str
     group_id: str
@@ -54,10 +77,12 @@ class OpenGroup(msgspec.Struct, kw_only=True):
     refs: list[TrajRef] = []  # references to the usable records on the bus
     oldest: int = -1  # policy versions of the usable records' generated tokens
     newest: int = -1
+    agent: str = ""
+    vector: dict[str, int] = {}  # the usable records' oldest vector (see oldest_vector)
 
 
 class AssemblerState(msgspec.Struct, kw_only=True):
-    open: dict[str, OpenGroup] = {}  # "policy/group_id", in order of first arrival
+    open: dict[str, OpenGroup] = {}  # group_key(), in order of first arrival
     complete: dict[str, int] = {}  # keys of open groups that have all their samples
     closed: dict[str, int] = {}  # recently closed keys (bounded)
     counts: dict[str, int] = {}
@@ -93,7 +118,7 @@ class Assembler:
             raise PolicyError(f"trajectory {t.id!r} is for policy {t.policy!r}, which is not one "
                               f"of this run's policies ({', '.join(sorted(self.policies))}); "
                               "add it to `policies` in the config")
-        key = f"{t.policy}/{t.group_id}"
+        key = group_key(t.policy, t.agent, t.group_id)
         if key in state.closed:
             bump(state.counts, "late")
             return []
@@ -104,9 +129,9 @@ class Assembler:
                 raise PolicyError(f"trajectory {t.id!r} carries no group_size and "
                                   "data.assembler.group_size is not set: set it to the tasks' "
                                   "n_samples")
-            g = state.open[key] = OpenGroup(policy=t.policy, group_id=t.group_id,
-                                            task_id=t.task_id, first_seen=ctx.now,
-                                            expected=expected)
+            g = state.open[key] = OpenGroup(policy=t.policy, agent=t.agent,
+                                            group_id=t.group_id, task_id=t.task_id,
+                                            first_seen=ctx.now, expected=expected)
         if t.id in g.arrived:
             bump(state.counts, "duplicate")
             return []
@@ -114,20 +139,27 @@ class Assembler:
         bump(state.counts, "trajectories")
         if t.finish_reason in self.failed_reasons:
             bump(state.counts, "failed")
-        elif ctx.origin is None:
-            g.usable.append(t)
         else:
-            topic, partition, offset = ctx.origin
-            g.refs.append(TrajRef(t.id, topic, partition, offset, t.sample_index, t.reward))
-            lo, hi = token_versions([t])
-            if lo >= 0:
-                g.oldest = lo if g.oldest < 0 else min(g.oldest, lo)
-                g.newest = max(g.newest, hi)
+            self._keep(t, g, ctx)
         if t.sample_index not in g.samples:
             g.samples.append(t.sample_index)
             if len(g.samples) >= g.expected:
                 state.complete[key] = 1
         return []
+
+    @staticmethod
+    def _keep(t: Trajectory, g: OpenGroup, ctx: Context) -> None:
+        """Add a usable trajectory to its open group: a copy, or a reference on the bus."""
+        g.vector = oldest_vector(g.vector, t.version_vector)
+        if ctx.origin is None:
+            g.usable.append(t)
+            return
+        topic, partition, offset = ctx.origin
+        g.refs.append(TrajRef(t.id, topic, partition, offset, t.sample_index, t.reward))
+        lo, hi = token_versions([t])
+        if lo >= 0:
+            g.oldest = lo if g.oldest < 0 else min(g.oldest, lo)
+            g.newest = max(g.newest, hi)
 
     def tick(self, state: AssemblerState, ctx: Context) -> list[Record]:
         out: list[Record] = []
@@ -149,7 +181,8 @@ class Assembler:
         st = reward_stats([t.reward for t in (refs or usable)], eps=self.eps,
                           easy_threshold=self.easy_threshold)
         oldest, newest = token_versions(usable) if usable else (g.oldest, g.newest)
-        stats = GroupStats(task_id=g.task_id, group_id=g.group_id, policy=g.policy, n=st.n,
+        stats = GroupStats(task_id=g.task_id, group_id=g.group_id, policy=g.policy,
+                           agent=g.agent, n=st.n,
                            reward_mean=st.mean, reward_std=st.std,
                            zero_variance=st.zero_variance, version=newest, kept=True)
         if st.n == 0 or st.n < min(self.min_group_size, g.expected):
@@ -160,8 +193,9 @@ class Assembler:
         if st.n < g.expected:
             bump(state.counts, "groups_partial")
         group = TrajectoryGroup(group_id=g.group_id, task_id=g.task_id, policy=g.policy,
-                                refs=refs, trajectories=usable, reward_mean=st.mean,
-                                reward_std=st.std, version=oldest)
+                                agent=g.agent, refs=refs, trajectories=usable,
+                                reward_mean=st.mean, reward_std=st.std, version=oldest,
+                                version_vector=dict(g.vector))
         return [group, stats]
 
     def counters(self, state: AssemblerState) -> dict[str, int]:

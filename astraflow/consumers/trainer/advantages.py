@@ -7,6 +7,10 @@ For a group of n trajectories of one prompt with rewards r_1..r_n:
 
 ``std`` is the unbiased sample std (n - 1), as in GRPO's reference code; a group of one has
 advantage 0, and so does a group whose rewards are all equal. Pure torch functions: no bus, no model.
+
+A group is one ``Group`` of a batch, i.e. one TrajectoryGroup of the assembler: one (policy,
+agent, task attempt). A policy playing two roles of a workflow (solver and verifier) has one
+group per role, so its advantages are agent-wise (each role against its own baseline).
 """
 
 from __future__ import annotations
