@@ -24,10 +24,21 @@ class Staleness:
     so a slow trainer of another policy neither ages nor rescues p's groups. ``bound(p)`` is
     ``per_policy[p]`` when given, else ``max_staleness`` (one policy: the old single bound).
 
-    A group with no generated token (``version == -1``) has no age and is kept. In
+    **The version vector.** A group of p produced in an episode where other policies acted
+    (a solver's reward depends on the verifier that judged it) is also as stale as the
+    oldest of those: for every other policy q of ``group.version_vector`` (the oldest
+    version of q any member was produced under), ``version(q) - vector[q] > bound(q)``
+    drops the group too, counted under ``stale:<q>``. p itself keeps the per-token rule
+    above. A group without a vector (older records) is judged by the per-token rule only;
+    a policy whose weights this stage does not read is at version 0 here, so it never
+    ages a group (the batch stage reads only ``weights.<p>``; the post-rollout stage reads
+    every policy's).
+
+    A group with no generated token (``version == -1``) has no age by its own tokens. In
     ``post_rollout`` a dropped group's GroupStats says ``kept=False`` (the gate frees its
     slot); in ``batch`` the group already counted as accepted. Counts ``kept`` and
-    ``dropped_stale``, and per policy ``dropped_stale.<p>`` when several policies have bounds.
+    ``dropped_stale`` (every drop), per policy ``dropped_stale.<p>`` when several policies
+    have bounds, and ``stale:<q>`` for drops by another policy's age.
     """
 
     name = "staleness"
@@ -46,14 +57,27 @@ class Staleness:
     def init_state(self) -> FilterState:
         return FilterState()
 
-    def process(self, g: TrajectoryGroup, state: FilterState, ctx: Context) -> list[Record]:
+    def stale_by(self, g: TrajectoryGroup, ctx: Context) -> str | None:
+        """Why ``g`` is too old: ``""`` by its own policy's tokens, ``q`` by another policy
+        ``q`` of its version vector; None if it is fresh enough."""
         if g.version >= 0 and ctx.version(g.policy) - g.version > self.bound(g.policy):
-            bump(state.counts, "dropped_stale")
-            if self.per_policy:
-                bump(state.counts, f"dropped_stale.{g.policy}")
-            return []
-        bump(state.counts, "kept")
-        return [g]
+            return ""
+        for q, version in sorted(g.version_vector.items()):
+            if q != g.policy and ctx.version(q) - version > self.bound(q):
+                return q
+        return None
+
+    def process(self, g: TrajectoryGroup, state: FilterState, ctx: Context) -> list[Record]:
+        by = self.stale_by(g, ctx)
+        if by is None:
+            bump(state.counts, "kept")
+            return [g]
+        bump(state.counts, "dropped_stale")
+        if self.per_policy:
+            bump(state.counts, f"dropped_stale.{g.policy}")
+        if by:
+            bump(state.counts, f"stale:{by}")
+        return []
 
     def counters(self, state: FilterState) -> dict[str, int]:
         return dict(state.counts)
