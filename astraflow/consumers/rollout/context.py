@@ -66,6 +66,7 @@ class Draft:
     rewards: dict[str, float] = field(default_factory=dict)
     finish_reason: str = "stop"
     error: str | None = None
+    agent: str = ""  # the workflow role that produced it (Trajectory.agent); "": single role
 
 
 @dataclass
@@ -83,9 +84,11 @@ class Generation:
 class Conversation:
     """The token-level transcript of one policy's view of an episode."""
 
-    def __init__(self, ctx: EpisodeContext, policy: str, messages: Sequence[ChatMessage]) -> None:
+    def __init__(self, ctx: EpisodeContext, policy: str, messages: Sequence[ChatMessage],
+                 agent: str = "") -> None:
         self.ctx = ctx
         self.policy = policy
+        self.agent = agent  # the role this conversation is played in; "": unknown / one role
         self.tokenizer = ctx.runtime.tokenizer(policy)
         self.messages: list[ChatMessage] = list(messages)
         self.token_ids: list[int] = []
@@ -157,15 +160,18 @@ class Conversation:
         return sum(self.loss_mask)
 
     def finish(self, reward: float | Score = 0.0, *, rewards: Mapping[str, float] | None = None,
-               finish_reason: str | None = None, error: str | None = None) -> Draft:
-        """The trajectory of this conversation with its reward."""
+               finish_reason: str | None = None, error: str | None = None,
+               agent: str | None = None) -> Draft:
+        """The trajectory of this conversation with its reward; ``agent`` (default: the
+        conversation's) is the role it is trained as."""
         comps = dict(reward.components) if isinstance(reward, Score) else {}
         comps.update(rewards or {})
         return Draft(policy=self.policy, token_ids=list(self.token_ids),
                      loss_mask=list(self.loss_mask), logprobs=list(self.logprobs),
                      versions=list(self.versions), prompt_len=self.prompt_len,
                      spans=list(self.spans), reward=float(reward), rewards=comps,
-                     finish_reason=finish_reason or self.finish_reason, error=error)
+                     finish_reason=finish_reason or self.finish_reason, error=error,
+                     agent=self.agent if agent is None else agent)
 
 
 class EpisodeContext:
@@ -176,6 +182,8 @@ class EpisodeContext:
         self.task = task
         self.sample_index = sample_index
         self.policy = runtime.default_policy
+        # role -> policy of a multi-role workflow (set by declare_roles); {}: one role
+        self.roles: dict[str, str] = {}
         self.conversations: list[Conversation] = []
         self.timings: dict[str, float] = {"generate": 0.0, "reward": 0.0, "tools": 0.0}
         self.counters: dict[str, float] = {}
@@ -187,22 +195,43 @@ class EpisodeContext:
     def count(self, name: str, n: float = 1.0) -> None:
         self.counters[name] = self.counters.get(name, 0.0) + n
 
+    def declare_roles(self, roles: Mapping[str, str]) -> None:
+        """Say which policy plays each role of this episode (role -> policy). The runtime
+        then gives a failed or timed-out episode one record per role, and a conversation of
+        a policy that plays one role is that role's unless told otherwise."""
+        self.roles = dict(roles)
+
+    def agent_of(self, policy: str, agent: str | None) -> str:
+        """The role of a new conversation of ``policy``: ``agent`` (checked against the
+        declared roles), else the one role ``policy`` plays, else "" (unknown)."""
+        if agent is None:
+            played = [r for r, p in self.roles.items() if p == policy]
+            return played[0] if len(played) == 1 else ""
+        if agent and self.roles and self.roles.get(agent) != policy:
+            raise WorkflowError(f"role {agent!r} is not played by policy {policy!r} in this "
+                                f"episode; roles: " + ", ".join(
+                                    f"{r}={p}" for r, p in self.roles.items()))
+        return agent
+
     def conversation(self, messages: Sequence[ChatMessage | Mapping[str, Any]] | str | None = None,
-                     *, policy: str | None = None) -> Conversation:
-        """Start a conversation (default messages: the task's prompt) for ``policy``."""
+                     *, policy: str | None = None, agent: str | None = None) -> Conversation:
+        """Start a conversation (default messages: the task's prompt) for ``policy``, played
+        as role ``agent`` (see :meth:`agent_of`)."""
         policy = policy or self.policy
         self.runtime.check_policy(policy)
         conv = Conversation(self, policy, as_messages(self.task.prompt if messages is None
-                                                      else messages))
+                                                      else messages),
+                            agent=self.agent_of(policy, agent))
         self.conversations.append(conv)
         return conv
 
     async def generate(self, *, policy: str | None = None,
                        messages: Sequence[ChatMessage | Mapping[str, Any]] | str | None = None,
-                       **sampling: Any) -> Generation:
-        """One assistant turn for ``messages`` (default: the task's prompt) by ``policy``;
-        continue it with ``gen.conversation``."""
-        return await self.conversation(messages, policy=policy).generate(**sampling)
+                       agent: str | None = None, **sampling: Any) -> Generation:
+        """One assistant turn for ``messages`` (default: the task's prompt) by ``policy`` as
+        role ``agent``; continue it with ``gen.conversation``."""
+        return await self.conversation(messages, policy=policy,
+                                       agent=agent).generate(**sampling)
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any] | None = None, *,
                         timeout: float | None = None) -> ToolResult:

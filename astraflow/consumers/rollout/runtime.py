@@ -109,16 +109,19 @@ class EpisodeOutcome:
     timed_out: bool = False
 
 
-def failed_draft(policy: str, finish_reason: str, error: str) -> Draft:
+def failed_draft(policy: str, finish_reason: str, error: str, agent: str = "") -> Draft:
     return Draft(policy=policy, token_ids=[], loss_mask=[], logprobs=[], versions=[],
-                 prompt_len=0, spans=[], reward=0.0, finish_reason=finish_reason, error=error)
+                 prompt_len=0, spans=[], reward=0.0, finish_reason=finish_reason, error=error,
+                 agent=agent)
 
 
 async def run_episode(runtime: Runtime, task: Task, sample_index: int, *,
                       timeout: float | None = None) -> EpisodeOutcome:
     """Run the task's workflow once. Never raises (except on cancellation): a workflow that
-    raises gives one failed draft (``finish_reason="error"``) per policy it used; one past
-    ``timeout`` gives its conversations so far, ``finish_reason="timeout"``, reward 0."""
+    raises gives one failed draft (``finish_reason="error"``) per (policy, role) it used or
+    declared; one past ``timeout`` gives, per (policy, role), its first conversation that
+    generated tokens so far (``finish_reason="timeout"``, reward 0; see
+    :func:`timed_out_drafts`)."""
     ctx = EpisodeContext(runtime, task, sample_index)
     start = time.monotonic()
     try:
@@ -132,20 +135,39 @@ async def run_episode(runtime: Runtime, task: Task, sample_index: int, *,
         return EpisodeOutcome(drafts, ctx, time.monotonic() - start)
     except TimeoutError:
         msg = f"episode timed out after {timeout:g} s"
-        drafts = [c.finish(0.0, finish_reason="timeout", error=msg)
-                  for c in ctx.conversations if c.generated_tokens]
-        if not drafts:
-            drafts = [failed_draft(p, "error", msg) for p in _used(ctx)]
-        return EpisodeOutcome(drafts, ctx, time.monotonic() - start, msg, True)
+        return EpisodeOutcome(timed_out_drafts(ctx, msg), ctx, time.monotonic() - start, msg,
+                              True)
     except Exception as e:  # noqa: BLE001 - one failing episode is a failed record, not a dead worker
         msg = f"{type(e).__name__}: {e}"
-        return EpisodeOutcome([failed_draft(p, "error", msg) for p in _used(ctx)], ctx,
+        return EpisodeOutcome([failed_draft(p, "error", msg, a) for p, a in _slots(ctx)], ctx,
                               time.monotonic() - start, msg)
 
 
-def _used(ctx: EpisodeContext) -> list[str]:
-    used = list(dict.fromkeys(c.policy for c in ctx.conversations))
-    return used or [ctx.policy]
+def timed_out_drafts(ctx: EpisodeContext, msg: str) -> list[Draft]:
+    """The records of a timed-out episode: at most one per (policy, role), so a sample still
+    gives each policy's group one trajectory per role (a ``solver_selector`` cut off after
+    its k candidates gives one solver record, not k). Per (policy, role), the first
+    conversation that generated tokens, ``finish_reason="timeout"``; where there is none, an
+    empty ``"timeout"`` record (so that role's group still hears of the sample); if the
+    episode generated nothing at all, empty ``"error"`` records. A conversation whose
+    role is unknown while its policy plays declared roles (one policy, two roles, and the
+    workflow did not say which) is left out rather than trained as the wrong role."""
+    first: dict[tuple[str, str], Draft] = {}
+    for c in ctx.conversations:
+        if c.generated_tokens and (c.policy, c.agent) not in first:
+            first[(c.policy, c.agent)] = c.finish(0.0, finish_reason="timeout", error=msg)
+    if not first:
+        return [failed_draft(p, "error", msg, a) for p, a in _slots(ctx)]
+    return [first.get((p, a)) or failed_draft(p, "timeout", msg, a) for p, a in _slots(ctx)]
+
+
+def _slots(ctx: EpisodeContext) -> list[tuple[str, str]]:
+    """The (policy, role) pairs a failed episode gives a record: every declared role, and
+    every other (policy, role) a conversation was started for; at least the default policy."""
+    slots = [(p, r) for r, p in ctx.roles.items()]
+    played = set(ctx.roles.values())
+    slots += [(c.policy, c.agent) for c in ctx.conversations if c.policy not in played]
+    return list(dict.fromkeys(slots)) or [(ctx.policy, "")]
 
 
 def _drafts(out: Any, workflow: str) -> list[Draft]:

@@ -32,9 +32,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
+import msgspec
+
 from astraflow.consumers.rollout.offsets import OffsetTracker
 from astraflow.consumers.rollout.registry import RegistryError
-from astraflow.consumers.rollout.runtime import EpisodeOutcome, Runtime, failed_draft, run_episode
+from astraflow.consumers.rollout.runtime import EpisodeOutcome, Runtime, run_episode
 from astraflow.consumers.rollout.weights import WeightFollower
 from astraflow.core.bus.types import Bus, Consumer, Message
 from astraflow.core.claims import BlobStore
@@ -49,6 +51,16 @@ log = logging.getLogger("astraflow.rollout.worker")
 T = TypeVar("T")
 MAX_SAMPLES = 4096
 MAX_ERROR_CHARS = 2000
+
+
+def too_large(rec: Trajectory, error: Exception) -> Trajectory:
+    """What stands on the bus for a trajectory too large for it (and for the claim store):
+    the same id, group, policy, role, sample and version vector, no tokens, ``"error"``; so
+    its group still hears of the sample, as the right role, under the right versions."""
+    return msgspec.structs.replace(
+        rec, token_ids=b"", loss_mask=b"", logprobs=b"", versions=b"", prompt_len=0,
+        spans=[], reward=0.0, rewards={}, finish_reason="error",
+        error=f"trajectory too large for the bus: {error}"[:MAX_ERROR_CHARS])
 
 
 class TaskRejected(ValueError):
@@ -304,7 +316,7 @@ class RolloutWorker:
             self.metrics.inc("tokens", tokens)
             records.append(Trajectory(
                 id=f"{group}/{d.policy}/{index}{suffix}", task_id=task.id, group_id=group,
-                policy=d.policy, sample_index=index, group_size=task.n_samples,
+                policy=d.policy, agent=d.agent, sample_index=index, group_size=task.n_samples,
                 token_ids=pack_i32(d.token_ids),
                 loss_mask=pack_u8(d.loss_mask), logprobs=pack_f32(d.logprobs),
                 versions=pack_i32(d.versions), prompt_len=d.prompt_len, spans=d.spans,
@@ -320,12 +332,7 @@ class RolloutWorker:
                 send(self._producer, Output(self.out_topic, rec, record_key("trajectories", rec)),
                      claims=self.claims, limit=self.bus.max_message_bytes)
             except RecordTooLargeError as e:
-                d = failed_draft(rec.policy, "error", f"trajectory too large for the bus: {e}")
-                small = Trajectory(id=rec.id, task_id=rec.task_id, group_id=rec.group_id,
-                                   policy=rec.policy, sample_index=rec.sample_index,
-                                   group_size=rec.group_size,
-                                   token_ids=b"", loss_mask=b"", logprobs=b"", versions=b"",
-                                   finish_reason="error", error=d.error, worker_id=self.worker_id)
+                small = too_large(rec, e)
                 send(self._producer, Output(self.out_topic, small,
                                             record_key("trajectories", small)))
             self.stats.trajectories += 1

@@ -14,7 +14,9 @@ from astraflow.core.records import Task
 def role_policies(ctx: EpisodeContext, workflow: str, roles: Sequence[str],
                   policies: Mapping[str, str] | None) -> dict[str, str]:
     """Role -> policy name: each role's own name unless ``policies`` (the workflow's
-    ``policies`` kwarg) maps it elsewhere. Every policy must have an engine in this worker."""
+    ``policies`` kwarg) maps it elsewhere. Every policy must have an engine in this worker.
+    The mapping is declared on the episode (``ctx.declare_roles``): a failed or timed-out
+    episode then still gives every role its record."""
     where = f"rollout.workflow.kwargs.{workflow}.policies"
     unknown = sorted(set(policies or {}) - set(roles))
     if unknown:
@@ -27,6 +29,7 @@ def role_policies(ctx: EpisodeContext, workflow: str, roles: Sequence[str],
                 f"workflow {workflow!r} role {role!r} uses policy {policy!r}, which has no "
                 f"engine in this worker; hosted: {', '.join(ctx.policies)} (add it to "
                 f"rollout.policies or map the role with {where}.{role})")
+    ctx.declare_roles(out)
     return out
 
 
@@ -43,9 +46,16 @@ def sampling_for(role: str, shared: Mapping[str, Any],
 
 def finish_role(ctx: EpisodeContext, contract: RewardContract, role: str, conv: Conversation,
                 outcome: Outcome, components: Mapping[str, float] | None = None) -> Draft:
-    """``conv``'s trajectory with ``role``'s contract reward; the reward is also shown to the
-    degenerate-contract check under the task's group."""
+    """``conv``'s trajectory with ``role``'s contract reward, as role ``role``
+    (``Trajectory.agent``: the assembler groups and normalises each role apart, even when one
+    policy plays two); the reward is also shown to the degenerate-contract check under the
+    task's group."""
+    if ctx.roles.get(role, conv.policy) != conv.policy:
+        raise WorkflowError(f"workflow {contract.workflow!r} finished a conversation of policy "
+                            f"{conv.policy!r} as role {role!r}, which policy "
+                            f"{ctx.roles[role]!r} plays")
     reward = contract.reward(role, outcome)
     CHECK.observe(contract.workflow, role, ctx.task.resolved_group_id(), ctx.task.n_samples,
                   ctx.sample_index, reward)
-    return conv.finish(reward, rewards={**(components or {}), "final_answer": outcome.final})
+    return conv.finish(reward, rewards={**(components or {}), "final_answer": outcome.final},
+                       agent=role)

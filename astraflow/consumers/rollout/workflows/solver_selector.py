@@ -16,7 +16,9 @@ The episode (roles ``solver`` and ``selector``, each a policy; see ``policies``)
 Trajectories: one for the selector, and one for the solver: the picked candidate's conversation
 (candidate 1 on an unclear pick). Only one, because the pipeline counts one trajectory per
 policy per sample (``Trajectory.group_size`` is the task's ``n_samples``), so the other
-``k - 1`` candidates are not trained on. Rewards come from the contract (default: solver
+``k - 1`` candidates are not trained on. An episode cut off by the worker's timeout keeps that
+rule too: the candidates are the ``solver`` role's conversations, and a timed-out episode
+gives one record per role (the first candidate's, see ``runtime.timed_out_drafts``). Rewards come from the contract (default: solver
 ``final``, the picked answer's reward; selector ``picked``; override with ``rewards``, e.g.
 ``{selector: picked_correct}``). Components: ``picked`` (1-based, 0 if unclear), ``best``
 (the best candidate's reward), ``final_answer``.
@@ -87,14 +89,16 @@ async def solver_selector(ctx: EpisodeContext, task: Task, *, k: int = 4,
     pol = role_policies(ctx, NAME, ROLES, policies)
 
     solver_sampling = sampling_for("solver", sampling, role_sampling)
-    gens = await asyncio.gather(*(ctx.generate(policy=pol["solver"], messages=task.prompt,
-                                               **solver_sampling) for _ in range(k)))
+    gens = await asyncio.gather(*(ctx.generate(policy=pol["solver"], agent="solver",
+                                               messages=task.prompt, **solver_sampling)
+                                  for _ in range(k)))
     scores = await asyncio.gather(*(ctx.reward(g.text) for g in gens))
     candidates = tuple(s.value for s in scores)
 
     listing = "\n".join(f"{i}. {g.text}" for i, g in enumerate(gens, 1))
     selector = ctx.conversation([ChatMessage(role="user", content=selector_prompt.format(
-        problem=problem_text(task), candidates=listing, k=k))], policy=pol["selector"])
+        problem=problem_text(task), candidates=listing, k=k))], policy=pol["selector"],
+        agent="selector")
     choice = await selector.generate(**sampling_for("selector", sampling, role_sampling))
     picked = parse_choice(choice.text, k)
     if picked is None:
