@@ -1,4 +1,6 @@
-"""`astraflow evaluate CONFIG --policy NAME`: held-out greedy accuracy of every weight version."""
+"""`astraflow evaluate CONFIG --policy NAME | --team`: held-out greedy evaluation of every
+weight version of one policy (answers, or a verifier's judgement), or of a solver_verifier team
+as a whole (system accuracy)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ import typer
 def evaluate(
     config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
     policy: Annotated[str | None, typer.Option(help="Policy (default: the first).")] = None,
+    team: Annotated[bool, typer.Option(
+        "--team", help="Evaluate the solver_verifier team as a whole (every policy).")]
+    = False,
     out: Annotated[Path, typer.Option(help="Run directory ({out} in the config).")]
     = Path("."),
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a.b=c.")]
@@ -19,30 +24,36 @@ def evaluate(
     timeout: Annotated[float | None, typer.Option(help="Stop after this many seconds.")]
     = None,
 ) -> None:
-    """Follow weights.<policy>; for each version reached, decode the held-out problems
-    greedily and report eval_accuracy on the metrics topic. SIGTERM stops it."""
+    """Follow weights.<policy> (with --team: of every team policy); for each version reached,
+    decode the held-out problems greedily and report on the metrics topic (eval_accuracy;
+    with --team system_accuracy). SIGTERM stops it."""
     from astraflow.cli.common import load_config, role_run
     from astraflow.config import open_bus
+    from astraflow.core.errors import ConfigError
     from astraflow.core.metrics import MetricsEmitter, component_id
-    from astraflow.run.roles import build_evaluator
+    from astraflow.run.roles import build_evaluator, build_team_evaluator
 
     cfg = load_config(config, overrides)
-    name = policy or cfg.policies[0]
+    if team and policy is not None:
+        raise ConfigError("give --policy NAME or --team, not both")
+    name = "team" if team else policy or cfg.policies[0]
     with role_run() as should_stop:
         bus = open_bus(cfg, out)
-        # unique per process: two evaluators of one policy must not share a label
-        metrics = MetricsEmitter(bus, run=cfg.run, role="evaluator",
+        # unique per process: two evaluators of one policy must not share a label; the
+        # team's has its own role, so a policy named "team" stays a policy
+        role = "evaluator-team" if team else "evaluator"
+        metrics = MetricsEmitter(bus, run=cfg.run, role=role,
                                  component=component_id(f"evaluator-{name}"))
         try:
-            ev = build_evaluator(cfg, name, out, bus=bus, metrics=metrics)
+            ev = (build_team_evaluator(cfg, out, bus=bus, metrics=metrics) if team else
+                  build_evaluator(cfg, name, out, bus=bus, metrics=metrics))
             try:
                 ev.run(max_evals=max_evals, timeout=timeout, should_stop=should_stop,
                        every=cfg.launch.eval_every)
             finally:
-                ev.syncer.close()
+                ev.close()
         finally:
             metrics.close()
             bus.close()
     for r in ev.results:
-        typer.echo(f"version {r.version}: accuracy {r.accuracy:.4f} ({r.n} problems, "
-                   f"{r.seconds:.1f}s)")
+        typer.echo(r.describe())

@@ -19,8 +19,9 @@ def top(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Config override a.b=c.")]
     = None,
 ) -> None:
-    """Per-role status, trainer step and version, reward and accuracy, throughput, wait ratio,
-    bus lag — read from the run's metrics topic; works against any running experiment."""
+    """Per-role status, every policy's trainer step and version, reward and held-out
+    evaluation (a verifier's judgement; a team's system accuracy), throughput, wait ratio, bus
+    lag — read from the run's metrics topic; works against any running experiment."""
     from rich.console import Console
     from rich.live import Live
 
@@ -37,7 +38,7 @@ def top(
         overrides.append(f"run={run}")
     cfg = load_experiment(config, overrides)
     b = open_bus(cfg, out, create_topics=False)  # a viewer creates nothing
-    collector = Collector(b, cfg.run)
+    collector = Collector(b, cfg.run, policies=cfg.policies)
     console = Console()
     try:
         if once:

@@ -1,20 +1,31 @@
-"""The evaluator: follows ``weights.<policy>`` and measures held-out greedy accuracy of each
-new version (a consumer like any other; the trainer never waits for it).
+"""The evaluator: follows ``weights.<policy>`` and measures each new version of one policy on
+held-out data, greedily (a consumer like any other; the trainer never waits for it).
 
-For every version it reaches (skipping versions that arrive while it is busy), it decodes the
-held-out problems greedily in batches, scores them with the experiment's reward, and emits
-``eval_step`` (the weight version) and ``eval_accuracy`` (0..1) on the metrics topic; `astraflow
-run` turns those into the evaluation lines of ``metrics.jsonl``.
+What it measures depends on the role the policy plays in the run's team (``kind``):
+
+* ``answer`` (a solver, or a single-policy run): the fraction of the held-out problems whose
+  greedy completion the experiment's reward scores right; ``eval_accuracy``.
+* ``verdict`` (a verifier): judgement of the held-out claims (:mod:`astraflow.producers.claims`
+  over the test split: each problem with its right answer and with a wrong one), the verdict
+  parsed as the ``solver_verifier`` workflow parses it. ``eval_accuracy`` is the balanced
+  accuracy, the mean of the accuracy on right claims (``eval_right_accuracy``: approved) and on
+  wrong claims (``eval_wrong_accuracy``: rejected); an unclear verdict is wrong on both
+  (``eval_unclear``: its fraction). A verifier that approves everything scores 0.5.
+
+For every version it reaches (skipping versions that arrive while it is busy) it emits
+``eval_step`` (the weight version) and the gauges above on the metrics topic; `astraflow run`
+turns those into the evaluation lines of ``metrics.jsonl``. The team as a whole is measured by
+:mod:`astraflow.consumers.team_evaluator`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from astraflow.producers.sources import TaskSpec
 
@@ -26,13 +37,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("astraflow.evaluator")
 
+Kind = Literal["answer", "verdict"]
+KINDS: tuple[str, ...] = ("answer", "verdict")
+
 
 @dataclass
 class EvalResult:
     version: int
-    accuracy: float
-    n: int
+    accuracy: float  # answer: fraction right; verdict: balanced accuracy
+    n: int  # problems (answer) or claims (verdict) measured
     seconds: float
+    kind: str = "answer"
+    #: the other gauges of this evaluation (verdict: eval_right_accuracy, ...)
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        halves = (f" (right {self.extra['eval_right_accuracy']:.4f}, wrong "
+                  f"{self.extra['eval_wrong_accuracy']:.4f})" if self.kind == "verdict" else "")
+        return (f"version {self.version}: accuracy {self.accuracy:.4f}{halves} ({self.n} "
+                f"{'claims' if self.kind == 'verdict' else 'problems'}, {self.seconds:.1f}s)")
 
 
 def held_out(producer: ProducerConfig, limit: int) -> list[TaskSpec]:
@@ -48,16 +71,25 @@ def held_out(producer: ProducerConfig, limit: int) -> list[TaskSpec]:
     return [spec for spec, _ in arithmetic(cfg)][:limit]
 
 
-def greedy_accuracy(model: Any, tokenizer: Any, specs: Sequence[TaskSpec],
-                    score: Callable[[str, dict[str, Any]], float], *, max_new_tokens: int,
-                    batch_size: int = 256) -> float:
-    """Fraction of ``specs`` whose greedy completion scores > 0.5."""
+def held_out_claims(producer: ProducerConfig, limit: int, *, prompt: str,
+                    seed: int = 0) -> list[TaskSpec]:
+    """Two claims (right, then wrong) for each of the first ``limit`` held-out problems, each
+    prompt ``prompt`` formatted as the ``solver_verifier`` workflow formats its verifier's."""
+    from astraflow.producers.claims import claim_specs
+
+    return list(claim_specs(held_out(producer, limit), prompt=prompt, seed=seed))
+
+
+def greedy_texts(model: Any, tokenizer: Any, specs: Sequence[TaskSpec], *,
+                 max_new_tokens: int, batch_size: int = 256) -> list[str]:
+    """The greedy completion of each spec's prompt (rendered as the rollout worker renders
+    it), decoded without special tokens."""
     import torch
 
     from astraflow.models.prompt import render_prompt
 
     pad = tokenizer.pad_token_id
-    right = 0
+    texts: list[str] = []
     for i in range(0, len(specs), batch_size):
         chunk = specs[i:i + batch_size]
         prompts = [render_prompt(tokenizer, s.prompt)[1] for s in chunk]
@@ -69,28 +101,139 @@ def greedy_accuracy(model: Any, tokenizer: Any, specs: Sequence[TaskSpec],
             out = model.generate(input_ids=ids, attention_mask=att, do_sample=False,
                                  max_new_tokens=max_new_tokens, pad_token_id=pad,
                                  eos_token_id=tokenizer.eos_token_id)
-        for spec, row in zip(chunk, out[:, width:].tolist(), strict=True):
-            text = tokenizer.decode(row, skip_special_tokens=True)
-            right += float(score(text, spec.reference)) > 0.5
+        texts += [tokenizer.decode(row, skip_special_tokens=True)
+                  for row in out[:, width:].tolist()]
+    return texts
+
+
+def greedy_accuracy(model: Any, tokenizer: Any, specs: Sequence[TaskSpec],
+                    score: Callable[[str, dict[str, Any]], float], *, max_new_tokens: int,
+                    batch_size: int = 256) -> float:
+    """Fraction of ``specs`` whose greedy completion scores > 0.5."""
+    texts = greedy_texts(model, tokenizer, specs, max_new_tokens=max_new_tokens,
+                         batch_size=batch_size)
+    right = sum(float(score(t, s.reference)) > 0.5 for t, s in zip(texts, specs, strict=True))
     return right / max(1, len(specs))
 
 
+@dataclass(frozen=True)
+class VerdictScore:
+    """Judgement of a set of claims: accuracy on the right ones (approved), on the wrong ones
+    (rejected), their mean, and the fraction of unclear verdicts (wrong on both halves)."""
+
+    right: float
+    wrong: float
+    unclear: float
+    n: int
+
+    @property
+    def balanced(self) -> float:
+        return (self.right + self.wrong) / 2
+
+
+def verdict_score(verdicts: Sequence[bool | None], claims: Sequence[TaskSpec]) -> VerdictScore:
+    """Score parsed verdicts (True approve, False reject, None unclear) against the claims'
+    references (``correct``: "1"/"0"); a half without claims scores 0."""
+    hits = {True: [0, 0], False: [0, 0]}  # correct claim? -> [judged right, claims]
+    for verdict, claim in zip(verdicts, claims, strict=True):
+        correct = str(claim.reference.get("correct")) == "1"
+        hits[correct][0] += verdict is correct
+        hits[correct][1] += 1
+    unclear = sum(v is None for v in verdicts)
+    return VerdictScore(right=hits[True][0] / max(1, hits[True][1]),
+                        wrong=hits[False][0] / max(1, hits[False][1]),
+                        unclear=unclear / max(1, len(claims)), n=len(claims))
+
+
+def greedy_verdicts(model: Any, tokenizer: Any, claims: Sequence[TaskSpec], *,
+                    max_new_tokens: int, batch_size: int = 256) -> VerdictScore:
+    """A verifier's greedy judgement of ``claims``, parsed as the workflow parses it."""
+    from astraflow.consumers.rollout.workflows.solver_verifier import parse_verdict
+
+    texts = greedy_texts(model, tokenizer, claims, max_new_tokens=max_new_tokens,
+                         batch_size=batch_size)
+    return verdict_score([parse_verdict(t) for t in texts], claims)
+
+
+class VersionWatch:
+    """When an evaluator following one or several policies' versions is due: when some
+    policy's newest version is ``every`` past the last evaluated one, or newer than it and not
+    followed by another for ``idle_s`` seconds (so a run's final versions are always
+    evaluated). Pure: feed it versions and a clock."""
+
+    def __init__(self, policies: Sequence[str], *, every: int = 1, idle_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.every, self.idle_s, self.clock = every, idle_s, clock
+        self.last = {p: 0 for p in policies}
+        self.newest = dict(self.last)
+        self.newest_at = clock()
+
+    def seen(self, policy: str, version: int | None) -> None:
+        if version is not None and version > self.newest[policy]:
+            self.newest[policy] = version
+            self.newest_at = self.clock()
+
+    def due(self) -> bool:
+        ahead = [self.newest[p] - self.last[p] for p in self.newest]
+        return any(d >= self.every for d in ahead) or (
+            any(d > 0 for d in ahead) and self.clock() - self.newest_at >= self.idle_s)
+
+    def take(self) -> dict[str, int]:
+        """The versions to evaluate now (and mark them evaluated)."""
+        self.last = dict(self.newest)
+        return dict(self.newest)
+
+
+def follow(bus: Any, *, dlq: str, component: str, watch: VersionWatch,
+           syncers: Mapping[str, Any], evaluate: Callable[[dict[str, int]], Any],
+           done: Callable[[], bool], idle: Callable[[], None], timeout: float | None,
+           should_stop: Callable[[], bool]) -> None:
+    """Follow ``syncers`` (policy -> weights syncer) and ``evaluate`` the versions reached
+    whenever ``watch`` says so, until ``done()``, ``timeout`` or ``should_stop()``. A handler
+    without inputs on the processor runtime, which owns stopping (each syncer reads its own
+    ``weights.<policy>``)."""
+    from astraflow.core.stream import Processor, Stateless
+
+    wait = 0.5 / max(1, len(syncers))
+
+    def tick() -> list[Any]:
+        for policy, syncer in syncers.items():
+            watch.seen(policy, syncer.sync_once(timeout=wait))
+        if watch.due():
+            evaluate(watch.take())
+        else:
+            idle()
+        return []
+
+    proc = Processor(bus, Stateless(tick=tick, done=done), [], dlq=dlq, component=component)
+    try:
+        proc.run(timeout=timeout, should_stop=should_stop)
+    finally:
+        proc.close()
+
+
 class Evaluator:
-    """Greedy held-out accuracy of every weight version it can reach."""
+    """Greedy held-out accuracy (``kind="answer"``) or judgement (``kind="verdict"``, claims
+    prompted with ``verifier_prompt``) of every weight version of ``policy`` it can reach."""
 
     def __init__(self, *, run: str, policy: str, model: ModelConfig, producer: ProducerConfig,
                  reward: RewardConfig, max_new_tokens: int, weights: WeightsConfig,
                  out: str | Path, bus: Any, limit: int = 500, metrics: Any = None,
-                 component: str | None = None) -> None:
+                 component: str | None = None, kind: str = "answer",
+                 verifier_prompt: str | None = None, seed: int = 0) -> None:
         from astraflow.consumers.rollout.engines.target import ModelTarget
         from astraflow.consumers.rollout.rewards import build_reward
+        from astraflow.core.errors import ConfigError
         from astraflow.core.metrics import component_id
         from astraflow.core.topics import topic_name
         from astraflow.models.config import model_dir
         from astraflow.models.tiny import load
         from astraflow.weights.config import build_syncer
 
+        if kind not in KINDS:
+            raise ConfigError(f"unknown evaluation kind {kind!r}; valid: {', '.join(KINDS)}")
         self.policy = policy
+        self.kind = kind
         self.metrics = metrics
         self.bus = bus
         self.dlq = topic_name(run, "dlq")
@@ -99,7 +242,13 @@ class Evaluator:
                                        else component_id(f"evaluator-{policy}"))
         self.model, self.tokenizer = load(model_dir(model, policy, out))
         self.model.eval()
-        self.specs = held_out(producer, limit)
+        if kind == "verdict":
+            from astraflow.consumers.rollout.workflows.solver_verifier import VERIFIER_PROMPT
+
+            self.specs = held_out_claims(producer, limit, prompt=verifier_prompt or
+                                         VERIFIER_PROMPT, seed=seed)
+        else:
+            self.specs = held_out(producer, limit)
         self.reward = build_reward(reward)
         self.max_new_tokens = max_new_tokens
         self.target = ModelTarget(self.model)
@@ -107,17 +256,29 @@ class Evaluator:
                                    worker="evaluator", out=out)
         self.results: list[EvalResult] = []
 
+    def measure(self) -> tuple[float, dict[str, float]]:
+        """(eval_accuracy, the other gauges) of the weights the model holds now."""
+        if self.kind == "verdict":
+            v = greedy_verdicts(self.model, self.tokenizer, self.specs,
+                                max_new_tokens=self.max_new_tokens)
+            return v.balanced, {"eval_right_accuracy": v.right, "eval_wrong_accuracy": v.wrong,
+                                "eval_unclear": v.unclear}
+        return greedy_accuracy(self.model, self.tokenizer, self.specs, self._score,
+                               max_new_tokens=self.max_new_tokens), {}
+
     def evaluate(self, version: int) -> EvalResult:
         t0 = time.monotonic()
-        acc = greedy_accuracy(self.model, self.tokenizer, self.specs, self._score,
-                              max_new_tokens=self.max_new_tokens)
-        res = EvalResult(version, acc, len(self.specs), time.monotonic() - t0)
+        acc, extra = self.measure()
+        res = EvalResult(version, acc, len(self.specs), time.monotonic() - t0, self.kind, extra)
         self.results.append(res)
-        log.info("eval version=%d accuracy=%.4f n=%d seconds=%.1f", version, acc, res.n,
-                 res.seconds)
+        log.info("eval policy=%s kind=%s version=%d accuracy=%.4f n=%d seconds=%.1f%s",
+                 self.policy, self.kind, version, acc, res.n, res.seconds,
+                 "".join(f" {k}={v:.4f}" for k, v in extra.items()))
         if self.metrics is not None:
             self.metrics.set("eval_step", version)
             self.metrics.set("eval_accuracy", acc)
+            for k, v in extra.items():
+                self.metrics.set(k, v)
             self.metrics.set("weight_version", version)
             self.metrics.inc("evaluations")
             self.metrics.emit()
@@ -132,34 +293,16 @@ class Evaluator:
         """Evaluate the initial weights (as version 0), then a version whenever ``every``
         versions passed since the last evaluation — or when the newest version reached has
         not been followed by another for ``idle_s`` seconds (so the final version of a run is
-        always evaluated) — until stopped. A handler without inputs on the processor
-        runtime, which owns stopping (the syncer reads ``weights.<policy>`` itself)."""
-        from astraflow.core.stream import Processor, Stateless
-
-        self._max_evals, self._every, self._idle_s = max_evals, every, idle_s
+        always evaluated) — until stopped (:func:`follow`)."""
         if initial:
             self.evaluate(0)
-        self._last = self._newest = 0
-        self._newest_at = time.monotonic()
-        handler = Stateless(tick=self._follow, done=self._done)
-        proc = Processor(self.bus, handler, [], dlq=self.dlq, component=self.component)
-        try:
-            proc.run(timeout=timeout, should_stop=should_stop)
-        finally:
-            proc.close()
+        follow(self.bus, dlq=self.dlq, component=self.component,
+               watch=VersionWatch([self.policy], every=every, idle_s=idle_s),
+               syncers={self.policy: self.syncer},
+               evaluate=lambda versions: self.evaluate(versions[self.policy]),
+               done=lambda: max_evals is not None and len(self.results) >= max_evals,
+               idle=self.metrics.tick if self.metrics is not None else lambda: None,
+               timeout=timeout, should_stop=should_stop)
 
-    def _done(self) -> bool:
-        return self._max_evals is not None and len(self.results) >= self._max_evals
-
-    def _follow(self) -> list[Any]:
-        version = self.syncer.sync_once(timeout=0.5)
-        if version is not None and version > self._newest:
-            self._newest, self._newest_at = version, time.monotonic()
-        due = self._newest - self._last >= self._every or (
-            self._newest > self._last and time.monotonic() - self._newest_at >= self._idle_s)
-        if due:
-            self._last = self._newest
-            self.evaluate(self._newest)
-        elif self.metrics is not None:
-            self.metrics.tick()
-        return []
+    def close(self) -> None:
+        self.syncer.close()

@@ -3,15 +3,29 @@ lines of ``metrics.jsonl``.
 
 ``metrics.jsonl`` has one JSON object per line. Every line has ``time`` (seconds since the
 epoch), ``elapsed`` (seconds since the collector started) and ``step`` (the trainer's step);
-trainer lines carry the trainer's gauges (``loss``, ``reward_mean``, ``wait_ratio``, ...),
-evaluation lines carry ``eval_accuracy`` (held-out greedy accuracy, 0..1), rollout summary
-lines carry ``episodes_per_s`` and ``gen_tokens_per_s`` (tokens generated per second).
+trainer lines carry the trainer's gauges (``loss``, ``reward_mean``, ``wait_ratio``, ...) and,
+when its component names it, its ``policy``; rollout summary lines carry ``episodes_per_s`` and
+``gen_tokens_per_s`` (tokens generated per second).
+
+Evaluation lines name their ``policy`` and ``kind`` (docs/evaluation.md):
+
+* ``answer`` — ``eval_accuracy``: the policy's held-out greedy accuracy (0..1); ``step`` is the
+  weight version evaluated;
+* ``verdict`` — a verifier: ``eval_accuracy`` is its balanced judgement accuracy, with
+  ``eval_right_accuracy``, ``eval_wrong_accuracy`` and ``eval_unclear``;
+* ``system`` — the team (``policy: "team"``): ``system_accuracy``, ``first_accuracy``,
+  ``retry_rate``, ``unclear_rate``, ``error_rate``, and ``versions`` (policy -> the version
+  evaluated); ``step`` is the solver's version.
+
+A process's policy comes from its component id, ``<role>-<policy>-<host>-<pid>-<hex>``
+(:func:`astraflow.core.metrics.component_id` of ``evaluator-<policy>``).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -20,6 +34,37 @@ from astraflow.core.bus.types import Bus
 from astraflow.core.errors import SchemaError
 from astraflow.core.records import Metric, decode
 from astraflow.core.topics import topic_name
+
+#: the gauges of a verifier's evaluation besides eval_accuracy (their presence: kind verdict)
+VERDICT_GAUGES = ("eval_right_accuracy", "eval_wrong_accuracy", "eval_unclear")
+#: the gauges of the team's evaluation
+SYSTEM_GAUGES = ("system_accuracy", "first_accuracy", "retry_rate", "unclear_rate", "error_rate")
+TEAM = "team"  # the policy field of the team's evaluation lines
+TEAM_ROLE = "evaluator-team"  # the Metric role of the team's evaluator
+
+
+def label(m: Metric) -> str:
+    """The component id without its process suffix (``-<host>-<pid>-<hex>``): e.g.
+    ``evaluator-solver``; the whole id when it has no such suffix."""
+    cut = m.component.find(f"-{m.host}-{m.pid}-")
+    return m.component if cut < 0 else m.component[:cut]
+
+
+def named_policy(m: Metric) -> str | None:
+    """The policy a trainer's or evaluator's component id names (``trainer-<policy>-...``,
+    ``evaluator-<policy>-...``), or None."""
+    name = label(m)
+    for prefix in ("evaluator-", "trainer-"):
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return name[len(prefix):]
+    return None
+
+
+def eval_kind(gauges: dict[str, float]) -> str:
+    """``system``, ``verdict`` or ``answer``: what an evaluator's gauges measure."""
+    if "system_accuracy" in gauges:
+        return "system"
+    return "verdict" if "eval_right_accuracy" in gauges else "answer"
 
 
 @dataclass
@@ -46,12 +91,14 @@ class Collector:
     bus: Bus
     run: str
     jsonl: Path | None = None
+    #: the run's policies: a trainer or evaluator whose id names none is the only policy's
+    policies: Sequence[str] = ()
     components: dict[str, ComponentState] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     lines: int = 0
     _fh: IO[str] | None = None
     _last_step: dict[str, float] = field(default_factory=dict)
-    _last_eval: dict[str, float] = field(default_factory=dict)
+    _last_eval: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.topic = topic_name(self.run, "metrics")
@@ -85,15 +132,49 @@ class Collector:
         step = m.gauges.get("step")
         if m.role == "trainer" and step is not None and step != self._last_step.get(m.component):
             self._last_step[m.component] = step
-            self._write({"source": m.component, "step": int(step), **m.gauges,
+            who = self.policy_of(m)
+            self._write({"source": m.component, "step": int(step),
+                         **({"policy": who} if who is not None else {}), **m.gauges,
                          **{f"{k}_total": v for k, v in m.counters.items()}}, m.ts)
+        if m.role == "evaluator":
+            self._eval_line(m, step)
+        elif m.role == TEAM_ROLE:
+            self._team_line(m)
+
+    def _eval_line(self, m: Metric, step: float | None) -> None:
         acc = m.gauges.get("eval_accuracy")
         eval_step = m.gauges.get("eval_step", step)
-        if m.role == "evaluator" and acc is not None and eval_step is not None and \
-                self._last_eval.get(m.component) != eval_step:
-            self._last_eval[m.component] = eval_step
-            self._write({"source": m.component, "step": int(eval_step),
-                         "eval_accuracy": acc}, m.ts)
+        if acc is None or eval_step is None or self._last_eval.get(m.component) == eval_step:
+            return
+        self._last_eval[m.component] = eval_step
+        kind = eval_kind(m.gauges)
+        extra = {k: m.gauges[k] for k in VERDICT_GAUGES if k in m.gauges} \
+            if kind == "verdict" else {}
+        self._write({"source": m.component, "step": int(eval_step),
+                     "policy": self.policy_of(m), "kind": kind, "eval_accuracy": acc,
+                     **extra}, m.ts)
+
+    def _team_line(self, m: Metric) -> None:
+        if "system_accuracy" not in m.gauges:
+            return
+        versions = {k.removeprefix("version."): int(v) for k, v in m.gauges.items()
+                    if k.startswith("version.")}
+        key = (m.counters.get("evaluations"), tuple(sorted(versions.items())))
+        if self._last_eval.get(m.component) == key:
+            return
+        self._last_eval[m.component] = key
+        self._write({"source": m.component, "step": int(m.gauges.get("eval_step", 0)),
+                     "policy": TEAM, "kind": "system",
+                     **{k: m.gauges[k] for k in SYSTEM_GAUGES if k in m.gauges},
+                     "versions": versions}, m.ts)
+
+    def policy_of(self, m: Metric) -> str | None:
+        """The policy of a trainer or evaluator: the one its component id names, else the
+        run's only policy, else None."""
+        named = named_policy(m)
+        if named is not None and (not self.policies or named in self.policies):
+            return named
+        return self.policies[0] if len(self.policies) == 1 else named
 
     def _write(self, obj: dict[str, Any], ts: float) -> None:
         assert self._fh is not None
@@ -112,9 +193,30 @@ class Collector:
                 if c.metric.status == "running" and now - c.metric.ts < 30]
         return (sum(c.rate("episodes") for c in live), sum(c.rate("tokens") for c in live))
 
-    def trainer_step(self) -> int:
-        return int(max((c.metric.gauges.get("step", 0) for c in self.by_role("trainer")),
-                       default=0))
+    def trainer_step(self, policy: str | None = None) -> int:
+        """The newest trainer step (of ``policy``'s trainer; None: of any)."""
+        trainers = self.by_role("trainer")
+        if policy is not None:
+            trainers = [c for c in trainers if self.policy_of(c.metric) == policy]
+        return int(max((c.metric.gauges.get("step", 0) for c in trainers), default=0))
+
+    def newest_by_policy(self, role: str) -> dict[str | None, ComponentState]:
+        """Per policy, the process of ``role`` heard from last (a restarted role leaves its
+        old component behind)."""
+        out: dict[str | None, ComponentState] = {}
+        for c in self.by_role(role):
+            p = self.policy_of(c.metric)
+            if p not in out or c.metric.ts >= out[p].metric.ts:
+                out[p] = c
+        return out
+
+    def evaluators(self) -> dict[str | None, ComponentState]:
+        """Each policy's evaluator (the newest process of each)."""
+        return self.newest_by_policy("evaluator")
+
+    def team_evaluator(self) -> ComponentState | None:
+        evs = self.by_role(TEAM_ROLE)
+        return max(evs, key=lambda c: c.metric.ts) if evs else None
 
     def write_summary(self) -> None:
         """Append a rollout-throughput line (the supervisor calls this every few seconds)."""

@@ -115,7 +115,7 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
     from astraflow.run.view import render
 
     path = write_config(config, out / "config-rl.yaml")
-    col = Collector(bus, config.run, jsonl=out / "metrics.jsonl")
+    col = Collector(bus, config.run, jsonl=out / "metrics.jsonl", policies=config.policies)
     sup.start(rl_roles(config, path, out))
     timeout = config.launch.timeout_s
     interrupted = False
@@ -157,37 +157,66 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
                    summary)
 
 
+def _team_evaluated(config: ExperimentConfig) -> bool:
+    """Does `astraflow run` start a team evaluator (launch.rl_roles) for this run?"""
+    return config.launch.evaluate and config.team_workflow() == "solver_verifier"
+
+
 def _reached(config: ExperimentConfig, col: Any) -> bool:
-    """Has every evaluator measured at least ``launch.stop_at_accuracy``?"""
+    """Has every evaluator measured at least ``launch.stop_at_accuracy``: each policy's (its
+    newest process: answer accuracy, or a verifier's balanced judgement accuracy) and, in a
+    team run, the team's system accuracy?"""
     target = config.launch.stop_at_accuracy
     if target is None or not config.launch.evaluate:
         return False
-    evs = col.by_role("evaluator")
-    return len(evs) == len(config.policies) and all(
-        e.metric.gauges.get("eval_accuracy", -1.0) >= target for e in evs)
+    evs = col.evaluators()
+    if not all(p in evs and evs[p].metric.gauges.get("eval_accuracy", -1.0) >= target
+               for p in config.policies):
+        return False
+    if _team_evaluated(config):
+        team = col.team_evaluator()
+        return team is not None and team.metric.gauges.get("system_accuracy", -1.0) >= target
+    return True
 
 
 def _await_final_eval(config: ExperimentConfig, col: Any, sup: Supervisor,
                       timeout: float = 180.0) -> None:
-    """Let each evaluator score the final version before everything stops."""
+    """Let each evaluator score its policy's final version (the team's: every policy's)
+    before everything stops."""
     if not config.launch.evaluate or sup.failed:
         return
-    final = col.trainer_step()
+    final = {p: col.trainer_step(p) for p in config.policies}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         col.poll(0.5)
-        evs = col.by_role("evaluator")
-        if evs and all(e.metric.gauges.get("eval_step", -1) >= final for e in evs):
+        if _evaluated(config, col, final):
             return
         sup.check()
 
 
+def _evaluated(config: ExperimentConfig, col: Any, final: dict[str, int]) -> bool:
+    """Has every evaluator reported a version at least ``final[policy]``?"""
+    evs = col.evaluators()
+    if not evs or not all(p in evs and evs[p].metric.gauges.get("eval_step", -1) >= step
+                          for p, step in final.items()):
+        return False
+    if not _team_evaluated(config):
+        return True
+    team = col.team_evaluator()
+    if team is None:
+        return False
+    g = team.metric.gauges
+    return all(g.get(f"version.{p}", -1) >= final[p] for p in config.team().values()
+               if p in final)
+
+
 def export_final(config: ExperimentConfig, out: Path) -> dict[str, Path]:
-    """Each trainer's newest checkpoint (where its ``trainer.checkpoint_dir`` puts it) as a
-    Hugging Face model directory ``out/final/<policy>``; policies without one are left out."""
+    """Each trainer's newest checkpoint (where its ``trainer.checkpoint_dir`` puts it, under
+    ``trainers.<policy>`` when the policy overrides it) as a Hugging Face model directory
+    ``out/final/<policy>``; policies without one are left out."""
     exported: dict[str, Path] = {}
     for p in config.policies:
-        ck = newest_checkpoint(config.trainer.checkpoint_root(out, p))
+        ck = newest_checkpoint(config.trainer_for(p).checkpoint_root(out, p))
         if ck is not None:
             exported[p] = export_model(ck, model_dir(config, p, out), out / "final" / p)
     return exported
@@ -216,6 +245,16 @@ def _finish(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, cons
     for k in ("trainer_steps", "elapsed_s", "eval_first", "eval_last", "eval_best",
               "episodes_per_s_mean", "wait_ratio_mean"):
         table.add_row(k, str(result.get(k)))
+    evals = result.get("eval", {})
+    for p, e in evals.items() if len(evals) > 1 else ():
+        table.add_row(f"eval {p} ({e['kind']}) first/last/best",
+                      "/".join("-" if e[k] is None else f"{e[k]:.3f}"
+                               for k in ("first", "last", "best")))
+    if "system" in result:
+        s = result["system"]
+        table.add_row("team system_accuracy first/last/best",
+                      "/".join("-" if s[k] is None else f"{s[k]:.3f}"
+                               for k in ("first", "last", "best")))
     for p, w in result.get("warmup", {}).get("policies", {}).items():
         acc = "" if w.get("accuracy") is None else f"{w['accuracy']:.3f} at "
         table.add_row(f"warm-up {p}", f"{acc}step {w.get('step')} ({w.get('outcome')})")

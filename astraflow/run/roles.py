@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from astraflow.consumers.evaluator import Evaluator
     from astraflow.consumers.rollout.engines.base import Engine
     from astraflow.consumers.rollout.worker import RolloutWorker, WorkerStats
+    from astraflow.consumers.team_evaluator import TeamEvaluator
     from astraflow.consumers.trainer.loop import Trainer
     from astraflow.core.bus.types import Bus
     from astraflow.core.claims import BlobStore
@@ -151,16 +152,54 @@ def run_stage(config: ExperimentConfig, stage: str, *, policy: str | None = None
 
 def build_evaluator(config: ExperimentConfig, policy: str, out: str | Path, *, bus: Bus,
                     metrics: Any = None) -> Evaluator:
-    """The held-out evaluator of ``policy`` (``launch.eval_problems`` problems)."""
+    """The held-out evaluator of ``policy`` (``launch.eval_problems`` problems): its
+    judgement of right and wrong claims when it plays the ``verifier`` role of a
+    ``solver_verifier`` team (prompted as the run's workflow prompts it), else its answers."""
     from astraflow.consumers.evaluator import Evaluator
 
     if policy not in config.policies:
         raise ConfigError(f"unknown policy {policy!r}; valid: {', '.join(config.policies)}")
+    verdict = config.team_workflow() == "solver_verifier" and \
+        config.role_of(policy) == "verifier"
+    prompt = None
+    max_new_tokens = config.rollout.engine.max_new_tokens
+    if verdict:
+        from astraflow.consumers.rollout.workflows.solver_verifier import VERIFIER_PROMPT
+
+        kwargs = config.rollout.workflow.kwargs.get("solver_verifier", {})
+        prompt = kwargs.get("verifier_prompt") or VERIFIER_PROMPT
+        # the verifier's turn as the workflow samples it: its role's override, the shared one
+        own = (kwargs.get("role_sampling") or {}).get("verifier") or {}
+        max_new_tokens = int(own.get("max_new_tokens", kwargs.get("max_new_tokens",
+                                                                  max_new_tokens)))
     return Evaluator(run=config.run, policy=policy, model=config.model(policy),
                      producer=config.producer, reward=config.rollout.reward,
-                     max_new_tokens=config.rollout.engine.max_new_tokens,
+                     max_new_tokens=max_new_tokens,
                      weights=config.weights, out=out, bus=bus,
-                     limit=config.launch.eval_problems, metrics=metrics)
+                     limit=config.launch.eval_problems, metrics=metrics,
+                     kind="verdict" if verdict else "answer", verifier_prompt=prompt,
+                     seed=config.seed)
+
+
+def build_team_evaluator(config: ExperimentConfig, out: str | Path, *, bus: Bus,
+                         metrics: Any = None) -> TeamEvaluator:
+    """The evaluator of the run's ``solver_verifier`` team (every policy of it, the whole
+    episode, greedy, on ``launch.eval_problems`` held-out problems)."""
+    from astraflow.consumers.team_evaluator import WORKFLOW, TeamEvaluator
+
+    if config.team_workflow() != WORKFLOW:
+        raise ConfigError(f"the team evaluator measures a {WORKFLOW} team; this run's "
+                          f"workflow is {config.team_workflow() or config.producer.workflow!r} "
+                          f"(set producer.workflow: {WORKFLOW})")
+    team = config.team()
+    return TeamEvaluator(run=config.run, team=team,
+                         models={p: config.model(p) for p in team.values()},
+                         producer=config.producer, reward=config.rollout.reward,
+                         max_new_tokens=config.rollout.engine.max_new_tokens,
+                         weights=config.weights, out=out, bus=bus,
+                         limit=config.launch.eval_problems,
+                         workflow_kwargs=config.rollout.workflow.kwargs.get(WORKFLOW, {}),
+                         metrics=metrics)
 
 
 # producer ------------------------------------------------------------------------------------
