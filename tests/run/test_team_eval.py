@@ -314,3 +314,29 @@ def test_verifier_and_team_evaluators_on_real_models(tmp_path: Path, saying_no: 
             m.close()
         col.close()
         bus.close()
+
+
+def test_team_evaluator_follows_each_policys_weights(tmp_path: Path, saying_no: Path) -> None:
+    """A new verifier version on weights.verifier (the SFT'd "no" model) is evaluated with the
+    solver's version unchanged: the versions of each policy are those the team ran."""
+    from safetensors.torch import load_file
+
+    from astraflow.run.roles import build_publisher, build_team_evaluator
+
+    cfg = example()
+    bus = open_bus(cfg, tmp_path)
+    pub = build_publisher(cfg, "verifier", tmp_path, bus)
+    ev = build_team_evaluator(cfg, tmp_path, bus=bus)  # both models as built: random
+    try:
+        pub.publish(load_file(str(saying_no / "model.safetensors")), 1)
+        pub.flush(timeout=60)
+        ev.run(max_evals=2, timeout=120, idle_s=0.0)
+        first, second = ev.results
+        assert first.versions == {"solver": 0, "verifier": 0} and first.retry_rate < 1.0
+        assert second.versions == {"solver": 0, "verifier": 1}
+        assert second.retry_rate > 0.9  # bf16-rounded weights of a model that always says no
+        assert second.first_accuracy == first.first_accuracy  # the solver did not change
+    finally:
+        ev.close()
+        pub.close()
+        bus.close()
