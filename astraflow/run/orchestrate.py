@@ -185,13 +185,51 @@ def _await_final_eval(config: ExperimentConfig, col: Any, sup: Supervisor,
     before everything stops."""
     if not config.launch.evaluate or sup.failed:
         return
-    final = {p: col.trainer_step(p) for p in config.policies}
+    final = _final_versions(config, col)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         col.poll(0.5)
         if _evaluated(config, col, final):
             return
         sup.check()
+
+
+def _final_versions(config: ExperimentConfig, col: Any) -> dict[str, int]:
+    """Each policy's final version: its trainer's step, or, where no trainer's component names
+    the policy (several policies), the newest version on ``weights.<policy>``."""
+    named = {col.policy_of(c.metric) for c in col.by_role("trainer")}
+    return {p: col.trainer_step(p) if p in named else _published(col.bus, config.run, p)
+            for p in config.policies}
+
+
+def _published(bus: Any, run: str, policy: str) -> int:
+    """The newest version published on ``weights.<policy>`` (0: none): the last manifest of
+    each partition (a publisher's versions increase)."""
+    from astraflow.core.errors import SchemaError
+    from astraflow.core.records import WeightManifest, decode
+    from astraflow.core.topics import topic_name
+
+    topic = topic_name(run, "weights", policy)
+    try:
+        ends = bus.describe_topic(topic).end_offsets
+    except BusError:
+        return 0
+    if not any(ends.values()):
+        return 0
+    reader = bus.reader(topic, start={p: max(0, e - 1) for p, e in ends.items()},
+                        client_id="run-final-versions")
+    newest = 0
+    try:
+        for msg in reader.consume(len(ends), 2.0):
+            try:
+                m = decode(msg.value, WeightManifest)
+            except SchemaError:
+                continue
+            if isinstance(m, WeightManifest):
+                newest = max(newest, m.version)
+    finally:
+        reader.close()
+    return newest
 
 
 def _evaluated(config: ExperimentConfig, col: Any, final: dict[str, int]) -> bool:

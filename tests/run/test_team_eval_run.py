@@ -145,3 +145,34 @@ def test_lines_name_the_policy_of_trainers_and_evaluators(tmp_path: Path) -> Non
             m.close()
         col.close()
         bus.close()
+
+
+def test_final_versions_from_named_trainers_else_the_weights_topic(tmp_path: Path) -> None:
+    """The final evaluation waits for each policy's final version: its trainer's step where
+    the trainer's component names the policy, else the newest manifest on weights.<policy>."""
+    import torch
+
+    from astraflow.config import open_bus
+    from astraflow.run.orchestrate import _final_versions
+    from astraflow.run.roles import build_publisher
+
+    cfg = team_config()
+    bus = open_bus(cfg, tmp_path)
+    col = Collector(bus, cfg.run, policies=cfg.policies)
+    solver = MetricsEmitter(bus, run=cfg.run, role="trainer",
+                            component=component_id("trainer-solver"))
+    pub = build_publisher(cfg, "verifier", tmp_path, bus)
+    try:
+        assert _final_versions(cfg, col) == {"solver": 0, "verifier": 0}  # nothing yet
+        solver.set("step", 5)
+        solver.emit()
+        for v in (1, 2, 3):
+            pub.publish({"w": torch.full((8,), float(v))}, v)
+        pub.flush(timeout=30)
+        col.poll(1.0)
+        assert _final_versions(cfg, col) == {"solver": 5, "verifier": 3}
+    finally:
+        pub.close()
+        solver.close()
+        col.close()
+        bus.close()
