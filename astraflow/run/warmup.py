@@ -365,10 +365,12 @@ def _label(policy: str, r: PolicyWarmup) -> str:
 
 def _prune_pins(r: PolicyWarmup) -> None:
     """Keep only the pinned weights that can still be chosen: the closest check so far (the
-    first one in the band once there is one)."""
+    first one in the band once there is one) and those not measured yet (several checkpoints
+    can be pinned in one scan when measuring falls behind)."""
     keep = r.pinned(r.watch.closest.step) if r.watch.closest is not None else None
+    measured = r.watch.checks[-1].step if r.watch.checks else -1
     for d in r.checkpoints.keep.glob("step-*"):
-        if d != keep:
+        if d != keep and int(d.name.removeprefix("step-")) <= measured:
             shutil.rmtree(d, ignore_errors=True)
 
 

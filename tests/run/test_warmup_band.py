@@ -80,6 +80,44 @@ def test_each_checkpoint_is_pinned_and_a_pruned_one_is_counted(tmp_path: Path) -
     assert [s for s, _ in w.new()] == [25, 27] and w.missed == [15, 20]
 
 
+def test_pins_not_yet_measured_survive_pruning(tmp_path: Path) -> None:
+    # a busy host: one scan pins several checkpoints; measuring the first must not prune the
+    # others before they are measured (it did: FileNotFoundError on the second)
+    from astraflow.run.warmup import BandWatch, CheckpointWatch, PolicyWarmup, _prune_pins
+
+    root = tmp_path / "ck"
+    for step in (5, 10, 15):
+        (root / f"step-{step:010d}").mkdir(parents=True)
+        (root / f"step-{step:010d}" / "model.safetensors").write_bytes(b"w")
+    r = PolicyWarmup("p", BandWatch((0.5, 0.6)), probe=None,  # type: ignore[arg-type]
+                     checkpoints=CheckpointWatch(root, tmp_path / "pins", every=5))
+    pinned = r.checkpoints.new()
+    for i, (step, pin) in enumerate(pinned):
+        assert (pin / "model.safetensors").exists(), step
+        r.watch.add(Check(step, 0.1 * (i + 1)))
+        _prune_pins(r)
+    assert [p.name for p in (tmp_path / "pins").iterdir()] == [f"step-{15:010d}"]
+
+
+def test_each_policy_may_have_its_own_band_lr_and_steps() -> None:
+    c = ExperimentConfig.model_validate({
+        "policies": ["solver", "verifier"],
+        "trainers": {"verifier": {"optimizer": {"lr": 1e-5}}},  # RL only
+        "launch": {"warmup": {"steps": 300, "lr": 2e-3, "target_accuracy": [0.2, 0.3],
+                              "policies": {"verifier": {"target_accuracy": [0.6, 0.7],
+                                                        "lr": 1e-3, "steps": 500}}}}})
+    w = c.launch.warmup
+    assert (w.band("solver"), w.band("verifier")) == ((0.2, 0.3), (0.6, 0.7))
+    warm = warmup_config(c)
+    assert warm.trainer_for("solver").optimizer.lr == 2e-3
+    assert warm.trainer_for("verifier").optimizer.lr == 1e-3  # not the RL override
+    assert warm.trainer_for("verifier").max_steps == 500
+    assert warm.trainer_for("solver").max_steps == 300
+    with pytest.raises(Exception, match=r"launch.warmup.policies.judge\n.*unknown policy"):
+        ExperimentConfig.model_validate({"policies": ["solver"], "launch": {"warmup": {
+            "policies": {"judge": {"lr": 1e-3}}}}})
+
+
 def cfg(**warmup: object) -> ExperimentConfig:
     return ExperimentConfig.model_validate({"launch": {"warmup": warmup}})
 
