@@ -43,7 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 
 from astraflow.core.errors import AstraflowError
-from astraflow.core.records import Record
+from astraflow.core.records import Record, TrajectoryGroup
 
 
 class PolicyError(AstraflowError):
@@ -81,6 +81,13 @@ class Policy(Protocol):
     def init_state(self) -> Any: ...
 
     def process(self, record: Any, state: Any, ctx: Context) -> list[Record]: ...
+
+
+def group_key(g: TrajectoryGroup) -> str:
+    """A group's identity within its policy: its group id, or ``group_id@agent`` for a role's
+    group (one policy playing two roles has two groups per task attempt). The agent-less form
+    is the group id itself, so states checkpointed before agents stay valid."""
+    return f"{g.group_id}@{g.agent}" if g.agent else g.group_id
 
 
 def bump(counts: dict[str, int], key: str, n: int = 1) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from astraflow.core.records import Batch, Group, Record, TrajectoryGroup
-from astraflow.policies.base import Context, PolicyError, bump, remember
+from astraflow.policies.base import Context, PolicyError, bump, group_key, remember
 from astraflow.policies.env import BuildEnv
 
 
@@ -40,10 +40,11 @@ class Batcher:
         if g.policy != self.policy:
             raise PolicyError(f"group {g.group_id!r} of policy {g.policy!r} reached the batcher "
                               f"of policy {self.policy!r}")
-        if any(p.group_id == g.group_id for p in state.pending):
+        key = group_key(g)
+        if any(group_key(p) == key for p in state.pending):
             bump(state.counts, "duplicate_in_batch")
             return []
-        if not g.replayed and not remember(state.seen, g.group_id, self.dedup_window):
+        if not g.replayed and not remember(state.seen, key, self.dedup_window):
             bump(state.counts, "duplicate")
             return []
         state.pending.append(g)

@@ -44,10 +44,10 @@ class Chain:
 
     # ------------------------------------------------------------------ main flow
 
-    def _run(self, start: int, flow: list[Record], dropped: set[tuple[str, str]]
+    def _run(self, start: int, flow: list[Record], dropped: set[tuple[str, str, str]]
              ) -> tuple[list[Record], list[Record]]:
         """Run ``flow`` through the policies from ``start`` on; (main flow out, side outputs).
-        Adds to ``dropped`` the (policy, group id) of each group a policy dropped."""
+        Adds to ``dropped`` the (policy, agent, group id) of each group a policy dropped."""
         side: list[Record] = []
         for i in range(start, len(self.policies)):
             if not flow:
@@ -66,7 +66,7 @@ class Chain:
         return flow, side
 
     @staticmethod
-    def _settle(side: list[Record], dropped: set[tuple[str, str]]) -> list[Record]:
+    def _settle(side: list[Record], dropped: set[tuple[str, str, str]]) -> list[Record]:
         """Side outputs with each GroupStats of a group dropped in this step marked
         ``kept=False`` (see the module docstring)."""
         if not dropped:
@@ -83,7 +83,7 @@ class Chain:
 
     def feed(self, record: Record) -> list[Record]:
         """Run one input record through the chain; the stage's outputs, main flow first."""
-        dropped: set[tuple[str, str]] = set()
+        dropped: set[tuple[str, str, str]] = set()
         flow, side = self._run(0, [record], dropped)
         self._emitted(flow)
         return flow + self._settle(side, dropped)
@@ -100,7 +100,7 @@ class Chain:
         """Let every policy release what time or capacity allows (timeouts, held tasks)."""
         flow_out: list[Record] = []
         side_out: list[Record] = []
-        dropped: set[tuple[str, str]] = set()
+        dropped: set[tuple[str, str, str]] = set()
         for i, p in enumerate(self.policies):
             hook = getattr(p, "tick", None)
             if hook is None:
@@ -198,5 +198,5 @@ class Chain:
                         self.stage, ", ".join(extra))
 
 
-def _key(r: TrajectoryGroup | GroupStats) -> tuple[str, str]:
-    return r.policy, r.group_id
+def _key(r: TrajectoryGroup | GroupStats) -> tuple[str, str, str]:
+    return r.policy, r.agent, r.group_id

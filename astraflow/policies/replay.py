@@ -22,7 +22,7 @@ import math
 import msgspec
 
 from astraflow.core.records import Record, TrajectoryGroup
-from astraflow.policies.base import Context, bump, remember, uniform
+from astraflow.policies.base import Context, bump, group_key, remember, uniform
 from astraflow.policies.env import BuildEnv
 
 
@@ -76,16 +76,16 @@ class Replay:
                 - math.floor(batch_index * rb + 1e-9))
 
     def process(self, g: TrajectoryGroup, state: ReplayState, ctx: Context) -> list[Record]:
-        if not remember(state.seen, g.group_id, self.dedup_window):
+        if not remember(state.seen, group_key(g), self.dedup_window):
             bump(state.counts, "duplicate")
             return []
         bump(state.counts, "fresh")
-        state.block.append(g.group_id)
+        state.block.append(group_key(g))
         state.buffer.append(g)
-        state.uses[g.group_id] = 0
+        state.uses[group_key(g)] = 0
         while len(state.buffer) > self.capacity:
             old = state.buffer.pop(0)
-            state.uses.pop(old.group_id, None)
+            state.uses.pop(group_key(old), None)
             bump(state.counts, "evicted_capacity")
         out: list[Record] = [g]
         out.extend(self._fill(state, ctx))
@@ -103,12 +103,12 @@ class Replay:
         picked = self._select(state, ctx, slots)
         out: list[Record] = []
         for g in picked:
-            state.block.append(g.group_id)
+            state.block.append(group_key(g))
             state.block_replays += 1
-            state.uses[g.group_id] += 1
-            if state.uses[g.group_id] >= self.max_uses:
+            state.uses[group_key(g)] += 1
+            if state.uses[group_key(g)] >= self.max_uses:
                 state.buffer.remove(g)
-                del state.uses[g.group_id]
+                del state.uses[group_key(g)]
             bump(state.counts, "replayed")
             out.append(msgspec.structs.replace(g, replayed=True))
         return out
@@ -119,20 +119,20 @@ class Replay:
         for g in state.buffer:
             if g.version >= 0 and version - g.version > self.max_staleness:
                 bump(state.counts, "evicted_stale")
-                state.uses.pop(g.group_id, None)
+                state.uses.pop(group_key(g), None)
                 continue
             fresh_enough.append(g)
         state.buffer = fresh_enough
         block = set(state.block)
-        cands = [g for g in state.buffer if g.group_id not in block]
+        cands = [g for g in state.buffer if group_key(g) not in block]
         if self.selection == "recent":
             return cands[::-1][:k]
         # Efraimidis-Spirakis: key = u^(1/w); the k largest keys are a weighted sample.
         keyed = []
         for g in cands:
             w = priority(g) + 1e-9
-            u = uniform(self.seed, "replay", self.policy, state.batch_index, g.group_id)
-            keyed.append((math.log(max(u, 1e-300)) / w, g.group_id, g))
+            u = uniform(self.seed, "replay", self.policy, state.batch_index, group_key(g))
+            keyed.append((math.log(max(u, 1e-300)) / w, group_key(g), g))
         keyed.sort(key=lambda x: (x[0], x[1]), reverse=True)
         return [g for _, _, g in keyed[:k]]
 
