@@ -2,7 +2,7 @@
 long-tail verifier latency (issue 13): time per iteration (one trainer step of each policy),
 accuracy per step and time to a target solver accuracy, in one invocation.
 
-    python bench/multimodel.py                                  # 4 arms, 150 s of RL each
+    python bench/multimodel.py                                  # 4 arms, 100 s of RL each
     python bench/multimodel.py --warm runs/solver-verifier      # reuse that run's warm models
     python bench/multimodel.py --seconds 60 --only lockstep lockstep-tail
     python bench/multimodel.py --set launch.warmup.steps=0      # RL from the models as built
@@ -28,11 +28,12 @@ Measured per arm: **s/iter**, the seconds per iteration (pipeline: from the firs
 start to the time the slower policy reached its last common step, over that many steps;
 lockstep: its clock over its steps); the solver's held-out greedy accuracy curve (pipeline:
 its evaluator's lines in ``metrics.jsonl``; lockstep: every --every steps, evaluation off the
-clock) and **time to --target**; at the end of every arm, the bench itself measures the final
-models with one code path: solver accuracy (greedy, alone), the verifier's judgement accuracy
+clock) and **time to --target**; the team's **system accuracy** curve (the workflow run
+greedily: answer, verdict, retry; pipeline: its team evaluator, lockstep: with the solver's);
+at the end of every arm, the bench itself measures the final models with one code path, the
+evaluators' own functions: solver accuracy (greedy, alone), the verifier's judgement accuracy
 (greedy verdicts on right and wrong claims about the held-out problems, balanced) and the
-team's **system accuracy** (the workflow run greedily: answer, verdict, retry). The ratios are
-lockstep s/iter over pipeline s/iter (> 1: the pipeline is faster).
+system accuracy. The ratios are lockstep over pipeline (> 1: the pipeline is faster).
 
 Results: ``<out>/multimodel.json`` and a markdown table. Timing noise on 2-core machines is
 large: compare within one invocation, and repeat.
@@ -134,20 +135,13 @@ def make_warm(config: Path, overrides: Sequence[str], out: Path) -> Path:
 
 # -- evaluation: one code path for every arm's models ---------------------------------------
 
-def held_out_tasks(cfg: Any) -> list[Any]:
-    from astraflow.consumers.evaluator import held_out
-    from astraflow.core.records import Task
-
-    return [Task(id=s.id, dataset="arith", prompt=list(s.prompt), reference=s.reference,
-                 workflow=WORKFLOW, n_samples=1, group_id=f"eval/{s.id}")
-            for s in held_out(cfg.producer, cfg.launch.eval_problems)]
-
-
-def verifier_prompt(cfg: Any) -> str:
-    from astraflow.consumers.rollout.workflows.solver_verifier import VERIFIER_PROMPT
-
-    return str(cfg.rollout.workflow.kwargs.get(WORKFLOW, {}).get("verifier_prompt",
-                                                                 VERIFIER_PROMPT))
+def verifier_max_new_tokens(cfg: Any) -> int:
+    """The verifier's turn length as the workflow samples it (its role's override, the
+    workflow's shared one, the engine's)."""
+    kwargs = cfg.rollout.workflow.kwargs.get(WORKFLOW, {})
+    own = (kwargs.get("role_sampling") or {}).get("verifier") or {}
+    return int(own.get("max_new_tokens", kwargs.get("max_new_tokens",
+                                                    cfg.rollout.engine.max_new_tokens)))
 
 
 def solver_accuracy(cfg: Any, model: Any, tok: Any) -> float:
@@ -163,46 +157,30 @@ def solver_accuracy(cfg: Any, model: Any, tok: Any) -> float:
 
 
 def verifier_accuracy(cfg: Any, model: Any, tok: Any) -> float:
-    """Greedy verdicts on a right and a wrong claim about each held-out problem, accuracy
-    averaged over the two kinds (balanced)."""
-    from astraflow.consumers.evaluator import greedy_accuracy, held_out
-    from astraflow.consumers.rollout.workflows.solver_verifier import parse_verdict
-    from astraflow.producers.claims import claim_specs
+    """What the verifier's evaluator measures: greedy verdicts on a right and a wrong claim
+    about each held-out problem, accuracy averaged over the two halves (balanced)."""
+    from astraflow.consumers.evaluator import greedy_verdicts, held_out_claims
+    from astraflow.consumers.rollout.workflows.solver_verifier import VERIFIER_PROMPT
 
-    claims = list(claim_specs(held_out(cfg.producer, cfg.launch.eval_problems),
-                              prompt=verifier_prompt(cfg), seed=cfg.seed))
-
-    def right(text: str, ref: dict[str, Any]) -> float:
-        return float(parse_verdict(text) is (ref["correct"] == "1"))
-
+    kwargs = cfg.rollout.workflow.kwargs.get(WORKFLOW, {})
+    claims = held_out_claims(cfg.producer, cfg.launch.eval_problems,
+                             prompt=kwargs.get("verifier_prompt") or VERIFIER_PROMPT,
+                             seed=cfg.seed)
     model.eval()
-    accs = [greedy_accuracy(model, tok, [c for c in claims if c.reference["correct"] == kind],
-                            right, max_new_tokens=cfg.rollout.engine.max_new_tokens)
-            for kind in ("1", "0")]
-    return sum(accs) / 2
+    return greedy_verdicts(model, tok, claims,
+                           max_new_tokens=verifier_max_new_tokens(cfg)).balanced
 
 
-async def system_accuracy(cfg: Any, engines: Mapping[str, Any]) -> float:
-    """The team on the held-out problems, greedy: the solver answers, the verifier judges, a
-    reject earns a retry; the fraction whose final answer is right (no latency: off the clock
-    anyway)."""
-    from astraflow.consumers.rollout.runtime import Runtime, run_episode
+def system_accuracy(cfg: Any, engines: Mapping[str, Any]) -> float:
+    """What the team evaluator measures: the workflow run greedily on the held-out problems
+    (answer, verdict, retry; no injected latency), the fraction whose final answer is right."""
+    from astraflow.consumers.evaluator import held_out
+    from astraflow.consumers.team_evaluator import team_episodes
 
-    kwargs = {k: v for k, v in cfg.rollout.workflow.kwargs.get(WORKFLOW, {}).items()
-              if k != "verifier_latency"}
-    rt = Runtime.create(engines, reward=cfg.rollout.reward.name,
-                        reward_kwargs=cfg.rollout.reward.kwargs,
-                        sampling={"max_new_tokens": cfg.rollout.engine.max_new_tokens},
-                        default_workflow=WORKFLOW,
-                        workflow_kwargs={WORKFLOW: {**kwargs, "temperature": 0.0}})
-    try:
-        outs = await asyncio.gather(*(run_episode(rt, t, 0) for t in held_out_tasks(cfg)))
-    finally:
-        await rt.close()
-    team = cfg.team() or {"solver": "solver"}
-    finals = [d.rewards.get("final_answer", 0.0) for o in outs for d in o.drafts
-              if d.policy == team["solver"]]
-    return sum(f > 0.5 for f in finals) / max(1, len(outs))
+    return team_episodes(engines, held_out(cfg.producer, cfg.launch.eval_problems),
+                         reward=cfg.rollout.reward.name, reward_kwargs=cfg.rollout.reward.kwargs,
+                         workflow_kwargs=cfg.rollout.workflow.kwargs.get(WORKFLOW, {}),
+                         max_new_tokens=cfg.rollout.engine.max_new_tokens).system_accuracy
 
 
 def evaluate(cfg: Any, engines: Mapping[str, Any]) -> dict[str, float]:
@@ -211,7 +189,7 @@ def evaluate(cfg: Any, engines: Mapping[str, Any]) -> dict[str, float]:
     s, v = engines[team["solver"]], engines[team["verifier"]]
     return {"solver_accuracy": round(solver_accuracy(cfg, s.model, s.tokenizer), 4),
             "verifier_accuracy": round(verifier_accuracy(cfg, v.model, v.tokenizer), 4),
-            "system_accuracy": round(asyncio.run(system_accuracy(cfg, engines)), 4)}
+            "system_accuracy": round(system_accuracy(cfg, engines), 4)}
 
 
 def hf_engines(cfg: Any, models: Mapping[str, Path], *,
@@ -358,8 +336,7 @@ class Lockstep:
         """The solver's held-out accuracy and the team's system accuracy (off the clock)."""
         s = self.engines[self.cfg.team()["solver"]]
         return {"accuracy": round(solver_accuracy(self.cfg, s.model, s.tokenizer), 4),
-                "system_accuracy": round(asyncio.run(system_accuracy(self.cfg, self.engines)),
-                                         4)}
+                "system_accuracy": round(system_accuracy(self.cfg, self.engines), 4)}
 
     def evaluate(self) -> dict[str, float]:
         return evaluate(self.cfg, self.engines)
@@ -450,7 +427,7 @@ def pipeline_result(out: Path, policies: Sequence[str], solver: str,
     system = [{"step": int(r["step"]), "time": round(r["time"] - t0, 3),
                "accuracy": r["system_accuracy"]}
               for r in read_jsonl(out / "metrics.jsonl") if "system_accuracy" in r]
-    return {"steps": {p: s[-1]["step"] for p, s in steps.items()}, "iterations": common,
+    return {"t0": t0, "steps": {p: s[-1]["step"] for p, s in steps.items()}, "iterations": common,
             "s_per_iter": round((reached - t0) / common, 3), "s_per_iter_steady": round(steady, 3),
             "rows": {p: [{k: r.get(k) for k in ("step", "time", "reward_mean", "staleness_mean",
                                                  "wait_ratio")} for r in s]
@@ -464,10 +441,12 @@ def run_pipeline(name: str, cfg_path: Path, out: Path, *, target: float | None) 
     from astraflow.config import load_experiment
 
     cfg = load_experiment(cfg_path)
-    t0 = time.monotonic()
+    launched = time.time()
     code = astraflow_run(cfg_path, out, out.parent / f"{name}.log")
-    res = {"exit": code, "wall_s": round(time.monotonic() - t0, 1),
+    res = {"exit": code, "wall_s": round(time.time() - launched, 1),
            **pipeline_result(out, cfg.policies, cfg.team()["solver"], target)}
+    if "t0" in res:  # from the launch to the first trainer ready (not in s/iter)
+        res["startup_s"] = round(res.pop("t0") - launched, 1)
     final = {p: out / "final" / p for p in cfg.policies}
     if all((f / "config.json").exists() for f in final.values()):
         engines = hf_engines(cfg, final)
@@ -513,7 +492,8 @@ def report(results: Mapping[str, Mapping[str, Any]], *, target: float | None) ->
                          f"{b['train_s']:.2f} s training both, {b['sync_s']:.3f} s weight sync")
         elif r.get("s_per_iter_steady") is not None:
             lines.append(f"- {name}: {r['s_per_iter_steady']:.2f} s/iter after the first step "
-                         f"(the slower trainer), steps {r.get('steps')}")
+                         f"(the slower trainer), steps {r.get('steps')}, processes started in "
+                         f"{f(r.get('startup_s'), '.0f')} s (not counted)")
     ratios = []
     for tail in ("", "-tail"):
         p, b = results.get(f"pipeline{tail}", {}), results.get(f"lockstep{tail}", {})
@@ -531,7 +511,7 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, default=ROOT / "examples" / "solver_verifier.yaml")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-multimodel")
-    ap.add_argument("--seconds", type=float, default=150.0,
+    ap.add_argument("--seconds", type=float, default=100.0,
                     help="RL budget of each arm (pipeline: launch.timeout_s; lockstep: its "
                          "clock, evaluation excluded)")
     ap.add_argument("--startup", type=float, default=25.0,
