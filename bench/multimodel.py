@@ -123,7 +123,8 @@ def make_warm(config: Path, overrides: Sequence[str], out: Path) -> Path:
     data = read_yaml(config)
     from astraflow.core.config import apply_overrides
 
-    data = apply_overrides(data, [*overrides, "launch.timeout_s=1", "launch.stop_at_accuracy=null"])
+    data = apply_overrides(data, [*overrides, "launch.timeout_s=1", "launch.stop_at_accuracy=null",
+                                  "launch.evaluate=false"])
     cfg = write_yaml(data, out / "warmup.yaml")
     t0 = time.monotonic()
     code = astraflow_run(cfg, run_dir, out / "warmup.log")
@@ -387,6 +388,10 @@ def run_lockstep(cfg: Any, models: Mapping[str, Path], *, seconds: float,
 
 # -- the pipeline ----------------------------------------------------------------------------
 
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -569,7 +574,9 @@ def main() -> int:
               f"final {res.get('final')}", flush=True)
     table = report(results, target=args.target)
     (args.out / "multimodel.json").write_text(json.dumps(
-        {"config": str(args.config), "seconds": args.seconds, "target": args.target,
+        {"command": " ".join(["python", *sys.argv]), "config": str(args.config),
+         "seconds": args.seconds, "target": args.target,
+         "warmup": read_json(warm_dir / "warmup.json"),
          "tail": args.tail, "warm": {p: str(m) for p, m in warm.items()},
          "sets": args.sets, "wall_s": round(time.monotonic() - started, 1),
          "results": results, "table": table}, indent=1))
