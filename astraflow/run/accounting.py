@@ -2,11 +2,19 @@
 
 Read from the topics themselves after the roles stopped (so it checks the processes rather
 than trusting their counters). ``unaccounted`` must be 0 and ``trained_twice`` must be 0.
+
+A batch counts as trained by the trainer of policy ``q`` when it lies on ``batches.<q>``
+before the offset that trainer's consumer group committed (the trainer commits only what its
+newest checkpoint holds) and names ``q`` (``Batch.policy``; a trainer dead-letters a batch for
+another policy, so such a batch trained nothing). A batch id counts once per trainer, as the
+trainer's own dedup window does. With several policies the result also has ``by_policy``
+(the same buckets per policy) and ``trained_by_wrong_trainer``: trajectories of policy ``p``
+trained by the trainer of another policy.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +23,10 @@ from astraflow.core.bus.types import Bus
 from astraflow.core.errors import SchemaError
 from astraflow.core.records import Batch, GroupStats, Record, Trajectory, TrajectoryGroup, decode
 from astraflow.core.topics import group_name, topic_name
+
+CHECKS = ("produced", "unaccounted", "trained_twice", "trained_by_wrong_trainer")
+"""Keys of :func:`account` that are not a disposition: every other int key is one, and they
+sum to ``produced`` (``by_policy`` is the per-policy breakdown)."""
 
 
 def read_topic(bus: Bus, topic: str, kind: type[Record]) -> Iterator[tuple[int, int, Any]]:
@@ -27,46 +39,84 @@ def read_topic(bus: Bus, topic: str, kind: type[Record]) -> Iterator[tuple[int, 
             continue
 
 
-def account(bus: Bus, config: Any) -> dict[str, Any]:
-    run, failed_reasons = config.run, set(config.data.assembler.failed_reasons)
-    produced: dict[str, Trajectory] = {}
-    for _, _, t in read_topic(bus, topic_name(run, "trajectories"), Trajectory):
-        produced.setdefault(t.id, t)
-    stats: dict[str, GroupStats] = {}
-    for _, _, s in read_topic(bus, topic_name(run, "stats"), GroupStats):
-        stats[s.group_id] = s
-    grouped: set[str] = set()
-    trained: Counter[str] = Counter()
+def trained_by(bus: Bus, config: Any) -> tuple[dict[str, list[str]], set[str]]:
+    """Which trainers trained each trajectory (id → the policies of those trainers, one entry
+    per batch id that trained it), and the ids found in any batch (trained or not)."""
+    run = config.run
+    trainers: dict[str, list[str]] = defaultdict(list)
     batched: set[str] = set()
-    for p in config.policies:
-        for _, _, g in read_topic(bus, topic_name(run, "groups", p), TrajectoryGroup):
-            grouped.update(g.ids())
-        topic = topic_name(run, "batches", p)
-        consumed = bus.committed(group_name(run, "trainer", policy=p), topic)
+    for q in config.policies:
+        topic = topic_name(run, "batches", q)
+        consumed = bus.committed(group_name(run, "trainer", policy=q), topic)
+        seen: set[str] = set()
         for part, off, b in read_topic(bus, topic, Batch):
             ids = [i for g in b.groups if not g.replayed for i in g.ids()]
             batched.update(ids)
-            if off < consumed.get(part, 0):
-                trained.update(ids)
-    zero_var = "dynamic_sampling" in config.data.post_rollout
+            if off < consumed.get(part, 0) and b.policy == q and b.id not in seen:
+                seen.add(b.id)
+                for i in ids:
+                    trainers[i].append(q)
+    return trainers, batched
+
+
+def disposition(t: Trajectory, config: Any, *, trained: bool, batched: bool, grouped: bool,
+                stats: GroupStats | None) -> str:
+    """The bucket of one trajectory (its group's stats: those of its policy's group)."""
+    if trained:
+        return "trained"
+    if batched:
+        return "in batches after the trainer stopped"
+    if grouped:
+        return "in groups not yet batched"
+    if t.finish_reason in set(config.data.assembler.failed_reasons):
+        return "failed episode"
+    if stats is None:
+        return "group still open when the run stopped"
+    if "dynamic_sampling" in config.data.post_rollout and stats.zero_variance != "none":
+        return "filtered: zero variance (dynamic sampling)"
+    if ("staleness" in config.data.post_rollout
+            or stats.n < config.data.assembler.min_group_size):
+        return "filtered: stale or incomplete group"
+    return "unaccounted"
+
+
+def _result(out: Counter[str], produced: int, twice: int) -> dict[str, Any]:
+    return {"produced": produced, **dict(out), "unaccounted": out.get("unaccounted", 0),
+            "trained_twice": twice}
+
+
+def account(bus: Bus, config: Any) -> dict[str, Any]:
+    run = config.run
+    produced: dict[str, Trajectory] = {}
+    for _, _, t in read_topic(bus, topic_name(run, "trajectories"), Trajectory):
+        produced.setdefault(t.id, t)
+    # several policies' groups share a group id (one episode, one trajectory per policy)
+    stats: dict[tuple[str, str], GroupStats] = {}
+    for _, _, s in read_topic(bus, topic_name(run, "stats"), GroupStats):
+        stats[(s.policy, s.group_id)] = s
+    grouped: set[str] = set()
+    for p in config.policies:
+        for _, _, g in read_topic(bus, topic_name(run, "groups", p), TrajectoryGroup):
+            grouped.update(g.ids())
+    trainers, batched = trained_by(bus, config)
     out: Counter[str] = Counter()
+    per: dict[str, Counter[str]] = {p: Counter() for p in config.policies}
+    made: Counter[str] = Counter()  # per policy: produced, trained twice, by a wrong trainer
+    twice: Counter[str] = Counter()
+    wrong: Counter[str] = Counter()
     for tid, t in produced.items():
-        if tid in trained:
-            out["trained"] += 1
-        elif tid in batched:
-            out["in batches after the trainer stopped"] += 1
-        elif tid in grouped:
-            out["in groups not yet batched"] += 1
-        elif t.finish_reason in failed_reasons:
-            out["failed episode"] += 1
-        elif t.group_id not in stats:
-            out["group still open when the run stopped"] += 1
-        elif zero_var and stats[t.group_id].zero_variance != "none":
-            out["filtered: zero variance (dynamic sampling)"] += 1
-        elif "staleness" in config.data.post_rollout or stats[t.group_id].n < \
-                config.data.assembler.min_group_size:
-            out["filtered: stale or incomplete group"] += 1
-        else:
-            out["unaccounted"] += 1
-    return {"produced": len(produced), **dict(out), "unaccounted": out.get("unaccounted", 0),
-            "trained_twice": sum(1 for n in trained.values() if n > 1)}
+        by = trainers.get(tid, [])
+        bucket = disposition(t, config, trained=bool(by), batched=tid in batched,
+                             grouped=tid in grouped, stats=stats.get((t.policy, t.group_id)))
+        out[bucket] += 1
+        per.setdefault(t.policy, Counter())[bucket] += 1
+        made[t.policy] += 1
+        twice[t.policy] += len(by) > 1
+        wrong[t.policy] += any(q != t.policy for q in by)
+    result = _result(out, len(produced), sum(twice.values()))
+    if len(config.policies) > 1:  # one policy: the overall keys say it all
+        result["trained_by_wrong_trainer"] = sum(wrong.values())
+        result["by_policy"] = {p: {**_result(c, made[p], twice[p]),
+                                   "trained_by_wrong_trainer": wrong[p]}
+                               for p, c in per.items()}
+    return result
