@@ -45,7 +45,7 @@ def train(
     bus = None
     with role_run() as should_stop:
         try:
-            from astraflow.core.metrics import MetricsEmitter
+            from astraflow.core.metrics import MetricsEmitter, component_id
             from astraflow.run.roles import build_publisher, build_trainer
 
             out.mkdir(parents=True, exist_ok=True)
@@ -54,8 +54,10 @@ def train(
             if trainer.engine.rank == 0:  # data parallel: rank 0 alone talks to the bus
                 if publish:
                     trainer.publisher = publisher = build_publisher(cfg, name, out, bus)
-                trainer.metrics = metrics = MetricsEmitter(bus, run=cfg.run, role="trainer",
-                                                           interval=cfg.trainer.metrics_interval_s)
+                # the component names the policy: a run's lines tell its trainers apart
+                trainer.metrics = metrics = MetricsEmitter(
+                    bus, run=cfg.run, role="trainer", component=component_id(f"trainer-{name}"),
+                    interval=cfg.trainer_for(name).metrics_interval_s)
             stats = trainer.run(timeout=timeout, should_stop=should_stop)
         finally:
             if trainer is not None:
