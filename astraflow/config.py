@@ -86,6 +86,10 @@ class WarmupConfig(Section):
         "error", description="with target_accuracy, when no check was inside the band by "
                              "`steps`: error (the run fails, RL does not start) or closest "
                              "(RL starts from the check nearest the band, with a warning)")
+    retry_every: int = pydantic.Field(
+        4, ge=0, description="a solver_verifier team's solver also learns the retry protocol: "
+                             "one retry demonstration (a rejected answer, the verifier's text, "
+                             "the right answer) per N problems; 0: none")
     policies: dict[str, PolicyWarmupConfig] = pydantic.Field(
         default_factory=dict, description="per policy: its own target_accuracy, lr, steps "
                                           "(e.g. verifier: {target_accuracy: [0.6, 0.75]})")

@@ -22,6 +22,12 @@ from astraflow.producers.sources import TaskSpec
 DEFAULT_PROMPT = "{problem}{answer}?"
 
 
+def problem_of(spec: TaskSpec) -> str:
+    """The problem's text as another role sees it (system messages left out), as
+    :func:`astraflow.consumers.rollout.workflows.roles.problem_text` gives a task's."""
+    return "\n".join(m.content for m in spec.prompt if m.role != "system")
+
+
 def wrong_answer(right: str, rng: random.Random) -> str:
     """A plausible wrong answer to a problem whose answer is the integer ``right``."""
     value = int(right)
@@ -48,7 +54,7 @@ def claim_specs(specs: Iterable[TaskSpec], *, prompt: str = DEFAULT_PROMPT, seed
     can write the sum digit by digit (as a solver does) and then compare."""
     rng = random.Random(seed)
     for spec in specs:
-        problem = "\n".join(m.content for m in spec.prompt if m.role != "system")
+        problem = problem_of(spec)
         right = str(spec.reference["answer"])
         for answer, correct in ((right, True), (wrong_answer(right, rng), False)):
             yield TaskSpec(

@@ -10,7 +10,7 @@ batcher's, so the SFT trainer consumes them like any other batch topic.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from astraflow.core.bus.types import Bus
@@ -44,10 +44,44 @@ def demonstration(tokenizer: Any, spec: TaskSpec, answer_key: str = "answer") ->
         prompt_len=n, reward=1.0, worker_id="demos")
 
 
+def retry_demonstration(tokenizer: Any, spec: TaskSpec, *, first: str, feedback: str,
+                        answer_key: str = "answer") -> Trajectory:
+    """A solver's retry after a reject, laid out token for token as the ``solver_verifier``
+    workflow lays out its conversation: the prompt, a rejected ``first`` answer and ``<eos>``,
+    the ``feedback`` user turn (the verifier's text and the retry prompt), all masked 0; then
+    the reference answer and ``<eos>``, masked 1 (only the retry is taught)."""
+    from astraflow.models.prompt import encode as encode_text
+    from astraflow.models.prompt import render_prompt
+
+    eos = tokenizer.eos_token_id
+    _, prompt = render_prompt(tokenizer, spec.prompt)
+    context = (prompt + encode_text(tokenizer, first, special=False) + [eos]
+               + encode_text(tokenizer, feedback, special=False))
+    answer = encode_text(tokenizer, str(spec.reference[answer_key]), special=False) + [eos]
+    ids = context + answer
+    n, m = len(context), len(answer)
+    return Trajectory(
+        id=f"sft-retry/{spec.id}", task_id=spec.id, group_id=f"sft-retry/{spec.id}",
+        sample_index=0, group_size=1, token_ids=pack_i32(ids),
+        loss_mask=pack_u8([0] * n + [1] * m), logprobs=pack_f32([0.0] * len(ids)),
+        versions=pack_i32([-1] * len(ids)), prompt_len=len(prompt), reward=1.0,
+        worker_id="demos")
+
+
 def demo_batches(tokenizer: Any, specs: Iterator[TaskSpec], *, policy: str, batch_size: int,
-                 steps: int) -> Iterator[Batch]:
-    """``steps`` batches of ``batch_size`` demonstrations, cycling through ``specs``."""
+                 steps: int, extra: Iterable[Trajectory] = ()) -> Iterator[Batch]:
+    """``steps`` batches of ``batch_size`` demonstrations, cycling through ``specs`` (and the
+    ready-made ``extra`` ones, interleaved evenly)."""
     pool = [demonstration(tokenizer, s) for s in specs]
+    more = list(extra)
+    if more and pool:
+        every = max(1, len(pool) // len(more))
+        mixed: list[Trajectory] = []
+        for i, t in enumerate(pool):
+            mixed.append(t)
+            if i % every == every - 1 and more:
+                mixed.append(more.pop(0))
+        pool = mixed + more
     if not pool:
         return
     stream = itertools.cycle(pool)

@@ -97,7 +97,10 @@ def produce_demonstrations(config: ExperimentConfig, warm: ExperimentConfig, pol
                            out: Path, bus: Any) -> int:
     """The warm-up's SFT batches of ``policy``: the producer's train split with reference
     answers; for the policy playing a team's ``verifier`` role, right and wrong claims about
-    that split (half each) with the verdict to give (:mod:`astraflow.producers.claims`)."""
+    that split (half each) with the verdict to give (:mod:`astraflow.producers.claims`); for
+    a ``solver_verifier`` team's solver, also retries after a reject (one per
+    ``launch.warmup.retry_every`` problems: a wrong first answer, the verifier's text as a
+    right verifier writes it, the right answer), so the solver knows the protocol."""
     from astraflow.config import model_dir
     from astraflow.models.tiny import load
     from astraflow.producers.arithmetic import arithmetic
@@ -107,12 +110,40 @@ def produce_demonstrations(config: ExperimentConfig, warm: ExperimentConfig, pol
     _, tok = load(model_dir(config, policy, out))
     specs: Any = (spec for spec, _ in arithmetic(config.producer.arithmetic.model_copy(
         update={"split": "train", "count": None})))
-    if config.role_of(policy) == "verifier":
+    extra: Any = iter(())
+    role = config.role_of(policy)
+    if role == "verifier":
         specs = claim_specs(specs, prompt=verifier_prompt(config), seed=config.seed)
+    elif role == "solver" and config.team_workflow() == "solver_verifier" \
+            and config.launch.warmup.retry_every:
+        specs = list(specs)
+        extra = retry_demonstrations(config, tok, specs[::config.launch.warmup.retry_every])
     w = config.launch.warmup
     return produce_demos(bus, warm.run, policy,
                          demo_batches(tok, specs, policy=policy, batch_size=w.batch_size,
-                                      steps=w.steps_of(policy)))
+                                      steps=w.steps_of(policy), extra=extra))
+
+
+def retry_demonstrations(config: ExperimentConfig, tokenizer: Any, specs: list[Any]) -> Any:
+    """A solver's retry demonstrations over ``specs`` (see :func:`produce_demonstrations`):
+    the feedback is the workflow's retry prompt around the text a right verifier writes for a
+    wrong claim (with the claims' ``show_work``: its own sum, then the reject word)."""
+    import random
+
+    from astraflow.consumers.rollout.workflows.solver_verifier import NAME, RETRY_PROMPT
+    from astraflow.producers.claims import claim_specs, problem_of, wrong_answer
+    from astraflow.producers.demos import retry_demonstration
+
+    template = str(config.rollout.workflow.kwargs.get(NAME, {}).get("retry_prompt",
+                                                                     RETRY_PROMPT))
+    rng = random.Random(config.seed + 1)
+    for spec in specs:
+        right = str(spec.reference["answer"])
+        wrong_claim = list(claim_specs([spec], prompt=verifier_prompt(config)))[1]
+        feedback = template.format(verdict=wrong_claim.reference["answer"],
+                                   problem=problem_of(spec))
+        yield retry_demonstration(tokenizer, spec, first=wrong_answer(right, rng),
+                                  feedback=feedback)
 
 
 def verifier_prompt(config: ExperimentConfig) -> str:

@@ -295,3 +295,27 @@ def test_a_varied_group_resets_the_flat_count(caplog) -> None:
     for i in range(3):  # groups of one sample never count: no variance to have
         check.observe("wf", "solver", f"single{i}", 1, 0, 1.0)
     assert not caplog.records
+
+
+def test_a_retry_demonstration_is_laid_out_as_the_workflow_lays_out_a_retry() -> None:
+    # the team solver's SFT retry demos must be token for token what the workflow gives it
+    from astraflow.models.tiny import build_tokenizer
+    from astraflow.producers.demos import retry_demonstration
+    from astraflow.producers.sources import TaskSpec
+
+    tok = build_tokenizer("team")
+    kwargs = {"solver_verifier": {"verifier_prompt": "{problem}{answer}?",
+                                  "retry_prompt": "{verdict}\n{problem}"}}
+    rt, _ = runtime(tok, {"solver": ["6", "5"], "verifier": ["5\nno"]},
+                    {"solver": 1, "verifier": 1}, workflow_kwargs=kwargs)
+    (out,) = run(rt, [(task("solver_verifier"), 0)])
+    solver = by_policy(out)["solver"]
+    spec = TaskSpec(id="q0", prompt=[ChatMessage(role="user", content="2+3=")],
+                    reference={"answer": "5"})
+    demo = retry_demonstration(tok, spec, first="6", feedback="5\nno\n2+3=")
+    from astraflow.core.records import unpack
+
+    assert unpack(demo.token_ids, "<i4").tolist() == solver.token_ids
+    mask = unpack(demo.loss_mask, "u1").tolist()
+    # only the retry is taught: the first answer and the feedback are context
+    assert mask == [0] * (len(mask) - 2) + [1, 1] and solver.loss_mask[-2:] == [1, 1]
