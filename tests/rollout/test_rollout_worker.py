@@ -249,3 +249,39 @@ def test_a_busy_worker_hands_partitions_to_a_new_one(setup, tmp_path: Path) -> N
     assert {t.id for t in trajs} == {f"task-{i}#0/default/0" for i in range(n_tasks)}
     assert {t.worker_id for t in trajs} == {"a", "b"}
     assert rollout_lag(bus, cfg.run) == 0
+
+
+def test_a_worker_starting_after_a_publish_generates_at_that_version(
+        setup, tmp_path: Path, arith_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A (re)started worker catches up with weights.<policy> before its first task: its engine
+    starts from the model directory (version 0), and a task taken before the follower thread's
+    first look would be generated at version 0 with version 3 already published."""
+    import time
+
+    from astraflow.consumers.rollout.weights import WeightFollower
+    from astraflow.models.tiny import load
+    from astraflow.run.roles import build_publisher
+
+    loop = WeightFollower._loop
+
+    def late_loop(self: WeightFollower) -> None:  # the thread looks late (a slow first fetch)
+        time.sleep(3.0)
+        loop(self)
+
+    monkeypatch.setattr(WeightFollower, "_loop", late_loop)
+
+    cfg, bus = setup(weights={"enabled": True, "poll_interval": 5.0},
+                     max_concurrent_episodes=64)
+    model, _ = load(arith_dir)
+    pub = build_publisher(cfg, "default", tmp_path, bus)
+    pub.publish(model.state_dict(), 3)
+    pub.flush()
+    produce(bus, cfg.run, [make_task(i, n=4) for i in range(16)])
+    worker = build_worker(cfg, tmp_path, bus=bus, worker_id="w-late")
+    worker.run(max_tasks=16)
+    trajs = read_all(bus, topic_name(cfg.run, "trajectories"))
+    assert len(trajs) == 64
+    for t in trajs:
+        mask = np.frombuffer(t.loss_mask, "u1")
+        assert set(np.frombuffer(t.versions, "<i4")[mask == 1].tolist()) == {3}, t.id
+        assert t.version_vector == {"default": 3}

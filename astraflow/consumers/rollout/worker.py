@@ -164,6 +164,14 @@ class RolloutWorker:
         self.metrics.set("gen_tokens_per_s", 0.0)
         committer: asyncio.Task[None] | None = None
         for f in self.followers:
+            # catch up before the first task: a restarted worker's engines start from the
+            # model directory (version 0), and tasks taken before the follower thread's first
+            # look would be generated at that version
+            try:
+                await asyncio.to_thread(f.sync_now, 1.0)
+            except Exception as e:  # noqa: BLE001 - the thread retries it; counted there
+                f.failures += 1
+                log.warning("initial weight sync failed policy=%s error=%s", f.policy, e)
             f.start()
         try:
             self._consumer = await self._call(
