@@ -319,3 +319,21 @@ def test_a_retry_demonstration_is_laid_out_as_the_workflow_lays_out_a_retry() ->
     mask = unpack(demo.loss_mask, "u1").tolist()
     # only the retry is taught: the first answer and the feedback are context
     assert mask == [0] * (len(mask) - 2) + [1, 1] and solver.loss_mask[-2:] == [1, 1]
+
+
+@pytest.mark.parametrize(("first", "verdict", "second", "reward"), [
+    ("6", "VERDICT: reject", "5", 0.5),  # wrong, then right on the retry: half
+    ("5", "VERDICT: approve", None, 1.0),  # right at once: all of it
+    ("5", "VERDICT: reject", "6", 0.5),  # right, wrongly rejected, then wrong
+    ("6", "VERDICT: reject", "7", 0.0),
+])
+def test_first_and_final_rewards_the_first_answer_too(ascii_tokenizer, first: str,
+                                                      verdict: str, second: str | None,
+                                                      reward: float) -> None:
+    script = [first] if second is None else [first, second]
+    rt, _ = runtime(ascii_tokenizer, {"solver": script, "verifier": [verdict]},
+                    {"solver": 0, "verifier": 0},
+                    workflow_kwargs={"solver_verifier": {"rewards": {
+                        "solver": "first_and_final"}}})
+    (out,) = run(rt, [(task("solver_verifier"), 0)])
+    assert by_policy(out)["solver"].reward == reward

@@ -80,6 +80,11 @@ def _picked_correct(o: Outcome, _: float) -> float:
 
 RULES: dict[str, Rule] = {
     "final": Rule(lambda o, _: o.final, "reward of the answer that counts"),
+    "first_and_final": Rule(
+        lambda o, _: o.final if o.judged is None else (o.judged + o.final) / 2,
+        "mean of the first answer's reward and the final answer's: a solver whose retry "
+        "counts still learns to answer right the first time (with `final` alone, a verifier "
+        "that rejects everything makes the first answer's reward irrelevant)"),
     "verdict_correct": Rule(_verdict_correct, "1 if the verdict (approve/reject) matched the "
                             "reference-based correctness of the judged answer, else 0",
                             needs=frozenset({"verdict"})),
