@@ -217,6 +217,12 @@ class DataConfig(Section):
         default_factory=dict, description="per-policy overrides of batch_size")
     max_staleness: int = pydantic.Field(4, ge=0, description="versions a group may lag the "
                                                             "trainer (gate and staleness)")
+    batch_ahead: int | None = pydantic.Field(
+        None, ge=1, description="back-pressure per policy: the batch stage lets batch n out "
+                                "only while n - (the policy's trainer version) < batch_ahead, "
+                                "so a slow or restarting trainer never meets a deep queue of "
+                                "old batches (put staleness before the batcher in `batch` to "
+                                "judge the waiting groups when they are read); null: no limit")
     max_staleness_per_policy: dict[str, int] = pydantic.Field(
         default_factory=dict,
         description="per-policy bounds, e.g. {verifier: 8}: a group of that policy may lag "

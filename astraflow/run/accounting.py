@@ -67,6 +67,8 @@ def disposition(t: Trajectory, config: Any, *, trained: bool, batched: bool, gro
     if batched:
         return "in batches after the trainer stopped"
     if grouped:
+        if "staleness" in config.data.batch:  # the batch stage's drops leave no record
+            return "in groups not batched (waiting, or dropped stale by the batch stage)"
         return "in groups not yet batched"
     if t.finish_reason in set(config.data.assembler.failed_reasons):
         return "failed episode"
@@ -90,10 +92,11 @@ def account(bus: Bus, config: Any) -> dict[str, Any]:
     produced: dict[str, Trajectory] = {}
     for _, _, t in read_topic(bus, topic_name(run, "trajectories"), Trajectory):
         produced.setdefault(t.id, t)
-    # several policies' groups share a group id (one episode, one trajectory per policy)
-    stats: dict[tuple[str, str], GroupStats] = {}
+    # several policies' groups share a group id (one episode, one trajectory per policy),
+    # and so do several roles' of one policy (a group per role)
+    stats: dict[tuple[str, str, str], GroupStats] = {}
     for _, _, s in read_topic(bus, topic_name(run, "stats"), GroupStats):
-        stats[(s.policy, s.group_id)] = s
+        stats[(s.policy, s.agent, s.group_id)] = s
     grouped: set[str] = set()
     for p in config.policies:
         for _, _, g in read_topic(bus, topic_name(run, "groups", p), TrajectoryGroup):
@@ -107,7 +110,7 @@ def account(bus: Bus, config: Any) -> dict[str, Any]:
     for tid, t in produced.items():
         by = trainers.get(tid, [])
         bucket = disposition(t, config, trained=bool(by), batched=tid in batched,
-                             grouped=tid in grouped, stats=stats.get((t.policy, t.group_id)))
+                             grouped=tid in grouped, stats=stats.get((t.policy, t.agent, t.group_id)))
         out[bucket] += 1
         per.setdefault(t.policy, Counter())[bucket] += 1
         made[t.policy] += 1

@@ -88,3 +88,36 @@ def test_recent_selection_takes_the_newest_and_max_uses_evicts() -> None:
     assert [[(g.group_id, g.replayed) for g in b.groups] for b in out] == [
         [("g0", False), ("g1", False)], [("g2", False), ("g1", True)],
         [("g3", False), ("g2", True)]]
+
+
+def test_batch_ahead_holds_batches_until_the_trainer_catches_up() -> None:
+    # a trainer that is dead or slow: with batch_ahead 2 the stage lets out batches 0 and 1
+    # only; the rest wait (and the stage stops reading) until weights.<p> moves on
+    from astraflow.policies.filters import Staleness
+
+    chain = Chain("batch", [("staleness", Staleness(max_staleness=1)),
+                            ("batcher", Batcher(policy="default", batch_size=2, ahead=2))])
+    out = batches(chain.run(tgroup(f"g{i}", [1, 0], version=0) for i in range(6)))
+    assert [b.seq for b in out] == [0, 1]
+    assert chain.ready() is False  # a whole batch is held: read no more
+    assert chain.tick() == []  # still held
+    chain.set_version("default", 1)
+    assert [b.seq for b in batches(chain.tick())] == [2]
+    assert chain.ready() is True
+    # groups read once the trainer is far ahead are judged against its version: stale ones
+    # never reach a batch
+    chain.set_version("default", 5)
+    late = batches(chain.run([tgroup("old", [1, 0], version=1), tgroup("new1", [1, 0], version=4),
+                              tgroup("new2", [0, 1], version=5)]))
+    assert [[g.group_id for g in b.groups] for b in late] == [["new1", "new2"]]
+    counts = chain.counters()
+    assert counts["staleness.dropped_stale"] == 1 and counts["batcher.ahead"] == -1
+    with pytest.raises(PolicyError, match="batch_ahead"):
+        Batcher(policy="default", batch_size=2, ahead=0)
+
+
+def test_without_batch_ahead_batches_leave_whatever_the_trainer_does() -> None:
+    b = Batcher(policy="default", batch_size=2)
+    state = b.init_state()
+    out = [o for i in range(10) for o in b.process(tgroup(f"g{i}", [1, 0]), state, Context())]
+    assert len(out) == 5 and b.ready(state)
