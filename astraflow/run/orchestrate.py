@@ -297,7 +297,11 @@ def _finish(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, cons
         acc = "" if w.get("accuracy") is None else f"{w['accuracy']:.3f} at "
         table.add_row(f"warm-up {p}", f"{acc}step {w.get('step')} ({w.get('outcome')})")
     for k, v in result["accounting"].items():
-        table.add_row(f"trajectories: {k}", str(v))
+        if k != "by_policy":
+            table.add_row(f"trajectories: {k}", str(v))
+    for p, counts in result["accounting"].get("by_policy", {}).items():
+        table.add_row(f"trajectories of {p}", ", ".join(f"{k} {v}" for k, v in counts.items()
+                                                       if v or k == "unaccounted"))
     console.print(table)
     console.print(f"run directory: {out}  (metrics.jsonl, logs/, plots/ {len(plots)} PNG, "
                   f"final/, summary.json)")
