@@ -28,8 +28,9 @@ Measured per arm: **s/iter**, the seconds per iteration (pipeline: from the firs
 start to the time the slower policy reached its last common step, over that many steps;
 lockstep: its clock over its steps); the solver's held-out greedy accuracy curve (pipeline:
 its evaluator's lines in ``metrics.jsonl``; lockstep: every --every steps, evaluation off the
-clock) and **time to --target**; the team's **system accuracy** curve (the workflow run
-greedily: answer, verdict, retry; pipeline: its team evaluator, lockstep: with the solver's);
+clock) and **time to --target** (default: the warm solver's accuracy + --gain 0.05); the
+team's **system accuracy** curve (the workflow run greedily: answer, verdict, retry; pipeline:
+its team evaluator, lockstep: with the solver's);
 at the end of every arm, the bench itself measures the final models with one code path, the
 evaluators' own functions: solver accuracy (greedy, alone), the verifier's judgement accuracy
 (greedy verdicts on right and wrong claims about the held-out problems, balanced) and the
@@ -525,8 +526,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None, help="lockstep: at most this many")
     ap.add_argument("--every", type=int, default=10,
                     help="lockstep: solver held-out accuracy every N steps")
-    ap.add_argument("--target", type=float, default=0.4,
-                    help="the solver's held-out accuracy for time to target")
+    ap.add_argument("--target", type=float, default=None,
+                    help="the solver's held-out accuracy for time to target (default: the "
+                         "warm solver's + --gain)")
+    ap.add_argument("--gain", type=float, default=0.05,
+                    help="without --target: the target is this much above the warm solver")
     ap.add_argument("--tail", type=json.loads, default=TAIL,
                     help=f"the verifier latency of the -tail arms, JSON (default {TAIL})")
     ap.add_argument("--only", nargs="*", default=None, help=f"a subset of {', '.join(ARMS)}")
@@ -553,6 +557,15 @@ def main() -> int:
     print(f"warm models: {', '.join(f'{p}={m}' for p, m in warm.items())}", flush=True)
     results: dict[str, dict[str, Any]] = {}
     from astraflow.config import load_experiment
+
+    if args.target is None:
+        cfg = load_experiment(write_yaml(arm_config(args.config, args.sets, warm, seconds=1.0,
+                                                    latency=None), args.out / "target.yaml"))
+        from astraflow.models.tiny import load
+
+        start = solver_accuracy(cfg, *load(warm[cfg.team()["solver"]]))
+        args.target = round(start + args.gain, 3)
+        print(f"warm solver held-out accuracy {start:.3f}: target {args.target:.3f}", flush=True)
 
     for arm in arms:
         latency = args.tail if arm.endswith("-tail") else None
