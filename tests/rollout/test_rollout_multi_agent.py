@@ -337,3 +337,34 @@ def test_first_and_final_rewards_the_first_answer_too(ascii_tokenizer, first: st
                         "solver": "first_and_final"}}})
     (out,) = run(rt, [(task("solver_verifier"), 0)])
     assert by_policy(out)["solver"].reward == reward
+
+
+def test_verdict_balanced_pays_the_balanced_accuracy_in_expectation() -> None:
+    # a solver right 20% of the time: verdict_correct pays a reject-everything verifier 0.8,
+    # more than a judging one with 70% on each class (0.7); verdict_balanced pays both their
+    # balanced accuracy (0.5 and 0.7), so judging wins
+    from astraflow.consumers.rollout.workflows.contracts import RULES, Outcome
+
+    def expected(rule: str, p_right: float, tpr: float, tnr: float) -> float:
+        fn = RULES[rule].fn
+        cases = [(1.0, True, p_right * tpr), (1.0, False, p_right * (1 - tpr)),
+                 (0.0, False, (1 - p_right) * tnr), (0.0, True, (1 - p_right) * (1 - tnr))]
+        return sum(w * fn(Outcome(final=judged, judged=judged, verdict=v, right_rate=p_right),
+                          0.0) for judged, v, w in cases)
+
+    assert expected("verdict_correct", 0.2, 0.0, 1.0) > expected("verdict_correct", 0.2, .7, .7)
+    for p in (0.1, 0.2, 0.5, 0.8):
+        assert expected("verdict_balanced", p, 0.0, 1.0) == pytest.approx(0.5)
+        assert expected("verdict_balanced", p, 1.0, 0.0) == pytest.approx(0.5)
+        assert expected("verdict_balanced", p, 0.7, 0.7) == pytest.approx(0.7)
+    assert RULES["verdict_balanced"].fn(Outcome(final=0.0, judged=0.0, verdict=None), 0) == 0
+
+
+def test_the_running_right_rate_follows_the_judged_answers() -> None:
+    from astraflow.consumers.rollout.workflows.contracts import RunningRate
+
+    r = RunningRate(halflife=50)
+    assert r.update(True) == 0.5  # the rate before the event
+    for i in range(2000):
+        r.update(i % 4 == 0)
+    assert r.rate == pytest.approx(0.25, abs=0.05)

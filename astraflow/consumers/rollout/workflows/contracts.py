@@ -49,9 +49,29 @@ class Outcome:
     verdict: bool | None = None  # True approve, False reject; None: unclear or no verifier
     candidates: tuple[float, ...] = ()  # reward of each candidate (solver_selector)
     picked: int | None = None  # index into candidates; None: unclear pick or no selector
+    # how often judged answers are right lately (this worker's running rate, before this
+    # episode); None: not tracked. verdict_balanced weighs each class by it.
+    right_rate: float | None = None
 
     def correct(self, reward: float) -> bool:
         return reward >= self.threshold
+
+
+class RunningRate:
+    """An exponentially weighted rate of a yes/no event (per process: each rollout worker
+    tracks the answers its verifiers judge). ``update`` returns the rate before the event."""
+
+    def __init__(self, halflife: float = 2000.0, start: float = 0.5) -> None:
+        self.alpha = 1.0 - 0.5 ** (1.0 / halflife)
+        self.rate = start
+
+    def update(self, event: bool) -> float:
+        before = self.rate
+        self.rate += self.alpha * (float(event) - self.rate)
+        return before
+
+
+RIGHT_RATE = RunningRate()  # the judged answers' right rate, for verdict_balanced
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +88,16 @@ def _verdict_correct(o: Outcome, _: float) -> float:
     if o.verdict is None or o.judged is None:
         return 0.0  # an unclear verdict is never right
     return float(o.verdict == o.correct(o.judged))
+
+
+def _verdict_balanced(o: Outcome, _: float) -> float:
+    if o.verdict is None or o.judged is None:
+        return 0.0
+    right = o.correct(o.judged)
+    if o.verdict != right:
+        return 0.0
+    rate = 0.5 if o.right_rate is None else min(0.95, max(0.05, o.right_rate))
+    return 0.5 / (rate if right else 1.0 - rate)
 
 
 def _picked(o: Outcome, _: float) -> float:
@@ -88,6 +118,13 @@ RULES: dict[str, Rule] = {
     "verdict_correct": Rule(_verdict_correct, "1 if the verdict (approve/reject) matched the "
                             "reference-based correctness of the judged answer, else 0",
                             needs=frozenset({"verdict"})),
+    "verdict_balanced": Rule(
+        _verdict_balanced, "a right verdict earns 0.5 / (how often the judged answers are "
+        "of its class lately: right or wrong, the worker's running rate, clamped to "
+        "[0.05, 0.95]); a wrong or unclear one 0. Its expectation is the verifier's balanced "
+        "accuracy, so approving or rejecting everything earns 0.5 however good the solver is "
+        "(with verdict_correct, a verifier of a solver that is mostly wrong learns to reject "
+        "everything)", needs=frozenset({"verdict"})),
     "picked": Rule(_picked, "reward of the picked candidate (0 for an unclear pick)",
                    needs=frozenset({"picked"})),
     "picked_correct": Rule(_picked_correct, "1 if the picked candidate is correct, else 0 "

@@ -46,6 +46,7 @@ from astraflow.consumers.rollout.latency import Latency, parse_latency, wait
 from astraflow.consumers.rollout.workflows.base import WORKFLOWS
 from astraflow.consumers.rollout.workflows.contracts import (
     CHECK,
+    RIGHT_RATE,
     Outcome,
     RewardContract,
     RoleReward,
@@ -132,7 +133,9 @@ async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True
         second = await solver.generate(**sampling_for("solver", sampling, role_sampling))
         final = (await ctx.reward(second.text)).value
 
-    outcome = Outcome(final=final, threshold=correct_threshold, judged=judged, verdict=verdict)
+    rate = RIGHT_RATE.update(judged >= correct_threshold)
+    outcome = Outcome(final=final, threshold=correct_threshold, judged=judged, verdict=verdict,
+                      right_rate=rate)
     approved = -1.0 if verdict is None else float(verdict)
     return [finish_role(ctx, contract, "solver", solver, outcome,
                         {"first_answer": judged, "retried": float(retried)}),
