@@ -368,3 +368,18 @@ def test_the_running_right_rate_follows_the_judged_answers() -> None:
     for i in range(2000):
         r.update(i % 4 == 0)
     assert r.rate == pytest.approx(0.25, abs=0.05)
+
+
+def test_train_retry_false_keeps_the_retry_as_context_only(ascii_tokenizer) -> None:
+    rt, _ = runtime(ascii_tokenizer, {"solver": ["6", "5"], "verifier": ["VERDICT: reject"]},
+                    {"solver": 3, "verifier": 1},
+                    workflow_kwargs={"solver_verifier": {"train_retry": False, "rewards": {
+                        "solver": "first"}}})
+    (out,) = run(rt, [(task("solver_verifier"), 0)])
+    solver = by_policy(out)["solver"]
+    assert generated(ascii_tokenizer, solver) == ["6", "5"]  # both answers are in it
+    first = [s for s in solver.spans if s.role == "assistant"][0]
+    trained = [i for i, m in enumerate(solver.loss_mask) if m]
+    assert trained == list(range(first.start, first.end))  # only the first answer is trained
+    assert solver.versions[-1] == -1 and solver.logprobs[-1] == 0.0
+    assert solver.reward == 0.0 and solver.rewards["final_answer"] == 1.0  # rule `first`

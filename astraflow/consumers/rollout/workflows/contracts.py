@@ -61,7 +61,7 @@ class RunningRate:
     """An exponentially weighted rate of a yes/no event (per process: each rollout worker
     tracks the answers its verifiers judge). ``update`` returns the rate before the event."""
 
-    def __init__(self, halflife: float = 2000.0, start: float = 0.5) -> None:
+    def __init__(self, halflife: float = 200.0, start: float = 0.5) -> None:
         self.alpha = 1.0 - 0.5 ** (1.0 / halflife)
         self.rate = start
 
@@ -110,6 +110,8 @@ def _picked_correct(o: Outcome, _: float) -> float:
 
 RULES: dict[str, Rule] = {
     "final": Rule(lambda o, _: o.final, "reward of the answer that counts"),
+    "first": Rule(lambda o, _: o.final if o.judged is None else o.judged,
+                  "reward of the first answer (the one the verifier judged)"),
     "first_and_final": Rule(
         lambda o, _: o.final if o.judged is None else (o.judged + o.final) / 2,
         "mean of the first answer's reward and the final answer's: a solver whose retry "
