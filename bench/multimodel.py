@@ -82,13 +82,18 @@ def warm_models(run_dir: Path) -> dict[str, Path]:
     return {p: model_dir(cfg, p, run_dir).resolve() for p in cfg.policies}
 
 
-def arm_config(base: Path, overrides: Sequence[str], warm: Mapping[str, Path], *,
-               seconds: float, latency: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``base`` with --set ``overrides``, RL only from the ``warm`` models,
-    ``launch.timeout_s`` = ``seconds``, the verifier's latency set (or removed)."""
+def arm_config(base: Path | Mapping[str, Any], overrides: Sequence[str],
+               warm: Mapping[str, Path], *, seconds: float,
+               latency: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``base`` (a YAML file, or its content) with --set ``overrides``, RL only from the
+    ``warm`` models, ``launch.timeout_s`` = ``seconds``, the verifier's latency set (or
+    removed)."""
+    import copy
+
     from astraflow.core.config import apply_overrides
 
-    data = apply_overrides(read_yaml(base), overrides)
+    data = apply_overrides(read_yaml(base) if isinstance(base, Path) else copy.deepcopy(
+        dict(base)), overrides)
     data["models"] = {p: {"path": str(path), "build": "none"} for p, path in warm.items()}
     launch = data.setdefault("launch", {})
     launch.update(timeout_s=seconds, stop_at_accuracy=None)
@@ -118,14 +123,15 @@ def astraflow_run(config: Path, out: Path, log: Path, sets: Sequence[str] = ()) 
         return subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT).returncode
 
 
-def make_warm(config: Path, overrides: Sequence[str], out: Path) -> Path:
+def make_warm(config: Mapping[str, Any], overrides: Sequence[str], out: Path) -> Path:
     """Run the config's warm-up once (RL stopped after a second); its run directory."""
-    run_dir = out / "warmup"
-    data = read_yaml(config)
+    import copy
+
     from astraflow.core.config import apply_overrides
 
-    data = apply_overrides(data, [*overrides, "launch.timeout_s=1", "launch.stop_at_accuracy=null",
-                                  "launch.evaluate=false"])
+    run_dir = out / "warmup"
+    data = apply_overrides(copy.deepcopy(dict(config)), [
+        *overrides, "launch.timeout_s=1", "launch.stop_at_accuracy=null", "launch.evaluate=false"])
     cfg = write_yaml(data, out / "warmup.yaml")
     t0 = time.monotonic()
     code = astraflow_run(cfg, run_dir, out / "warmup.log")
@@ -552,14 +558,15 @@ def main() -> int:
     tail = parse_latency(args.tail, where="--tail")  # refused here, not in every episode
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    warm_dir = args.warm or make_warm(args.config, args.sets, args.out)
+    base = read_yaml(args.config)  # read once: every arm runs the same experiment
+    warm_dir = args.warm or make_warm(base, args.sets, args.out)
     warm = warm_models(warm_dir)
     print(f"warm models: {', '.join(f'{p}={m}' for p, m in warm.items())}", flush=True)
     results: dict[str, dict[str, Any]] = {}
     from astraflow.config import load_experiment
 
     if args.target is None:
-        cfg = load_experiment(write_yaml(arm_config(args.config, args.sets, warm, seconds=1.0,
+        cfg = load_experiment(write_yaml(arm_config(base, args.sets, warm, seconds=1.0,
                                                     latency=None), args.out / "target.yaml"))
         from astraflow.models.tiny import load
 
@@ -571,7 +578,7 @@ def main() -> int:
         latency = args.tail if arm.endswith("-tail") else None
         pipeline = arm.startswith("pipeline")
         budget = args.seconds + (args.startup if pipeline else 0.0)
-        cfg_path = write_yaml(arm_config(args.config, args.sets, warm, seconds=budget,
+        cfg_path = write_yaml(arm_config(base, args.sets, warm, seconds=budget,
                                          latency=latency), args.out / f"{arm}.yaml")
         print(f"[{arm}] {args.seconds:.0f} s of RL"
               f"{f', verifier latency {tail}' if latency else ''}", flush=True)
