@@ -383,3 +383,19 @@ def test_train_retry_false_keeps_the_retry_as_context_only(ascii_tokenizer) -> N
     assert trained == list(range(first.start, first.end))  # only the first answer is trained
     assert solver.versions[-1] == -1 and solver.logprobs[-1] == 0.0
     assert solver.reward == 0.0 and solver.rewards["final_answer"] == 1.0  # rule `first`
+
+
+def test_train_verifier_work_false_trains_the_verdict_line_only() -> None:
+    from astraflow.models.tiny import build_tokenizer
+
+    tok = build_tokenizer("team")
+    rt, _ = runtime(tok, {"solver": ["6", "5"], "verifier": ["5\nno"]},
+                    {"solver": 3, "verifier": 1},
+                    workflow_kwargs={"solver_verifier": {
+                        "train_verifier_work": False, "verifier_prompt": "{problem}{answer}?",
+                        "retry_prompt": "{verdict}\n{problem}"}})
+    (out,) = run(rt, [(task("solver_verifier"), 0)])
+    verifier = by_policy(out)["verifier"]
+    trained = [verifier.token_ids[i] for i, m in enumerate(verifier.loss_mask) if m]
+    assert tok.decode(trained) == "no<eos>"
+    assert verifier.reward == 1.0  # the verdict is still parsed from the whole text

@@ -12,6 +12,9 @@ The episode (roles ``solver`` and ``verifier``, each a policy; see ``policies``)
    conversation: its trajectory holds both answers, the verdict between them masked 0;
 4. the final answer (the retry's, else the first) is scored by the configured reward.
 
+``train_verifier_work: false`` trains only the last line of the verifier's turn (its verdict);
+the work before it (a verifier that writes its own answer first) stays as context, untrained.
+
 ``train_retry: false`` keeps the retry in the solver's trajectory as context only (masked 0):
 with one scalar reward per trajectory, the first answer and the retry share one advantage, and
 a retry whose success comes from the verifier's text (a verifier that writes its own answer)
@@ -96,9 +99,26 @@ def parse_verdict(text: str) -> bool | None:
     return True if word in _APPROVE else False if word in _REJECT else None
 
 
+def _mask_before_last_line(conv: Any, ids: list[int]) -> None:
+    """Untrain the tokens of the verifier's turn before its last line (its work), keeping the
+    verdict line trained: the shortest suffix of the turn that decodes to text containing a
+    newline starts right after the work."""
+    tok = conv.tokenizer
+    keep = len(ids)
+    for k in range(len(ids) - 1, -1, -1):
+        if "\n" in tok.decode(ids[k:], skip_special_tokens=True):
+            keep = len(ids) - k - 1  # the newline's token is work too
+            break
+    else:
+        return  # one line: all of it is the verdict
+    start = len(conv.loss_mask) - len(ids)
+    for i in range(start, len(conv.loss_mask) - keep):
+        conv.loss_mask[i], conv.logprobs[i], conv.versions[i] = 0, 0.0, -1
+
+
 @WORKFLOWS.register(NAME)
 async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True,
-                          train_retry: bool = True,
+                          train_retry: bool = True, train_verifier_work: bool = True,
                           verifier_prompt: str = VERIFIER_PROMPT,
                           retry_prompt: str = RETRY_PROMPT, correct_threshold: float = 0.5,
                           policies: Mapping[str, str] | None = None,
@@ -121,6 +141,8 @@ async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True
     verifier = ctx.conversation([ChatMessage(role="user", content=verifier_prompt.format(
         problem=problem_text(task), answer=first.text))], policy=pol["verifier"])
     judgement = await verifier.generate(**sampling_for("verifier", sampling, role_sampling))
+    if not train_verifier_work:
+        _mask_before_last_line(verifier, judgement.token_ids)
     if latency is not None:
         waited = await wait(latency, random.Random(f"{task.id}/{ctx.sample_index}"))
         ctx.timings["verifier_latency"] = ctx.timings.get("verifier_latency", 0.0) + waited
