@@ -291,6 +291,17 @@ class ExperimentConfig(Section):
             type=_error("unknown_role", f"workflow {workflow!r} has no role {role!r}; roles: "
                                         f"{', '.join(roles)}"), loc=(*where, role), input=role)
             for role in mapped if role not in roles]
+        latency = self.rollout.workflow.kwargs.get(workflow, {}).get("verifier_latency")
+        if latency is not None:  # refused at load time, not by every episode
+            from astraflow.consumers.rollout.latency import parse_latency
+
+            try:
+                parse_latency(latency, where="verifier_latency")
+            except ConfigError as e:
+                errors.append(InitErrorDetails(
+                    type=_error("bad_latency", "; ".join(e.problems)),
+                    loc=("rollout", "workflow", "kwargs", workflow, "verifier_latency"),
+                    input=latency))
         for role, policy in self.team().items():
             if policy in self.policies:
                 continue

@@ -1,0 +1,55 @@
+"""A team config names a policy for every role of its workflow: refused at load time, each
+problem at the key that names it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from astraflow.config import load_experiment
+from astraflow.core.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+TEAM = ROOT / "examples" / "solver_verifier.yaml"
+
+
+def refused(*sets: str) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        load_experiment(TEAM, sets)
+    return e.value.problems
+
+
+def test_the_demo_maps_each_role_to_its_policy() -> None:
+    c = load_experiment(TEAM)
+    assert c.team() == {"solver": "solver", "verifier": "verifier"}
+    assert c.role_of("verifier") == "verifier" and c.role_of("nobody") is None
+
+
+def test_a_role_without_a_policy_is_refused_at_policies() -> None:
+    (problem,) = refused("policies=[solver]", "models={solver: {build: tiny-team}}",
+                         "trainers={}", "launch.warmup.policies={}")
+    assert "policies: workflow 'solver_verifier' role 'verifier' is played by policy " \
+           "'verifier', which is not in policies (solver)" in problem
+
+
+def test_a_role_mapped_to_a_missing_policy_is_refused_at_its_key() -> None:
+    (problem,) = refused("rollout.workflow.kwargs.solver_verifier.policies={verifier: judge}")
+    assert "rollout.workflow.kwargs.solver_verifier.policies.verifier: workflow " \
+           "'solver_verifier' role 'verifier' is played by policy 'judge'" in problem
+
+
+def test_an_unknown_role_is_refused_at_its_key() -> None:
+    (problem,) = refused("rollout.workflow.kwargs.solver_verifier.policies={judge: verifier}")
+    assert "policies.judge: workflow 'solver_verifier' has no role 'judge'" in problem
+
+
+def test_a_trainer_section_for_no_policy_is_refused_at_its_key() -> None:
+    (problem,) = refused("trainers.critic={optimizer: {lr: 1.0e-4}}")
+    assert "trainers.critic: unknown policy 'critic'" in problem
+
+
+def test_a_bad_verifier_latency_is_refused_at_load_time() -> None:
+    (problem,) = refused(
+        "rollout.workflow.kwargs.solver_verifier.verifier_latency={dist: lognormal}")
+    assert "kwargs.solver_verifier.verifier_latency" in problem and "'type'" in problem
