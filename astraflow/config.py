@@ -193,8 +193,14 @@ class ExperimentConfig(Section):
             return {}
         from astraflow.consumers.rollout.workflows.contracts import CONTRACTS
 
-        mapped = self.rollout.workflow.kwargs.get(workflow, {}).get("policies") or {}
+        mapped = self.team_kwargs().get("policies") or {}
         return {role: str(mapped.get(role, role)) for role in CONTRACTS[workflow].roles}
+
+    def team_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of the run's multi-policy workflow
+        (``rollout.workflow.kwargs.<workflow>``; empty when there is none or it has none)."""
+        workflow = self.team_workflow()
+        return {} if workflow is None else self.rollout.workflow.kwargs.get(workflow, {})
 
     def team_workflow(self) -> str | None:
         """The name of the run's multi-policy workflow (one with a registered reward
@@ -283,7 +289,7 @@ class ExperimentConfig(Section):
 
         roles = CONTRACTS[workflow].roles
         where = ("rollout", "workflow", "kwargs", workflow, "policies")
-        mapped = self.rollout.workflow.kwargs.get(workflow, {}).get("policies") or {}
+        mapped = self.team_kwargs().get("policies") or {}
         if not isinstance(mapped, dict):
             _refuse([InitErrorDetails(type=_error("bad_mapping", "a mapping role -> policy"),
                                       loc=where, input=mapped)])
@@ -291,7 +297,7 @@ class ExperimentConfig(Section):
             type=_error("unknown_role", f"workflow {workflow!r} has no role {role!r}; roles: "
                                         f"{', '.join(roles)}"), loc=(*where, role), input=role)
             for role in mapped if role not in roles]
-        latency = self.rollout.workflow.kwargs.get(workflow, {}).get("verifier_latency")
+        latency = self.team_kwargs().get("verifier_latency")
         if latency is not None:  # refused at load time, not by every episode
             from astraflow.consumers.rollout.latency import parse_latency
 

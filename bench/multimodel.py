@@ -143,15 +143,6 @@ def make_warm(config: Mapping[str, Any], overrides: Sequence[str], out: Path) ->
 
 # -- evaluation: one code path for every arm's models ---------------------------------------
 
-def verifier_max_new_tokens(cfg: Any) -> int:
-    """The verifier's turn length as the workflow samples it (its role's override, the
-    workflow's shared one, the engine's)."""
-    kwargs = cfg.rollout.workflow.kwargs.get(WORKFLOW, {})
-    own = (kwargs.get("role_sampling") or {}).get("verifier") or {}
-    return int(own.get("max_new_tokens", kwargs.get("max_new_tokens",
-                                                    cfg.rollout.engine.max_new_tokens)))
-
-
 def solver_accuracy(cfg: Any, model: Any, tok: Any) -> float:
     """What the solver's evaluator measures: greedy answers to the held-out problems."""
     from astraflow.consumers.evaluator import greedy_accuracy, held_out
@@ -168,15 +159,13 @@ def verifier_accuracy(cfg: Any, model: Any, tok: Any) -> float:
     """What the verifier's evaluator measures: greedy verdicts on a right and a wrong claim
     about each held-out problem, accuracy averaged over the two halves (balanced)."""
     from astraflow.consumers.evaluator import greedy_verdicts, held_out_claims
-    from astraflow.consumers.rollout.workflows.solver_verifier import VERIFIER_PROMPT
+    from astraflow.run.roles import verifier_turn
 
-    kwargs = cfg.rollout.workflow.kwargs.get(WORKFLOW, {})
-    claims = held_out_claims(cfg.producer, cfg.launch.eval_problems,
-                             prompt=kwargs.get("verifier_prompt") or VERIFIER_PROMPT,
+    prompt, max_new_tokens = verifier_turn(cfg)
+    claims = held_out_claims(cfg.producer, cfg.launch.eval_problems, prompt=prompt,
                              seed=cfg.seed)
     model.eval()
-    return greedy_verdicts(model, tok, claims,
-                           max_new_tokens=verifier_max_new_tokens(cfg)).balanced
+    return greedy_verdicts(model, tok, claims, max_new_tokens=max_new_tokens).balanced
 
 
 def system_accuracy(cfg: Any, engines: Mapping[str, Any]) -> float:

@@ -106,6 +106,7 @@ def produce_demonstrations(config: ExperimentConfig, warm: ExperimentConfig, pol
     from astraflow.producers.arithmetic import arithmetic
     from astraflow.producers.claims import claim_specs
     from astraflow.producers.demos import demo_batches, produce_demos
+    from astraflow.run.roles import verifier_turn
 
     _, tok = load(model_dir(config, policy, out))
     specs: Any = (spec for spec, _ in arithmetic(config.producer.arithmetic.model_copy(
@@ -113,7 +114,7 @@ def produce_demonstrations(config: ExperimentConfig, warm: ExperimentConfig, pol
     extra: Any = iter(())
     role = config.role_of(policy)
     if role == "verifier":
-        specs = claim_specs(specs, prompt=verifier_prompt(config), seed=config.seed)
+        specs = claim_specs(specs, prompt=verifier_turn(config)[0], seed=config.seed)
     elif role == "solver" and config.team_workflow() == "solver_verifier" \
             and config.launch.warmup.retry_every:
         specs = list(specs)
@@ -130,29 +131,21 @@ def retry_demonstrations(config: ExperimentConfig, tokenizer: Any, specs: list[A
     wrong claim (with the claims' ``show_work``: its own sum, then the reject word)."""
     import random
 
-    from astraflow.consumers.rollout.workflows.solver_verifier import NAME, RETRY_PROMPT
+    from astraflow.consumers.rollout.workflows.solver_verifier import RETRY_PROMPT
     from astraflow.producers.claims import claim_specs, problem_of, wrong_answer
     from astraflow.producers.demos import retry_demonstration
+    from astraflow.run.roles import verifier_turn
 
-    template = str(config.rollout.workflow.kwargs.get(NAME, {}).get("retry_prompt",
-                                                                     RETRY_PROMPT))
+    template = str(config.team_kwargs().get("retry_prompt", RETRY_PROMPT))
+    prompt = verifier_turn(config)[0]
     rng = random.Random(config.seed + 1)
     for spec in specs:
         right = str(spec.reference["answer"])
-        wrong_claim = list(claim_specs([spec], prompt=verifier_prompt(config)))[1]
+        wrong_claim = list(claim_specs([spec], prompt=prompt))[1]
         feedback = template.format(verdict=wrong_claim.reference["answer"],
                                    problem=problem_of(spec))
         yield retry_demonstration(tokenizer, spec, first=wrong_answer(right, rng),
                                   feedback=feedback)
-
-
-def verifier_prompt(config: ExperimentConfig) -> str:
-    """The verifier's prompt template of the run's team workflow (its kwargs, else the
-    workflow's default)."""
-    from astraflow.consumers.rollout.workflows.solver_verifier import NAME, VERIFIER_PROMPT
-
-    kwargs = config.rollout.workflow.kwargs.get(config.team_workflow() or NAME, {})
-    return str(kwargs.get("verifier_prompt", VERIFIER_PROMPT))
 
 
 def newest_checkpoint(root: Path) -> Path | None:

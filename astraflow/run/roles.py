@@ -164,14 +164,7 @@ def build_evaluator(config: ExperimentConfig, policy: str, out: str | Path, *, b
     prompt = None
     max_new_tokens = config.rollout.engine.max_new_tokens
     if verdict:
-        from astraflow.consumers.rollout.workflows.solver_verifier import VERIFIER_PROMPT
-
-        kwargs = config.rollout.workflow.kwargs.get("solver_verifier", {})
-        prompt = kwargs.get("verifier_prompt") or VERIFIER_PROMPT
-        # the verifier's turn as the workflow samples it: its role's override, the shared one
-        own = (kwargs.get("role_sampling") or {}).get("verifier") or {}
-        max_new_tokens = int(own.get("max_new_tokens", kwargs.get("max_new_tokens",
-                                                                  max_new_tokens)))
+        prompt, max_new_tokens = verifier_turn(config)
     return Evaluator(run=config.run, policy=policy, model=config.model(policy),
                      producer=config.producer, reward=config.rollout.reward,
                      max_new_tokens=max_new_tokens,
@@ -179,6 +172,21 @@ def build_evaluator(config: ExperimentConfig, policy: str, out: str | Path, *, b
                      limit=config.launch.eval_problems, metrics=metrics,
                      kind="verdict" if verdict else "answer", verifier_prompt=prompt,
                      seed=config.seed)
+
+
+def verifier_turn(config: ExperimentConfig) -> tuple[str, int]:
+    """How the run's ``solver_verifier`` workflow prompts and samples its verifier: the prompt
+    template (its ``verifier_prompt``, else the workflow's default) and the turn's
+    ``max_new_tokens`` (the verifier's ``role_sampling`` override, the workflow's shared one,
+    the engine's). Every measurement of a verifier (evaluator, warm-up checks, benchmarks)
+    prompts it this way."""
+    from astraflow.consumers.rollout.workflows.solver_verifier import VERIFIER_PROMPT
+
+    kwargs = config.team_kwargs()
+    own = (kwargs.get("role_sampling") or {}).get("verifier") or {}
+    max_new_tokens = int(own.get("max_new_tokens", kwargs.get(
+        "max_new_tokens", config.rollout.engine.max_new_tokens)))
+    return str(kwargs.get("verifier_prompt") or VERIFIER_PROMPT), max_new_tokens
 
 
 def build_team_evaluator(config: ExperimentConfig, out: str | Path, *, bus: Bus,
@@ -198,7 +206,7 @@ def build_team_evaluator(config: ExperimentConfig, out: str | Path, *, bus: Bus,
                          max_new_tokens=config.rollout.engine.max_new_tokens,
                          weights=config.weights, out=out, bus=bus,
                          limit=config.launch.eval_problems,
-                         workflow_kwargs=config.rollout.workflow.kwargs.get(WORKFLOW, {}),
+                         workflow_kwargs=config.team_kwargs(),
                          metrics=metrics)
 
 

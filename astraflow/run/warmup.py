@@ -158,38 +158,30 @@ class HeldOutProbe:
         self.model.eval()
         self.reward = build_reward(config.rollout.reward)
         self.max_new_tokens = config.rollout.engine.max_new_tokens
-        self.claims: tuple[list[Any], list[Any]] | None = None
+        self.claims: list[Any] | None = None
         if config.role_of(policy) == "verifier":
-            from astraflow.producers.claims import claim_specs
-            from astraflow.run.launch import verifier_prompt
+            from astraflow.consumers.evaluator import held_out_claims
+            from astraflow.run.roles import verifier_turn
 
-            claims = list(claim_specs(self.specs, prompt=verifier_prompt(config),
-                                      seed=config.seed))
-            self.claims = ([c for c in claims if c.reference["correct"] == "1"],
-                           [c for c in claims if c.reference["correct"] == "0"])
+            prompt, self.max_new_tokens = verifier_turn(config)
+            self.claims = held_out_claims(config.producer, config.launch.eval_problems,
+                                          prompt=prompt, seed=config.seed)
 
     def measure(self, weights: Path | None = None) -> float:
         """Accuracy of ``weights`` (a ``model.safetensors`` of the same architecture), or of
-        the model as loaded when None."""
+        the model as loaded when None; a verifier's: its evaluator's balanced judgement."""
         from safetensors.torch import load_file
 
-        from astraflow.consumers.evaluator import greedy_accuracy
+        from astraflow.consumers.evaluator import greedy_accuracy, greedy_verdicts
 
         if weights is not None:
             self.model.load_state_dict(load_file(str(weights)), strict=True)
-        if self.claims is None:
-            return greedy_accuracy(self.model, self.tokenizer, self.specs,
-                                   lambda text, ref: float(self.reward(text, ref)),
-                                   max_new_tokens=self.max_new_tokens)
-        from astraflow.consumers.rollout.workflows.solver_verifier import parse_verdict
-
-        def judged(text: str, ref: dict[str, Any]) -> float:
-            return float(parse_verdict(text) == (ref["correct"] == "1"))
-
-        right, wrong = (greedy_accuracy(self.model, self.tokenizer, half, judged,
-                                        max_new_tokens=self.max_new_tokens)
-                        for half in self.claims)
-        return (right + wrong) / 2
+        if self.claims is not None:
+            return greedy_verdicts(self.model, self.tokenizer, self.claims,
+                                   max_new_tokens=self.max_new_tokens).balanced
+        return greedy_accuracy(self.model, self.tokenizer, self.specs,
+                               lambda text, ref: float(self.reward(text, ref)),
+                               max_new_tokens=self.max_new_tokens)
 
 
 class CheckpointWatch:
