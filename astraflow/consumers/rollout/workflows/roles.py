@@ -7,7 +7,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from astraflow.consumers.rollout.context import Conversation, Draft, EpisodeContext, WorkflowError
-from astraflow.consumers.rollout.workflows.contracts import CHECK, Outcome, RewardContract
+from astraflow.consumers.rollout.workflows.contracts import (
+    CHECK,
+    Outcome,
+    RewardContract,
+    resolve_contract,
+)
 from astraflow.core.records import Task
 
 
@@ -31,6 +36,16 @@ def role_policies(ctx: EpisodeContext, workflow: str, roles: Sequence[str],
                 f"rollout.policies or map the role with {where}.{role})")
     ctx.declare_roles(out)
     return out
+
+
+def start_team(ctx: EpisodeContext, workflow: str, policies: Mapping[str, str] | None,
+               rewards: Mapping[str, Any] | None) -> tuple[RewardContract, dict[str, str]]:
+    """What every multi-policy episode does first: its reward contract (the registered one
+    with the workflow's ``rewards`` overrides), declared to the degenerate-contract check,
+    and its roles mapped to hosted policies (:func:`role_policies`)."""
+    contract = resolve_contract(workflow, rewards)
+    CHECK.declare(contract)
+    return contract, role_policies(ctx, workflow, tuple(contract.roles), policies)
 
 
 def problem_text(task: Task) -> str:

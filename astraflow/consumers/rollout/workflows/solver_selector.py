@@ -34,23 +34,20 @@ from typing import Any
 from astraflow.consumers.rollout.context import Draft, EpisodeContext, WorkflowError
 from astraflow.consumers.rollout.workflows.base import WORKFLOWS
 from astraflow.consumers.rollout.workflows.contracts import (
-    CHECK,
     Outcome,
     RewardContract,
     RoleReward,
     register_contract,
-    resolve_contract,
 )
 from astraflow.consumers.rollout.workflows.roles import (
     finish_role,
     problem_text,
-    role_policies,
     sampling_for,
+    start_team,
 )
 from astraflow.core.records import ChatMessage, Task
 
 NAME = "solver_selector"
-ROLES = ("solver", "selector")
 CONTRACT = register_contract(RewardContract(
     NAME, {"solver": RoleReward("final"), "selector": RoleReward("picked")},
     provides=frozenset({"picked"})))
@@ -84,9 +81,7 @@ async def solver_selector(ctx: EpisodeContext, task: Task, *, k: int = 4,
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise WorkflowError(f"rollout.workflow.kwargs.{NAME}.k = {k!r}; expected an integer "
                             ">= 1 (the candidates the solver samples)")
-    contract = resolve_contract(NAME, rewards)
-    CHECK.declare(contract)
-    pol = role_policies(ctx, NAME, ROLES, policies)
+    contract, pol = start_team(ctx, NAME, policies, rewards)
 
     solver_sampling = sampling_for("solver", sampling, role_sampling)
     gens = await asyncio.gather(*(ctx.generate(policy=pol["solver"], agent="solver",

@@ -54,24 +54,21 @@ from astraflow.consumers.rollout.context import Draft, EpisodeContext
 from astraflow.consumers.rollout.latency import Latency, parse_latency, wait
 from astraflow.consumers.rollout.workflows.base import WORKFLOWS
 from astraflow.consumers.rollout.workflows.contracts import (
-    CHECK,
     RIGHT_RATE,
     Outcome,
     RewardContract,
     RoleReward,
     register_contract,
-    resolve_contract,
 )
 from astraflow.consumers.rollout.workflows.roles import (
     finish_role,
     problem_text,
-    role_policies,
     sampling_for,
+    start_team,
 )
 from astraflow.core.records import ChatMessage, Task
 
 NAME = "solver_verifier"
-ROLES = ("solver", "verifier")
 CONTRACT = register_contract(RewardContract(
     NAME, {"solver": RoleReward("final"), "verifier": RoleReward("verdict_correct")},
     provides=frozenset({"verdict"})))
@@ -132,9 +129,7 @@ async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True
     arguments are sampling overrides for both roles."""
     latency = parse_latency(verifier_latency,
                             where=f"rollout.workflow.kwargs.{NAME}.verifier_latency")
-    contract = resolve_contract(NAME, rewards)
-    CHECK.declare(contract)
-    pol = role_policies(ctx, NAME, ROLES, policies)
+    contract, pol = start_team(ctx, NAME, policies, rewards)
 
     solver = ctx.conversation(task.prompt, policy=pol["solver"])
     first = await solver.generate(**sampling_for("solver", sampling, role_sampling))
