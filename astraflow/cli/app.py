@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from astraflow.cli import (
+    bench,
     broker,
     config_cmd,
     demo,
@@ -36,6 +37,7 @@ app.add_typer(broker.app, name="broker")
 app.add_typer(topics.app, name="topics")
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(weights.app, name="weights")
+app.add_typer(bench.app, name="bench")
 app.command("inspect")(inspect_cmd.inspect)
 app.command("run")(run.run)
 app.command("produce")(produce.produce)
