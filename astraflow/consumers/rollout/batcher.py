@@ -4,7 +4,9 @@ Episodes ``await batcher.generate(request)``. One loop per engine takes every re
 (up to ``max_batch_size``), runs :meth:`Engine.generate` on them in the engine's own thread and
 resolves each episode's future. While a batch runs, the event loop keeps collecting the next
 one, which is what gives throughput on a CPU. Engines that batch themselves (``continuous``)
-get each request on its own call instead, up to ``max_batch_size`` at once.
+get each request on its own call instead, up to ``max_batch_size`` at once; those that offer
+``submit(request) -> concurrent.futures.Future`` (the continuous ``hf`` engine) are awaited on
+that future directly, with no thread per request, and queue the request themselves.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Batcher:
         self.engine = engine
         self.max_batch_size = max_batch_size or engine.max_batch_size
         self.continuous = bool(getattr(engine, "continuous", False))
+        self._submit = getattr(engine, "submit", None) if self.continuous else None
         workers = self.max_batch_size if self.continuous else 1
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix=f"af-engine-{engine.name}")
         self._queue: list[tuple[GenRequest, asyncio.Future[GenResult]]] = []
@@ -38,6 +41,12 @@ class Batcher:
 
     async def generate(self, request: GenRequest) -> GenResult:
         loop = asyncio.get_running_loop()
+        if self._submit is not None:
+            res = await asyncio.wrap_future(self._submit(request))
+            self._count(1, [res])
+            if res.error is not None:
+                raise EngineError(res.error)
+            return res
         if self.continuous:
             if self._slots is None:
                 self._slots = asyncio.Semaphore(self.max_batch_size)

@@ -5,6 +5,11 @@ a new weight version can be applied between two decoding steps: the syncer's upd
 next step boundary (:meth:`HFEngine.update_weights`), in-flight sequences continue on the new
 weights, and every token records the version of the weights whose forward pass produced it.
 Batches are left-padded; finished rows leave the batch (their cache rows are dropped).
+
+With ``continuous=True`` the engine batches itself instead (iteration-level scheduling): one
+decode thread owns the model, :meth:`HFEngine.submit` hands it a request at any time and the
+request joins the running batch at the next step boundary (see
+:mod:`astraflow.consumers.rollout.engines.hf_continuous`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import copy
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -107,7 +113,7 @@ class HFEngine:
     def __init__(self, model_path: str | Path | None = None, *, model: Any = None,
                  tokenizer: Any = None, device: str = "cpu", dtype: str = "float32",
                  max_batch_size: int = 64, threads: int | None = None, seed: int = 0,
-                 initial_version: int = 0, **_: Any) -> None:
+                 initial_version: int = 0, continuous: bool = False, **_: Any) -> None:
         import torch
 
         if threads is not None:
@@ -144,6 +150,12 @@ class HFEngine:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else None
+        self.continuous = continuous
+        self.decoder: Any = None  # the ContinuousDecoder when continuous
+        if continuous:
+            from astraflow.consumers.rollout.engines.hf_continuous import ContinuousDecoder
+
+            self.decoder = ContinuousDecoder(self)
 
     # -- the protocol --------------------------------------------------------------------------
     @property
@@ -158,11 +170,22 @@ class HFEngine:
         return self.gate.update(fn)
 
     def close(self) -> None:
-        pass
+        if self.decoder is not None:
+            self.decoder.close()
+
+    def submit(self, request: GenRequest) -> Future[GenResult]:
+        """Continuous engines: queue ``request`` to join the running batch at the next step
+        boundary; the future resolves to its result (or an EngineError)."""
+        if self.decoder is None:
+            raise EngineError("submit needs the hf engine built with continuous=True "
+                              "(rollout.engine.continuous: true)")
+        return self.decoder.submit(request)
 
     def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
         import torch
 
+        if self.decoder is not None:  # continuous: each request joins the running batch
+            return [f.result() for f in [self.decoder.submit(r) for r in requests]]
         self.gate.acquire()
         try:
             with torch.inference_mode():
