@@ -399,3 +399,33 @@ def test_train_verifier_work_false_trains_the_verdict_line_only() -> None:
     trained = [verifier.token_ids[i] for i, m in enumerate(verifier.loss_mask) if m]
     assert tok.decode(trained) == "no<eos>"
     assert verifier.reward == 1.0  # the verdict is still parsed from the whole text
+
+
+def test_verdict_and_work_rewards_the_verifiers_own_answer(ascii_tokenizer) -> None:
+    # the verifier shows its work ("5", its own answer to 2+3=) before its verdict; the rule
+    # pays half for the verdict (balanced) and half for the work being right
+    from astraflow.consumers.rollout.workflows.contracts import RULES, Outcome
+
+    fn = RULES["verdict_and_work"].fn
+    wrong_claim = Outcome(final=0.0, judged=0.0, verdict=False, right_rate=0.5, work=1.0)
+    assert fn(wrong_claim, 0.0) == pytest.approx((1.0 + 1.0) / 2)
+    assert fn(Outcome(final=0.0, judged=0.0, verdict=False, right_rate=0.5, work=0.0),
+              0.0) == pytest.approx(0.5)
+    assert fn(Outcome(final=0.0, judged=0.0, verdict=True, right_rate=0.5, work=None), 0) == 0
+    paid = {}
+    for work, expected_work in (("5", 1.0), ("7", 0.0)):
+        rt, _ = runtime(ascii_tokenizer, {"solver": ["6", "5"], "verifier": [f"{work}\nno"]},
+                        {"solver": 0, "verifier": 0}, workflow_kwargs={"solver_verifier": {
+                            "rewards": {"verifier": "verdict_and_work"}}})
+        (out,) = run(rt, [(task("solver_verifier"), 0)])
+        d = by_policy(out)
+        assert d["verifier"].rewards["work_answer"] == expected_work
+        paid[work] = d["verifier"].reward
+    # both rejected the wrong "6" (a right verdict, paid the same); the right work earns more
+    # (the running right rate moves a little between the two episodes)
+    assert paid["7"] > 0 and paid["5"] == pytest.approx(paid["7"] + 0.5, abs=0.01)
+    # a one-line verifier has no work: the component says so (-1) and the rule pays it 0
+    rt, _ = runtime(ascii_tokenizer, {"solver": ["6", "5"], "verifier": ["no"]},
+                    {"solver": 0, "verifier": 0})
+    (out,) = run(rt, [(task("solver_verifier"), 0)])
+    assert by_policy(out)["verifier"].rewards["work_answer"] == -1.0

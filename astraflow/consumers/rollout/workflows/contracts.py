@@ -52,6 +52,9 @@ class Outcome:
     # how often judged answers are right lately (this worker's running rate, before this
     # episode); None: not tracked. verdict_balanced weighs each class by it.
     right_rate: float | None = None
+    # reward of the verifier's own answer (the first line of a verifier that shows its work,
+    # scored like the solver's); None: it wrote one line only, or no verifier
+    work: float | None = None
 
     def correct(self, reward: float) -> bool:
         return reward >= self.threshold
@@ -100,6 +103,11 @@ def _verdict_balanced(o: Outcome, _: float) -> float:
     return 0.5 / (rate if right else 1.0 - rate)
 
 
+def _verdict_and_work(o: Outcome, _: float) -> float:
+    work = 0.0 if o.work is None else o.work
+    return (_verdict_balanced(o, _) + work) / 2
+
+
 def _picked(o: Outcome, _: float) -> float:
     return 0.0 if o.picked is None else o.candidates[o.picked]
 
@@ -127,6 +135,11 @@ RULES: dict[str, Rule] = {
         "accuracy, so approving or rejecting everything earns 0.5 however good the solver is "
         "(with verdict_correct, a verifier of a solver that is mostly wrong learns to reject "
         "everything)", needs=frozenset({"verdict"})),
+    "verdict_and_work": Rule(
+        _verdict_and_work, "mean of verdict_balanced and the reward of the verifier's own "
+        "answer (the first line of its work, scored as the solver's answer is): a process "
+        "reward for a verifier that computes before it judges, so its work is trained on the "
+        "reference and cannot drift to copying the claim", needs=frozenset({"verdict", "work"})),
     "picked": Rule(_picked, "reward of the picked candidate (0 for an unclear pick)",
                    needs=frozenset({"picked"})),
     "picked_correct": Rule(_picked_correct, "1 if the picked candidate is correct, else 0 "

@@ -40,7 +40,9 @@ episode's timings (``verifier_latency``, on both trajectories) and counts
 Trajectories: one for the solver (both its turns), one for the verifier; their rewards come
 from the workflow's reward contract (default: solver ``final``, verifier ``verdict_correct``;
 override with ``rewards``). Components: ``first_answer`` (reward before any retry),
-``retried``, ``approved`` (1/0/-1 for unclear), ``final_answer``.
+``retried``, ``approved`` (1/0/-1 for unclear), ``final_answer``, ``work_answer`` (the reward of
+the verifier's first line when it wrote more than one: its own answer; -1 when it did not); the
+rule ``verdict_and_work`` rewards the verifier on it too.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ from astraflow.core.records import ChatMessage, Task
 NAME = "solver_verifier"
 CONTRACT = register_contract(RewardContract(
     NAME, {"solver": RoleReward("final"), "verifier": RoleReward("verdict_correct")},
-    provides=frozenset({"verdict"})))
+    provides=frozenset({"verdict", "work"})))
 
 VERIFIER_PROMPT = ("Problem:\n{problem}\n\nProposed answer:\n{answer}\n\nIs the proposed answer "
                    "correct? Explain briefly, then end with 'VERDICT: approve' or "
@@ -147,6 +149,8 @@ async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True
     if verdict is None:
         ctx.count("verdict_unclear")
     judged = (await ctx.reward(first.text)).value
+    lines = [line for line in judgement.text.splitlines() if line.strip()]
+    work = (await ctx.reward(lines[0])).value if len(lines) > 1 else None
 
     final = judged
     retried = verdict is False and retry
@@ -164,9 +168,10 @@ async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True
 
     rate = RIGHT_RATE.update(judged >= correct_threshold)
     outcome = Outcome(final=final, threshold=correct_threshold, judged=judged, verdict=verdict,
-                      right_rate=rate)
+                      right_rate=rate, work=work)
     approved = -1.0 if verdict is None else float(verdict)
     return [finish_role(ctx, contract, "solver", solver, outcome,
                         {"first_answer": judged, "retried": float(retried)}),
             finish_role(ctx, contract, "verifier", verifier, outcome,
-                        {"approved": approved, "judged_answer": judged})]
+                        {"approved": approved, "judged_answer": judged,
+                         "work_answer": -1.0 if work is None else work})]
