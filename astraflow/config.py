@@ -202,13 +202,22 @@ class ExperimentConfig(Section):
         workflow = self.team_workflow()
         return {} if workflow is None else self.rollout.workflow.kwargs.get(workflow, {})
 
+    def workflow(self) -> str:
+        """The workflow the run's tasks use: ``producer.workflow``, else (when that is the
+        default ``single_turn``) ``rollout.workflow.default``."""
+        return (self.producer.workflow if self.producer.workflow != "single_turn"
+                else self.rollout.workflow.default)
+
+    def workflow_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :meth:`workflow` (``rollout.workflow.kwargs.<name>``)."""
+        return dict(self.rollout.workflow.kwargs.get(self.workflow(), {}))
+
     def team_workflow(self) -> str | None:
         """The name of the run's multi-policy workflow (one with a registered reward
         contract), or None."""
         from astraflow.consumers.rollout.workflows.contracts import CONTRACTS
 
-        name = (self.producer.workflow if self.producer.workflow != "single_turn"
-                else self.rollout.workflow.default)
+        name = self.workflow()
         return name if name in CONTRACTS else None
 
     def role_of(self, policy: str) -> str | None:
@@ -319,6 +328,23 @@ class ExperimentConfig(Section):
                 f"the role with rollout.workflow.kwargs.{workflow}.policies.{role}"),
                 loc=loc, input=policy))
         _refuse(errors)
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _tool_latency(self) -> ExperimentConfig:
+        """A bad ``multi_turn_tools.tool_latency`` is refused at load time, at its key, rather
+        than by every episode."""
+        kw = self.rollout.workflow.kwargs.get("multi_turn_tools") or {}
+        if kw.get("tool_latency") is None:
+            return self
+        from astraflow.consumers.rollout.workflows.multi_turn import parse_tool_latency
+
+        where = ("rollout", "workflow", "kwargs", "multi_turn_tools", "tool_latency")
+        try:
+            parse_tool_latency(kw["tool_latency"], ".".join(where))
+        except ConfigError as e:
+            _refuse([InitErrorDetails(type=_error("bad_latency", "; ".join(e.problems)),
+                                      loc=where, input=kw["tool_latency"])])
         return self
 
     @pydantic.model_validator(mode="after")

@@ -44,8 +44,11 @@ def test_parse_tool_call() -> None:
     assert parse_tool_call('x <tool>calculator({"expression": "1+1"})</tool>') == (
         "calculator", {"expression": "1+1"})
     assert parse_tool_call("<tool>now()</tool>") == ("now", {})
-    for bad in ("<tool>calc(1+1)</tool>", "<tool>calc([1])</tool>", "<tool>calc({})",
-                "<tool>)(</tool>"):
+    # positional arguments: comma-separated JSON values (the short form a tiny model learns)
+    assert parse_tool_call("<tool>mul(17,23)</tool>") == ("mul", [17, 23])
+    assert parse_tool_call('<tool>f("a", [1], 2.5)</tool>') == ("f", ["a", [1], 2.5])
+    for bad in ("<tool>calc(1+1)</tool>", "<tool>calc(1,)</tool>", "<tool>calc({})",
+                "<tool>)(</tool>", '<tool>calc({"a": 1}, 2)</tool>'):
         with pytest.raises(ToolCallError):
             parse_tool_call(bad)
 

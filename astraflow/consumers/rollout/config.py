@@ -43,6 +43,10 @@ class EngineConfig(Section):
     threads: int | None = pydantic.Field(
         None, ge=1, description="torch intra-op threads for the hf engine on CPU (None: "
                                 "torch's default; 1 is fastest for tiny models)")
+    continuous: bool = pydantic.Field(
+        False, description="hf: continuous batching (iteration-level scheduling): a request "
+                           "joins the running batch at the next decoding step instead of "
+                           "waiting for the batch to finish (episodes back from a tool call)")
     seed: int = pydantic.Field(0, description="sampling seed of the engine")
     initial_version: int = pydantic.Field(
         0, description="policy version recorded for tokens generated before any weights were "

@@ -233,7 +233,8 @@ class EpisodeContext:
         return await self.conversation(messages, policy=policy,
                                        agent=agent).generate(**sampling)
 
-    async def call_tool(self, name: str, arguments: Mapping[str, Any] | None = None, *,
+    async def call_tool(self, name: str,
+                        arguments: Mapping[str, Any] | Sequence[Any] | None = None, *,
                         timeout: float | None = None) -> ToolResult:
         """Call a registered tool; never raises (failures come back as ``ok=False``)."""
         res = await call_tool(name, arguments,

@@ -4,22 +4,29 @@
 ... def add(a: float, b: float) -> float:
 ...     return a + b
 
-A tool takes keyword arguments (the JSON object of the call) and returns anything ``str()``
-can print; async tools are awaited. A call never raises into the workflow: an unknown tool,
-bad arguments, an exception or a timeout all come back as a :class:`ToolResult` with ``ok``
-false and an error text the model sees. Sync tools run in a thread; a sync tool that times out
-cannot be killed and finishes in the background (its result is dropped), so tools that may hang
-should be async or run in a subprocess (the built-in ``python`` tool uses the sandbox).
+A tool takes keyword arguments (the JSON object of the call) or positional ones (a JSON list)
+and returns anything ``str()`` can print; async tools are awaited. A call never raises into the
+workflow: an unknown tool, bad arguments, an exception, a timeout or a result that cannot be
+printed all come back as a :class:`ToolResult` with ``ok`` false and an error text the model
+sees; an output longer than ``max_output_chars`` is cut (the model sees how much was cut).
+
+Sync tools run each in a daemon thread of its own, not in a shared pool: a sync tool that hangs
+cannot be killed, but it holds only its own thread, so no other call waits behind it (with a
+pool of a few threads, a few hung calls would stall every later one). Its result is dropped and
+:data:`ABANDONED` counts it; tools that may hang should be async or run in a subprocess (the
+built-in ``python`` tool uses the sandbox).
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import inspect
 import operator
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +34,7 @@ from astraflow.consumers.rollout.registry import Registry
 
 TOOLS: Registry[Callable[..., Any]] = Registry("tool")
 MAX_OUTPUT_CHARS = 4096
+ABANDONED = [0]  # sync tool calls that timed out and still run (their threads), per process
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +47,11 @@ class ToolResult:
     seconds: float = 0.0
 
 
-async def call_tool(name: str, arguments: Mapping[str, Any] | None = None, *,
+async def call_tool(name: str, arguments: Mapping[str, Any] | Sequence[Any] | None = None, *,
                     timeout: float = 10.0, registry: Registry[Callable[..., Any]] = TOOLS,
                     max_output_chars: int = MAX_OUTPUT_CHARS) -> ToolResult:
-    """Call tool ``name`` with ``arguments`` (keyword arguments) under ``timeout`` seconds."""
+    """Call tool ``name`` with ``arguments`` (keyword arguments, or a list of positional
+    ones) under ``timeout`` seconds."""
     start = time.monotonic()
 
     def fail(msg: str, *, timed_out: bool = False) -> ToolResult:
@@ -52,25 +61,72 @@ async def call_tool(name: str, arguments: Mapping[str, Any] | None = None, *,
         fn = registry.resolve(name)
     except Exception:  # noqa: BLE001 - any lookup problem is the model's error to see
         return fail(f"unknown tool {name!r}; available: {', '.join(registry.names())}")
-    if arguments is None:
-        arguments = {}
-    if not isinstance(arguments, Mapping):
-        return fail(f"arguments of {name!r} must be a JSON object, got {type(arguments).__name__}")
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = {}
+    if isinstance(arguments, Mapping):
+        kwargs = arguments
+    elif isinstance(arguments, (list, tuple)):
+        args = tuple(arguments)
+    elif arguments is not None:
+        return fail(f"arguments of {name!r} must be a JSON object or list, got "
+                    f"{type(arguments).__name__}")
     try:
         if inspect.iscoroutinefunction(fn):
-            out = await asyncio.wait_for(fn(**arguments), timeout)
+            out = await asyncio.wait_for(fn(*args, **kwargs), timeout)
         else:
-            out = await asyncio.wait_for(asyncio.to_thread(fn, **arguments), timeout)
+            out = await asyncio.wait_for(_in_thread(fn, args, kwargs), timeout)
     except TimeoutError:
         return fail(f"tool {name!r} timed out after {timeout:g} s", timed_out=True)
     except TypeError as e:
         return fail(f"bad arguments for {name!r}: {e}")
     except Exception as e:  # noqa: BLE001 - a tool's failure is reported to the model
         return fail(f"tool {name!r} raised {type(e).__name__}: {e}")
-    text = out if isinstance(out, str) else str(out)
+    try:
+        text = out if isinstance(out, str) else str(out)
+    except Exception as e:  # noqa: BLE001 - an unprintable result is the tool's failure
+        return fail(f"tool {name!r} returned a {type(out).__name__} that cannot be printed "
+                    f"({type(e).__name__}: {e})")
     if len(text) > max_output_chars:
         text = text[:max_output_chars] + f"... [{len(text) - max_output_chars} chars cut]"
     return ToolResult(name, text, True, None, False, time.monotonic() - start)
+
+
+async def _in_thread(fn: Callable[..., Any], args: tuple[Any, ...],
+                     kwargs: Mapping[str, Any]) -> Any:
+    """``fn(*args, **kwargs)`` in a daemon thread of its own; awaiting it can be cancelled
+    (a timeout) while the thread runs on, counted in :data:`ABANDONED` until it ends."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+    lock = threading.Lock()
+    state = {"abandoned": False, "finished": False}
+
+    def settle(ok: bool, value: Any) -> None:
+        if not fut.done():
+            (fut.set_result if ok else fut.set_exception)(value)
+
+    def run() -> None:
+        try:
+            value, ok = fn(*args, **kwargs), True
+        except BaseException as e:  # noqa: BLE001 - handed back to the awaiting coroutine
+            value, ok = e, False
+        with lock:
+            state["finished"] = True
+            if state["abandoned"]:
+                ABANDONED[0] -= 1
+                return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, ok, value)
+
+    threading.Thread(target=run, name=f"af-tool-{getattr(fn, '__name__', 'tool')}",
+                     daemon=True).start()
+    try:
+        return await fut
+    except asyncio.CancelledError:
+        with lock:
+            if not state["finished"]:
+                state["abandoned"] = True
+                ABANDONED[0] += 1
+        raise
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,6 +163,24 @@ def calculator(expression: str) -> str:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return str(value)
+
+
+@TOOLS.register("mul")
+def mul(a: int | float, b: int | float) -> str:
+    """``a * b`` (numbers only): the agent_tools example's calculator, ``<tool>mul(17,23)</tool>``."""
+    for v in (a, b):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"mul takes two numbers, got {v!r}")
+    return calculator(f"({a})*({b})")
+
+
+@TOOLS.register("add")
+def add(a: int | float, b: int | float) -> str:
+    """``a + b`` (numbers only)."""
+    for v in (a, b):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"add takes two numbers, got {v!r}")
+    return calculator(f"({a})+({b})")
 
 
 @TOOLS.register("python")

@@ -3,7 +3,9 @@
 The protocol (what the model writes, what it gets back):
 
 * a tool call is ``<tool>NAME(ARGS)</tool>`` anywhere in an assistant turn, ARGS a JSON object
-  of keyword arguments or nothing: ``<tool>calculator({"expression": "17*23"})</tool>``.
+  of keyword arguments, comma-separated JSON values as positional arguments, or nothing:
+  ``<tool>calculator({"expression": "17*23"})</tool>``, ``<tool>mul(17,23)</tool>`` (the short
+  form a tiny model can learn).
   Generation stops at ``</tool>`` (added to the stop strings), so a turn holds at most one call;
 * the tool's output comes back as a ``tool`` message (``name`` = the tool) whose content is
   ``result_format`` with ``{output}`` replaced, ``<result>OUTPUT</result>`` by default; errors
@@ -15,16 +17,28 @@ The protocol (what the model writes, what it gets back):
 
 Loss mask: the tokens the model generated in each assistant turn are 1; the prompt, every tool
 message and the chat template's tokens around them are 0.
+
+**Tool latency.** ``tool_latency`` adds a delay to every tool call, drawn from a distribution
+(:mod:`astraflow.consumers.rollout.latency`: a number of seconds, or ``{type: lognormal, p50:
+0.05, p99: 2.0}``, ``fixed``, ``uniform``, ``trace``), either one spec for every tool or a
+mapping tool name -> spec (``"*"``: the others). It stands in for a real tool's long tail
+(a code run, a search, an API): the episode ``asyncio.sleep``-s, so other episodes keep
+decoding meanwhile. Draws come from a ``random.Random`` seeded by the task id, the sample index
+and the turn, so the same episode waits the same in the pipeline and in ``bench/agentic.py``'s
+synchronous baseline. The seconds are recorded in the episode's timings (``tool_latency``) and
+counted (``tool_latency_waits``, ``tool_latency_s``); evaluation leaves them out.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from astraflow.consumers.rollout.context import Draft, EpisodeContext
+from astraflow.consumers.rollout.context import Draft, EpisodeContext, WorkflowError
+from astraflow.consumers.rollout.latency import Latency, parse_latency, wait
 from astraflow.consumers.rollout.workflows.base import WORKFLOWS
 from astraflow.core.records import ChatMessage, Task
 
@@ -36,9 +50,10 @@ class ToolCallError(ValueError):
     """A ``<tool>`` block that does not follow the protocol."""
 
 
-def parse_tool_call(text: str) -> tuple[str, dict[str, Any]] | None:
+def parse_tool_call(text: str) -> tuple[str, dict[str, Any] | list[Any]] | None:
     """The (name, arguments) of the last tool call in ``text``; None when there is none.
-    Raises ToolCallError for a ``<tool>`` block that is not ``NAME(JSON object)``."""
+    Arguments: a dict (a JSON object) or a list (positional: comma-separated JSON values).
+    Raises ToolCallError for a ``<tool>`` block that is neither."""
     start = text.rfind(OPEN)
     if start < 0:
         return None
@@ -51,22 +66,44 @@ def parse_tool_call(text: str) -> tuple[str, dict[str, Any]] | None:
     name, raw = m.group(1), m.group(2).strip()
     if not raw:
         return name, {}
+    positional = not raw.startswith("{")
     try:
-        args = json.loads(raw)
+        args = json.loads(f"[{raw}]" if positional else raw)
     except json.JSONDecodeError as e:
         raise ToolCallError(f"tool arguments are not valid JSON ({e.msg})") from None
-    if not isinstance(args, dict):
+    if not positional and not isinstance(args, dict):
         raise ToolCallError(f"tool arguments must be a JSON object, got {type(args).__name__}")
     return name, args
+
+
+def parse_tool_latency(spec: Any, where: str) -> dict[str, Latency]:
+    """``tool_latency`` as tool name -> distribution (``"*"``: every other tool)."""
+    if spec is None:
+        return {}
+    if isinstance(spec, Mapping) and "type" not in spec:
+        out = {}
+        for tool, one in spec.items():
+            lat = parse_latency(one, where=f"{where}.{tool}")
+            if lat is not None:
+                out[str(tool)] = lat
+        return out
+    lat = parse_latency(spec, where=where)
+    return {} if lat is None else {"*": lat}
 
 
 @WORKFLOWS.register("multi_turn_tools")
 async def multi_turn_tools(ctx: EpisodeContext, task: Task, *, max_turns: int = 4,
                            tools: Sequence[str] | None = None, tool_timeout: float | None = None,
                            result_format: str = "<result>{output}</result>",
-                           system_prompt: str | None = None, **sampling: Any) -> Draft:
+                           system_prompt: str | None = None,
+                           tool_latency: Any = None, **sampling: Any) -> Draft:
     """See the module docstring. ``tools`` restricts the callable tools (None: every
-    registered one); other keyword arguments are sampling overrides."""
+    registered one); ``tool_latency``: extra seconds per call; other keyword arguments are
+    sampling overrides."""
+    if max_turns < 1:
+        raise WorkflowError(f"multi_turn_tools: max_turns must be >= 1, got {max_turns}")
+    latency = parse_tool_latency(tool_latency,
+                                 "rollout.workflow.kwargs.multi_turn_tools.tool_latency")
     messages = list(task.prompt)
     if system_prompt:
         messages.insert(0, ChatMessage(role="system", content=system_prompt))
@@ -92,6 +129,12 @@ async def multi_turn_tools(ctx: EpisodeContext, task: Task, *, max_turns: int = 
             output = f"error: tool {name!r} is not available; available: {', '.join(tools)}"
         else:
             output = (await ctx.call_tool(name, args, timeout=tool_timeout)).output
+            lat = latency.get(name, latency.get("*"))
+            if lat is not None:
+                waited = await wait(lat, random.Random(f"{task.id}/{ctx.sample_index}/{turn}"))
+                ctx.timings["tool_latency"] = ctx.timings.get("tool_latency", 0.0) + waited
+                ctx.count("tool_latency_waits")
+                ctx.count("tool_latency_s", waited)
         conv.add(ChatMessage(role="tool", name=name, content=result_format.format(output=output)))
     answer = conv.last_text
     return conv.finish(await ctx.reward(answer), finish_reason=finish_reason)

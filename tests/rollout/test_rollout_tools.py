@@ -1,0 +1,194 @@
+"""Tools that misbehave are cut off, the episode is scored and counted, and nothing else
+stalls: a tool that hangs (sync or async), raises, returns something unprintable or returns
+megabytes; positional tool calls; the tool latency of ``multi_turn_tools``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from astraflow.consumers.rollout import tools as tools_mod
+from astraflow.consumers.rollout.engines.base import GenRequest, GenResult
+from astraflow.consumers.rollout.runtime import Runtime, run_episode
+from astraflow.consumers.rollout.tools import TOOLS, call_tool
+from astraflow.core.errors import ConfigError
+from astraflow.core.records import ChatMessage, Task
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent_tools.yaml"
+RELEASE = threading.Event()  # set at the end of the module: the hung sync tools return
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_hung_threads():
+    yield
+    RELEASE.set()
+
+
+class Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+def _hang_sync() -> str:
+    RELEASE.wait(60)
+    return "late"
+
+
+async def _hang_async() -> str:
+    await asyncio.sleep(60)
+    return "late"
+
+
+def _raises() -> str:
+    raise KeyError("boom")
+
+
+MISBEHAVING: dict[str, Callable[..., Any]] = {
+    "hang_sync": _hang_sync, "hang_async": _hang_async, "raises": _raises,
+    "garbage": lambda: Unprintable(), "megabytes": lambda: "x" * 5_000_000,
+    "binary": lambda: bytes(range(256)) * 4,
+}
+for _name, _fn in MISBEHAVING.items():
+    if _name not in TOOLS:
+        TOOLS.add(_name, _fn)
+
+
+class ToolCaller:
+    """An engine that, in an episode's first turn, calls the tool the task's prompt names
+    (``call NAME``) and afterwards answers ``5``."""
+
+    name = "tool-caller"
+    continuous = False
+    max_batch_size = 64
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        out = []
+        for r in requests:
+            seen = self.tokenizer.decode(list(r.prompt_ids), skip_special_tokens=True)
+            text = "5" if "<tool>" in seen else f"<tool>{seen.split('call ')[-1]}()</tool>"
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if "<tool>" not in text:
+                ids.append(self.tokenizer.eos_token_id)
+            out.append(GenResult(ids, [-0.5] * len(ids), [0] * len(ids), "stop"))
+        return out
+
+    def weight_target(self) -> None:
+        return None
+
+    def update_weights(self, fn: Callable[[], Any]) -> Any:
+        return fn()
+
+    def close(self) -> None:
+        pass
+
+
+def task(i: int, tool: str) -> Task:
+    return Task(id=f"t{i}", dataset="t", prompt=[ChatMessage(role="user", content=f"call {tool}")],
+                reference={"answer": "5"}, workflow="multi_turn_tools", n_samples=1)
+
+
+def run_all(rt: Runtime, tasks: Sequence[Task]) -> tuple[list[Any], float]:
+    async def go() -> list[Any]:
+        try:
+            return list(await asyncio.gather(*(run_episode(rt, t, 0) for t in tasks)))
+        finally:
+            await rt.close()
+
+    t0 = time.monotonic()
+    outs = asyncio.run(asyncio.wait_for(go(), 30))
+    return outs, time.monotonic() - t0
+
+
+def test_positional_arguments_and_the_arithmetic_tools() -> None:
+    async def go() -> list[Any]:
+        return [await call_tool("mul", [17, 23]), await call_tool("add", {"a": 2, "b": 3}),
+                await call_tool("mul", ["17", 23]), await call_tool("mul", [1, 2, 3]),
+                await call_tool("mul", "17,23")]
+
+    mul, add, text_arg, three, string = asyncio.run(go())
+    assert (mul.ok, mul.output) == (True, "391") and (add.ok, add.output) == (True, "5")
+    assert not text_arg.ok and "mul takes two numbers" in text_arg.output
+    assert not three.ok and "bad arguments" in three.output
+    assert not string.ok and "JSON object or list" in string.output
+
+
+def test_each_misbehaving_tool_comes_back_as_an_error_or_a_cut_output() -> None:
+    async def go() -> dict[str, Any]:
+        return {n: await call_tool(n, {}, timeout=0.3, max_output_chars=100)
+                for n in MISBEHAVING}
+
+    res = asyncio.run(go())
+    assert res["hang_sync"].timed_out and res["hang_async"].timed_out
+    assert "timed out after 0.3 s" in res["hang_sync"].output
+    assert not res["raises"].ok and "raised KeyError" in res["raises"].output
+    assert not res["garbage"].ok and "cannot be printed" in res["garbage"].output
+    big = res["megabytes"]
+    assert big.ok and len(big.output) < 200 and "4999900 chars cut" in big.output
+    assert res["binary"].ok and len(res["binary"].output) < 200
+
+
+def test_hung_tools_stall_nothing_else(ascii_tokenizer) -> None:
+    # more hung sync calls than a default thread pool has threads (min(32, cpus + 4)): with a
+    # shared pool the later calls would queue behind the hung ones and time out too
+    hung_before = tools_mod.ABANDONED[0]
+    n_hung = 12
+    tasks = [task(i, "hang_sync") for i in range(n_hung)] + \
+        [task(100 + i, "hang_async") for i in range(4)] + \
+        [task(200 + i, name) for i, name in enumerate(["raises", "garbage", "megabytes"])]
+    rt = Runtime.create({"default": ToolCaller(ascii_tokenizer)}, reward="exact_match",
+                        tool_timeout=0.5, sampling={"max_new_tokens": 64})
+    outs, _ = run_all(rt, tasks)
+    for out in outs:  # every episode ran to its answer and was scored
+        assert out.error is None and out.drafts[0].reward == 1.0
+        assert out.ctx.counters["tool_calls"] == 1.0
+    timeouts = sum(o.ctx.counters.get("tool_timeouts", 0.0) for o in outs)
+    failures = sum(o.ctx.counters.get("tool_failures", 0.0) for o in outs)
+    assert timeouts == n_hung + 4 and failures == 2  # raises, garbage; megabytes is cut
+    assert tools_mod.ABANDONED[0] - hung_before == n_hung  # their threads still run
+
+    # with those threads still hung, a fresh sync call is answered at once (its own thread)
+    async def fresh() -> Any:
+        return await call_tool("mul", [6, 7], timeout=2.0)
+
+    t0 = time.monotonic()
+    res = asyncio.run(fresh())
+    assert res.ok and res.output == "42"
+    assert time.monotonic() - t0 < 2.0  # it did not wait for a pool slot (the bound is loose)
+
+
+def test_tool_latency_is_drawn_per_episode_and_recorded(ascii_tokenizer) -> None:
+    kwargs = {"multi_turn_tools": {"tool_latency": {"mul": 0.2, "*": {
+        "type": "uniform", "low": 0.0, "high": 0.01}}}}
+    tasks = [task(0, "mul"), task(1, "add")]
+    rt = Runtime.create({"default": ToolCaller(ascii_tokenizer)}, reward="exact_match",
+                        workflow_kwargs=kwargs, sampling={"max_new_tokens": 64})
+    outs, _ = run_all(rt, tasks)
+    mul, add = (o.ctx for o in outs)
+    assert mul.timings["tool_latency"] == pytest.approx(0.2)
+    assert 0.0 <= add.timings["tool_latency"] <= 0.01
+    assert mul.counters["tool_latency_waits"] == 1.0
+    assert mul.counters["tool_latency_s"] == pytest.approx(0.2)
+
+
+def test_a_bad_tool_latency_is_refused_at_its_key() -> None:
+    from astraflow.config import load_experiment
+
+    with pytest.raises(ConfigError) as e:
+        load_experiment(EXAMPLE, ["rollout.workflow.kwargs.multi_turn_tools.tool_latency="
+                                  "{mul: {type: lognormal, p50: 1.0, p99: 0.5}}"])
+    (problem,) = e.value.problems
+    assert "rollout.workflow.kwargs.multi_turn_tools.tool_latency" in problem
+    assert "mul.p99: must be > p50" in problem
