@@ -5,6 +5,10 @@ What it measures depends on the role the policy plays in the run's team (``kind`
 
 * ``answer`` (a solver, or a single-policy run): the fraction of the held-out problems whose
   greedy completion the experiment's reward scores right; ``eval_accuracy``.
+* ``episode`` (a policy whose workflow takes several turns, e.g. ``multi_turn_tools``): the
+  run's workflow run greedily on every held-out problem (tools called for real, injected tool
+  latency left out; :mod:`astraflow.consumers.episodes`); ``eval_accuracy`` is the fraction
+  whose episode ends with a right answer.
 * ``verdict`` (a verifier): judgement of the held-out claims (:mod:`astraflow.producers.claims`
   over the test split: each problem with its right answer and with a wrong one), the verdict
   parsed as the ``solver_verifier`` workflow parses it. ``eval_accuracy`` is the balanced
@@ -37,8 +41,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("astraflow.evaluator")
 
-Kind = Literal["answer", "verdict"]
-KINDS: tuple[str, ...] = ("answer", "verdict")
+Kind = Literal["answer", "verdict", "episode"]
+KINDS: tuple[str, ...] = ("answer", "verdict", "episode")
 
 
 @dataclass
@@ -155,6 +159,20 @@ def greedy_verdicts(model: Any, tokenizer: Any, claims: Sequence[TaskSpec], *,
     return verdict_score([parse_verdict(t) for t in texts], claims)
 
 
+def greedy_episode_accuracy(model: Any, tokenizer: Any, specs: Sequence[TaskSpec], *,
+                            policy: str, workflow: str, workflow_kwargs: Mapping[str, Any],
+                            reward: RewardConfig, max_new_tokens: int) -> float:
+    """The ``episode`` kind's measure: ``workflow`` run greedily on ``specs`` by ``model`` (in
+    an ``hf`` engine sharing its weights), the fraction of episodes ending right."""
+    from astraflow.consumers.episodes import episode_accuracy
+    from astraflow.consumers.rollout.engines.hf import HFEngine
+
+    engine = HFEngine(model=model, tokenizer=tokenizer, max_batch_size=max(1, len(specs)))
+    return episode_accuracy({policy: engine}, specs, workflow=workflow, reward=reward.name,
+                            reward_kwargs=reward.kwargs, workflow_kwargs=workflow_kwargs,
+                            max_new_tokens=max_new_tokens)
+
+
 class VersionWatch:
     """When an evaluator following one or several policies' versions is due: when some
     policy's newest version is ``every`` past the last evaluated one, or newer than it and not
@@ -220,7 +238,9 @@ class Evaluator:
                  reward: RewardConfig, max_new_tokens: int, weights: WeightsConfig,
                  out: str | Path, bus: Any, limit: int = 500, metrics: Any = None,
                  component: str | None = None, kind: str = "answer",
-                 verifier_prompt: str | None = None, seed: int = 0) -> None:
+                 verifier_prompt: str | None = None, seed: int = 0,
+                 workflow: str = "single_turn",
+                 workflow_kwargs: Mapping[str, Any] | None = None) -> None:
         from astraflow.consumers.rollout.engines.target import ModelTarget
         from astraflow.consumers.rollout.rewards import build_reward
         from astraflow.core.errors import ConfigError
@@ -250,6 +270,8 @@ class Evaluator:
         else:
             self.specs = held_out(producer, limit)
         self.reward = build_reward(reward)
+        self.reward_config = reward
+        self.workflow, self.workflow_kwargs = workflow, dict(workflow_kwargs or {})
         self.max_new_tokens = max_new_tokens
         self.target = ModelTarget(self.model)
         self.syncer = build_syncer(bus, weights, self.target, run=run, policy=policy,
@@ -263,6 +285,11 @@ class Evaluator:
                                 max_new_tokens=self.max_new_tokens)
             return v.balanced, {"eval_right_accuracy": v.right, "eval_wrong_accuracy": v.wrong,
                                 "eval_unclear": v.unclear}
+        if self.kind == "episode":
+            return greedy_episode_accuracy(
+                self.model, self.tokenizer, self.specs, policy=self.policy,
+                workflow=self.workflow, workflow_kwargs=self.workflow_kwargs,
+                reward=self.reward_config, max_new_tokens=self.max_new_tokens), {}
         return greedy_accuracy(self.model, self.tokenizer, self.specs, self._score,
                                max_new_tokens=self.max_new_tokens), {}
 

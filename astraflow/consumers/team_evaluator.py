@@ -19,8 +19,6 @@ Measured on the demo's tiny models (CPU, one thread): see docs/evaluation.md.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from astraflow.consumers.episodes import greedy_episodes
 from astraflow.consumers.evaluator import VersionWatch, follow, held_out
-from astraflow.core.records import Task
 from astraflow.producers.sources import TaskSpec
 
 if TYPE_CHECKING:
@@ -42,10 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("astraflow.evaluator")
 
 WORKFLOW = "solver_verifier"
-#: sampling keys the evaluation pins (greedy) whatever the workflow's kwargs say
-_SAMPLED = ("temperature", "top_p")
-#: kwargs left out: a simulated slow checker measures the pipeline, not the team's answers
-_LEFT_OUT = ("verifier_latency",)
 
 
 @dataclass
@@ -70,26 +64,6 @@ class TeamResult:
                 "error_rate": self.error_rate}
 
 
-def greedy_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The workflow's kwargs for a greedy evaluation: temperature 0 for every role (shared and
-    per-role overrides), top-p dropped; the verifier's injected latency and keys the workflow
-    function does not take left out."""
-    from astraflow.consumers.rollout.context import SAMPLING_KEYS
-    from astraflow.consumers.rollout.workflows import WORKFLOWS
-
-    params = inspect.signature(WORKFLOWS.resolve(WORKFLOW)).parameters
-    out = {k: v for k, v in kwargs.items() if k not in _LEFT_OUT and (
-        (k in params and k != "role_sampling") or k in SAMPLING_KEYS)}
-    for k in _SAMPLED:
-        out.pop(k, None)
-    out["temperature"] = 0.0
-    per_role = {role: {k: v for k, v in dict(s).items() if k not in _SAMPLED}
-                for role, s in dict(kwargs.get("role_sampling") or {}).items()}
-    if per_role:
-        out["role_sampling"] = per_role
-    return out
-
-
 def team_episodes(engines: Mapping[str, Engine], specs: Sequence[TaskSpec], *,
                   reward: str = "exact_match", reward_kwargs: Mapping[str, Any] | None = None,
                   workflow_kwargs: Mapping[str, Any] | None = None, max_new_tokens: int = 64,
@@ -97,12 +71,10 @@ def team_episodes(engines: Mapping[str, Engine], specs: Sequence[TaskSpec], *,
     """Run the ``solver_verifier`` episode greedily on every spec at once (the engines batch
     the concurrent turns) and score the team. ``engines``: policy -> engine, every policy the
     workflow's roles map to."""
-    kwargs = greedy_kwargs(workflow_kwargs or {})
-    tasks = [Task(id=s.id, dataset="eval", prompt=s.prompt, reference=s.reference,
-                  workflow=WORKFLOW, n_samples=1) for s in specs]
     t0 = time.monotonic()
-    outcomes = asyncio.run(_run_all(engines, tasks, reward=reward, reward_kwargs=reward_kwargs,
-                                    kwargs=kwargs, max_new_tokens=max_new_tokens))
+    outcomes = greedy_episodes(engines, specs, workflow=WORKFLOW, reward=reward,
+                               reward_kwargs=reward_kwargs, workflow_kwargs=workflow_kwargs,
+                               max_new_tokens=max_new_tokens)
     final = first = retried = unclear = errors = 0
     for out in outcomes:
         # the solver's record: the one with its reward components (a policy may play both)
@@ -119,20 +91,6 @@ def team_episodes(engines: Mapping[str, Engine], specs: Sequence[TaskSpec], *,
                       system_accuracy=final / n, first_accuracy=first / n,
                       retry_rate=retried / n, unclear_rate=unclear / n, error_rate=errors / n,
                       n=len(outcomes), seconds=time.monotonic() - t0)
-
-
-async def _run_all(engines: Mapping[str, Engine], tasks: Sequence[Task], *, reward: str,
-                   reward_kwargs: Mapping[str, Any] | None, kwargs: dict[str, Any],
-                   max_new_tokens: int) -> list[Any]:
-    from astraflow.consumers.rollout.runtime import Runtime, run_episode
-
-    rt = Runtime.create(engines, reward=reward, reward_kwargs=reward_kwargs,
-                        sampling={"temperature": 0.0, "max_new_tokens": max_new_tokens},
-                        default_workflow=WORKFLOW, workflow_kwargs={WORKFLOW: kwargs})
-    try:
-        return list(await asyncio.gather(*(run_episode(rt, t, 0) for t in tasks)))
-    finally:
-        await rt.close()
 
 
 class TeamEvaluator:

@@ -21,10 +21,11 @@ class ModelConfig(Section):
 
     path: str = pydantic.Field("{out}/models/{policy}",
                                description="HF model directory ({out}: run dir, {policy})")
-    build: Literal["none", "tiny-arith", "tiny-team", "tiny-ascii"] = pydantic.Field(
-        "none", description="build a tiny model at `path` when it does not exist "
-                            "(quickstart and tests; no downloads); tiny-team: "
-                            "arith plus '?yesno' for a verifier's verdict")
+    build: Literal["none", "tiny-arith", "tiny-team", "tiny-tools", "tiny-ascii"] = \
+        pydantic.Field("none", description="build a tiny model at `path` when it does not "
+                       "exist (quickstart and tests; no downloads); tiny-team: arith plus "
+                       "'?yesno' for a verifier's verdict; tiny-tools: arith plus what "
+                       "'<tool>mul(17,23)</tool>' needs")
     seed: int = 0
 
 

@@ -25,9 +25,14 @@ ALPHABETS = {
     # arith plus what a verifier needs to judge a claim "12+34=47?": its own sum, a newline,
     # then "yes" or "no" ("46\nno")
     "team": "0123456789+-*=?yesno\n",
+    # arith plus what a short tool call needs: "<tool>mul(17,23)</tool>", a result line
+    "tools": "0123456789+-*=<>/(),adlmotu\n",
     # printable ASCII and newline: enough for tool calls and JSON in multi-turn tests
     "ascii": "".join(chr(c) for c in range(32, 127)) + "\n",
 }
+#: alphabets whose tokenizer has an <unk> token: a tool's output or error text may hold any
+#: character ("error: unknown tool 'x'"); without it, encoding that text fails the episode
+WITH_UNK = {"tools"}
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
@@ -40,15 +45,19 @@ def build_tokenizer(alphabet: str = "arith") -> PreTrainedTokenizerFast:
     if len(set(chars)) != len(chars) or not chars:
         raise ConfigError(f"alphabet {alphabet!r}: give a name ({', '.join(ALPHABETS)}) or a "
                           "string of distinct characters")
-    vocab = {t: i for i, t in enumerate(SPECIALS + list(chars))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
+    # an alphabet that meets text it was not built for (tool outputs, error messages) maps
+    # every other character to <unk>, last in the vocabulary (the others' ids unchanged)
+    unk = "<unk>" if alphabet in WITH_UNK else None
+    vocab = {t: i for i, t in enumerate(SPECIALS + list(chars) + ([unk] if unk else []))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=unk))
     # Every character is its own token (spaces included): Split on the empty pattern.
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])])
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
-                                   pad_token="<pad>", padding_side="left")
+                                   pad_token="<pad>", padding_side="left",
+                                   **({"unk_token": unk} if unk else {}))
     fast.chat_template = CHAT_TEMPLATE
     return fast
 

@@ -10,7 +10,7 @@ batcher's, so the SFT trainer consumes them like any other batch topic.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from astraflow.core.bus.types import Bus
@@ -44,28 +44,44 @@ def demonstration(tokenizer: Any, spec: TaskSpec, answer_key: str = "answer") ->
         prompt_len=n, reward=1.0, worker_id="demos")
 
 
+def turns_demonstration(tokenizer: Any, spec: TaskSpec, turns: Sequence[tuple[str, bool]], *,
+                        kind: str = "sft-turns") -> Trajectory:
+    """An SFT trajectory of a multi-turn episode, laid out token for token as a workflow's
+    conversation lays it out under a concatenating chat template: the rendered prompt, then
+    each turn's text (``(text, trained)``: trained turns are the model's, masked 1; the others,
+    tool results or user turns, masked 0); ``<eos>`` follows the last turn (the model's final
+    answer ends with it) and any turn that ends with ``eos`` in the workflow is given it in its
+    text's place by the caller. ``kind`` prefixes the ids."""
+    from astraflow.models.prompt import encode as encode_text
+    from astraflow.models.prompt import render_prompt
+
+    if not turns or not turns[-1][1]:
+        raise ValueError("a demonstration ends with a turn of the model's (trained)")
+    _, prompt = render_prompt(tokenizer, spec.prompt)
+    ids, mask = list(prompt), [0] * len(prompt)
+    for i, (text, trained) in enumerate(turns):
+        part = encode_text(tokenizer, text, special=False)
+        if i == len(turns) - 1:
+            part.append(tokenizer.eos_token_id)
+        ids += part
+        mask += [int(trained)] * len(part)
+    return Trajectory(
+        id=f"{kind}/{spec.id}", task_id=spec.id, group_id=f"{kind}/{spec.id}", sample_index=0,
+        group_size=1, token_ids=pack_i32(ids), loss_mask=pack_u8(mask),
+        logprobs=pack_f32([0.0] * len(ids)), versions=pack_i32([-1] * len(ids)),
+        prompt_len=len(prompt), reward=1.0, worker_id="demos")
+
+
 def retry_demonstration(tokenizer: Any, spec: TaskSpec, *, first: str, feedback: str,
                         answer_key: str = "answer") -> Trajectory:
     """A solver's retry after a reject, laid out token for token as the ``solver_verifier``
     workflow lays out its conversation: the prompt, a rejected ``first`` answer and ``<eos>``,
     the ``feedback`` user turn (the verifier's text and the retry prompt), all masked 0; then
     the reference answer and ``<eos>``, masked 1 (only the retry is taught)."""
-    from astraflow.models.prompt import encode as encode_text
-    from astraflow.models.prompt import render_prompt
-
-    eos = tokenizer.eos_token_id
-    _, prompt = render_prompt(tokenizer, spec.prompt)
-    context = (prompt + encode_text(tokenizer, first, special=False) + [eos]
-               + encode_text(tokenizer, feedback, special=False))
-    answer = encode_text(tokenizer, str(spec.reference[answer_key]), special=False) + [eos]
-    ids = context + answer
-    n, m = len(context), len(answer)
-    return Trajectory(
-        id=f"sft-retry/{spec.id}", task_id=spec.id, group_id=f"sft-retry/{spec.id}",
-        sample_index=0, group_size=1, token_ids=pack_i32(ids),
-        loss_mask=pack_u8([0] * n + [1] * m), logprobs=pack_f32([0.0] * len(ids)),
-        versions=pack_i32([-1] * len(ids)), prompt_len=len(prompt), reward=1.0,
-        worker_id="demos")
+    eos = tokenizer.eos_token or ""
+    return turns_demonstration(tokenizer, spec, [
+        (first + eos + feedback, False), (str(spec.reference[answer_key]), True)],
+        kind="sft-retry")
 
 
 def demo_batches(tokenizer: Any, specs: Iterator[TaskSpec], *, policy: str, batch_size: int,
@@ -82,6 +98,8 @@ def demo_batches(tokenizer: Any, specs: Iterator[TaskSpec], *, policy: str, batc
             if i % every == every - 1 and more:
                 mixed.append(more.pop(0))
         pool = mixed + more
+    elif more:
+        pool = more
     if not pool:
         return
     stream = itertools.cycle(pool)

@@ -119,10 +119,49 @@ def produce_demonstrations(config: ExperimentConfig, warm: ExperimentConfig, pol
             and config.launch.warmup.retry_every:
         specs = list(specs)
         extra = retry_demonstrations(config, tok, specs[::config.launch.warmup.retry_every])
+    elif config.workflow() == "multi_turn_tools":
+        extra = tool_demonstrations(config, tok, list(specs))
+        specs = iter(())
     w = config.launch.warmup
     return produce_demos(bus, warm.run, policy,
                          demo_batches(tok, specs, policy=policy, batch_size=w.batch_size,
                                       steps=w.steps_of(policy), extra=extra))
+
+
+#: the tool that computes each arithmetic operator, for the tool-use demonstrations
+OP_TOOLS = {"*": "mul", "+": "add"}
+
+
+def tool_demonstrations(config: ExperimentConfig, tokenizer: Any, specs: list[Any]) -> list[Any]:
+    """The ``multi_turn_tools`` warm-up: for each arithmetic problem ``a<op>b=``, the episode a
+    tool user writes: the call ``<tool>TOOL(a,b)</tool>`` (trained), the tool's real output in
+    the workflow's ``result_format`` (masked 0), the answer and ``<eos>`` (trained). The tool
+    is the one :data:`OP_TOOLS` names for the operator; a problem with another operator, or
+    whose tool the workflow's ``tools`` leaves out, is answered directly (one turn)."""
+    import re
+
+    from astraflow.consumers.rollout.tools import TOOLS
+    from astraflow.consumers.rollout.workflows.multi_turn import CLOSE, OPEN
+    from astraflow.producers.demos import turns_demonstration
+
+    kw = config.workflow_kwargs()
+    fmt = str(kw.get("result_format", "<result>{output}</result>"))
+    allowed = kw.get("tools")
+    out = []
+    for spec in specs:
+        problem = "".join(m.content for m in spec.prompt if m.role != "system")
+        answer = str(spec.reference["answer"])
+        m = re.fullmatch(r"\s*(-?\d+)\s*([*+])\s*(-?\d+)\s*=\s*", problem)
+        tool = OP_TOOLS.get(m.group(2)) if m else None
+        if tool is None or (allowed is not None and tool not in allowed):
+            out.append(turns_demonstration(tokenizer, spec, [(answer, True)], kind="sft"))
+            continue
+        a, b = int(m.group(1)), int(m.group(3))
+        output = str(TOOLS.resolve(tool)(a, b))
+        out.append(turns_demonstration(tokenizer, spec, [
+            (f"{OPEN}{tool}({a},{b}){CLOSE}", True), (fmt.format(output=output), False),
+            (answer, True)], kind="sft-tools"))
+    return out
 
 
 def retry_demonstrations(config: ExperimentConfig, tokenizer: Any, specs: list[Any]) -> Any:

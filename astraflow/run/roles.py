@@ -159,19 +159,32 @@ def build_evaluator(config: ExperimentConfig, policy: str, out: str | Path, *, b
 
     if policy not in config.policies:
         raise ConfigError(f"unknown policy {policy!r}; valid: {', '.join(config.policies)}")
-    verdict = config.team_workflow() == "solver_verifier" and \
-        config.role_of(policy) == "verifier"
+    kind = evaluation_kind(config, policy)
     prompt = None
     max_new_tokens = config.rollout.engine.max_new_tokens
-    if verdict:
+    if kind == "verdict":
         prompt, max_new_tokens = verifier_turn(config)
     return Evaluator(run=config.run, policy=policy, model=config.model(policy),
                      producer=config.producer, reward=config.rollout.reward,
                      max_new_tokens=max_new_tokens,
                      weights=config.weights, out=out, bus=bus,
                      limit=config.launch.eval_problems, metrics=metrics,
-                     kind="verdict" if verdict else "answer", verifier_prompt=prompt,
-                     seed=config.seed)
+                     kind=kind, verifier_prompt=prompt, seed=config.seed,
+                     workflow=config.workflow(), workflow_kwargs=config.workflow_kwargs())
+
+
+#: workflows whose answer is one completion of the prompt (measured by ``answer``)
+ONE_TURN = ("single_turn",)
+
+
+def evaluation_kind(config: ExperimentConfig, policy: str) -> str:
+    """How ``policy`` is measured (the evaluator's and the warm-up's kinds): ``verdict`` for a
+    ``solver_verifier`` team's verifier, ``episode`` for a single-policy run whose workflow
+    takes several turns (tool calls before the answer), else ``answer``."""
+    if config.team_workflow() is not None:
+        return "verdict" if (config.team_workflow() == "solver_verifier"
+                             and config.role_of(policy) == "verifier") else "answer"
+    return "answer" if config.workflow() in ONE_TURN else "episode"
 
 
 def verifier_turn(config: ExperimentConfig) -> tuple[str, int]:

@@ -135,9 +135,10 @@ class BandWatch:
 
 class HeldOutProbe:
     """Held-out greedy accuracy of weight files for one policy, in this process: the
-    evaluator's problems and reward, the policy's model architecture (fp32, CPU). For the
-    policy playing a team's ``verifier`` role: balanced judgement accuracy on the held-out
-    problems' claims (right and wrong, half each; the mean of the two halves' accuracies)."""
+    evaluator's problems, reward and kind (:func:`astraflow.run.roles.evaluation_kind`). For
+    the policy playing a team's ``verifier`` role: balanced judgement accuracy on the held-out
+    problems' claims (right and wrong, half each; the mean of the two halves' accuracies); for
+    a multi-turn workflow's: its greedy episodes (tool calls, then the answer)."""
 
     def __init__(self, config: ExperimentConfig, policy: str, out: Path) -> None:
         import torch
@@ -159,7 +160,11 @@ class HeldOutProbe:
         self.reward = build_reward(config.rollout.reward)
         self.max_new_tokens = config.rollout.engine.max_new_tokens
         self.claims: list[Any] | None = None
-        if config.role_of(policy) == "verifier":
+        from astraflow.run.roles import evaluation_kind
+
+        self.kind = evaluation_kind(config, policy)
+        self.policy, self.config = policy, config
+        if self.kind == "verdict":
             from astraflow.consumers.evaluator import held_out_claims
             from astraflow.run.roles import verifier_turn
 
@@ -179,6 +184,14 @@ class HeldOutProbe:
         if self.claims is not None:
             return greedy_verdicts(self.model, self.tokenizer, self.claims,
                                    max_new_tokens=self.max_new_tokens).balanced
+        if self.kind == "episode":
+            from astraflow.consumers.evaluator import greedy_episode_accuracy
+
+            c = self.config
+            return greedy_episode_accuracy(
+                self.model, self.tokenizer, self.specs, policy=self.policy,
+                workflow=c.workflow(), workflow_kwargs=c.workflow_kwargs(),
+                reward=c.rollout.reward, max_new_tokens=self.max_new_tokens)
         return greedy_accuracy(self.model, self.tokenizer, self.specs,
                                lambda text, ref: float(self.reward(text, ref)),
                                max_new_tokens=self.max_new_tokens)

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from astraflow.config import ExperimentConfig, load_experiment, open_bus
+from astraflow.consumers.episodes import greedy_kwargs
 from astraflow.consumers.evaluator import VersionWatch, held_out, verdict_score
 from astraflow.consumers.rollout.engines.base import GenRequest, GenResult
-from astraflow.consumers.team_evaluator import greedy_kwargs, team_episodes
+from astraflow.consumers.team_evaluator import team_episodes
 from astraflow.core.metrics import MetricsEmitter
 from astraflow.core.records import ChatMessage
 from astraflow.producers.sources import TaskSpec
@@ -65,9 +66,11 @@ def test_version_watch_evaluates_every_n_versions_or_when_idle() -> None:
 
 
 def test_greedy_kwargs_pin_temperature_for_every_role() -> None:
-    kw = greedy_kwargs({"verifier_prompt": "{problem}{answer}?", "temperature": 1.0,
-                        "top_p": 0.9, "max_new_tokens": 6, "verifier_latency": {"p50": 1},
-                        "role_sampling": {"verifier": {"temperature": 0.7, "stop": ["\n"]}}})
+    kw = greedy_kwargs("solver_verifier", {"verifier_prompt": "{problem}{answer}?", "temperature": 1.0,
+                                           "top_p": 0.9, "max_new_tokens": 6,
+                                           "verifier_latency": {"p50": 1},
+                                           "role_sampling": {"verifier": {
+                                               "temperature": 0.7, "stop": ["\n"]}}})
     assert kw == {"verifier_prompt": "{problem}{answer}?", "max_new_tokens": 6,
                   "temperature": 0.0, "role_sampling": {"verifier": {"stop": ["\n"]}}}
 
