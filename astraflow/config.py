@@ -128,6 +128,12 @@ class LaunchConfig(Section):
     eval_problems: int = pydantic.Field(500, ge=1, description="held-out problems per eval")
     eval_every: int = pydantic.Field(
         10, ge=1, description="evaluate every N weight versions (and always the last one)")
+    eval_temperature: float = pydantic.Field(
+        0.0, ge=0.0, le=2.0, description="sampling temperature of the held-out evaluation of "
+        "a multi-turn workflow (the evaluator's `episode` kind and the warm-up's checks): 0 is "
+        "greedy; the rollout temperature measures the policy RL samples from (a tool call of "
+        "~25 tokens can be right greedily long before a sample gets all of them right). "
+        "Single-turn answers and verdicts are always greedy")
     restart: bool = pydantic.Field(True, description="restart a role that dies")
     max_restarts: int = pydantic.Field(3, ge=0, description="restarts per role")
     stop_grace_s: float = pydantic.Field(30.0, gt=0,
@@ -328,6 +334,18 @@ class ExperimentConfig(Section):
                 f"the role with rollout.workflow.kwargs.{workflow}.policies.{role}"),
                 loc=loc, input=policy))
         _refuse(errors)
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _eval_temperature(self) -> ExperimentConfig:
+        """A sampled evaluation is the ``episode`` kind's only (multi-turn workflows)."""
+        if self.launch.eval_temperature > 0 and (self.workflow() == "single_turn"
+                                                 or self.team_workflow() is not None):
+            _refuse([InitErrorDetails(type=_error(
+                "greedy_only", f"workflow {self.workflow()!r} is evaluated greedily (its "
+                "answers or verdicts); eval_temperature applies to a multi-turn workflow's "
+                "episodes (e.g. multi_turn_tools): set it to 0"),
+                loc=("launch", "eval_temperature"), input=self.launch.eval_temperature)])
         return self
 
     @pydantic.model_validator(mode="after")

@@ -27,10 +27,11 @@ SAMPLED = ("temperature", "top_p")
 LEFT_OUT = ("verifier_latency", "tool_latency")
 
 
-def greedy_kwargs(workflow: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """``workflow``'s kwargs for a greedy evaluation: temperature 0 for every role (shared and
-    per-role overrides), top-p dropped; injected latencies and keys the workflow function does
-    not take left out."""
+def greedy_kwargs(workflow: str, kwargs: Mapping[str, Any],
+                  temperature: float = 0.0) -> dict[str, Any]:
+    """``workflow``'s kwargs for an evaluation: ``temperature`` (0: greedy) for every role
+    (shared and per-role overrides), top-p dropped; injected latencies and keys the workflow
+    function does not take left out."""
     from astraflow.consumers.rollout.context import SAMPLING_KEYS
     from astraflow.consumers.rollout.workflows import WORKFLOWS
 
@@ -39,7 +40,7 @@ def greedy_kwargs(workflow: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         (k in params and k != "role_sampling") or k in SAMPLING_KEYS)}
     for k in SAMPLED:
         out.pop(k, None)
-    out["temperature"] = 0.0
+    out["temperature"] = temperature
     per_role = {role: {k: v for k, v in dict(s).items() if k not in SAMPLED}
                 for role, s in dict(kwargs.get("role_sampling") or {}).items()}
     if per_role:
@@ -50,15 +51,16 @@ def greedy_kwargs(workflow: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
 def greedy_episodes(engines: Mapping[str, Engine], specs: Sequence[TaskSpec], *, workflow: str,
                     reward: str = "exact_match", reward_kwargs: Mapping[str, Any] | None = None,
                     workflow_kwargs: Mapping[str, Any] | None = None,
-                    max_new_tokens: int = 64) -> list[Any]:
-    """The :class:`EpisodeOutcome` of ``workflow`` run greedily on every spec (one sample
-    each). ``engines``: policy -> engine, every policy the workflow uses."""
-    kwargs = greedy_kwargs(workflow, workflow_kwargs or {})
+                    max_new_tokens: int = 64, temperature: float = 0.0) -> list[Any]:
+    """The :class:`EpisodeOutcome` of ``workflow`` run greedily (or at ``temperature``) on
+    every spec (one sample each). ``engines``: policy -> engine, every policy the workflow
+    uses."""
+    kwargs = greedy_kwargs(workflow, workflow_kwargs or {}, temperature)
     tasks = [Task(id=s.id, dataset="eval", prompt=s.prompt, reference=s.reference,
                   workflow=workflow, n_samples=1) for s in specs]
     return asyncio.run(_run_all(engines, tasks, workflow=workflow, reward=reward,
                                 reward_kwargs=reward_kwargs, kwargs=kwargs,
-                                max_new_tokens=max_new_tokens))
+                                max_new_tokens=max_new_tokens, temperature=temperature))
 
 
 def episode_accuracy(engines: Mapping[str, Engine], specs: Sequence[TaskSpec], *,
@@ -73,11 +75,11 @@ def episode_accuracy(engines: Mapping[str, Engine], specs: Sequence[TaskSpec], *
 
 async def _run_all(engines: Mapping[str, Engine], tasks: Sequence[Task], *, workflow: str,
                    reward: str, reward_kwargs: Mapping[str, Any] | None, kwargs: dict[str, Any],
-                   max_new_tokens: int) -> list[Any]:
+                   max_new_tokens: int, temperature: float) -> list[Any]:
     from astraflow.consumers.rollout.runtime import Runtime, run_episode
 
     rt = Runtime.create(engines, reward=reward, reward_kwargs=reward_kwargs,
-                        sampling={"temperature": 0.0, "max_new_tokens": max_new_tokens},
+                        sampling={"temperature": temperature, "max_new_tokens": max_new_tokens},
                         default_workflow=workflow, workflow_kwargs={workflow: kwargs})
     try:
         return list(await asyncio.gather(*(run_episode(rt, t, 0) for t in tasks)))

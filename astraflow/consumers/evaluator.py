@@ -8,7 +8,8 @@ What it measures depends on the role the policy plays in the run's team (``kind`
 * ``episode`` (a policy whose workflow takes several turns, e.g. ``multi_turn_tools``): the
   run's workflow run greedily on every held-out problem (tools called for real, injected tool
   latency left out; :mod:`astraflow.consumers.episodes`); ``eval_accuracy`` is the fraction
-  whose episode ends with a right answer.
+  whose episode ends with a right answer (``launch.eval_temperature``: sampled instead of
+  greedy, from the same seed every time).
 * ``verdict`` (a verifier): judgement of the held-out claims (:mod:`astraflow.producers.claims`
   over the test split: each problem with its right answer and with a wrong one), the verdict
   parsed as the ``solver_verifier`` workflow parses it. ``eval_accuracy`` is the balanced
@@ -161,16 +162,18 @@ def greedy_verdicts(model: Any, tokenizer: Any, claims: Sequence[TaskSpec], *,
 
 def greedy_episode_accuracy(model: Any, tokenizer: Any, specs: Sequence[TaskSpec], *,
                             policy: str, workflow: str, workflow_kwargs: Mapping[str, Any],
-                            reward: RewardConfig, max_new_tokens: int) -> float:
-    """The ``episode`` kind's measure: ``workflow`` run greedily on ``specs`` by ``model`` (in
-    an ``hf`` engine sharing its weights), the fraction of episodes ending right."""
+                            reward: RewardConfig, max_new_tokens: int,
+                            temperature: float = 0.0) -> float:
+    """The ``episode`` kind's measure: ``workflow`` run greedily (or at ``temperature``, from
+    the same seed every time) on ``specs`` by ``model`` (in an ``hf`` engine sharing its
+    weights), the fraction of episodes ending right."""
     from astraflow.consumers.episodes import episode_accuracy
     from astraflow.consumers.rollout.engines.hf import HFEngine
 
     engine = HFEngine(model=model, tokenizer=tokenizer, max_batch_size=max(1, len(specs)))
     return episode_accuracy({policy: engine}, specs, workflow=workflow, reward=reward.name,
                             reward_kwargs=reward.kwargs, workflow_kwargs=workflow_kwargs,
-                            max_new_tokens=max_new_tokens)
+                            max_new_tokens=max_new_tokens, temperature=temperature)
 
 
 class VersionWatch:
@@ -240,7 +243,8 @@ class Evaluator:
                  component: str | None = None, kind: str = "answer",
                  verifier_prompt: str | None = None, seed: int = 0,
                  workflow: str = "single_turn",
-                 workflow_kwargs: Mapping[str, Any] | None = None) -> None:
+                 workflow_kwargs: Mapping[str, Any] | None = None,
+                 temperature: float = 0.0) -> None:
         from astraflow.consumers.rollout.engines.target import ModelTarget
         from astraflow.consumers.rollout.rewards import build_reward
         from astraflow.core.errors import ConfigError
@@ -272,6 +276,7 @@ class Evaluator:
         self.reward = build_reward(reward)
         self.reward_config = reward
         self.workflow, self.workflow_kwargs = workflow, dict(workflow_kwargs or {})
+        self.temperature = temperature
         self.max_new_tokens = max_new_tokens
         self.target = ModelTarget(self.model)
         self.syncer = build_syncer(bus, weights, self.target, run=run, policy=policy,
@@ -289,7 +294,8 @@ class Evaluator:
             return greedy_episode_accuracy(
                 self.model, self.tokenizer, self.specs, policy=self.policy,
                 workflow=self.workflow, workflow_kwargs=self.workflow_kwargs,
-                reward=self.reward_config, max_new_tokens=self.max_new_tokens), {}
+                reward=self.reward_config, max_new_tokens=self.max_new_tokens,
+                temperature=self.temperature), {}
         return greedy_accuracy(self.model, self.tokenizer, self.specs, self._score,
                                max_new_tokens=self.max_new_tokens), {}
 

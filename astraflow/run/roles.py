@@ -170,7 +170,8 @@ def build_evaluator(config: ExperimentConfig, policy: str, out: str | Path, *, b
                      weights=config.weights, out=out, bus=bus,
                      limit=config.launch.eval_problems, metrics=metrics,
                      kind=kind, verifier_prompt=prompt, seed=config.seed,
-                     workflow=config.workflow(), workflow_kwargs=config.workflow_kwargs())
+                     workflow=config.workflow(), workflow_kwargs=config.workflow_kwargs(),
+                     temperature=config.launch.eval_temperature)
 
 
 #: workflows whose answer is one completion of the prompt (measured by ``answer``)

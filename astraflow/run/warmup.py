@@ -191,7 +191,8 @@ class HeldOutProbe:
             return greedy_episode_accuracy(
                 self.model, self.tokenizer, self.specs, policy=self.policy,
                 workflow=c.workflow(), workflow_kwargs=c.workflow_kwargs(),
-                reward=c.rollout.reward, max_new_tokens=self.max_new_tokens)
+                reward=c.rollout.reward, max_new_tokens=self.max_new_tokens,
+                temperature=c.launch.eval_temperature)
         return greedy_accuracy(self.model, self.tokenizer, self.specs,
                                lambda text, ref: float(self.reward(text, ref)),
                                max_new_tokens=self.max_new_tokens)

@@ -112,8 +112,22 @@ def test_the_example_is_evaluated_by_its_episodes() -> None:
     right = ToolUser(tok)
     assert episode_accuracy({"default": right}, problems, **kw) == 1.0
     assert episode_accuracy({"default": ToolUser(tok, wrong=1)}, problems, **kw) == 0.0
-    # evaluation is greedy and leaves the injected tool latency out
+    # evaluation is greedy unless told (launch.eval_temperature), and leaves the injected
+    # tool latency out
     assert {c.temperature for c in right.calls} == {0.0}
+    sampled = ToolUser(tok)
+    assert episode_accuracy({"default": sampled}, problems, temperature=1.0, **kw) == 1.0
+    assert {c.temperature for c in sampled.calls} == {1.0}
+
+
+def test_a_sampled_evaluation_is_refused_where_answers_are_greedy() -> None:
+    from astraflow.core.errors import ConfigError
+
+    for example in ("quickstart.yaml", "solver_verifier.yaml"):
+        with pytest.raises(ConfigError) as e:
+            load_experiment(ROOT / "examples" / example, ["launch.eval_temperature=1.0"])
+        (problem,) = e.value.problems
+        assert ": launch.eval_temperature: " in problem and "set it to 0" in problem
 
 
 STEPS = 60
