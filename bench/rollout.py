@@ -2,12 +2,15 @@
 
     python bench/rollout.py            # 256 tasks x 8 samples per measurement, ~1-2 minutes
     python bench/rollout.py --quick    # 64 tasks x 8 samples
+    python bench/rollout.py --quick --continuous   # the hf engine's continuous batching
 
 Both sides use the same hf engine on the tiny arith model (built here, no download), the same
 prompts (``a+b=`` through the chat template), the same sampling (temperature 1, up to 4 new
 tokens) and the same batch size:
 
-* **ceiling**: ``engine.generate`` on batches of ``--batch`` requests in a loop;
+* **ceiling**: ``engine.generate`` on batches of ``--batch`` requests in a loop (with
+  ``--continuous``, the engine batches itself: the same calls, each request joining the
+  running batch);
 * **worker**: ``RolloutWorker`` on the embedded bus: tasks are on ``tasks`` before it starts;
   it consumes them, runs ``single_turn`` (tokenize, generate through the async batcher,
   exact-match reward), produces Trajectory records, flushes and commits, then drains. Its
@@ -106,6 +109,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest here)")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--continuous", action="store_true",
+                    help="the hf engine's continuous batching (rollout.engine.continuous)")
     args = ap.parse_args()
     if args.quick:
         args.tasks, args.repeats = 64, 2
@@ -116,7 +121,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="af-bench-rollout-") as d:
         root = Path(d)
         engine = build_engine("hf", model_path=build_model(root), threads=args.threads,
-                              max_batch_size=args.batch)
+                              max_batch_size=args.batch, continuous=args.continuous)
         task_list = tasks(args.tasks, args.samples)
         ceiling(engine, task_list[:16], args.batch, args.max_new_tokens)  # warm-up
         rows: dict[str, list[tuple[float, float]]] = {"ceiling": [], "worker": []}
@@ -132,7 +137,8 @@ def main() -> None:
     episodes = args.tasks * args.samples
     print(f"# rollout bench: {args.tasks} tasks x {args.samples} samples = {episodes} episodes, "
           f"engine batch {args.batch}, worker concurrency {concurrency}, max "
-          f"{args.max_new_tokens} new tokens, torch threads {args.threads}, median of "
+          f"{args.max_new_tokens} new tokens, torch threads {args.threads}, "
+          f"{'continuous' if args.continuous else 'static'} batching, median of "
           f"{args.repeats}\n")
     print("| | episodes/s | generated tokens/s |")
     print("|---|---:|---:|")
@@ -141,6 +147,7 @@ def main() -> None:
     print(f"| worker / ceiling | {med['worker'][0] / med['ceiling'][0]:.2f} | "
           f"{med['worker'][1] / med['ceiling'][1]:.2f} |")
     print(f"\nworker mean batch size: {statistics.median(batches):.1f} (ceiling: {args.batch})")
+    engine.close()
 
 
 if __name__ == "__main__":

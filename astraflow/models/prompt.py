@@ -42,6 +42,36 @@ def encode(tokenizer: Any, text: str, *, special: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=special)["input_ids"])
 
 
+_PLAIN_DECODE: dict[type, bool] = {}
+
+
+def _plain_decode(cls: type) -> bool:
+    """Whether ``cls.decode`` is transformers' own fast-tokenizer decode (no subclass
+    override), which is the backend's decode plus an optional clean-up of spaces."""
+    ok = _PLAIN_DECODE.get(cls)
+    if ok is None:
+        dec, _dec = getattr(cls, "decode", None), getattr(cls, "_decode", None)
+        ok = _PLAIN_DECODE[cls] = bool(
+            dec is not None and _dec is not None
+            and dec.__module__ == "transformers.tokenization_utils_base"
+            and _dec.__module__ == "transformers.tokenization_utils_tokenizers")
+    return ok
+
+
+def decode(tokenizer: Any, ids: list[int], *, skip_special: bool) -> str:
+    """The text of ``ids``, exactly as ``tokenizer.decode(ids, skip_special_tokens=...)``;
+    straight through the fast tokenizer's backend when that is all ``decode`` would do (the
+    wrapper costs several times the decode itself on short completions)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if (backend is not None and getattr(tokenizer, "clean_up_tokenization_spaces", True) is False
+            and _plain_decode(type(tokenizer))):
+        try:
+            return str(backend.decode(ids, skip_special_tokens=skip_special))
+        except TypeError:  # ids the backend refuses (numpy scalars...): the wrapper converts
+            pass
+    return str(tokenizer.decode(ids, skip_special_tokens=skip_special))
+
+
 def render_prompt(tokenizer: Any, messages: Sequence[ChatMessage]) -> tuple[str, list[int]]:
     """The text and token ids of a conversation's start, with the generation prompt (BOS added
     unless the chat template writes it)."""

@@ -26,7 +26,7 @@ from astraflow.consumers.rollout.rewards.base import Score, score
 from astraflow.consumers.rollout.tools import ToolResult, call_tool
 from astraflow.core.errors import AstraflowError
 from astraflow.core.records import ChatMessage, Task, TurnSpan
-from astraflow.models.prompt import encode, render
+from astraflow.models.prompt import decode, encode, render
 
 if TYPE_CHECKING:
     from astraflow.consumers.rollout.runtime import Runtime
@@ -106,23 +106,25 @@ class Conversation:
         if not ids:
             return
         start = len(self.token_ids)
-        self.token_ids.extend(int(i) for i in ids)
+        n = len(ids)
+        self.token_ids += map(int, ids)
         if result is None:
-            self.loss_mask.extend([0] * len(ids))
-            self.logprobs.extend([0.0] * len(ids))
-            self.versions.extend([-1] * len(ids))
+            self.loss_mask += [0] * n
+            self.logprobs += [0.0] * n
+            self.versions += [-1] * n
         else:
-            self.loss_mask.extend([1] * len(ids))
-            self.logprobs.extend(result.logprobs)
-            self.versions.extend(result.versions)
+            self.loss_mask += [1] * n
+            self.logprobs += result.logprobs
+            self.versions += result.versions
         self.spans.append(TurnSpan(start=start, end=len(self.token_ids), role=role))
 
     async def generate(self, **sampling: Any) -> Generation:
         """Generate an assistant turn continuing the conversation (tokens masked 1)."""
         result = await self.ctx._generate(self.policy, self.token_ids, sampling)
         self._append(result.token_ids, "assistant", result)
-        raw = self.tokenizer.decode(result.token_ids, skip_special_tokens=False)
-        text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        ids = result.token_ids if type(result.token_ids) is list else list(result.token_ids)
+        raw = decode(self.tokenizer, ids, skip_special=False)
+        text = decode(self.tokenizer, ids, skip_special=True)
         self.text += raw
         self.messages.append(ChatMessage(role="assistant", content=text))
         self.finish_reason = result.finish_reason
@@ -272,10 +274,14 @@ class EpisodeContext:
 
     async def _generate(self, policy: str, prompt_ids: Sequence[int],
                         overrides: Mapping[str, Any]) -> GenResult:
-        p = self.sampling(overrides)
-        req = GenRequest(prompt_ids=list(prompt_ids), max_new_tokens=int(p["max_new_tokens"]),
-                         temperature=float(p["temperature"]), top_p=float(p["top_p"]),
-                         stop=tuple(p["stop"]), stop_token_ids=tuple(p["stop_token_ids"]))
+        if overrides:
+            p = self.sampling(overrides)
+            req = GenRequest(prompt_ids=list(prompt_ids),
+                             max_new_tokens=int(p["max_new_tokens"]),
+                             temperature=float(p["temperature"]), top_p=float(p["top_p"]),
+                             stop=tuple(p["stop"]), stop_token_ids=tuple(p["stop_token_ids"]))
+        else:  # the configured defaults, converted once per runtime
+            req = self.runtime.default_request(prompt_ids)
         start = time.monotonic()
         result = await self.runtime.batcher(policy).generate(req)
         self.timings["generate"] += time.monotonic() - start

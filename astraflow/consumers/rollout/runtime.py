@@ -15,7 +15,7 @@ from typing import Any
 
 from astraflow.consumers.rollout.batcher import Batcher
 from astraflow.consumers.rollout.context import Draft, EpisodeContext, WorkflowError
-from astraflow.consumers.rollout.engines.base import Engine
+from astraflow.consumers.rollout.engines.base import Engine, GenRequest
 from astraflow.consumers.rollout.rewards import REWARDS
 from astraflow.consumers.rollout.rewards.base import RewardFn
 from astraflow.consumers.rollout.workflows import WORKFLOWS
@@ -40,6 +40,7 @@ class Runtime:
     batchers: dict[str, Batcher] = field(default_factory=dict)
     _prompts: OrderedDict[tuple[Any, ...], tuple[str, list[int]]] = field(
         default_factory=OrderedDict)
+    _defaults: tuple[dict[str, Any], tuple[Any, ...]] | None = None
 
     @classmethod
     def create(cls, engines: Mapping[str, Engine], *, reward: str | RewardFn = "exact_match",
@@ -86,6 +87,17 @@ class Runtime:
         else:
             self._prompts.move_to_end(key)
         return hit[0], list(hit[1])
+
+    def default_request(self, prompt_ids: Sequence[int]) -> GenRequest:
+        """A request for ``prompt_ids`` with the configured sampling (no overrides); the
+        parameters are converted once, not per call."""
+        cached = self._defaults
+        if cached is None or cached[0] != self.sampling:
+            p = dict(self.sampling)
+            cached = self._defaults = (p, (
+                int(p["max_new_tokens"]), float(p["temperature"]), float(p["top_p"]),
+                tuple(p["stop"]), tuple(p["stop_token_ids"])))
+        return GenRequest(list(prompt_ids), *cached[1])
 
     def batcher(self, policy: str) -> Batcher:
         self.check_policy(policy)

@@ -10,7 +10,8 @@ Semantics (docs/rollout.md has the long form):
   produces recognisable duplicates;
 * **commit rule**: tasks finish out of order; the worker produces a task's trajectories, and
   commits per partition only the contiguous prefix of finished offsets, after flushing the
-  producer (the trajectories are durable before their task is committed);
+  producer (the trajectories are durable before their task is committed); the trajectories of
+  tasks that finish while a produce call runs go out together in the next one;
 * **rebalance**: partitions taken away mid-episode are released: their finished prefix is
   committed, their in-flight episodes cancelled (the new owner redoes them);
 * **drain** (SIGTERM, ``request_stop``, ``max_tasks``, ``timeout``): stop taking tasks, finish
@@ -25,8 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
@@ -88,6 +91,9 @@ class WorkerStats:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+_STAT_NAMES = frozenset(f.name for f in fields(WorkerStats))
+
+
 @dataclass
 class _Running:
     msg: Message
@@ -134,6 +140,10 @@ class RolloutWorker:
         self._rates = (time.monotonic(), 0, 0)
         self._freed: asyncio.Event | None = None
         self._closing = False
+        self._outbox: list[tuple[list[Trajectory], asyncio.Future[None]]] = []
+        self._started = 0  # episodes admitted (see _admit) and not finished
+        self._admits: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._flusher: asyncio.Task[None] | None = None
 
     # -- control ------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -152,6 +162,18 @@ class RolloutWorker:
 
     async def run_async(self, *, max_tasks: int | None = None, timeout: float | None = None,
                         should_stop: Callable[[], bool] | None = None) -> WorkerStats:
+        # The engines' models and tokenizers are hundreds of thousands of long-lived objects:
+        # a full collection traverses them all (~0.1-0.2 s on a CPU, a stall of every episode)
+        # and the episodes' garbage triggers one every few thousand episodes. Frozen, they are
+        # left out of collections until the worker stops.
+        gc.freeze()
+        try:
+            return await self._run(max_tasks, timeout, should_stop)
+        finally:
+            gc.unfreeze()
+
+    async def _run(self, max_tasks: int | None, timeout: float | None,
+                   should_stop: Callable[[], bool] | None) -> WorkerStats:
         self._loop = asyncio.get_running_loop()
         self._freed = asyncio.Event()
         self._commit_wake = asyncio.Event()
@@ -194,6 +216,8 @@ class RolloutWorker:
                 self._commit_wake.set()
                 await asyncio.gather(committer, return_exceptions=True)
             await self._release_all()
+            if self._flusher is not None:
+                await asyncio.gather(self._flusher, return_exceptions=True)
             try:
                 if self._consumer is not None:
                     await self._call(self._commit_sync)
@@ -281,10 +305,13 @@ class RolloutWorker:
     # -- running tasks ------------------------------------------------------------------------
     async def _run_task(self, task: Task, msg: Message, epoch: int) -> None:
         try:
-            outcomes = await asyncio.gather(*(self._episode(task, i)
-                                              for i in range(task.n_samples)))
-            records = [r for i, o in enumerate(outcomes) for r in self._records(task, i, o)]
-            await self._call(self._produce, records)
+            await self._admit(task.n_samples)
+            episodes = [asyncio.ensure_future(self._episode(task, i))
+                        for i in range(task.n_samples)]
+            for t in episodes:
+                t.add_done_callback(self._episode_done)
+            outcomes = await asyncio.gather(*episodes)
+            await self._produce_batched(self._records(task, outcomes))
             if self.tracker.finish((msg.topic, msg.partition), msg.offset, epoch):
                 self.stats.tasks_done += 1
                 self.metrics.inc("tasks_done")
@@ -294,45 +321,115 @@ class RolloutWorker:
             self._running.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
             self._freed.set()
 
+    async def _admit(self, n: int) -> None:
+        """Wait until fewer than ``max_concurrent_episodes`` episodes are started and not
+        finished, then count this task's ``n`` as started (first come, first served). The
+        episode semaphore still caps how many run at once; this keeps a task that waits for
+        room one waiting coroutine instead of ``n`` waiting episode tasks."""
+        admits = self._admits
+        while admits and admits[0][1].done():  # cancelled while waiting
+            admits.popleft()
+        if not admits and self._started < self.max_concurrent:
+            self._started += n
+            return
+        assert self._loop is not None
+        fut: asyncio.Future[None] = self._loop.create_future()
+        admits.append((n, fut))
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # admitted, then cancelled before it ran
+                self._started -= n
+            self._wake_admits()
+            raise
+
+    def _episode_done(self, _: asyncio.Future[EpisodeOutcome]) -> None:
+        self._started -= 1
+        self._wake_admits()
+
+    def _wake_admits(self) -> None:
+        admits = self._admits
+        while admits and self._started < self.max_concurrent:
+            n, fut = admits.popleft()
+            if not fut.done():
+                self._started += n
+                fut.set_result(None)
+
     async def _episode(self, task: Task, index: int) -> EpisodeOutcome:
         async with self._episode_slots:
             out = await run_episode(self.runtime, task, index, timeout=self.episode_timeout)
-        self.stats.episodes += 1
-        self.metrics.inc("episodes")
+        stats, metrics = self.stats, self.metrics
+        stats.episodes += 1
+        metrics.inc("episodes")
         if out.error is not None:
-            self.stats.episodes_failed += 1
-            self.metrics.inc("failures")
+            stats.episodes_failed += 1
+            metrics.inc("failures")
             log.warning("episode failed task=%s sample=%d error=%s", task.id, index, out.error)
-        for name, n in out.ctx.counters.items():
-            if hasattr(self.stats, name):
-                setattr(self.stats, name, getattr(self.stats, name) + int(n))
-            self.metrics.inc(name, n)
+        if out.ctx.counters:
+            for name, n in out.ctx.counters.items():
+                if name in _STAT_NAMES:
+                    setattr(stats, name, getattr(stats, name) + int(n))
+                metrics.inc(name, n)
         return out
 
-    def _records(self, task: Task, index: int, out: EpisodeOutcome) -> list[Trajectory]:
+    def _records(self, task: Task, outcomes: Sequence[EpisodeOutcome]) -> list[Trajectory]:
+        """The trajectories of a task's episodes (``outcomes[i]`` is sample ``i``)."""
         group = task.resolved_group_id()
-        # one snapshot for the episode's records: every policy's trajectories of one episode
+        # one snapshot for the task's records: every policy's trajectories of one episode
         # say they were produced under the same vector
         vector = {policy: engine.version for policy, engine in self.runtime.engines.items()}
-        seen: dict[str, int] = {}
         records = []
-        for d in out.drafts:
-            k = seen[d.policy] = seen.get(d.policy, -1) + 1
-            suffix = f".{k}" if k else ""
-            tokens = sum(d.loss_mask)
-            self.stats.tokens_generated += tokens
-            self.metrics.inc("tokens", tokens)
-            records.append(Trajectory(
-                id=f"{group}/{d.policy}/{index}{suffix}", task_id=task.id, group_id=group,
-                policy=d.policy, agent=d.agent, sample_index=index, group_size=task.n_samples,
-                token_ids=pack_i32(d.token_ids),
-                loss_mask=pack_u8(d.loss_mask), logprobs=pack_f32(d.logprobs),
-                versions=pack_i32(d.versions), prompt_len=d.prompt_len, spans=d.spans,
-                reward=d.reward, rewards=d.rewards, finish_reason=d.finish_reason,  # type: ignore[arg-type]
-                error=None if d.error is None else d.error[:MAX_ERROR_CHARS],
-                worker_id=self.worker_id, version_vector=vector,
-                timings={**out.ctx.timings, "total": out.seconds}))
+        tokens = 0
+        for index, out in enumerate(outcomes):
+            seen: dict[str, int] = {}
+            timings = {**out.ctx.timings, "total": out.seconds}
+            for d in out.drafts:
+                k = seen[d.policy] = seen.get(d.policy, -1) + 1
+                suffix = f".{k}" if k else ""
+                tokens += sum(d.loss_mask)
+                records.append(Trajectory(
+                    id=f"{group}/{d.policy}/{index}{suffix}", task_id=task.id, group_id=group,
+                    policy=d.policy, agent=d.agent, sample_index=index,
+                    group_size=task.n_samples, token_ids=pack_i32(d.token_ids),
+                    loss_mask=pack_u8(d.loss_mask), logprobs=pack_f32(d.logprobs),
+                    versions=pack_i32(d.versions), prompt_len=d.prompt_len, spans=d.spans,
+                    reward=d.reward, rewards=d.rewards,
+                    finish_reason=d.finish_reason,  # type: ignore[arg-type]
+                    error=None if d.error is None else d.error[:MAX_ERROR_CHARS],
+                    worker_id=self.worker_id, version_vector=vector,
+                    timings=dict(timings)))
+        self.stats.tokens_generated += tokens
+        self.metrics.inc("tokens", tokens)
         return records
+
+    async def _produce_batched(self, records: list[Trajectory]) -> None:
+        """Produce ``records`` (on the bus thread) together with those of the other tasks that
+        finish meanwhile: one bus call per batch of finished tasks, not one per task. Returns
+        once they are produced; raises what producing them raised."""
+        assert self._loop is not None
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._outbox.append((records, done))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_outbox(), name="produce")
+        await done
+
+    async def _flush_outbox(self) -> None:
+        # its own task, so that a task cancelled while it waits leaves the others' records
+        # to be produced
+        while self._outbox:
+            # a task released (cancelled) before its records left is redone by the new owner
+            batch = [(recs, f) for recs, f in self._outbox if not f.cancelled()]
+            self._outbox = []
+            try:
+                await self._call(self._produce, [r for recs, _ in batch for r in recs])
+            except Exception as e:  # noqa: BLE001 - raised in each waiting task, as before
+                for _, f in batch:
+                    if not f.done():
+                        f.set_exception(e)
+            else:
+                for _, f in batch:
+                    if not f.done():
+                        f.set_result(None)
 
     def _produce(self, records: list[Trajectory]) -> None:
         for rec in records:
