@@ -274,14 +274,16 @@ class Lockstep:
             self.sync(p)
         t3 = time.perf_counter()
         self.steps += 1
-        team = self.cfg.team()
-        solver = [d for _, o in outs for d in o.drafts if d.policy == team["solver"]]
-        waits = [o.ctx.timings.get("verifier_latency", 0.0) for _, o in outs]
+        first = self.cfg.team().get("solver", self.cfg.policies[0])
+        solver = [d for _, o in outs for d in o.drafts if d.policy == first]
+        # the injected waits of each episode (a verifier's, a tool's)
+        waits = [sum(v for k, v in o.ctx.timings.items() if k.endswith("latency"))
+                 for _, o in outs]
         row.update(step=self.steps, rollout_s=round(t1 - t0, 3), train_s=round(t2 - t1, 3),
                    sync_s=round(t3 - t2, 3), step_s=round(t3 - t0, 3),
                    latency_max_s=round(max(waits, default=0.0), 3),
-                   solver_first=round(sum(d.rewards.get("first_answer", 0.0) for d in solver)
-                                      / max(1, len(solver)), 4),
+                   solver_first=round(sum(d.rewards.get("first_answer", d.reward)
+                                          for d in solver) / max(1, len(solver)), 4),
                    failed=sum(o.error is not None for _, o in outs))
         return row
 
@@ -342,10 +344,12 @@ class Lockstep:
 def run_lockstep(cfg: Any, models: Mapping[str, Path], *, seconds: float,
                  max_steps: int | None = None, every: int = 10, target: float | None = None,
                  threads: int = 2, final_eval: bool = True,
-                 log: Callable[[str], None] = print) -> dict[str, Any]:
+                 log: Callable[[str], None] = print,
+                 loop_class: type[Lockstep] | None = None) -> dict[str, Any]:
     """The baseline for ``seconds`` of its clock (evaluation off the clock) or ``max_steps``
-    iterations. Returns its per-step rows, solver accuracy curve and final measures."""
-    loop = Lockstep(cfg, models, threads=threads)
+    iterations. Returns its per-step rows, solver accuracy curve and final measures.
+    ``loop_class``: a :class:`Lockstep` measuring other accuracies (bench/agentic.py's)."""
+    loop = (loop_class or Lockstep)(cfg, models, threads=threads)
     try:
         curve = [{"step": 0, "time": 0.0, **loop.accuracy()}]
         rows: list[dict[str, float]] = []
@@ -434,7 +438,7 @@ def pipeline_result(out: Path, policies: Sequence[str], solver: str,
                                                  "wait_ratio")} for r in s]
                      for p, s in steps.items()},
             "solver_curve": solver_curve,
-            "verifier_curve": curve(next(p for p in policies if p != solver)),
+            "verifier_curve": curve(next((p for p in policies if p != solver), "")),
             "system_curve": system, "time_to_target_s": to_target}
 
 

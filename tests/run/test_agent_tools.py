@@ -130,12 +130,17 @@ def test_a_sampled_evaluation_is_refused_where_answers_are_greedy() -> None:
         assert ": launch.eval_temperature: " in problem and "set it to 0" in problem
 
 
+# Reduced budget: the example's warm-up (to its band, ~110 s here), then 60 RL steps (the
+# example's measured run: 0.27 at version 0, 0.335 at 38, 0.465 at 48, 0.445 at 60, 0.515 at
+# 79). The Kafka run starts RL from the embedded run's warm model (the warm-up is the same
+# code on either bus; this keeps CI minutes for the RL phase).
 STEPS = 60
+MARGIN = 0.10  # the mean of the last two evaluations at least this far above the start
 
 
-def run_example(out: Path, *extra: str, timeout: float = 600) -> tuple[int, str]:
-    sets = [f"trainer.max_steps={STEPS}", "launch.eval_every=20", "launch.timeout_s=300",
-            "launch.eval_problems=100"]
+def run_example(out: Path, *extra: str, timeout: float = 900) -> tuple[int, str]:
+    sets = [f"trainer.max_steps={STEPS}", "launch.eval_every=20", "launch.timeout_s=400",
+            "launch.eval_problems=200"]
     proc = subprocess.run(
         [sys.executable, "-m", "astraflow.cli.app", "run", str(EXAMPLE), "--out", str(out),
          "--no-live", *[a for s in sets for a in ("--set", s)], *extra], cwd=ROOT,
@@ -143,9 +148,9 @@ def run_example(out: Path, *extra: str, timeout: float = 600) -> tuple[int, str]
     return proc.returncode, proc.stdout
 
 
-def check_learned(out: Path, rc: int, output: str) -> None:
-    """Every trajectory accounted for, two model turns per episode, and RL raised held-out
-    episode accuracy from the warm-up's band by a margin (see the threshold's comment)."""
+def check_learned(out: Path, rc: int, output: str) -> list[float]:
+    """Every trajectory accounted for (none lost, none trained twice) and RL raised
+    held-out accuracy by MARGIN. Returns the evaluations."""
     assert rc == 0, output[-4000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["failed_roles"] == [], summary["roles"]
@@ -154,23 +159,34 @@ def check_learned(out: Path, rc: int, output: str) -> None:
     assert acc["unaccounted"] == 0 and acc["trained_twice"] == 0, acc
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
-    warm = summary["warmup"]["policies"]["default"]
-    assert evals[0] == warm["accuracy"], (evals, warm)
     assert (evals[-1] + evals[-2]) / 2 >= evals[0] + MARGIN, evals
+    return evals
 
 
-MARGIN = 0.10
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
+    out = tmp_path_factory.mktemp("agent") / "run"
+    return (out, *run_example(out))
 
 
 @pytest.mark.slow
-def test_the_agent_learns_on_the_embedded_bus(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    check_learned(out, *run_example(out))
+def test_the_agent_learns_on_the_embedded_bus(embedded: tuple[Path, int, str]) -> None:
+    out, rc, output = embedded
+    evals = check_learned(out, rc, output)
+    warm = json.loads((out / "summary.json").read_text())["warmup"]["policies"]["default"]
+    low, high = json.loads((out / "summary.json").read_text())["warmup"]["band"]
+    assert warm["outcome"] == "in_band" and evals[0] == warm["accuracy"], warm
+    assert low <= evals[0] <= high
 
 
 @pytest.mark.slow
 @pytest.mark.kafka
-def test_the_agent_learns_on_kafka(tmp_path: Path, kafka_bootstrap: str) -> None:
+def test_the_agent_learns_on_kafka(tmp_path: Path, kafka_bootstrap: str,
+                                   embedded: tuple[Path, int, str]) -> None:
+    warm = embedded[0] / "models" / "default-warm"
+    assert (warm / "config.json").exists(), embedded[2][-3000:]
     out = tmp_path / "run"
-    check_learned(out, *run_example(out, "--bus", f"kafka://{kafka_bootstrap}",
-                                    "--set", f"run=at{os.getpid()}"))
+    check_learned(out, *run_example(
+        out, "--bus", f"kafka://{kafka_bootstrap}", "--set", f"run=at{os.getpid()}",
+        "--set", f"models.default.path={warm}", "--set", "models.default.build=none",
+        "--set", "launch.warmup.steps=0"))
