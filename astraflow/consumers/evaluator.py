@@ -295,7 +295,7 @@ class Evaluator:
                 self.model, self.tokenizer, self.specs, policy=self.policy,
                 workflow=self.workflow, workflow_kwargs=self.workflow_kwargs,
                 reward=self.reward_config, max_new_tokens=self.max_new_tokens,
-                temperature=self.temperature), {}
+                temperature=self.temperature), {"eval_temperature": self.temperature}
         return greedy_accuracy(self.model, self.tokenizer, self.specs, self._score,
                                max_new_tokens=self.max_new_tokens), {}
 

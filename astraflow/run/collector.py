@@ -61,9 +61,12 @@ def named_policy(m: Metric) -> str | None:
 
 
 def eval_kind(gauges: dict[str, float]) -> str:
-    """``system``, ``verdict`` or ``answer``: what an evaluator's gauges measure."""
+    """``system``, ``verdict``, ``episode`` or ``answer``: what an evaluator's gauges measure
+    (an ``episode`` evaluator reports the temperature its episodes ran at)."""
     if "system_accuracy" in gauges:
         return "system"
+    if "eval_temperature" in gauges:
+        return "episode"
     return "verdict" if "eval_right_accuracy" in gauges else "answer"
 
 
@@ -148,8 +151,8 @@ class Collector:
             return
         self._last_eval[m.component] = eval_step
         kind = eval_kind(m.gauges)
-        extra = {k: m.gauges[k] for k in VERDICT_GAUGES if k in m.gauges} \
-            if kind == "verdict" else {}
+        extra = {k: m.gauges[k] for k in (VERDICT_GAUGES if kind == "verdict" else
+                                          ("eval_temperature",)) if k in m.gauges}
         self._write({"source": m.component, "step": int(eval_step),
                      "policy": self.policy_of(m), "kind": kind, "eval_accuracy": acc,
                      **extra}, m.ts)

@@ -158,7 +158,9 @@ def check_learned(out: Path, rc: int, output: str) -> list[float]:
     acc = summary["accounting"]
     assert acc["unaccounted"] == 0 and acc["trained_twice"] == 0, acc
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
+    lines = [r for r in rows if "eval_accuracy" in r]
+    assert {(r["kind"], r["eval_temperature"]) for r in lines} == {("episode", 1.0)}
+    evals = [r["eval_accuracy"] for r in lines]
     assert (evals[-1] + evals[-2]) / 2 >= evals[0] + MARGIN, evals
     return evals
 
