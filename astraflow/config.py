@@ -128,6 +128,10 @@ class LaunchConfig(Section):
     eval_problems: int = pydantic.Field(500, ge=1, description="held-out problems per eval")
     eval_every: int = pydantic.Field(
         10, ge=1, description="evaluate every N weight versions (and always the last one)")
+    eval_nice: int = pydantic.Field(
+        10, ge=0, le=19, description="scheduling niceness added to the evaluator processes: "
+        "they measure, and training should not share the cores with them on a full machine "
+        "(0: the same priority as the training roles)")
     eval_temperature: float = pydantic.Field(
         0.0, ge=0.0, le=2.0, description="sampling temperature of the held-out evaluation of "
         "a multi-turn workflow (the evaluator's `episode` kind and the warm-up's checks): 0 is "

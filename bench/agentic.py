@@ -153,6 +153,35 @@ def report(results: Mapping[str, Mapping[str, Any]], ratios: Sequence[float],
     return "\n".join(lines), rows
 
 
+def plot(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
+    """The ratio curve: sync / pipeline (s/step and time to target) against p99/p50."""
+    pts = [r for r in rows if r.get("step_time_ratio") is not None]
+    if len(pts) < 2:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    ax.plot([r["ratio"] for r in pts], [r["step_time_ratio"] for r in pts], "o-",
+            label="s/step")
+    tt = [r for r in pts if r.get("time_to_target_ratio") is not None]
+    if tt:
+        ax.plot([r["ratio"] for r in tt], [r["time_to_target_ratio"] for r in tt], "s--",
+                label="time to target")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("tool latency p99 / p50 (p50 0.05 s)")
+    ax.set_ylabel("sync / pipeline")
+    ax.set_title("agent_tools: pipeline speed-up over a synchronous loop")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -227,6 +256,9 @@ def main() -> int:
     (args.out / "agentic.json").write_text(json.dumps(
         {"target": target, "results": results, "ratios": rows}, indent=1, default=str))
     print(table)
+    png = plot(rows, args.out / "ratio.png")
+    if png is not None:
+        print(f"ratio curve: {png}")
     print(f"\n{len(results)} arms in {time.monotonic() - started:.0f} s; results: "
           f"{args.out / 'agentic.json'}")
     return 0

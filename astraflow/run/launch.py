@@ -49,11 +49,11 @@ def rl_roles(config: ExperimentConfig, cfg_path: Path, out: Path) -> list[RoleSp
                               restart=restart, terminal=True, env=env))
         if config.launch.evaluate:
             roles.append(RoleSpec(f"evaluator-{p}", cli("evaluate", c, "--policy", p, "--out", o),
-                                  restart=restart, env=env))
+                                  restart=restart, env=env, nice=config.launch.eval_nice))
     if config.launch.evaluate and config.team_workflow() == "solver_verifier":
         # the team as a whole: the episode with every policy's newest weights, greedy
         roles.append(RoleSpec("evaluator-team", cli("evaluate", c, "--team", "--out", o),
-                              restart=restart, env=env))
+                              restart=restart, env=env, nice=config.launch.eval_nice))
     base = config.launch.metrics_port_base
     if base is not None:
         for i, role in enumerate(roles):

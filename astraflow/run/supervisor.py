@@ -35,6 +35,7 @@ class RoleSpec:
     terminal: bool = False  # the phase ends when every terminal role exits 0
     env: dict[str, str] = field(default_factory=dict)
     metrics_port: int | None = None  # ASTRAFLOW_METRICS_PORT of the role, kept on restart
+    nice: int = 0  # added to the role's scheduling niceness (> 0: it gets the CPU last)
 
 
 @dataclass
@@ -69,6 +70,10 @@ class RoleProcess:
             env[PORT_ENV] = str(self.spec.metrics_port)
         self.proc = subprocess.Popen(self.spec.argv, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        if self.spec.nice:  # before the child starts threads (they inherit its niceness)
+            with contextlib.suppress(OSError):  # a child that died at once
+                os.setpriority(os.PRIO_PROCESS, self.proc.pid,
+                               min(19, os.getpriority(os.PRIO_PROCESS, 0) + self.spec.nice))
 
     def tail(self, n: int = 30) -> str:
         try:

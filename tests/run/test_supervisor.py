@@ -55,3 +55,28 @@ def test_role_out_of_restarts_is_reported_failed(tmp_path: Path) -> None:
     assert sup.failed == ["bad"] and sup.roles["bad"].exit_codes == [3, 3]
     assert "not restarted" in events[-1] and "boom" in events[-1]
     sup.stop()
+
+
+def test_a_role_runs_at_its_niceness(tmp_path: Path) -> None:
+    sup = Supervisor(tmp_path, max_restarts=0, grace_s=5)
+    loop = "import time\nwhile True: time.sleep(0.1)"
+    sup.start([RoleSpec("measured", py(loop), nice=7), RoleSpec("plain", py(loop))])
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        pids = {n: r.proc.pid for n, r in sup.roles.items() if r.proc is not None}
+        assert os.getpriority(os.PRIO_PROCESS, pids["measured"]) == min(19, base + 7)
+        assert os.getpriority(os.PRIO_PROCESS, pids["plain"]) == base
+    finally:
+        sup.stop()
+
+
+def test_the_run_starts_its_evaluators_niced(tmp_path: Path) -> None:
+    from astraflow.config import load_experiment
+    from astraflow.run.launch import rl_roles
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_experiment(root / "examples" / "solver_verifier.yaml")
+    nice = {r.name: r.nice for r in rl_roles(cfg, tmp_path / "c.yaml", tmp_path)}
+    assert nice["evaluator-solver"] == nice["evaluator-team"] == cfg.launch.eval_nice == 10
+    assert {n for n, v in nice.items() if v} == {"evaluator-solver", "evaluator-verifier",
+                                                  "evaluator-team"}
