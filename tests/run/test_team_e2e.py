@@ -33,8 +33,9 @@ POLICIES = ("solver", "verifier")
 # on after the verifier's trainer is done (the workers follow its restarted trainer's versions)
 # and long enough after rollout-0's kill for its restarted process to write records (measured
 # on 2 cores shared with other work: it starts writing 20-40 s after the kill, with 10-30 s of
-# the run left at 24 solver steps).
-STEPS = {"solver": 30, "verifier": 16}
+# the run left at 24 solver steps; at 30 a Kafka run ended, once in ~6, before the test saw
+# rollout-0 reach its versions: 36 leaves more room).
+STEPS = {"solver": 36, "verifier": 16}
 GROUPS = 16  # groups per batch
 N = 4  # trajectories per group (producer.n_samples; the example has 8)
 CHECKPOINT_EVERY = 5
@@ -109,11 +110,18 @@ class Recorded:
             self.bus = open_bus(config, self.out, create_topics=False)
             self.reader = self.bus.reader(topic_name(config.run, "trajectories"),
                                           client_id="test-team-e2e")
-        for m in self.reader.consume(1000, 0.0):
-            t: Trajectory = decode(m.value, Trajectory)  # type: ignore[assignment]
-            mine = self.versions[pid_of(t.worker_id)]
-            for p, v in t.version_vector.items():
-                mine[p] = max(mine.get(p, 0), v)
+        # drain what is there (a consume with no wait returns only what the client has
+        # fetched: on Kafka, one such call per tick fell behind the run, which then ended
+        # before the test saw rollout-0 reach its versions)
+        for _ in range(50):
+            batch = self.reader.consume(1000, 0.05)
+            for m in batch:
+                t: Trajectory = decode(m.value, Trajectory)  # type: ignore[assignment]
+                mine = self.versions[pid_of(t.worker_id)]
+                for p, v in t.version_vector.items():
+                    mine[p] = max(mine.get(p, 0), v)
+            if not batch:
+                break
         return self.versions
 
     def close(self) -> None:
