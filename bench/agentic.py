@@ -32,7 +32,6 @@ pipeline is faster). Results: ``<out>/agentic.json`` and a markdown table. Timin
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -55,6 +54,9 @@ from multimodel import (  # noqa: E402
     warm_models,
     write_yaml,
 )
+from multimodel import (
+    arm_config as multimodel_arm_config,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = "multi_turn_tools"
@@ -71,20 +73,9 @@ def latency(ratio: float, p50: float = P50) -> dict[str, Any]:
 def arm_config(base: Mapping[str, Any], overrides: Sequence[str], warm: Mapping[str, Path], *,
                seconds: float, tool_latency: Mapping[str, Any] | None) -> dict[str, Any]:
     """``base`` with --set ``overrides``, RL only from the ``warm`` models, launch.timeout_s =
-    ``seconds``, the tool's latency set (or removed)."""
-    from astraflow.core.config import apply_overrides
-
-    data = apply_overrides(copy.deepcopy(dict(base)), overrides)
-    data["models"] = {p: {"path": str(path), "build": "none"} for p, path in warm.items()}
-    launch = data.setdefault("launch", {})
-    launch.update(timeout_s=seconds, stop_at_accuracy=None)
-    launch.setdefault("warmup", {})["steps"] = 0
-    kwargs = data.setdefault("rollout", {}).setdefault("workflow", {}).setdefault(
-        "kwargs", {}).setdefault(WORKFLOW, {})
-    kwargs.pop("tool_latency", None)
-    if tool_latency is not None:
-        kwargs["tool_latency"] = dict(tool_latency)
-    return data
+    ``seconds``, the tool's latency set (or removed): bench/multimodel.py's arm config."""
+    return multimodel_arm_config(base, overrides, warm, seconds=seconds, latency=tool_latency,
+                                 workflow=WORKFLOW, latency_key="tool_latency")
 
 
 def episode_accuracy(cfg: Any, engine: Any) -> float:

@@ -84,9 +84,11 @@ def warm_models(run_dir: Path) -> dict[str, Path]:
 
 def arm_config(base: Path | Mapping[str, Any], overrides: Sequence[str],
                warm: Mapping[str, Path], *, seconds: float,
-               latency: Mapping[str, Any] | None) -> dict[str, Any]:
+               latency: Mapping[str, Any] | None, workflow: str = WORKFLOW,
+               latency_key: str = "verifier_latency") -> dict[str, Any]:
     """``base`` (a YAML file, or its content) with --set ``overrides``, RL only from the
-    ``warm`` models, ``launch.timeout_s`` = ``seconds``, the verifier's latency set (or
+    ``warm`` models, ``launch.timeout_s`` = ``seconds``, the injected latency (``workflow``'s
+    kwarg ``latency_key``: the verifier's here, the tool's in bench/agentic.py) set (or
     removed)."""
     import copy
 
@@ -99,10 +101,10 @@ def arm_config(base: Path | Mapping[str, Any], overrides: Sequence[str],
     launch.update(timeout_s=seconds, stop_at_accuracy=None)
     launch.setdefault("warmup", {})["steps"] = 0
     kwargs = data.setdefault("rollout", {}).setdefault("workflow", {}).setdefault(
-        "kwargs", {}).setdefault(WORKFLOW, {})
-    kwargs.pop("verifier_latency", None)
+        "kwargs", {}).setdefault(workflow, {})
+    kwargs.pop(latency_key, None)
     if latency is not None:
-        kwargs["verifier_latency"] = dict(latency)
+        kwargs[latency_key] = dict(latency)
     return data
 
 

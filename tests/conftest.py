@@ -8,7 +8,8 @@ they use that external cluster; otherwise the session starts a local single-node
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -55,3 +56,54 @@ def kafka_bootstrap(request: pytest.FixtureRequest) -> str:
         return external
     broker = request.getfixturevalue("local_kafka_broker")
     return str(broker.bootstrap)
+
+
+class RuleEngine:
+    """An engine that answers each request by a rule of its prompt's text (so an episode's
+    outcome is known in advance): ``rule(prompt_text) -> completion``. Like a real engine, it
+    ends a completion with ``<eos>`` unless one of the request's stop strings ends it (a tool
+    call), and cuts it at ``max_new_tokens``. Records its requests (``calls``) and how many
+    batches it was given (``batches``)."""
+
+    name = "rule"
+    continuous = False
+    max_batch_size = 1024
+
+    def __init__(self, tokenizer: Any, rule: Callable[[str], str], *, version: int = 0) -> None:
+        self.tokenizer, self.rule, self._version = tokenizer, rule, version
+        self.calls: list[Any] = []
+        self.batches = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def generate(self, requests: Sequence[Any]) -> list[Any]:
+        from astraflow.consumers.rollout.engines.base import GenResult
+
+        self.batches += 1
+        out = []
+        for r in requests:
+            self.calls.append(r)
+            text = self.rule(self.tokenizer.decode(list(r.prompt_ids), skip_special_tokens=True))
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if not any(s in text for s in r.stop):
+                ids.append(self.tokenizer.eos_token_id)
+            ids = ids[:r.max_new_tokens]
+            out.append(GenResult(ids, [-0.1] * len(ids), [self._version] * len(ids), "stop"))
+        return out
+
+    def weight_target(self) -> None:
+        return None
+
+    def update_weights(self, fn: Callable[[], Any]) -> Any:
+        return fn()
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def rule_engine() -> type[RuleEngine]:
+    """:class:`RuleEngine`, to build one per policy: ``rule_engine(tokenizer, rule)``."""
+    return RuleEngine

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from astraflow.consumers.rollout import tools as tools_mod
-from astraflow.consumers.rollout.engines.base import GenRequest, GenResult
 from astraflow.consumers.rollout.runtime import Runtime, run_episode
 from astraflow.consumers.rollout.tools import TOOLS, call_tool
 from astraflow.core.errors import ConfigError
@@ -59,40 +58,10 @@ for _name, _fn in MISBEHAVING.items():
         TOOLS.add(_name, _fn)
 
 
-class ToolCaller:
-    """An engine that, in an episode's first turn, calls the tool the task's prompt names
-    (``call NAME``) and afterwards answers ``5``."""
-
-    name = "tool-caller"
-    continuous = False
-    max_batch_size = 64
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        out = []
-        for r in requests:
-            seen = self.tokenizer.decode(list(r.prompt_ids), skip_special_tokens=True)
-            text = "5" if "<tool>" in seen else f"<tool>{seen.split('call ')[-1]}()</tool>"
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            if "<tool>" not in text:
-                ids.append(self.tokenizer.eos_token_id)
-            out.append(GenResult(ids, [-0.5] * len(ids), [0] * len(ids), "stop"))
-        return out
-
-    def weight_target(self) -> None:
-        return None
-
-    def update_weights(self, fn: Callable[[], Any]) -> Any:
-        return fn()
-
-    def close(self) -> None:
-        pass
+def tool_caller(seen: str) -> str:
+    """A rule for the ``rule_engine``: in an episode's first turn, call the tool the task's
+    prompt names (``call NAME``); afterwards answer ``5``."""
+    return "5" if "<tool>" in seen else f"<tool>{seen.split('call ')[-1]}()</tool>"
 
 
 def task(i: int, tool: str) -> Task:
@@ -140,7 +109,7 @@ def test_each_misbehaving_tool_comes_back_as_an_error_or_a_cut_output() -> None:
     assert res["binary"].ok and len(res["binary"].output) < 200
 
 
-def test_hung_tools_stall_nothing_else(ascii_tokenizer) -> None:
+def test_hung_tools_stall_nothing_else(ascii_tokenizer, rule_engine) -> None:
     # more hung sync calls than a default thread pool has threads (min(32, cpus + 4)): with a
     # shared pool the later calls would queue behind the hung ones and time out too
     hung_before = tools_mod.ABANDONED[0]
@@ -148,7 +117,7 @@ def test_hung_tools_stall_nothing_else(ascii_tokenizer) -> None:
     tasks = [task(i, "hang_sync") for i in range(n_hung)] + \
         [task(100 + i, "hang_async") for i in range(4)] + \
         [task(200 + i, name) for i, name in enumerate(["raises", "garbage", "megabytes"])]
-    rt = Runtime.create({"default": ToolCaller(ascii_tokenizer)}, reward="exact_match",
+    rt = Runtime.create({"default": rule_engine(ascii_tokenizer, tool_caller)}, reward="exact_match",
                         tool_timeout=0.5, sampling={"max_new_tokens": 64})
     outs, _ = run_all(rt, tasks)
     for out in outs:  # every episode ran to its answer and was scored
@@ -169,11 +138,11 @@ def test_hung_tools_stall_nothing_else(ascii_tokenizer) -> None:
     assert time.monotonic() - t0 < 2.0  # it did not wait for a pool slot (the bound is loose)
 
 
-def test_tool_latency_is_drawn_per_episode_and_recorded(ascii_tokenizer) -> None:
+def test_tool_latency_is_drawn_per_episode_and_recorded(ascii_tokenizer, rule_engine) -> None:
     kwargs = {"multi_turn_tools": {"tool_latency": {"mul": 0.2, "*": {
         "type": "uniform", "low": 0.0, "high": 0.01}}}}
     tasks = [task(0, "mul"), task(1, "add")]
-    rt = Runtime.create({"default": ToolCaller(ascii_tokenizer)}, reward="exact_match",
+    rt = Runtime.create({"default": rule_engine(ascii_tokenizer, tool_caller)}, reward="exact_match",
                         workflow_kwargs=kwargs, sampling={"max_new_tokens": 64})
     outs, _ = run_all(rt, tasks)
     mul, add = (o.ctx for o in outs)

@@ -10,16 +10,14 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 from astraflow.config import load_experiment
 from astraflow.consumers.episodes import episode_accuracy, greedy_episodes
-from astraflow.consumers.rollout.engines.base import GenRequest, GenResult
 from astraflow.core.records import ChatMessage
 from astraflow.models.tiny import build_tokenizer
 from astraflow.producers.sources import TaskSpec
@@ -30,46 +28,17 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "agent_tools.yaml"
 
 
-class ToolUser:
-    """Writes what a perfect tool user writes: ``<tool>mul(a,b)</tool>`` for ``a*b=``, then
-    the tool's result line copied (``+ wrong`` added to it: a model that copies badly)."""
+def tool_user(wrong: int = 0) -> Callable[[str], str]:
+    """What a perfect tool user writes (a rule for the ``rule_engine``):
+    ``<tool>mul(a,b)</tool>`` for ``a*b=``, then the tool's result line copied (``+ wrong``
+    added to it: a model that copies badly)."""
+    def rule(seen: str) -> str:
+        if "<tool>" not in seen:
+            a, b = re.fullmatch(r"(\d+)\*(\d+)=", seen).groups()
+            return f"<tool>mul({a},{b})</tool>"
+        return str(int(seen.rstrip("\n").rsplit("</tool>", 1)[1]) + wrong)
 
-    name = "tool-user"
-    continuous = False
-    max_batch_size = 256
-
-    def __init__(self, tokenizer: Any, wrong: int = 0) -> None:
-        self.tokenizer, self.wrong = tokenizer, wrong
-        self.calls: list[GenRequest] = []
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        out = []
-        for r in requests:
-            self.calls.append(r)
-            seen = self.tokenizer.decode(list(r.prompt_ids), skip_special_tokens=True)
-            if "<tool>" not in seen:
-                a, b = re.fullmatch(r"(\d+)\*(\d+)=", seen).groups()
-                ids = self.tokenizer(f"<tool>mul({a},{b})</tool>",
-                                     add_special_tokens=False)["input_ids"]
-            else:
-                result = int(seen.rstrip("\n").rsplit("</tool>", 1)[1]) + self.wrong
-                ids = self.tokenizer(str(result), add_special_tokens=False)["input_ids"]
-                ids.append(self.tokenizer.eos_token_id)
-            out.append(GenResult(ids, [-0.5] * len(ids), [0] * len(ids), "stop"))
-        return out
-
-    def weight_target(self) -> None:
-        return None
-
-    def update_weights(self, fn: Callable[[], Any]) -> Any:
-        return fn()
-
-    def close(self) -> None:
-        pass
+    return rule
 
 
 def specs(*problems: tuple[int, int]) -> list[TaskSpec]:
@@ -77,12 +46,12 @@ def specs(*problems: tuple[int, int]) -> list[TaskSpec]:
                      reference={"answer": str(a * b)}) for a, b in problems]
 
 
-def test_demonstrations_lay_out_the_episode_as_the_workflow_does() -> None:
+def test_demonstrations_lay_out_the_episode_as_the_workflow_does(rule_engine) -> None:
     cfg = load_experiment(EXAMPLE)
     tok = build_tokenizer("tools")
     problems = specs((17, 23), (99, 99), (10, 10))
     demos = tool_demonstrations(cfg, tok, problems)
-    outs = greedy_episodes({"default": ToolUser(tok)}, problems, workflow="multi_turn_tools",
+    outs = greedy_episodes({"default": rule_engine(tok, tool_user())}, problems, workflow="multi_turn_tools",
                            workflow_kwargs=cfg.workflow_kwargs(),
                            max_new_tokens=cfg.rollout.engine.max_new_tokens)
     for demo, out in zip(demos, outs, strict=True):
@@ -100,7 +69,7 @@ def test_demonstrations_lay_out_the_episode_as_the_workflow_does() -> None:
         assert [s.role for s in draft.spans] == ["prompt", "assistant", "tool", "assistant"]
 
 
-def test_the_example_is_evaluated_by_its_episodes() -> None:
+def test_the_example_is_evaluated_by_its_episodes(rule_engine) -> None:
     cfg = load_experiment(EXAMPLE)
     assert evaluation_kind(cfg, "default") == "episode"
     assert evaluation_kind(load_experiment(ROOT / "examples" / "quickstart.yaml"),
@@ -109,13 +78,14 @@ def test_the_example_is_evaluated_by_its_episodes() -> None:
     problems = specs((12, 34), (56, 78), (90, 11))
     kw = {"workflow": "multi_turn_tools", "workflow_kwargs": cfg.workflow_kwargs(),
           "max_new_tokens": 24}
-    right = ToolUser(tok)
+    right = rule_engine(tok, tool_user())
     assert episode_accuracy({"default": right}, problems, **kw) == 1.0
-    assert episode_accuracy({"default": ToolUser(tok, wrong=1)}, problems, **kw) == 0.0
+    assert episode_accuracy({"default": rule_engine(tok, tool_user(wrong=1))}, problems,
+                            **kw) == 0.0
     # evaluation is greedy unless told (launch.eval_temperature), and leaves the injected
     # tool latency out
     assert {c.temperature for c in right.calls} == {0.0}
-    sampled = ToolUser(tok)
+    sampled = rule_engine(tok, tool_user())
     assert episode_accuracy({"default": sampled}, problems, temperature=1.0, **kw) == 1.0
     assert {c.temperature for c in sampled.calls} == {1.0}
 

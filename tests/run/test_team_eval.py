@@ -8,7 +8,7 @@ import asyncio
 import json
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,6 @@ import pytest
 from astraflow.config import ExperimentConfig, load_experiment, open_bus
 from astraflow.consumers.episodes import greedy_kwargs
 from astraflow.consumers.evaluator import VersionWatch, held_out, verdict_score
-from astraflow.consumers.rollout.engines.base import GenRequest, GenResult
 from astraflow.consumers.team_evaluator import team_episodes
 from astraflow.core.metrics import MetricsEmitter
 from astraflow.core.records import ChatMessage
@@ -77,45 +76,6 @@ def test_greedy_kwargs_pin_temperature_for_every_role() -> None:
 
 # ------------------------------------------------------- the team's episode, scripted engines
 
-class OracleEngine:
-    """Answers by a rule of the prompt's text (so a whole episode's outcome is known): the
-    solver answers ``a+b=`` (first turn) or ``a+b=<answer>a+b=`` (the retry); the verifier
-    judges ``a+b=c?``."""
-
-    name = "oracle"
-    continuous = False
-    max_batch_size = 1024
-
-    def __init__(self, tokenizer: Any, answer: Callable[[str], str]) -> None:
-        self.tokenizer = tokenizer
-        self.answer = answer
-        self.batches = 0
-
-    @property
-    def version(self) -> int:
-        return 7
-
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        self.batches += 1
-        out = []
-        for r in requests:
-            text = self.answer(self.tokenizer.decode(list(r.prompt_ids),
-                                                     skip_special_tokens=True))
-            ids = [*self.tokenizer(text, add_special_tokens=False)["input_ids"],
-                   self.tokenizer.eos_token_id][:r.max_new_tokens]
-            out.append(GenResult(ids, [-0.1] * len(ids), [self.version] * len(ids), "stop"))
-        return out
-
-    def weight_target(self) -> None:
-        return None
-
-    def update_weights(self, fn: Callable[[], Any]) -> Any:
-        return fn()
-
-    def close(self) -> None:
-        pass
-
-
 def first_right(a: int) -> bool:
     return a % 2 == 0
 
@@ -160,7 +120,7 @@ def expected(specs: Sequence[TaskSpec]) -> dict[str, float]:
             "retry_rate": retried / n, "unclear_rate": unclear / n, "error_rate": 0.0}
 
 
-def test_team_system_accuracy_equals_the_workflow_on_scripted_episodes() -> None:
+def test_team_system_accuracy_equals_the_workflow_on_scripted_episodes(rule_engine) -> None:
     from astraflow.consumers.rollout.runtime import Runtime, run_episode
     from astraflow.core.records import Task
     from astraflow.models.tiny import build_tokenizer
@@ -168,8 +128,10 @@ def test_team_system_accuracy_equals_the_workflow_on_scripted_episodes() -> None
     cfg = example(launch__eval_problems=300)
     tok = build_tokenizer("team")
     specs = held_out(cfg.producer, 300)
-    engines = {"solver": OracleEngine(tok, solver_rule),
-               "verifier": OracleEngine(tok, verifier_rule)}
+    # each answers by a rule of the prompt's text: the solver ``a+b=`` (first turn) or
+    # ``a+b=<answer>a+b=`` (the retry); the verifier judges ``a+b=c?``
+    engines = {"solver": rule_engine(tok, solver_rule, version=7),
+               "verifier": rule_engine(tok, verifier_rule, version=7)}
     kwargs = cfg.rollout.workflow.kwargs["solver_verifier"]
     res = team_episodes(engines, specs, workflow_kwargs=kwargs, max_new_tokens=4)
     want = expected(specs)

@@ -165,22 +165,25 @@ def calculator(expression: str) -> str:
     return str(value)
 
 
+def _binary(op: str, name: str, a: Any, b: Any) -> str:
+    """``a <op> b`` through :func:`calculator`, numbers only (``name``: the tool, for the
+    error the model sees)."""
+    for v in (a, b):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{name} takes two numbers, got {v!r}")
+    return calculator(f"({a}){op}({b})")
+
+
 @TOOLS.register("mul")
 def mul(a: int | float, b: int | float) -> str:
     """``a * b`` (numbers only): the agent_tools example's calculator, ``<tool>mul(17,23)</tool>``."""
-    for v in (a, b):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise TypeError(f"mul takes two numbers, got {v!r}")
-    return calculator(f"({a})*({b})")
+    return _binary("*", "mul", a, b)
 
 
 @TOOLS.register("add")
 def add(a: int | float, b: int | float) -> str:
     """``a + b`` (numbers only)."""
-    for v in (a, b):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise TypeError(f"add takes two numbers, got {v!r}")
-    return calculator(f"({a})+({b})")
+    return _binary("+", "add", a, b)
 
 
 @TOOLS.register("python")
