@@ -15,6 +15,7 @@ import pydantic
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from astraflow.consumers.rollout.config import RolloutConfig
+from astraflow.consumers.scaler.config import ScaleConfig
 from astraflow.consumers.trainer.config import TrainerConfig, with_overrides
 from astraflow.core.bus.types import Bus
 from astraflow.core.config import Section, load
@@ -188,6 +189,7 @@ class ExperimentConfig(Section):
                     "trainer section; a policy absent here trains with `trainer`")
     weights: WeightsConfig = WeightsConfig()
     launch: LaunchConfig = LaunchConfig()
+    scale: ScaleConfig = ScaleConfig()
 
     def model(self, policy: str) -> ModelConfig:
         """The model section of ``policy`` (the defaults when ``models`` does not name it)."""
@@ -274,6 +276,16 @@ class ExperimentConfig(Section):
                            ("max_staleness_per_policy",))
                 + _unknown(primary, policies, ("primary_policy",), keyed=False))
         return data
+
+    @pydantic.field_validator("scale")
+    @classmethod
+    def _known_pool_policies(cls, scale: ScaleConfig,
+                             info: pydantic.ValidationInfo) -> ScaleConfig:
+        policies = info.data.get("policies")
+        _refuse([e for name, pool in scale.pools.items()
+                 for e in _unknown(pool.policies, policies, ("pools", name, "policies"),
+                                   keyed=False)])
+        return scale
 
     @pydantic.field_validator("trainers")
     @classmethod

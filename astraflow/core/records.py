@@ -359,26 +359,51 @@ class Metric(Record, tag="Metric", kw_only=True):
 
 
 class WorkerStatus(msgspec.Struct, kw_only=True):
+    """One rollout process as the reporter sees it (from its heartbeats on ``metrics``)."""
+
     component: str
     host: str
-    status: str
-    episodes_per_s: float
-    last_seen: float
+    status: str  # the process's own: running, draining, stopped, failed
+    episodes_per_s: float  # episodes finished per second over the window
+    last_seen: float  # time.time() of its newest heartbeat
+    healthy: bool = True  # heartbeating within the reporter's timeout and not failed
+
+
+class PolicyLoad(msgspec.Struct, kw_only=True):
+    """One policy's trainer over a report's window."""
+
+    policy: str
+    wait_ratio: float  # share of the window its trainer waited for a batch (0 with no data)
+    trainer_step: int  # its trainer's newest step (its weight version)
+    produced: int  # trajectories of this policy produced by rollout in the window
+    consumed: int  # trajectories its trainer trained on in the window
+    steps: int = 0  # trainer steps in the window
 
 
 class LoadReport(Record, tag="LoadReport", kw_only=True):
-    """The reporter's view of a window. Key: run. Reporter → scaler, humans."""
+    """The reporter's view of a window (DESIGN.md §9). Key: run. Reporter → scaler, humans.
+
+    ``wait_ratio``, ``produced`` and ``consumed`` are over every policy (the largest wait,
+    the sums); ``policies`` has each one's own. ``tasks_lag`` is the raw backlog of the
+    rollout group on ``tasks`` (what KEDA would scale on); ``useful_lag`` is the part of it
+    that can still be trained on when produced (see :mod:`astraflow.policies.reporter`)."""
 
     run: str
+    seq: int = 0  # the reporter's report number (restarts from its checkpoint's)
     window_start: float
     window_end: float
-    trainer_step: int
-    wait_ratio: float  # fraction of the window the trainer waited for input
+    trainer_step: int  # the newest step of any policy's trainer
+    wait_ratio: float  # fraction of the window the trainer waited for input (the largest)
     produced: int  # trajectories produced in the window
     consumed: int  # trajectories trained on in the window
+    policies: list[PolicyLoad] = []
     workers: list[WorkerStatus] = []
-    current_workers: int
-    target_workers: int
+    current_workers: int  # rollout processes alive and healthy
+    target_workers: int = -1  # a suggestion; -1: none (the scaler decides)
+    tasks_lag: int = 0  # groups released on ``tasks`` the rollout group has not committed
+    ready: int = 0  # groups produced and not yet trained on (every policy's, in groups)
+    horizon: int = 0  # groups that can be ahead of the trainer and still be fresh: (k+1)·B
+    useful_lag: int = 0  # min(tasks_lag, max(0, horizon - ready))
     reason: str = ""
 
 
