@@ -20,6 +20,7 @@ from astraflow.cli import (
     produce,
     rollout,
     run,
+    scale,
     top,
     topics,
     train,
@@ -44,6 +45,8 @@ app.command("produce")(produce.produce)
 app.command("rollout")(rollout.rollout)
 app.command("policy")(policy.policy)
 app.command("train")(train.train)
+app.command("report")(scale.report)
+app.command("scale")(scale.scale)
 app.command("evaluate")(evaluate.evaluate)
 app.command("top")(top.top)
 app.command("demo")(demo.demo)

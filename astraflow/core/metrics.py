@@ -35,6 +35,23 @@ def component_id(role: str) -> str:
     return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
 
 
+def label(m: Metric) -> str:
+    """The component id without its process suffix (``-<host>-<pid>-<hex>``): e.g.
+    ``evaluator-solver``; the whole id when it has no such suffix."""
+    cut = m.component.find(f"-{m.host}-{m.pid}-")
+    return m.component if cut < 0 else m.component[:cut]
+
+
+def named_policy(m: Metric) -> str | None:
+    """The policy a trainer's or evaluator's component id names (``trainer-<policy>-...``,
+    ``evaluator-<policy>-...``), or None."""
+    name = label(m)
+    for prefix in ("evaluator-", "trainer-"):
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return name[len(prefix):]
+    return None
+
+
 class MetricsEmitter:
     """Counts and gauges for one process, sent to the run's ``metrics`` topic."""
 

@@ -226,6 +226,7 @@ GROUPS: dict[str, GroupDef] = {
     g.role: g
     for g in (
         GroupDef("rollout", "tasks", doc="every rollout worker of the run: af.<run>.rollout"),
+        GroupDef("scaler", "reports", doc="the run's scaler: af.<run>.scaler"),
         GroupDef("trainer", "batches", per_policy=True,
                  doc="the trainer of one policy: af.<run>.trainer.<policy>"),
         GroupDef("policy", None, staged=True,

@@ -32,6 +32,7 @@ from typing import IO, Any
 
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import SchemaError
+from astraflow.core.metrics import named_policy
 from astraflow.core.records import Metric, decode
 from astraflow.core.topics import topic_name
 
@@ -41,23 +42,6 @@ VERDICT_GAUGES = ("eval_right_accuracy", "eval_wrong_accuracy", "eval_unclear")
 SYSTEM_GAUGES = ("system_accuracy", "first_accuracy", "retry_rate", "unclear_rate", "error_rate")
 TEAM = "team"  # the policy field of the team's evaluation lines
 TEAM_ROLE = "evaluator-team"  # the Metric role of the team's evaluator
-
-
-def label(m: Metric) -> str:
-    """The component id without its process suffix (``-<host>-<pid>-<hex>``): e.g.
-    ``evaluator-solver``; the whole id when it has no such suffix."""
-    cut = m.component.find(f"-{m.host}-{m.pid}-")
-    return m.component if cut < 0 else m.component[:cut]
-
-
-def named_policy(m: Metric) -> str | None:
-    """The policy a trainer's or evaluator's component id names (``trainer-<policy>-...``,
-    ``evaluator-<policy>-...``), or None."""
-    name = label(m)
-    for prefix in ("evaluator-", "trainer-"):
-        if name.startswith(prefix) and len(name) > len(prefix):
-            return name[len(prefix):]
-    return None
 
 
 def eval_kind(gauges: dict[str, float]) -> str:

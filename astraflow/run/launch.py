@@ -9,6 +9,7 @@ from typing import Any
 
 from astraflow.config import ExperimentConfig
 from astraflow.core.config import dump
+from astraflow.run.scaling import initial_workers
 from astraflow.run.supervisor import RoleSpec, cli
 
 
@@ -35,7 +36,10 @@ def rl_roles(config: ExperimentConfig, cfg_path: Path, out: Path) -> list[RoleSp
     env = role_env(config)
     roles = [RoleSpec("producer", cli("produce", c, "--out", o), restart=restart, env=env)]
     roles += [RoleSpec(f"rollout-{i}", cli("rollout", c, "--out", o), restart=restart, env=env)
-              for i in range(config.launch.rollout_workers)]
+              for i in range(initial_workers(config))]
+    if config.scale.enabled:  # the scaler itself runs in `astraflow run` (run/scaling.py)
+        roles.append(RoleSpec("reporter", cli("report", c, "--out", o), restart=restart,
+                              env=env))
     if config.data.pre_rollout:
         roles.append(RoleSpec("policy-pre", cli("policy", c, "pre_rollout", "--out", o),
                               restart=restart, env=env))

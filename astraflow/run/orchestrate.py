@@ -117,6 +117,7 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
     path = write_config(config, out / "config-rl.yaml")
     col = Collector(bus, config.run, jsonl=out / "metrics.jsonl", policies=config.policies)
     sup.start(rl_roles(config, path, out))
+    scaler = _scaler(config, bus, sup, path, out)
     timeout = config.launch.timeout_s
     interrupted = False
     last_summary = 0.0
@@ -130,6 +131,8 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
                 else _Null() as view:
             while True:
                 alive = sup.check()
+                if scaler is not None:
+                    scaler.tick()
                 col.poll(0.3)
                 if time.monotonic() - last_summary > 5:
                     col.write_summary()
@@ -149,12 +152,25 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
     except KeyboardInterrupt:
         interrupted = True
         console.print("[yellow]interrupted: stopping every role[/]")
+    if scaler is not None:
+        scaler.close()
     codes = sup.stop()
     col.poll(1.0)
     col.write_summary()
     col.close()
     return _finish(config, out, bus, sup, console, codes, interrupted, account, plot_run,
                    summary)
+
+
+def _scaler(config: ExperimentConfig, bus: Any, sup: Supervisor, path: Path,
+            out: Path) -> Any:
+    """The run's scaler (``scale.enabled``), acting through ``sup``; None when off."""
+    if not config.scale.enabled:
+        return None
+    from astraflow.run.launch import role_env
+    from astraflow.run.scaling import RunScaler
+
+    return RunScaler(config, bus, sup, path, out, role_env(config))
 
 
 def _team_evaluated(config: ExperimentConfig) -> bool:

@@ -46,6 +46,7 @@ class RoleProcess:
     restarts: int = 0
     exit_codes: list[int] = field(default_factory=list)
     handled: bool = False  # the current process's exit has been dealt with
+    retiring: float | None = None  # monotonic time retire() asked it to stop
     _log: IO[bytes] | None = None
 
     @property
@@ -152,10 +153,18 @@ class Supervisor:
         goes on (some terminal role has not finished successfully)."""
         terminals = [r for r in self.roles.values() if r.spec.terminal]
         for r in self.roles.values():
+            if (r.retiring is not None and r.state == "running"
+                    and time.monotonic() - r.retiring > self.grace_s):
+                self.event(f"role {r.spec.name} did not stop in {self.grace_s:.0f}s; killing")
+                r.signal(signal.SIGKILL)
             if r.proc is None or r.proc.poll() is None or r.handled:
                 continue
             rc = r.proc.returncode
             r.handled = True  # this exit is dealt with once
+            if r.retiring is not None:
+                r.exit_codes.append(rc)
+                self.event(f"role {r.spec.name} stopped (scale-down, exit {rc})")
+                continue
             if rc == 0:
                 continue  # finished its work (a terminal role, or a producer that is done)
             r.exit_codes.append(rc)
@@ -173,6 +182,28 @@ class Supervisor:
         if any(r.spec.name in self.failed for r in terminals):
             return False
         return not terminals or any(r.state != "done" for r in terminals)
+
+    def add(self, spec: RoleSpec) -> None:
+        """Start one more role while the phase goes on (a scaled-up rollout process)."""
+        self.start([spec])
+        self.event(f"role {spec.name} started")
+
+    def retire(self, name: str) -> None:
+        """Ask role ``name`` to stop for good without waiting (a scale-down): SIGTERM now (a
+        rollout worker drains), SIGKILL if it is still running ``grace_s`` later (see
+        :meth:`check`); its exit is neither restarted nor a failure."""
+        r = self.roles[name]
+        if r.retiring is not None:
+            return
+        r.spec.restart = False
+        r.retiring = time.monotonic()
+        r.signal(signal.SIGTERM)
+        self.event(f"role {name} asked to stop (scale-down)")
+
+    def retiring(self) -> list[str]:
+        """Roles asked to stop by :meth:`retire` that have not exited yet."""
+        return [n for n, r in self.roles.items() if r.retiring is not None
+                and r.state == "running"]
 
     def stop(self, names: list[str] | None = None) -> dict[str, int | None]:
         """SIGTERM (drain), then SIGKILL after the grace period. Returns exit codes."""
@@ -196,4 +227,5 @@ class Supervisor:
 
     def states(self) -> dict[str, str]:
         return {name: r.state + (f" (restarts {r.restarts})" if r.restarts else "")
+                + (" (scaled down)" if r.retiring is not None else "")
                 for name, r in self.roles.items()}

@@ -101,4 +101,8 @@ class ScaleConfig(Section):
                              f"{self.high_wait} (between them the scaler holds)")
         if not self.pools:
             raise ValueError("pools: name at least one rollout pool")
+        local = [n for n, p in self.pools.items() if p.actuator.type == "local"]
+        if len(local) > 1:
+            raise ValueError(f"pools {', '.join(local)} both use the local actuator; one "
+                             "host runs one local pool (give the others a command actuator)")
         return self

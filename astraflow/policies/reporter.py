@@ -1,0 +1,251 @@
+"""The reporter (DESIGN.md §9, `astraflow report`): reads every process's heartbeats on
+``metrics`` and the run's consumer-group lags, and writes a :class:`LoadReport` to ``reports``
+every ``every_steps`` trainer steps (and after ``every_s`` seconds without one, so a trainer
+starved of input, which makes no steps, is still reported).
+
+A report covers the window since the previous one:
+
+* per policy: its trainer's wait ratio ``Δwait_s / (Δwait_s + Δbusy_s)`` (the trainer's own
+  counters, so the window is exact whatever the heartbeat rate), trajectories produced
+  (rollout workers' ``trajectories.<policy>`` counters) and consumed (the trainer's
+  ``trajectories``), steps;
+* per rollout process: status, episodes/s over the window, last heartbeat, health (heard
+  within ``heartbeat_timeout_s`` and not stopped or failed); ``current_workers`` counts the
+  healthy ones not draining;
+* ``tasks_lag``: tasks released on ``tasks`` that the rollout group has not committed (the raw
+  lag an external autoscaler such as KEDA scales on);
+* ``ready``: groups produced and not yet trained on: the post-rollout stage's lag on
+  ``trajectories`` (in groups), the batch stages' lag on ``groups.<policy>`` and the trainers'
+  lag on ``batches.<policy>`` (in groups);
+* ``horizon``: ``Σ (max_staleness + 1) · B`` over the policies: how many groups may be ahead
+  of the trainers and still be fresh enough to train on;
+* ``useful_lag = min(tasks_lag, max(0, horizon − ready))``: the queued work that, produced now,
+  is trained within the staleness bound. Raw lag overcounts: when the trainer is the
+  bottleneck ``ready`` fills the horizon and none of the queue is urgent, yet ``tasks`` stays
+  full (the staleness gate keeps releasing up to the bound).
+
+Counters are deltas against each process's first heartbeat in the reporter's view, so a
+restarted reporter (it reads ``metrics`` from its end) or a process that joins mid-window
+counts only what it did since the reporter heard it first.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from astraflow.core.bus.types import Bus
+from astraflow.core.errors import BusError, SchemaError
+from astraflow.core.metrics import MetricsEmitter, named_policy
+from astraflow.core.records import LoadReport, Metric, PolicyLoad, WorkerStatus, decode
+from astraflow.core.stream import Output, Stop, send
+from astraflow.core.topics import group_name, record_key, topic_name
+
+log = logging.getLogger("astraflow.reporter")
+
+#: a stopped or failed rollout process is listed in reports for this many seconds
+GONE_AFTER_S = 60.0
+
+
+@dataclass
+class _Seen:
+    """One process as heard: its newest heartbeat and its counters at the window's start."""
+
+    metric: Metric
+    base: dict[str, float]  # counters at the start of the current window (or first heard)
+    base_ts: float
+
+
+@dataclass
+class ReporterSettings:
+    """What the reporter needs of the experiment (handed over by the code composing roles)."""
+
+    run: str
+    policies: list[str]
+    batch_groups: dict[str, int]  # B per policy
+    max_staleness: dict[str, int]  # per policy
+    group_size: int = 1  # trajectories per group (n_samples), to count lags in groups
+    rollout_group: str | None = None  # the rollout consumer group (default: the run's)
+    every_steps: int = 10
+    every_s: float | None = 30.0
+    heartbeat_timeout_s: float = 15.0
+
+
+@dataclass
+class Reporter:
+    """Keeps the view of the run's processes and builds reports from it."""
+
+    settings: ReporterSettings
+    seq: int = 0
+    seen: dict[str, _Seen] = field(default_factory=dict)
+    window_start: float = field(default_factory=time.time)
+    last_step: int = 0  # the trainer step of the newest report
+
+    def observe(self, m: Metric) -> None:
+        s = self.seen.get(m.component)
+        if s is None:
+            self.seen[m.component] = _Seen(m, dict(m.counters), m.ts)
+        elif m.ts >= s.metric.ts:
+            s.metric = m
+
+    def policy_of(self, m: Metric) -> str | None:
+        named = named_policy(m)
+        if named in self.settings.policies:
+            return named
+        return self.settings.policies[0] if len(self.settings.policies) == 1 else None
+
+    def trainer_step(self) -> int:
+        return max((int(s.metric.gauges.get("step", 0)) for s in self.seen.values()
+                    if s.metric.role == "trainer"), default=0)
+
+    def due(self, now: float) -> bool:
+        step = self.trainer_step()
+        if step >= self.last_step + self.settings.every_steps:
+            return True
+        every = self.settings.every_s
+        return every is not None and now - self.window_start >= every
+
+    def _delta(self, s: _Seen, name: str) -> float:
+        return max(0.0, s.metric.counters.get(name, 0.0) - s.base.get(name, 0.0))
+
+    def build(self, now: float, *, tasks_lag: int, ready: int) -> LoadReport:
+        """The report of the window ending ``now``; starts the next window."""
+        st = self.settings
+        loads = []
+        for p in st.policies:
+            trainers = [s for s in self.seen.values()
+                        if s.metric.role == "trainer" and self.policy_of(s.metric) == p]
+            wait = sum(self._delta(s, "wait_s") for s in trainers)
+            busy = sum(self._delta(s, "busy_s") for s in trainers)
+            produced = sum(self._delta(s, f"trajectories.{p}") for s in self.seen.values()
+                           if s.metric.role == "rollout")
+            loads.append(PolicyLoad(
+                policy=p, wait_ratio=wait / (wait + busy) if wait + busy > 0 else 0.0,
+                trainer_step=max((int(s.metric.gauges.get("step", 0)) for s in trainers),
+                                 default=0),
+                produced=int(produced),
+                consumed=int(sum(self._delta(s, "trajectories") for s in trainers)),
+                steps=int(sum(self._delta(s, "steps") for s in trainers))))
+        workers = self._workers(now)
+        horizon = sum((st.max_staleness.get(p, 0) + 1) * st.batch_groups.get(p, 1)
+                      for p in st.policies)
+        report = LoadReport(
+            run=st.run, seq=self.seq, window_start=self.window_start, window_end=now,
+            trainer_step=self.trainer_step(),
+            wait_ratio=max((x.wait_ratio for x in loads), default=0.0),
+            produced=sum(x.produced for x in loads), consumed=sum(x.consumed for x in loads),
+            policies=loads, workers=workers,
+            current_workers=sum(1 for w in workers if w.healthy and w.status == "running"),
+            tasks_lag=tasks_lag, ready=ready, horizon=horizon,
+            useful_lag=min(tasks_lag, max(0, horizon - ready)))
+        self._next_window(now, report.trainer_step)
+        return report
+
+    def _workers(self, now: float) -> list[WorkerStatus]:
+        out = []
+        for s in self.seen.values():
+            m = s.metric
+            if m.role != "rollout":
+                continue
+            gone = m.status in ("stopped", "failed")
+            if gone and now - m.ts > GONE_AFTER_S:
+                continue
+            span = max(m.ts - s.base_ts, 1e-9)
+            out.append(WorkerStatus(
+                component=m.component, host=m.host, status=m.status,
+                episodes_per_s=self._delta(s, "episodes") / span if m.ts > s.base_ts else 0.0,
+                last_seen=m.ts,
+                healthy=not gone and now - m.ts <= self.settings.heartbeat_timeout_s))
+        return sorted(out, key=lambda w: w.component)
+
+    def _next_window(self, now: float, step: int) -> None:
+        self.seq += 1
+        self.window_start = now
+        self.last_step = step
+        for c, s in list(self.seen.items()):
+            if s.metric.status in ("stopped", "failed") and now - s.metric.ts > GONE_AFTER_S:
+                del self.seen[c]
+                continue
+            s.base, s.base_ts = dict(s.metric.counters), s.metric.ts
+
+
+def _lag(bus: Bus, group: str, topic: str) -> int:
+    try:
+        return sum(bus.lag(group, topic).values())
+    except BusError:
+        return 0
+
+
+def measure_lags(bus: Bus, st: ReporterSettings) -> tuple[int, int]:
+    """(tasks_lag, ready) from the bus: the rollout group's lag on ``tasks``; the groups
+    between rollout and the trainers (see the module docstring)."""
+    run = st.run
+    tasks = _lag(bus, st.rollout_group or group_name(run, "rollout"), topic_name(run, "tasks"))
+    ready_trajectories = _lag(bus, group_name(run, "policy", stage="post_rollout"),
+                              topic_name(run, "trajectories"))
+    ready = ready_trajectories // max(1, st.group_size)
+    for p in st.policies:
+        ready += _lag(bus, group_name(run, "policy", stage="batch", policy=p),
+                      topic_name(run, "groups", p))
+        ready += _lag(bus, group_name(run, "trainer", policy=p),
+                      topic_name(run, "batches", p)) * st.batch_groups.get(p, 1)
+    return tasks, ready
+
+
+def run_reporter(bus: Bus, settings: ReporterSettings, *, max_reports: int | None = None,
+                 timeout: float | None = None, should_stop: Callable[[], bool] | None = None,
+                 poll_timeout: float = 0.5, clock: Callable[[], float] = time.time
+                 ) -> list[LoadReport]:
+    """``astraflow report``: read ``metrics`` from its end, write a report when due, until
+    ``max_reports`` reports, ``timeout`` seconds or ``should_stop()``. Returns the reports."""
+    run = settings.run
+    metrics_topic = topic_name(run, "metrics")
+    reader = bus.reader(metrics_topic, start="latest", client_id=f"reporter-{run}")
+    producer = bus.producer(client_id=f"reporter-{run}")
+    emitter = MetricsEmitter(bus, run=run, role="reporter")
+    reporter = Reporter(settings, seq=_next_seq(bus, run), window_start=clock())
+    stop = Stop(max_reports, timeout, should_stop)
+    sent: list[LoadReport] = []
+    log.info("reporter run=%s every_steps=%d every_s=%s", run, settings.every_steps,
+             settings.every_s)
+    try:
+        while not stop.reached(len(sent)):
+            for msg in reader.consume(1000, stop.wait(poll_timeout)):
+                try:
+                    m = decode(msg.value, Metric)
+                except SchemaError:
+                    continue  # not ours to dead-letter: the reader joins no group
+                if isinstance(m, Metric):
+                    reporter.observe(m)
+            now = clock()
+            if reporter.due(now):
+                tasks, ready = measure_lags(bus, settings)
+                rec = reporter.build(now, tasks_lag=tasks, ready=ready)
+                send(producer, Output(topic_name(run, "reports"), rec,
+                                      record_key("reports", rec)))
+                producer.flush()
+                sent.append(rec)
+                emitter.inc("reports")
+                emitter.set("wait_ratio", rec.wait_ratio)
+                emitter.set("current_workers", rec.current_workers)
+                emitter.set("useful_lag", rec.useful_lag)
+                log.info("report seq=%d step=%d w=%.3f produced=%d consumed=%d workers=%d "
+                         "tasks_lag=%d ready=%d useful_lag=%d", rec.seq, rec.trainer_step,
+                         rec.wait_ratio, rec.produced, rec.consumed, rec.current_workers,
+                         rec.tasks_lag, rec.ready, rec.useful_lag)
+            emitter.tick()
+    finally:
+        reader.close()
+        producer.close()
+        emitter.close()
+    return sent
+
+
+def _next_seq(bus: Bus, run: str) -> int:
+    """A restarted reporter numbers on from the reports already written (their count)."""
+    try:
+        return sum(bus.describe_topic(topic_name(run, "reports")).end_offsets.values())
+    except BusError:
+        return 0
