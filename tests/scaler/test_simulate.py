@@ -1,0 +1,137 @@
+"""The elasticity simulator (astraflow.consumers.scaler.simulate): accounting, the rule in the
+loop, start delay, determinism, and the reference-shaped calibration."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from astraflow.consumers.scaler.sim_table import (
+    REFERENCE,
+    format_table,
+    reference_arms,
+    reference_params,
+    scale,
+    simulate_table,
+)
+from astraflow.consumers.scaler.simulate import (
+    FLAT,
+    Auto,
+    Fixed,
+    Lag,
+    Oracle,
+    SimParams,
+    at,
+    simulate,
+)
+
+# a short, flat run that needs B * group_s / (slots * train_s) = 8 * 10 / (2 * 20) = 2 workers
+SMALL = SimParams(steps=40, batch_groups=8, max_staleness=2, train_s=20.0, group_s=10.0,
+                  slots=2, start_delay_s=30.0, report_every_steps=5)
+
+
+def test_schedule_is_piecewise_linear_and_flat_outside() -> None:
+    s = ((0.0, 1.0), (0.5, 3.0), (1.0, 2.0))
+    assert at(s, -1) == 1.0 and at(s, 0.25) == 2.0 and at(s, 0.75) == 2.5 and at(s, 2) == 2.0
+    assert at(FLAT, 0.3) == 1.0
+
+
+@pytest.mark.parametrize("workers", [1, 3, 8])
+def test_fixed_pool_accounting_is_exact(workers: int) -> None:
+    r = simulate(SMALL, Fixed(workers), seed=1)
+    assert r.consumed == SMALL.steps * SMALL.batch_groups
+    assert r.consumed_unique == r.consumed  # no group trained twice
+    assert r.produced == r.consumed + r.left_ready  # every group produced is trained or left
+    assert r.released == r.produced + r.left_in_flight  # every group released is accounted
+    assert r.released <= (SMALL.steps + SMALL.max_staleness + 1) * SMALL.batch_groups
+    assert r.rollout_h == pytest.approx(workers * r.wall_h)
+    assert r.trainer_h == pytest.approx(SMALL.trainer_gpus * r.wall_h)
+    assert r.busy_h <= r.rollout_h
+    assert r.actions == 0 and len(r.reports) == SMALL.steps // SMALL.report_every_steps
+
+
+def test_reports_are_real_load_reports_with_useful_lag() -> None:
+    r = simulate(SMALL, Fixed(2), seed=0)
+    for rep in r.reports:
+        assert rep.horizon == SMALL.horizon
+        assert rep.useful_lag == min(rep.tasks_lag, max(0, rep.horizon - rep.ready))
+        assert 0.0 <= rep.wait_ratio <= 1.0 and rep.current_workers == 2
+        assert rep.consumed == SMALL.report_every_steps * SMALL.batch_groups
+    assert sum(rep.produced for rep in r.reports) == r.produced
+
+
+def test_a_starved_pool_waits_more_than_a_large_one() -> None:
+    assert SMALL.need(0.5) == pytest.approx(2.0)
+    small, large = simulate(SMALL, Fixed(1), seed=3), simulate(SMALL, Fixed(4), seed=3)
+    assert small.wait > 0.3 > 0.1 > large.wait
+    assert small.wall_h > large.wall_h
+
+
+def test_auto_scales_up_when_starved_and_stays_within_bounds() -> None:
+    pol = Auto(scale(1, 3, confirm=1, cooldown_s=0.0, report_every_steps=5))
+    r = simulate(SMALL, pol, seed=2)
+    sizes = [asked for _, asked, _ in r.series]
+    assert sizes[0] == 1 and max(sizes) > 1 and r.actions > 0
+    assert all(1 <= n <= 3 for n in sizes)
+    assert r.wait < simulate(SMALL, Fixed(1), seed=2).wait
+    assert r.consumed_unique == r.consumed == SMALL.steps * SMALL.batch_groups
+
+
+def test_lag_scaler_and_oracle_stay_within_bounds() -> None:
+    for pol in (Lag("tasks_lag", per_worker=2.0, min_workers=1, max_workers=5),
+                Lag("useful_lag", per_worker=2.0, min_workers=1, max_workers=5),
+                Oracle(1, 5)):
+        r = simulate(SMALL, pol, seed=0)
+        assert all(1 <= asked <= 5 for _, asked, _ in r.series)
+        assert r.consumed == SMALL.steps * SMALL.batch_groups
+
+
+def test_start_delay_delays_capacity() -> None:
+    pol = Auto(scale(1, 8, confirm=1, cooldown_s=0.0, report_every_steps=5))
+    fast = simulate(replace(SMALL, start_delay_s=0.0), pol, seed=4)
+    slow = simulate(replace(SMALL, start_delay_s=120.0), pol, seed=4)
+    # a worker asked for becomes useful start_delay_s later
+    t_ask = next(t for t, asked, _ in slow.series if asked > 1)
+    t_up = next(t for t, _, useful in slow.series if useful > 1)
+    assert t_up - t_ask == pytest.approx(120.0 / 3600)
+    assert slow.wall_h > fast.wall_h
+
+
+def test_scale_down_drains_without_losing_work() -> None:
+    # a trainer-bound run from a large pool: the rule scales down; nothing is lost
+    params = replace(SMALL, group_s=2.0, group_sigma=1.0)
+    pol = Auto(scale(1, 8, confirm=1, cooldown_s=0.0, report_every_steps=5), initial=8)
+    r = simulate(params, pol, seed=5)
+    assert min(asked for _, asked, _ in r.series) < 8
+    assert r.consumed_unique == r.consumed and r.produced == r.consumed + r.left_ready
+    assert r.released == r.produced + r.left_in_flight
+
+
+def test_same_seed_same_run_other_seed_other_run() -> None:
+    pol = Auto(scale(1, 3, confirm=1, cooldown_s=0.0, report_every_steps=5))
+    a, b, c = (simulate(SMALL, pol, seed=s) for s in (7, 7, 8))
+    assert (a.wall_h, a.rollout_h, a.wait, a.series) == (b.wall_h, b.rollout_h, b.wait, b.series)
+    assert a.wall_h != c.wall_h
+
+
+def test_reference_calibration_lands_near_the_paper() -> None:
+    # a third of the run (100 steps, the same shape): the paper's 300-step numbers scale by
+    # the run's length for hours; wait ratios compare as they are
+    params = reference_params(steps=100)
+    rows = simulate_table(params, seeds=(0, 1), arms=reference_arms()[:3])
+    by = {r.label: r for r in rows}
+    for label in ("fixed 6", "fixed 11", "auto (reference rule)"):
+        wait, hours, _, _ = REFERENCE[label]
+        assert by[label].wait == pytest.approx(wait, abs=0.05), label
+    assert by["fixed 6"].wall_h > 1.3 * by["fixed 11"].wall_h
+    assert by["auto (reference rule)"].total_h < min(by["fixed 6"].total_h,
+                                                      by["fixed 11"].total_h)
+    assert 6 < by["auto (reference rule)"].mean_pool < 11
+    text = format_table(rows, REFERENCE)
+    assert "| fixed 6 |" in text and "[26.9%]" in text
+
+
+def test_simulate_table_rejects_an_unknown_scenario() -> None:
+    with pytest.raises(ValueError, match="valid: reference"):
+        simulate_table("nope")
