@@ -42,9 +42,7 @@ def top(
     console = Console()
     try:
         if once:
-            collector.poll(2.0)
-            while collector.poll(0.5):  # read the whole history, then show where it ended
-                pass
+            collector.catch_up()  # the whole history (a live run never stops adding to it)
             console.print(render(collector, lags=run_lags(b, cfg), title=cfg.run))
             return
         with Live(render(collector, title=cfg.run), console=console, refresh_per_second=2) as live:

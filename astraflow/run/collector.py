@@ -108,6 +108,17 @@ class Collector:
             self._fh.flush()
         return n
 
+    def catch_up(self, timeout: float = 30.0) -> int:
+        """Read every snapshot on the topic now (not those that arrive meanwhile: a live run
+        always has more), for at most ``timeout`` seconds; returns how many were read."""
+        ends = self.bus.describe_topic(self.topic).end_offsets
+        deadline = time.monotonic() + timeout
+        n = 0
+        while (any(self._reader.position(p) < end for p, end in ends.items())
+               and time.monotonic() < deadline):
+            n += self.poll(0.2)
+        return n
+
     def _take(self, m: Metric) -> None:
         st = self.components.get(m.component)
         if st is None:

@@ -80,12 +80,18 @@ def build_engines(config: ExperimentConfig, out: str | Path = ".") -> dict[str, 
 def build_worker(config: ExperimentConfig, out: str | Path = ".", *, bus: Bus,
                  engines: dict[str, Engine] | None = None,
                  worker_id: str | None = None) -> RolloutWorker:
-    """A rollout worker on ``bus`` (whose topics exist)."""
+    """A rollout worker on ``bus`` (whose topics exist); draining, it releases the tasks the
+    run's staleness filter would drop (when the run has one)."""
     from astraflow.consumers.rollout.service import build_worker as build
 
+    data = config.data
+    bounds = ({p: data.max_staleness_of(p, data.staleness.max_staleness)
+               for p in config.policies}
+              if "staleness" in (*data.post_rollout, *data.batch) else None)
     return build(config.rollout, run=config.run, policies=config.policies,
                  models=models(config), weights=config.weights, out=out, bus=bus,
-                 engines=engines, worker_id=worker_id, claims=claims(config, out))
+                 engines=engines, worker_id=worker_id, claims=claims(config, out),
+                 drain_max_staleness=bounds)
 
 
 def run_worker(config: ExperimentConfig, out: str | Path = ".", *,
@@ -93,15 +99,20 @@ def run_worker(config: ExperimentConfig, out: str | Path = ".", *,
                should_stop: Callable[[], bool] | None = None, worker_id: str | None = None,
                on_ready: Callable[[RolloutWorker], None] | None = None) -> WorkerStats:
     """``astraflow rollout``: open the run's bus (creating its topics), run a worker until
-    stopped, close everything."""
+    stopped (draining as :func:`build_worker`'s does), close everything."""
     from astraflow.consumers.rollout.service import run_worker as run
 
+    data = config.data
+    bounds = ({p: data.max_staleness_of(p, data.staleness.max_staleness)
+               for p in config.policies}
+              if "staleness" in (*data.post_rollout, *data.batch) else None)
     bus = open_bus(config, out)
     try:
         return run(config.rollout, run=config.run, policies=config.policies,
                    models=models(config), weights=config.weights, out=out, bus=bus,
                    max_tasks=max_tasks, timeout=timeout, should_stop=should_stop,
-                   worker_id=worker_id, on_ready=on_ready, claims=claims(config, out))
+                   worker_id=worker_id, on_ready=on_ready, claims=claims(config, out),
+                   drain_max_staleness=bounds)
     finally:
         bus.close()
 

@@ -101,6 +101,26 @@ def read_all(bus: Bus, topic: str, kind: type = Trajectory, *, timeout: float = 
     return out
 
 
+class Follow:
+    """Accumulates the records of a topic (a consumer group of its own, from the start)."""
+
+    def __init__(self, bus: Bus, topic: str, kind: type) -> None:
+        import uuid
+
+        self.consumer = bus.consumer(f"follow-{uuid.uuid4().hex[:8]}", [topic],
+                                     start="earliest")
+        self.kind = kind
+        self.records: list[Any] = []
+
+    def poll(self) -> list[Any]:
+        for m in self.consumer.consume(500, 0.2):
+            self.records.append(decode(m.value, self.kind))
+        return self.records
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
 def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
     """Poll ``cond`` until truthy (returned) or fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -117,6 +137,14 @@ async def slow_single_turn(ctx: Any, task: Task, delay: float = 0.4, **sampling:
     """single_turn with a pause first (so that tests can act mid-episode)."""
     await asyncio.sleep(delay)
     gen = await ctx.generate(messages=task.prompt, **sampling)
+    return gen.conversation.finish(await ctx.reward(gen.text))
+
+
+async def held_single_turn(ctx: Any, task: Task, hold: float = 0.0, **sampling: Any) -> Any:
+    """single_turn that waits ``hold`` seconds between generating and scoring: a worker whose
+    config holds long keeps its episodes mid-flight (tokens generated) until it is stopped."""
+    gen = await ctx.generate(messages=task.prompt, **sampling)
+    await asyncio.sleep(hold)
     return gen.conversation.finish(await ctx.reward(gen.text))
 
 

@@ -13,30 +13,15 @@ import uuid
 from pathlib import Path
 
 import pytest
-from rollout_helpers import make_task, produce, wait_for
+from rollout_helpers import Follow, make_task, produce, wait_for
 
 from astraflow.config import ExperimentConfig, open_bus
-from astraflow.core.records import Metric, Trajectory, decode
+from astraflow.core.records import Metric, Trajectory
 from astraflow.core.topics import group_name, topic_name
 
 HERE = Path(__file__).parent
 N_TASKS, N_SAMPLES = 36, 2
 WORKFLOW = "rollout_helpers:slow_single_turn"
-
-
-class Follow:
-    """Accumulates the records of a topic (a consumer group of its own, from the start)."""
-
-    def __init__(self, bus, topic: str, kind: type) -> None:  # noqa: ANN001
-        self.consumer = bus.consumer(f"follow-{uuid.uuid4().hex[:8]}", [topic],
-                                     start="earliest")
-        self.kind = kind
-        self.records: list = []
-
-    def poll(self) -> list:
-        for m in self.consumer.consume(500, 0.2):
-            self.records.append(decode(m.value, self.kind))
-        return self.records
 
 
 @pytest.mark.slow

@@ -79,6 +79,17 @@ class OffsetTracker:
                 part.committed = max(part.committed, off)
                 part.finished = {o for o in part.finished if o > off}
 
+    def newest_finished(self, tp: TP, epoch: int) -> int | None:
+        """The newest finished, not yet committed offset of ``tp`` (-1: none), or None when
+        the partition was revoked since ``epoch``. A finished offset's trajectories are
+        produced: releasing an offset before it would have the next owner produce them
+        again."""
+        with self._lock:
+            part = self._parts.get(tp)
+            if part is None or part.epoch != epoch:
+                return None
+            return max(part.finished, default=-1)
+
     def revoke(self, tps: list[TP]) -> list[int]:
         """Forget partitions; returns the epochs dropped (their in-flight work is released)."""
         with self._lock:

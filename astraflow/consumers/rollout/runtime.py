@@ -128,13 +128,16 @@ def failed_draft(policy: str, finish_reason: str, error: str, agent: str = "") -
 
 
 async def run_episode(runtime: Runtime, task: Task, sample_index: int, *,
-                      timeout: float | None = None) -> EpisodeOutcome:
+                      timeout: float | None = None,
+                      ctx: EpisodeContext | None = None) -> EpisodeOutcome:
     """Run the task's workflow once. Never raises (except on cancellation): a workflow that
     raises gives one failed draft (``finish_reason="error"``) per (policy, role) it used or
     declared; one past ``timeout`` gives, per (policy, role), its first conversation that
     generated tokens so far (``finish_reason="timeout"``, reward 0; see
-    :func:`timed_out_drafts`)."""
-    ctx = EpisodeContext(runtime, task, sample_index)
+    :func:`timed_out_drafts`). ``ctx``: the episode's context when the caller made it (the
+    worker's drain reads its tokens' versions while it runs); default: a new one."""
+    if ctx is None:
+        ctx = EpisodeContext(runtime, task, sample_index)
     start = time.monotonic()
     try:
         fn = runtime.workflow(task.workflow)

@@ -54,12 +54,15 @@ def build_engines(rc: RolloutConfig, *, policies: Sequence[str],
 def build_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
                  models: Mapping[str, ModelConfig], weights: WeightsConfig,
                  out: str | Path = ".", bus: Bus, engines: dict[str, Engine] | None = None,
-                 worker_id: str | None = None, claims: BlobStore | None = None
+                 worker_id: str | None = None, claims: BlobStore | None = None,
+                 drain_max_staleness: int | Mapping[str, int] | None = None
                  ) -> RolloutWorker:
     """A :class:`RolloutWorker` of run ``run`` on ``bus`` (whose topics exist) as the
     ``rollout`` section ``rc`` describes, with weight followers when ``rc.weights.enabled``
     and the engines can take weights (their syncers are built from the ``weights`` section:
-    store or fetch, cache dir, rate limit). ``engines`` default to :func:`build_engines`."""
+    store or fetch, cache dir, rate limit). ``engines`` default to :func:`build_engines`.
+    ``drain_max_staleness``: the run's staleness bounds (per policy), so that a draining
+    worker releases the tasks its staleness filter would drop; None: it finishes all."""
     from astraflow.weights.config import build_syncer
 
     out = Path(out)
@@ -92,7 +95,8 @@ def build_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
         max_concurrent_episodes=rc.max_concurrent_episodes, episode_timeout=rc.episode_timeout,
         session_timeout=rc.session_timeout, drain_timeout=rc.drain_timeout,
         poll_timeout=rc.poll_timeout, commit_interval=rc.commit_interval,
-        metrics_interval=rc.metrics_interval, followers=followers)
+        metrics_interval=rc.metrics_interval, followers=followers,
+        drain_max_staleness=drain_max_staleness)
 
 
 def run_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
@@ -101,11 +105,13 @@ def run_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
                timeout: float | None = None, should_stop: Callable[[], bool] | None = None,
                worker_id: str | None = None,
                on_ready: Callable[[RolloutWorker], None] | None = None,
-               claims: BlobStore | None = None) -> WorkerStats:
+               claims: BlobStore | None = None,
+               drain_max_staleness: int | Mapping[str, int] | None = None) -> WorkerStats:
     """Build the worker (:func:`build_worker`) and run it until stopped; closes its engines
     (the bus is the caller's)."""
     worker = build_worker(rc, run=run, policies=policies, models=models, weights=weights,
-                          out=out, bus=bus, worker_id=worker_id, claims=claims)
+                          out=out, bus=bus, worker_id=worker_id, claims=claims,
+                          drain_max_staleness=drain_max_staleness)
     try:
         if on_ready is not None:
             on_ready(worker)

@@ -35,6 +35,9 @@ class WeightFollower:
         self.syncer = syncer
         self.failures = 0
         self.updates = 0
+        # the newest version seen on weights.<policy> (None: none yet); written by the follower
+        # thread, read by the worker's drain (a draining worker judges staleness against it)
+        self.newest: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name=f"af-weights-{self.policy}")
@@ -55,6 +58,7 @@ class WeightFollower:
         returns the version held. Called by the follower thread; tests may call it directly
         while the thread is not started."""
         self.syncer.poll(timeout)
+        self.newest = self.syncer.newest()
         if self._behind():
             self.engine.update_weights(self.syncer.sync_once)
             self.updates += 1

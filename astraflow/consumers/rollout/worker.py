@@ -16,6 +16,9 @@ Semantics (docs/rollout.md has the long form):
   committed, their in-flight episodes cancelled (the new owner redoes them);
 * **drain** (SIGTERM, ``request_stop``, ``max_tasks``, ``timeout``): stop taking tasks, finish
   in-flight ones for up to ``drain_timeout`` seconds, release the rest, commit, leave the group;
+  with ``drain_max_staleness`` it finishes only the tasks whose trajectories will still be fresh
+  enough to train on and releases the stale ones at once, re-judged as new versions appear
+  (:mod:`~astraflow.consumers.rollout.drain` says which, so that none is produced twice);
 * heartbeats and metrics go to ``metrics`` every ``metrics_interval`` seconds.
 
 All bus calls run on one thread of their own (consumers are not for concurrent use), the
@@ -30,13 +33,15 @@ import gc
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 import msgspec
 
+from astraflow.consumers.rollout.context import EpisodeContext
+from astraflow.consumers.rollout.drain import InFlight, oldest_versions, stale_by, to_release
 from astraflow.consumers.rollout.offsets import OffsetTracker
 from astraflow.consumers.rollout.registry import RegistryError
 from astraflow.consumers.rollout.runtime import EpisodeOutcome, Runtime, run_episode
@@ -86,6 +91,14 @@ class WorkerStats:
     tool_timeouts: int = 0
     commits: int = 0
     commit_errors: int = 0
+    # the drain: of the tasks in flight when it began, those finished, those released as
+    # stale, those released because a released stale task precedes them on their partition,
+    # and those still running at drain_timeout (released); each release also counts in
+    # tasks_released
+    drained_finished: int = 0
+    drained_released_stale: int = 0
+    drained_released_behind: int = 0
+    drained_released_timeout: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -100,10 +113,15 @@ class _Running:
     task: Task
     epoch: int
     n: int
+    contexts: list[EpisodeContext] = field(default_factory=list)  # its episodes' so far
+    producing: bool = False  # its trajectories are produced or being produced
 
 
 class RolloutWorker:
-    """See the module docstring. ``runtime`` holds the engines, reward and workflows."""
+    """See the module docstring. ``runtime`` holds the engines, reward and workflows.
+    ``drain_max_staleness``: the staleness bound of the run's staleness filter, one for every
+    policy or per policy (a policy absent has none); None: a drain finishes every task in
+    flight (within ``drain_timeout``)."""
 
     def __init__(self, bus: Bus, runtime: Runtime, *, run: str, worker_id: str | None = None,
                  group: str | None = None, max_concurrent_episodes: int = 32,
@@ -111,7 +129,8 @@ class RolloutWorker:
                  drain_timeout: float = 30.0, poll_timeout: float = 0.1,
                  commit_interval: float = 0.2, metrics_interval: float = 2.0,
                  followers: Sequence[WeightFollower] = (),
-                 claims: BlobStore | None = None) -> None:
+                 claims: BlobStore | None = None,
+                 drain_max_staleness: int | Mapping[str, int] | None = None) -> None:
         self.bus = bus
         self.claims = claims  # oversized trajectories go here by claim check (None: failed)
         self.runtime = runtime
@@ -122,6 +141,10 @@ class RolloutWorker:
         self.episode_timeout = episode_timeout
         self.session_timeout = session_timeout
         self.drain_timeout = drain_timeout
+        self.drain_max_staleness: dict[str, int] | None = (
+            None if drain_max_staleness is None
+            else dict.fromkeys(runtime.engines, drain_max_staleness)
+            if isinstance(drain_max_staleness, int) else dict(drain_max_staleness))
         self.poll_timeout = poll_timeout
         self.commit_interval = commit_interval
         self.metrics_interval = metrics_interval
@@ -299,20 +322,23 @@ class RolloutWorker:
             return
         self._claimed += task.n_samples
         self._typical_n = task.n_samples
-        t = asyncio.create_task(self._run_task(task, msg, epoch), name=f"task-{task.id}")
-        self._running[t] = _Running(msg, task, epoch, task.n_samples)
+        r = _Running(msg, task, epoch, task.n_samples)
+        t = asyncio.create_task(self._run_task(r), name=f"task-{task.id}")
+        self._running[t] = r
 
     # -- running tasks ------------------------------------------------------------------------
-    async def _run_task(self, task: Task, msg: Message, epoch: int) -> None:
+    async def _run_task(self, r: _Running) -> None:
+        task, msg = r.task, r.msg
         try:
             await self._admit(task.n_samples)
-            episodes = [asyncio.ensure_future(self._episode(task, i))
+            episodes = [asyncio.ensure_future(self._episode(task, i, r.contexts))
                         for i in range(task.n_samples)]
             for t in episodes:
                 t.add_done_callback(self._episode_done)
             outcomes = await asyncio.gather(*episodes)
+            r.producing = True
             await self._produce_batched(self._records(task, outcomes))
-            if self.tracker.finish((msg.topic, msg.partition), msg.offset, epoch):
+            if self.tracker.finish((msg.topic, msg.partition), msg.offset, r.epoch):
                 self.stats.tasks_done += 1
                 self.metrics.inc("tasks_done")
                 self._commit_wake.set()
@@ -355,9 +381,13 @@ class RolloutWorker:
                 self._started += n
                 fut.set_result(None)
 
-    async def _episode(self, task: Task, index: int) -> EpisodeOutcome:
+    async def _episode(self, task: Task, index: int,
+                       contexts: list[EpisodeContext]) -> EpisodeOutcome:
         async with self._episode_slots:
-            out = await run_episode(self.runtime, task, index, timeout=self.episode_timeout)
+            ctx = EpisodeContext(self.runtime, task, index)
+            contexts.append(ctx)  # the drain judges the task by its tokens' versions
+            out = await run_episode(self.runtime, task, index, timeout=self.episode_timeout,
+                                    ctx=ctx)
         stats, metrics = self.stats, self.metrics
         stats.episodes += 1
         metrics.inc("episodes")
@@ -495,8 +525,86 @@ class RolloutWorker:
     # -- draining -----------------------------------------------------------------------------
     async def _drain(self) -> None:
         running = set(self._running)
-        if running and self.drain_timeout > 0:
-            await asyncio.wait(running, timeout=self.drain_timeout)
+        """Finish the tasks in flight for up to ``drain_timeout`` (with a staleness bound: the
+        fresh ones; the stale ones are released at once); what is left is released after."""
+        start = time.monotonic()
+        if self.drain_max_staleness is None:
+            if running and self.drain_timeout > 0:
+                await asyncio.wait(running, timeout=self.drain_timeout)
+        else:
+            await self._drain_fresh(running, start + self.drain_timeout)
+        stats = self.stats
+        finished = sum(1 for t in running
+                       if t.done() and not t.cancelled() and t.exception() is None)
+        timed_out = sum(1 for t in running if not t.done())  # released by _release_all
+        stats.drained_finished += finished
+        stats.drained_released_timeout += timed_out
+        self.metrics.inc("drained_finished", finished)
+        self.metrics.inc("drained_released_timeout", timed_out)
+        log.info("worker=%s drained in %.1f s: in_flight=%d finished=%d released_stale=%d "
+                 "released_behind=%d released_timeout=%d", self.worker_id,
+                 time.monotonic() - start, len(running), finished,
+                 stats.drained_released_stale, stats.drained_released_behind, timed_out)
+
+    async def _drain_fresh(self, running: set[asyncio.Task[None]], deadline: float) -> None:
+        """Wait for ``running`` until ``deadline``, releasing the tasks that are (or become)
+        stale; re-judged whenever a newer version is known."""
+        pending = {t for t in running if not t.done()}
+        seen: dict[str, int] | None = None
+        while pending:
+            newest = self._newest_versions()
+            if newest != seen:  # a task ages only when a newer version appears
+                seen = newest
+                released = self._release_stale(newest)
+                if released:
+                    pending -= released
+                    await asyncio.gather(*released, return_exceptions=True)
+            left = deadline - time.monotonic()
+            if not pending or left <= 0:
+                return
+            _, pending = await asyncio.wait(pending, timeout=min(left, self.poll_timeout),
+                                            return_when=asyncio.FIRST_COMPLETED)
+
+    def _newest_versions(self) -> dict[str, int]:
+        """Per hosted policy, the newest version known: on ``weights.<policy>`` as its
+        follower read it, or its engine's."""
+        newest = {p: e.version for p, e in self.runtime.engines.items()}
+        for f in self.followers:
+            if f.newest is not None:
+                newest[f.policy] = max(newest.get(f.policy, f.newest), f.newest)
+        return newest
+
+    def _release_stale(self, newest: Mapping[str, int]) -> set[asyncio.Task[None]]:
+        """Cancel the tasks :func:`~astraflow.consumers.rollout.drain.to_release` picks (not
+        committed: the partition's next owner redoes them); returns them."""
+        assert self.drain_max_staleness is not None
+        parts: dict[tuple[str, int, int], list[InFlight]] = {}
+        for t, r in self._running.items():
+            if t.done():
+                continue
+            stale = stale_by(oldest_versions(r.contexts), newest,
+                             self.drain_max_staleness) is not None
+            parts.setdefault((r.msg.topic, r.msg.partition, r.epoch), []).append(
+                InFlight(t, r.msg.offset, stale, r.producing))
+        released: set[asyncio.Task[None]] = set()
+        for (topic, partition, epoch), tasks in parts.items():
+            produced = self.tracker.newest_finished((topic, partition), epoch)
+            if produced is None:  # revoked meanwhile: _release cancels these
+                continue
+            for f in to_release(tasks, produced):
+                task = f.key
+                assert isinstance(task, asyncio.Task)
+                task.cancel()
+                released.add(task)
+                name = "drained_released_stale" if f.stale else "drained_released_behind"
+                setattr(self.stats, name, getattr(self.stats, name) + 1)
+                self.metrics.inc(name)
+                log.info("released task=%s (%s) newest=%s", self._running[task].task.id,
+                         "stale" if f.stale else "behind a stale task on its partition",
+                         newest)
+        self.stats.tasks_released += len(released)
+        self.metrics.inc("tasks_released", len(released))
+        return released
 
     async def _release_all(self) -> None:
         left = [t for t in self._running if not t.done()]

@@ -1,0 +1,77 @@
+"""What a draining worker does with each task in flight: finish it or release it (DESIGN.md §5,
+§9; docs/rollout.md "Adding and removing rollout processes while a run goes on").
+
+A task is **stale** when one of its policies' tokens would be dropped by the run's staleness
+filter: for a policy ``p`` with a bound, ``newest[p] - oldest[p] > bound[p]``, where
+``oldest[p]`` is the oldest version of any token of ``p`` its episodes generated so far (the
+version its group will carry) and ``newest[p]`` the newest version the worker knows of
+(``weights.<p>`` as its follower read it, or its engine's). Tokens still to come are
+generated at the engine's version, so a task that has generated nothing yet is fresh.
+
+A stale task is released (cancelled, not committed; the partition's next owner redoes it at
+the newest version) unless that would make a task be produced twice. The commit rule moves a
+partition's committed offset only over a contiguous prefix of finished tasks, so releasing
+the task at offset ``o`` has the next owner redo every task after ``o`` on that partition too:
+
+* a task after ``o`` whose trajectories are already produced (finished, or being produced)
+  would be produced again, so a stale task before such a one is finished instead (its
+  group is then dropped by the staleness filter: accounted, not lost);
+* the tasks in flight after ``o`` are released with it: finishing them would only produce
+  trajectories that the next owner produces again.
+
+So per partition the released tasks are a suffix: from the oldest releasable stale task on.
+Pure functions, testable without a worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from astraflow.consumers.rollout.context import EpisodeContext
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """One task in flight on a partition, as the drain sees it."""
+
+    key: Hashable  # the caller's handle (the worker's asyncio task)
+    offset: int
+    stale: bool
+    producing: bool  # its trajectories are produced or being produced
+
+
+def oldest_versions(contexts: Iterable[EpisodeContext]) -> dict[str, int]:
+    """Per policy, the oldest version of any token the episodes generated so far (policies
+    that generated nothing yet are absent)."""
+    oldest: dict[str, int] = {}
+    for ctx in contexts:
+        for c in ctx.conversations:
+            lo = min((v for v in c.versions if v >= 0), default=None)
+            if lo is not None and lo < oldest.get(c.policy, lo + 1):
+                oldest[c.policy] = lo
+    return oldest
+
+
+def stale_by(oldest: Mapping[str, int], newest: Mapping[str, int],
+             bounds: Mapping[str, int]) -> str | None:
+    """The first policy (by name) whose tokens are more than its bound behind the newest
+    version, or None if every one is fresh enough (a policy without a bound never is)."""
+    for policy, version in sorted(oldest.items()):
+        bound = bounds.get(policy)
+        if bound is not None and newest.get(policy, version) - version > bound:
+            return policy
+    return None
+
+
+def to_release(tasks: Sequence[InFlight], newest_finished: int) -> list[InFlight]:
+    """Of one partition's tasks in flight, those to release now: every task from the oldest
+    stale one after the last produced offset (``newest_finished``, or a task being produced)
+    on; none when there is no such stale task."""
+    produced = max([newest_finished, *(t.offset for t in tasks if t.producing)])
+    start = min((t.offset for t in tasks if t.stale and t.offset > produced), default=None)
+    if start is None:
+        return []
+    return [t for t in tasks if t.offset >= start]
