@@ -524,10 +524,10 @@ class RolloutWorker:
 
     # -- draining -----------------------------------------------------------------------------
     async def _drain(self) -> None:
-        running = set(self._running)
         """Finish the tasks in flight for up to ``drain_timeout`` (with a staleness bound: the
         fresh ones; the stale ones are released at once); what is left is released after."""
         start = time.monotonic()
+        running = set(self._running)
         if self.drain_max_staleness is None:
             if running and self.drain_timeout > 0:
                 await asyncio.wait(running, timeout=self.drain_timeout)
