@@ -367,6 +367,7 @@ class WorkerStatus(msgspec.Struct, kw_only=True):
     episodes_per_s: float  # episodes finished per second over the window
     last_seen: float  # time.time() of its newest heartbeat
     healthy: bool = True  # heartbeating within the reporter's timeout and not failed
+    utilization: float = -1.0  # mean inflight / max_inflight over the window; -1: unknown
 
 
 class PolicyLoad(msgspec.Struct, kw_only=True):
@@ -404,6 +405,7 @@ class LoadReport(Record, tag="LoadReport", kw_only=True):
     ready: int = 0  # groups produced and not yet trained on (every policy's, in groups)
     horizon: int = 0  # groups that can be ahead of the trainer and still be fresh: (k+1)·B
     useful_lag: int = 0  # min(tasks_lag, max(0, horizon - ready))
+    utilization: float = -1.0  # busy share of the healthy workers' episode slots; -1: unknown
     reason: str = ""
 
 

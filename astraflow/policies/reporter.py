@@ -10,13 +10,15 @@ A report covers the window since the previous one:
   (rollout workers' ``trajectories.<policy>`` counters) and consumed (the trainer's
   ``trajectories``), steps;
 * per rollout process: status, episodes/s over the window, last heartbeat, health (heard
-  within ``heartbeat_timeout_s`` and not stopped or failed); ``current_workers`` counts the
-  healthy ones not draining;
+  within ``heartbeat_timeout_s`` and not stopped or failed), utilization (the mean of
+  ``inflight / max_inflight`` over its heartbeats in the window: the busy share of its
+  episode slots); ``current_workers`` counts the healthy ones not draining and
+  ``utilization`` is the mean of theirs;
 * ``tasks_lag``: tasks released on ``tasks`` that the rollout group has not committed (the raw
   lag an external autoscaler such as KEDA scales on);
 * ``ready``: groups produced and not yet trained on: the post-rollout stage's lag on
-  ``trajectories`` (in groups), the batch stages' lag on ``groups.<policy>`` and the trainers'
-  lag on ``batches.<policy>`` (in groups);
+  ``trajectories`` (in groups), the batch stages' lag on ``groups.<policy>`` and the batches
+  on ``batches.<policy>`` beyond the trainer's step (in groups);
 * ``horizon``: ``Σ (max_staleness + 1) · B`` over the policies: how many groups may be ahead
   of the trainers and still be fresh enough to train on;
 * ``useful_lag = min(tasks_lag, max(0, horizon − ready))``: the queued work that, produced now,
@@ -56,6 +58,7 @@ class _Seen:
     metric: Metric
     base: dict[str, float]  # counters at the start of the current window (or first heard)
     base_ts: float
+    busy: list[float] = field(default_factory=list)  # inflight / max_inflight per heartbeat
 
 
 @dataclass
@@ -71,6 +74,7 @@ class ReporterSettings:
     every_steps: int = 10
     every_s: float | None = 30.0
     heartbeat_timeout_s: float = 15.0
+    min_window_s: float = 0.0  # no report on a window shorter than this
 
 
 @dataclass
@@ -86,9 +90,14 @@ class Reporter:
     def observe(self, m: Metric) -> None:
         s = self.seen.get(m.component)
         if s is None:
-            self.seen[m.component] = _Seen(m, dict(m.counters), m.ts)
+            s = self.seen[m.component] = _Seen(m, dict(m.counters), m.ts)
         elif m.ts >= s.metric.ts:
             s.metric = m
+        else:
+            return
+        cap = m.gauges.get("max_inflight", 0.0)
+        if cap > 0 and m.status == "running":
+            s.busy.append(min(1.0, m.gauges.get("inflight", 0.0) / cap))
 
     def policy_of(self, m: Metric) -> str | None:
         named = named_policy(m)
@@ -100,7 +109,18 @@ class Reporter:
         return max((int(s.metric.gauges.get("step", 0)) for s in self.seen.values()
                     if s.metric.role == "trainer"), default=0)
 
+    def steps(self) -> dict[str, int]:
+        """Each policy's newest trainer step."""
+        out: dict[str, int] = {}
+        for s in self.seen.values():
+            p = self.policy_of(s.metric) if s.metric.role == "trainer" else None
+            if p is not None:
+                out[p] = max(out.get(p, 0), int(s.metric.gauges.get("step", 0)))
+        return out
+
     def due(self, now: float) -> bool:
+        if now - self.window_start < self.settings.min_window_s:
+            return False  # shorter than a few heartbeats: counters would be noise
         step = self.trainer_step()
         if step >= self.last_step + self.settings.every_steps:
             return True
@@ -139,7 +159,9 @@ class Reporter:
             policies=loads, workers=workers,
             current_workers=sum(1 for w in workers if w.healthy and w.status == "running"),
             tasks_lag=tasks_lag, ready=ready, horizon=horizon,
-            useful_lag=min(tasks_lag, max(0, horizon - ready)))
+            useful_lag=min(tasks_lag, max(0, horizon - ready)),
+            utilization=_mean([w.utilization for w in workers
+                               if w.healthy and w.utilization >= 0], -1.0))
         self._next_window(now, report.trainer_step)
         return report
 
@@ -157,7 +179,8 @@ class Reporter:
                 component=m.component, host=m.host, status=m.status,
                 episodes_per_s=self._delta(s, "episodes") / span if m.ts > s.base_ts else 0.0,
                 last_seen=m.ts,
-                healthy=not gone and now - m.ts <= self.settings.heartbeat_timeout_s))
+                healthy=not gone and now - m.ts <= self.settings.heartbeat_timeout_s,
+                utilization=sum(s.busy) / len(s.busy) if s.busy else -1.0))
         return sorted(out, key=lambda w: w.component)
 
     def _next_window(self, now: float, step: int) -> None:
@@ -169,6 +192,11 @@ class Reporter:
                 del self.seen[c]
                 continue
             s.base, s.base_ts = dict(s.metric.counters), s.metric.ts
+            s.busy = []
+
+
+def _mean(xs: list[float], empty: float) -> float:
+    return sum(xs) / len(xs) if xs else empty
 
 
 def _lag(bus: Bus, group: str, topic: str) -> int:
@@ -178,10 +206,14 @@ def _lag(bus: Bus, group: str, topic: str) -> int:
         return 0
 
 
-def measure_lags(bus: Bus, st: ReporterSettings) -> tuple[int, int]:
+def measure_lags(bus: Bus, st: ReporterSettings, steps: dict[str, int] | None = None
+                 ) -> tuple[int, int]:
     """(tasks_lag, ready) from the bus: the rollout group's lag on ``tasks``; the groups
-    between rollout and the trainers (see the module docstring)."""
+    between rollout and the trainers (see the module docstring). A trainer commits its input
+    only at checkpoints, so its backlog is the batches on ``batches.<policy>`` beyond its
+    step (``steps``: each policy's trainer step, from its heartbeats), not its group lag."""
     run = st.run
+    steps = steps or {}
     tasks = _lag(bus, st.rollout_group or group_name(run, "rollout"), topic_name(run, "tasks"))
     ready_trajectories = _lag(bus, group_name(run, "policy", stage="post_rollout"),
                               topic_name(run, "trajectories"))
@@ -189,8 +221,11 @@ def measure_lags(bus: Bus, st: ReporterSettings) -> tuple[int, int]:
     for p in st.policies:
         ready += _lag(bus, group_name(run, "policy", stage="batch", policy=p),
                       topic_name(run, "groups", p))
-        ready += _lag(bus, group_name(run, "trainer", policy=p),
-                      topic_name(run, "batches", p)) * st.batch_groups.get(p, 1)
+        try:
+            written = sum(bus.describe_topic(topic_name(run, "batches", p)).end_offsets.values())
+        except BusError:
+            written = 0
+        ready += max(0, written - steps.get(p, 0)) * st.batch_groups.get(p, 1)
     return tasks, ready
 
 
@@ -221,7 +256,7 @@ def run_reporter(bus: Bus, settings: ReporterSettings, *, max_reports: int | Non
                     reporter.observe(m)
             now = clock()
             if reporter.due(now):
-                tasks, ready = measure_lags(bus, settings)
+                tasks, ready = measure_lags(bus, settings, reporter.steps())
                 rec = reporter.build(now, tasks_lag=tasks, ready=ready)
                 send(producer, Output(topic_name(run, "reports"), rec,
                                       record_key("reports", rec)))

@@ -249,3 +249,73 @@ def produce(config: ExperimentConfig, out: str | Path = ".", *, max_tasks: int |
                    should_stop=should_stop)
     finally:
         bus.close()
+
+
+# reporter and scaler ---------------------------------------------------------------------------
+
+def reporter_settings(config: ExperimentConfig) -> Any:
+    """What the reporter needs of the experiment: B and the staleness bound per policy, the
+    group size, the rollout group, the ``scale`` section's window and heartbeat timeout."""
+    from astraflow.policies.reporter import ReporterSettings
+
+    s = config.scale
+    return ReporterSettings(
+        run=config.run, policies=list(config.policies),
+        batch_groups={p: config.data.batch_size_of(p) for p in config.policies},
+        max_staleness={p: config.data.max_staleness_of(p) for p in config.policies},
+        group_size=config.producer.n_samples,
+        rollout_group=config.rollout.group_for(config.run), every_steps=s.report_every_steps,
+        every_s=s.report_every_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
+        min_window_s=s.min_window_s)
+
+
+def run_reporter(config: ExperimentConfig, out: str | Path = ".", *,
+                 max_reports: int | None = None, timeout: float | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> list[Any]:
+    """``astraflow report``: open the run's bus (creating its topics) and write load reports
+    until stopped."""
+    from astraflow.policies.reporter import run_reporter as run
+
+    bus = open_bus(config, out)
+    try:
+        return run(bus, reporter_settings(config), max_reports=max_reports, timeout=timeout,
+                   should_stop=should_stop)
+    finally:
+        bus.close()
+
+
+def pool_batch_groups(config: ExperimentConfig) -> dict[str, int]:
+    """Per scaling pool, the largest B (groups per batch) of the policies it feeds."""
+    return {name: max(config.data.batch_size_of(p) for p in (pool.policies or config.policies))
+            for name, pool in config.scale.pools.items()}
+
+
+def run_scaler(config: ExperimentConfig, config_path: str | Path, out: str | Path = ".", *,
+               max_reports: int | None = None, timeout: float | None = None,
+               should_stop: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
+    """``astraflow scale``: the scaler as a process of its own, each pool acting through the
+    actuator its config names (``local``: `astraflow rollout` processes this process starts
+    and stops). Returns the decisions."""
+    from astraflow.consumers.scaler.actuators import build_actuator
+    from astraflow.consumers.scaler.scaler import Scaler, scaler_processor
+    from astraflow.core.metrics import MetricsEmitter
+
+    bus = open_bus(config, out)
+    actuators = {name: build_actuator(pool.actuator, run=config.run, pool=name,
+                                      config_path=str(config_path), out=str(out))
+                 for name, pool in config.scale.pools.items()}
+    metrics = MetricsEmitter(bus, run=config.run, role="scaler")
+    scaler = Scaler(config.scale, actuators, batch_groups=pool_batch_groups(config),
+                    metrics=metrics,
+                    log_path=Path(out) / "scaler.jsonl")
+    proc = scaler_processor(bus, scaler, run=config.run)
+    try:
+        proc.run(max_reports, timeout, should_stop)
+        return scaler.decisions
+    finally:
+        proc.close()
+        scaler.close()
+        metrics.close()
+        for a in actuators.values():
+            a.close()
+        bus.close()

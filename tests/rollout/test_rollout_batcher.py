@@ -46,3 +46,43 @@ def test_a_failed_request_fails_alone(continuous: bool) -> None:
     assert isinstance(ok2, GenResult) and ok2.token_ids == [17]
     if not continuous:
         assert engine.batches == [3]  # one batch: the abort did not take the others with it
+
+
+def test_engine_latency_is_one_draw_per_request_before_the_engine() -> None:
+    """``rollout.engine.latency`` (an emulated slow server): every request waits one draw of
+    the spec before it reaches the engine; the waits overlap (no core held), so the requests
+    still meet in one batch."""
+    import random
+
+    draws: list[int] = []
+
+    class Counting:
+        def sample(self, rng: random.Random) -> float:
+            draws.append(1)
+            return 0.05
+
+        def quantile(self, q: float) -> float:
+            return 0.05
+
+    engine = OneAborts(continuous=False)
+
+    async def main() -> list[GenResult]:
+        b = Batcher(engine, latency=Counting())
+        try:
+            return await asyncio.gather(*(b.generate(GenRequest([p])) for p in (1, 2, 3, 4)))
+        finally:
+            await b.close()
+
+    results = asyncio.run(main())
+    assert [list(r.token_ids) for r in results] == [[1], [2], [3], [4]]
+    assert len(draws) == 4
+    assert engine.batches == [4]  # the four waits overlapped: one batch, not four
+
+
+def test_engine_latency_config_is_checked_at_load() -> None:
+    from astraflow.consumers.rollout.config import EngineConfig
+
+    assert EngineConfig(latency=0.5).latency == 0.5
+    assert EngineConfig(latency={"type": "lognormal", "p50": 0.1, "p99": 1.0}).latency
+    with pytest.raises(ValueError, match="rollout.engine.latency"):
+        EngineConfig(latency={"type": "lognormal", "p50": 2.0})

@@ -162,3 +162,25 @@ def test_reports_on_the_bus_from_real_emitters(bus: Bus) -> None:
         assert r.consumed > 0 and r.produced > 0 and r.current_workers == 1
     trainer.close()
     worker.close()
+
+
+def test_utilization_is_the_mean_busy_share_of_running_workers_slots() -> None:
+    rep = Reporter(settings(), window_start=0.0)
+
+    def beat(c: str, ts: float, inflight: float, status: str = "running") -> None:
+        rep.observe(Metric(component=c, role="rollout", host="h", pid=1, ts=ts,
+                           status=status,  # type: ignore[arg-type]
+                           gauges={"inflight": inflight, "max_inflight": 16}))
+
+    beat("rollout-a", 1.0, 16)
+    beat("rollout-a", 3.0, 8)   # a: 0.75 over its beats
+    beat("rollout-b", 1.0, 4)
+    beat("rollout-b", 3.0, 0)   # b: 0.125
+    beat("rollout-c", 3.0, 16, status="draining")  # leaving: not counted
+    r = rep.build(4.0, tasks_lag=0, ready=0)
+    by = {w.component: w.utilization for w in r.workers}
+    assert by["rollout-a"] == pytest.approx(0.75) and by["rollout-b"] == pytest.approx(0.125)
+    assert by["rollout-c"] == -1.0
+    assert r.utilization == pytest.approx((0.75 + 0.125) / 2)
+    # a new window starts from no samples
+    assert rep.build(5.0, tasks_lag=0, ready=0).utilization == -1.0

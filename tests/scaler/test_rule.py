@@ -47,6 +47,20 @@ def test_idle_zone_is_min_g_ceil_ratio_headroom(g: int, produced: int, consumed:
     assert (zone, target) == ("idle", want)
 
 
+def test_idle_zone_counts_idle_slots_as_spare_capacity() -> None:
+    # behind the gate an over-provisioned pool produces what the trainer consumes; half its
+    # episode slots idle: it could produce twice as much
+    zone, target, reason = zone_target(4, 0.01, 100, 100, high=0.10, low=0.05, headroom=1.1,
+                                       utilization=0.5)
+    assert (zone, target) == ("idle", 3) and "u=0.50" in reason  # ceil(4 * 0.5 * 1.1)
+    assert zone_target(4, 0.01, 100, 100, high=0.10, low=0.05, headroom=1.1,
+                       utilization=1.0)[1] == 4  # full: the reference's rule
+    assert zone_target(4, 0.01, 100, 100, high=0.10, low=0.05, headroom=1.1,
+                       utilization=0.0)[1] == 4  # unknown-like: not divided by zero
+    assert zone_target(4, 0.01, 100, 100, high=0.10, low=0.05, headroom=1.1,
+                       utilization=0.01)[1] == 1  # floor 0.05: ceil(4 * 0.05 * 1.1)
+
+
 def test_balanced_zone_holds_and_an_empty_window_holds() -> None:
     assert zone_target(5, 0.07, 10, 3, high=0.10, low=0.05, headroom=1.1)[:2] == ("balanced", 5)
     assert zone_target(5, 0.0, 0, 0, high=0.10, low=0.05, headroom=1.1)[:2] == ("no-data", 5)

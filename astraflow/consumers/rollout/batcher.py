@@ -14,9 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from astraflow.consumers.rollout.engines.base import Engine, EngineError, GenRequest, GenResult
+from astraflow.consumers.rollout.latency import parse_latency, wait
 
 log = logging.getLogger("astraflow.rollout.batcher")
 
@@ -24,8 +27,11 @@ log = logging.getLogger("astraflow.rollout.batcher")
 class Batcher:
     """Batches :class:`GenRequest` s of many coroutines onto one engine."""
 
-    def __init__(self, engine: Engine, *, max_batch_size: int | None = None) -> None:
+    def __init__(self, engine: Engine, *, max_batch_size: int | None = None,
+                 latency: Any = None, seed: int = 0) -> None:
         self.engine = engine
+        self.latency = parse_latency(latency, where="rollout.engine.latency")
+        self._rng = random.Random(f"engine-latency/{engine.name}/{seed}")
         self.max_batch_size = max_batch_size or engine.max_batch_size
         self.continuous = bool(getattr(engine, "continuous", False))
         self._submit = getattr(engine, "submit", None) if self.continuous else None
@@ -40,6 +46,8 @@ class Batcher:
         self.tokens = 0
 
     async def generate(self, request: GenRequest) -> GenResult:
+        if self.latency is not None:  # an emulated slow server: the wait holds no core
+            await wait(self.latency, self._rng)
         loop = asyncio.get_running_loop()
         if self._submit is not None:
             res = await asyncio.wrap_future(self._submit(request))

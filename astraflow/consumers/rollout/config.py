@@ -22,6 +22,17 @@ class EngineConfig(Section):
     """The inference engine a worker hosts (one instance per policy it serves) and the default
     sampling parameters of every generation (a workflow may override them per call)."""
 
+    @pydantic.field_validator("latency")
+    @classmethod
+    def _latency(cls, value: Any) -> Any:
+        from astraflow.consumers.rollout.latency import parse_latency
+
+        try:
+            parse_latency(value, where="rollout.engine.latency")
+        except ConfigError as e:  # reported with the section's other problems, at once
+            raise ValueError("; ".join(getattr(e, "problems", None) or [str(e)])) from None
+        return value
+
     type: Literal["hf", "vllm", "openai"] = pydantic.Field(
         "hf", description="hf: transformers in-process; vllm: in-process vLLM; openai: any "
                           "OpenAI-compatible /v1/completions server")
@@ -47,6 +58,12 @@ class EngineConfig(Section):
         False, description="hf: continuous batching (iteration-level scheduling): a request "
                            "joins the running batch at the next decoding step instead of "
                            "waiting for the batch to finish (episodes back from a tool call)")
+    latency: Any = pydantic.Field(
+        None, description="emulated extra seconds per generate request, waited before the "
+        "request reaches the engine without holding a core (a latency spec: a number, or "
+        "{type: fixed|uniform|lognormal|trace, ...} as for tool_latency): stands for a slower "
+        "or remote inference server, e.g. to try the scaler on a laptop (bench/elastic.py); "
+        "null: none")
     seed: int = pydantic.Field(0, description="sampling seed of the engine")
     initial_version: int = pydantic.Field(
         0, description="policy version recorded for tokens generated before any weights were "

@@ -47,7 +47,8 @@ class Runtime:
                reward_kwargs: Mapping[str, Any] | None = None, reward_timeout: float = 30.0,
                tool_timeout: float = 10.0, sampling: Mapping[str, Any] | None = None,
                default_workflow: str = "single_turn",
-               workflow_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> Runtime:
+               workflow_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+               engine_latency: Any = None) -> Runtime:
         if not engines:
             raise WorkflowError("a rollout runtime needs at least one engine (policy)")
         fn = REWARDS.resolve(reward) if isinstance(reward, str) else reward
@@ -56,7 +57,8 @@ class Runtime:
                    sampling={**DEFAULT_SAMPLING, **dict(sampling or {})},
                    default_workflow=default_workflow,
                    workflow_kwargs={k: dict(v) for k, v in (workflow_kwargs or {}).items()},
-                   batchers={p: Batcher(e) for p, e in engines.items()})
+                   batchers={p: Batcher(e, latency=engine_latency)
+                             for p, e in engines.items()})
 
     @property
     def policies(self) -> list[str]:

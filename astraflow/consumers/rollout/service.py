@@ -77,7 +77,7 @@ def build_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
         reward_timeout=rc.reward.timeout, tool_timeout=rc.tool_timeout,
         sampling={k: getattr(rc.engine, k) for k in SAMPLING_KEYS},
         default_workflow=rc.workflow.default,
-        workflow_kwargs=rc.workflow.kwargs)
+        workflow_kwargs=rc.workflow.kwargs, engine_latency=rc.engine.latency)
     followers = []
     if rc.weights.enabled:
         for policy, engine in engines.items():

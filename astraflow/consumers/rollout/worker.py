@@ -471,6 +471,7 @@ class RolloutWorker:
                 send(self._producer, Output(self.out_topic, small,
                                             record_key("trajectories", small)))
             self.stats.trajectories += 1
+            self.metrics.inc(f"trajectories.{rec.policy}")  # per policy, for the reporter
         self.metrics.inc("trajectories", len(records))
 
     # -- committing ---------------------------------------------------------------------------
@@ -626,6 +627,7 @@ class RolloutWorker:
             self.metrics.set("gen_tokens_per_s", (self.stats.tokens_generated - k0) / dt)
             self._rates = (now, self.stats.episodes, self.stats.tokens_generated)
         self.metrics.set("inflight", self._claimed)
+        self.metrics.set("max_inflight", self.max_concurrent)  # the reporter's utilization
         self.metrics.set("inflight_tasks", len(self._running))
         for i, (policy, engine) in enumerate(self.runtime.engines.items()):
             self.metrics.set(f"weight_version.{policy}", engine.version)

@@ -70,6 +70,9 @@ class ScaleConfig(Section):
     report_every_s: float | None = pydantic.Field(
         30.0, gt=0, description="also a report after this many seconds without one (a trainer "
         "starved of input makes no steps); null: by steps only")
+    min_window_s: float = pydantic.Field(
+        5.0, ge=0, description="no report on a window shorter than this (counters arrive with "
+        "heartbeats, every rollout.metrics_interval seconds: a shorter window is noise)")
     heartbeat_timeout_s: float = pydantic.Field(
         15.0, gt=0, description="a worker silent this long is reported unhealthy")
     high_wait: float = pydantic.Field(

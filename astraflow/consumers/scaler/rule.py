@@ -3,7 +3,10 @@
 Three zones on the trainer wait ratio ``w`` of the policies a pool feeds (the largest)::
 
     w > high_wait  (starved)  target = ceil(G / (1 - w))                 at least G + 1
-    w < low_wait   (idle)     target = min(G, ceil(G * consumed/produced * headroom))
+    w < low_wait   (idle)     target = min(G, ceil(G * consumed/capacity * headroom))
+
+where capacity is ``produced`` divided by the pool's utilization when the report has one
+(see :func:`zone_target`), else ``produced`` as in the reference's rule;
     otherwise      (balanced) hold
 
 then the pool's bounds, ``max_step_up`` / ``max_step_down``, hysteresis (``confirm`` reports
@@ -67,17 +70,23 @@ def pool_load(report: LoadReport, pool: PoolConfig) -> tuple[float, int, int]:
 
 
 def zone_target(g: int, w: float, produced: int, consumed: int, *, high: float, low: float,
-                headroom: float) -> tuple[str, int, str]:
-    """The three-zone rule alone: (zone, target, reason), unbounded."""
+                headroom: float, utilization: float = -1.0) -> tuple[str, int, str]:
+    """The three-zone rule alone: (zone, target, reason), unbounded. ``utilization`` (the busy
+    share of the pool's episode slots, -1: unknown) turns ``produced`` into what the pool
+    could have produced: behind the staleness gate an over-provisioned pool produces no more
+    than the trainer consumes (the gate releases no more), so ``consumed/produced`` stays
+    near 1 and the pool's spare capacity shows only as idle slots."""
     if w > high:
         t = max(g + 1, math.ceil(g / (1.0 - min(w, MAX_WAIT)) - 1e-9))
         return "starved", t, f"w={w:.3f} > {high}: ceil({g}/(1-w)) = {t}"
     if w < low:
         if produced <= 0:
             return "no-data", g, f"w={w:.3f} < {low} but nothing produced in the window: hold"
-        ratio = consumed / produced
-        t = min(g, math.ceil(g * ratio * headroom - 1e-9))
-        return "idle", t, (f"w={w:.3f} < {low}: min({g}, ceil({g}*{consumed}/{produced}"
+        capacity, of = float(produced), f"{produced}"
+        if 0.0 < utilization < 1.0:
+            capacity, of = produced / max(utilization, 0.05), f"({produced}/u={utilization:.2f})"
+        t = min(g, math.ceil(g * consumed / capacity * headroom - 1e-9))
+        return "idle", t, (f"w={w:.3f} < {low}: min({g}, ceil({g}*{consumed}/{of}"
                            f"*{headroom})) = {t}")
     return "balanced", g, f"{low} <= w={w:.3f} <= {high}: hold"
 
@@ -104,7 +113,8 @@ class Rule:
         g = report.current_workers if current is None else current
         w, produced, consumed = pool_load(report, self.pool)
         zone, raw, reason = zone_target(g, w, produced, consumed, high=c.high_wait,
-                                        low=c.low_wait, headroom=c.headroom)
+                                        low=c.low_wait, headroom=c.headroom,
+                                        utilization=report.utilization)
         short = report.horizon > 0 and report.useful_lag > report.horizon - self.batch_groups
         if (c.use_useful_lag and zone in ("balanced", "idle") and short
                 and 0 < produced < consumed):
@@ -124,6 +134,7 @@ class Rule:
                   "tasks_lag": float(report.tasks_lag), "useful_lag": float(report.useful_lag),
                   "ready": float(report.ready), "horizon": float(report.horizon),
                   "healthy_workers": float(report.current_workers),
+                  "utilization": report.utilization,
                   "trainer_step": float(report.trainer_step)}
         direction = "up" if wanted > g else ("down" if wanted < g else "hold")
         name, n = self._streak
