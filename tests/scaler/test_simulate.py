@@ -1,5 +1,6 @@
 """The elasticity simulator (astraflow.consumers.scaler.simulate): accounting, the rule in the
-loop, start delay, determinism, and the reference-shaped calibration."""
+loop, start delay, the reports' utilization, determinism, and the reference-shaped
+calibration."""
 
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def test_reports_are_real_load_reports_with_useful_lag() -> None:
         assert rep.horizon == SMALL.horizon
         assert rep.useful_lag == min(rep.tasks_lag, max(0, rep.horizon - rep.ready))
         assert 0.0 <= rep.wait_ratio <= 1.0 and rep.current_workers == 2
+        assert 0.0 <= rep.utilization <= 1.0
         assert rep.consumed == SMALL.report_every_steps * SMALL.batch_groups
     assert sum(rep.produced for rep in r.reports) == r.produced
 
@@ -66,6 +68,45 @@ def test_a_starved_pool_waits_more_than_a_large_one() -> None:
     small, large = simulate(SMALL, Fixed(1), seed=3), simulate(SMALL, Fixed(4), seed=3)
     assert small.wait > 0.3 > 0.1 > large.wait
     assert small.wall_h > large.wall_h
+
+
+def test_utilization_is_the_busy_share_lower_for_an_over_provisioned_pool() -> None:
+    starved, over = simulate(SMALL, Fixed(1), seed=3), simulate(SMALL, Fixed(8), seed=3)
+    for r in (starved, over):
+        assert all(0.0 <= rep.utilization <= 1.0 for rep in r.reports)
+        # time-weighted: the windows' utilization, weighted by their length, is the pool's
+        # busy share of its worker-hours (a fixed pool: every worker runs every window)
+        spans = [rep.window_end - rep.window_start for rep in r.reports]
+        weighted = sum(rep.utilization * s for rep, s in zip(r.reports, spans, strict=True))
+        assert weighted / sum(spans) == pytest.approx(r.busy_h / r.rollout_h, abs=0.02)
+    # the gate releases only what the trainer consumes: 8 workers for a need of 2 idle ~3/4
+    assert max(rep.utilization for rep in over.reports) < 0.4
+    assert min(rep.utilization for rep in starved.reports) > 0.95
+    blind = simulate(replace(SMALL, report_utilization=False), Fixed(8), seed=3)
+    assert {rep.utilization for rep in blind.reports} == {-1.0}
+
+
+def test_a_starting_worker_is_not_counted_idle() -> None:
+    # one starved worker; the rule asks for a second at the first report, useful 120 s later:
+    # the next window holds its start-up, and the pool's utilization stays that of the
+    # workers running (all busy), not diluted by the one starting
+    pol = Auto(scale(1, 2, confirm=1, cooldown_s=0.0, report_every_steps=5))
+    r = simulate(replace(SMALL, start_delay_s=120.0), pol, seed=0)
+    first, second = r.reports[0], r.reports[1]
+    t_up = next(t for t, _, useful in r.series if useful > 1) * 3600
+    assert second.window_start < t_up < second.window_end and first.current_workers == 1
+    assert second.utilization == pytest.approx(1.0)
+
+
+def test_utilization_lets_the_rule_scale_an_over_provisioned_pool_down() -> None:
+    # 8 workers for a need of 2: behind the gate produced == consumed, so without utilization
+    # the idle zone's consumed/produced x headroom never asks for fewer; with it, it does
+    pol = Auto(scale(1, 8, confirm=1, cooldown_s=0.0, report_every_steps=5), initial=8)
+    seen = simulate(SMALL, pol, seed=0)
+    blind = simulate(replace(SMALL, report_utilization=False), pol, seed=0)
+    assert [asked for _, asked, _ in blind.series] == [8, 8] and blind.actions == 0
+    assert min(asked for _, asked, _ in seen.series) <= 3
+    assert seen.rollout_h < 0.8 * blind.rollout_h and seen.wait < 0.05
 
 
 def test_auto_scales_up_when_starved_and_stays_within_bounds() -> None:

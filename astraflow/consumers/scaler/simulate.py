@@ -25,7 +25,13 @@ before a busy one.
 :class:`Auto`) a real
 :class:`~astraflow.core.records.LoadReport`: wait ratio over the window (the trainer's wait
 over wait plus busy), produced and consumed (groups), healthy workers, ``tasks_lag``
-(released, not finished), ``ready``, ``horizon`` and ``useful_lag``.
+(released, not finished), ``ready``, ``horizon``, ``useful_lag`` and ``utilization``: as the
+real reporter measures it (each worker's mean ``inflight / max_inflight`` over its heartbeats,
+averaged over the healthy workers), each running worker's time-weighted share of busy slots
+over the part of the window it ran, averaged over the workers still there. A slot is busy
+while it generates a group; a worker idle because the gate released no task is running and
+not busy; a worker's time starting up (no heartbeat yet) or draining (not ``running``) is not
+counted.
 
 **Policies.** :class:`Fixed` (no scaler); :class:`Auto`: the real
 :class:`~astraflow.consumers.scaler.rule.Rule` decides on each report, and its target is
@@ -83,6 +89,9 @@ class SimParams:
     start_delay_s: float = 300.0  # asked for -> useful
     trainer_gpus: int = 4  # held throughout (counted in the total)
     report_every_steps: int = 10
+    # fill LoadReport.utilization; False leaves it -1 (unknown), as a reporter without it:
+    # the rule's idle zone then reads produced alone (the rule before utilization)
+    report_utilization: bool = True
     run: str = "sim"
 
     @property
@@ -179,6 +188,24 @@ class _Worker:
     draining: bool = False
     busy: int = 0
     gone: float | None = None
+    # the report window so far: seconds running (up, not draining, not gone) and the
+    # integral of busy / slots over them; `since` is when they were last brought up to date
+    since: float = 0.0
+    run_s: float = 0.0
+    busy_s: float = 0.0
+
+    @property
+    def running(self) -> bool:
+        return self.up and not self.draining and self.gone is None
+
+    def tick(self, now: float, slots: int) -> None:
+        """Bring the window's running and busy time up to ``now`` (before any change of
+        ``busy``, ``up``, ``draining`` or ``gone``)."""
+        if self.running:
+            dt = now - self.since
+            self.run_s += dt
+            self.busy_s += dt * self.busy / slots
+        self.since = now
 
 
 class _Sim:
@@ -230,6 +257,7 @@ class _Sim:
             live = [w for w in self.workers if w.gone is None and not w.draining]
             live.sort(key=lambda w: (w.up, w.busy, -w.asked))  # starting, idle, least busy
             for w in live[:current - target]:
+                w.tick(now, self.p.slots)
                 w.draining = True
                 if w.busy == 0:
                     w.gone = now
@@ -238,6 +266,7 @@ class _Sim:
     def _start(self, w: _Worker) -> Any:
         yield self.env.timeout(self.p.start_delay_s)
         if w.gone is None and not w.draining:
+            w.tick(self.env.now, self.p.slots)
             w.up = True
             self._mark()
             self.dispatch()
@@ -260,6 +289,7 @@ class _Sim:
             while (self.queue and w.up and not w.draining and w.gone is None
                    and w.busy < self.p.slots):
                 gid, factor = self.queue.popleft()
+                w.tick(self.env.now, self.p.slots)
                 w.busy += 1
                 mean = self.p.group_s * at(self.p.rollout_growth, self.version / self.p.steps)
                 self.env.process(self._group(w, gid, mean * factor))
@@ -270,6 +300,7 @@ class _Sim:
         if self.done:
             return
         self.slot_s += self.env.now - start
+        w.tick(self.env.now, self.p.slots)
         w.busy -= 1
         self.finished += 1
         self.ready.append(gid)
@@ -310,6 +341,7 @@ class _Sim:
         produced, consumed = self.finished - produced0, len(self.consumed) - consumed0
         w = dw / (dw + db) if dw + db > 0 else 0.0
         tasks_lag, ready = self.released - self.finished, len(self.ready)
+        u = self.utilization()  # always: it also starts the workers' next window
         rec = LoadReport(
             run=p.run, seq=len(self.reports), window_start=start, window_end=now,
             trainer_step=self.version, wait_ratio=w, produced=produced, consumed=consumed,
@@ -317,11 +349,23 @@ class _Sim:
                                  produced=produced, consumed=consumed,
                                  steps=consumed // p.batch_groups)],
             current_workers=self.useful(), tasks_lag=tasks_lag, ready=ready,
-            horizon=p.horizon, useful_lag=min(tasks_lag, max(0, p.horizon - ready)))
+            horizon=p.horizon, useful_lag=min(tasks_lag, max(0, p.horizon - ready)),
+            utilization=u if p.report_utilization else -1.0)
         self.reports.append(rec)
         self.window = (now, self.wait_s, self.busy_s, self.finished, len(self.consumed))
         if self.rule is not None and self.version < p.steps:
             self.scale_to(self.rule.decide(rec, now, self.asked()).target)
+
+    def utilization(self) -> float:
+        """The window's busy share of the running workers' slots (the mean of each one's
+        over the time it ran; -1: none ran), and a new window."""
+        now, shares = self.env.now, []
+        for w in self.workers:
+            w.tick(now, self.p.slots)
+            if w.gone is None and w.run_s > 0:
+                shares.append(w.busy_s / w.run_s)
+            w.run_s = w.busy_s = 0.0
+        return sum(shares) / len(shares) if shares else -1.0
 
     def oracle(self, pol: Oracle, step_s: float) -> int:
         p = self.p
