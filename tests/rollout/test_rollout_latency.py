@@ -18,6 +18,7 @@ from rollout_helpers import ScriptedEngine
 from astraflow.consumers.rollout.latency import (
     FixedLatency,
     LognormalLatency,
+    PhasesLatency,
     TraceLatency,
     UniformLatency,
     parse_latency,
@@ -90,7 +91,7 @@ def test_parsed_mappings_are_cached_so_a_cycle_keeps_its_place(tmp_path: Path) -
     ({"type": "fixed", "seconds": 1, "jitter": 2}, ["k.jitter: unknown key for type fixed"]),
     ({"type": "fixed", "seconds": float("inf")}, ["k.seconds:"]),
     ({"type": "gamma", "k": 2}, ["k.type: unknown type 'gamma'; valid: fixed, uniform, "
-                                 "lognormal, trace"]),
+                                 "lognormal, trace, phases"]),
     ({"dist": "lognormal", "p50": 1, "p99": 2}, ["k.type: missing (the key is 'type'"]),
     ({"type": "trace", "path": "/no/such/file"}, ["k: cannot read trace file"]),
     ("slow", ["k: expected a mapping with 'type'"]),
@@ -174,3 +175,21 @@ def test_a_bad_verifier_latency_fails_the_episode_naming_the_key(ascii_tokenizer
     out = episode(ascii_tokenizer, kwargs={"verifier_latency": {"type": "lognormal", "p50": 1}})
     assert out.error is not None
     assert "rollout.workflow.kwargs.solver_verifier.verifier_latency.p99" in out.error
+
+
+def test_phases_follow_the_wall_clock_so_every_process_agrees() -> None:
+    spec = parse_latency({"type": "phases", "phases": [[2.0, 60], [0.2, 30]]}, where="x")
+    assert isinstance(spec, PhasesLatency)
+    rng = random.Random(0)
+    for t, want in ((0.0, 2.0), (59.9, 2.0), (60.0, 0.2), (89.9, 0.2), (90.0, 2.0),
+                    (90 * 1000 + 61.0, 0.2)):
+        spec._clock = lambda t=t: t
+        assert spec.sample(rng) == want, t
+    assert spec.quantile(0.5) == 2.0  # 2/3 of the cycle waits 2 s
+    assert spec.quantile(0.3) == 0.2
+    moved = parse_latency({"type": "phases", "phases": [[2.0, 60], [0.2, 30]], "start": 1000},
+                          where="x")
+    moved._clock = lambda: 1000.0 + 65
+    assert moved.sample(rng) == 0.2
+    with pytest.raises(ConfigError, match="duration > 0"):
+        parse_latency({"type": "phases", "phases": [[1.0, 0]]}, where="x")

@@ -113,6 +113,15 @@ def test_cooldown_after_an_action() -> None:
     assert r.decide(report(0.3, workers=6), now=61.0).target == 9
 
 
+def test_a_shorter_cooldown_before_scaling_up() -> None:
+    r = rule(cooldown_s=60.0, up_cooldown_s=5.0)
+    assert r.decide(report(0.0, produced=100, consumed=10, workers=4), now=0.0).target == 1
+    assert r.decide(report(0.5, workers=1), now=3.0).target == 1  # 3 s < 5 s
+    assert r.decide(report(0.5, workers=1), now=6.0).target == 2  # up: 5 s is enough
+    d = r.decide(report(0.0, produced=100, consumed=10, workers=2), now=30.0)
+    assert d.target == 2 and "of 60s" in d.reason  # down: the full cooldown
+
+
 def test_the_actuators_count_wins_over_the_reports() -> None:
     d = rule().decide(report(0.5, workers=1), now=0.0, current=4)
     assert (d.current, d.target) == (4, 8)

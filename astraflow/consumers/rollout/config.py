@@ -61,9 +61,9 @@ class EngineConfig(Section):
     latency: Any = pydantic.Field(
         None, description="emulated extra seconds per generate request, waited before the "
         "request reaches the engine without holding a core (a latency spec: a number, or "
-        "{type: fixed|uniform|lognormal|trace, ...} as for tool_latency): stands for a slower "
-        "or remote inference server, e.g. to try the scaler on a laptop (bench/elastic.py); "
-        "null: none")
+        "{type: fixed|uniform|lognormal|trace|phases, ...} as for tool_latency): stands for a "
+        "slower or remote inference server, e.g. to try the scaler on a laptop "
+        "(bench/elastic.py); null: none")
     seed: int = pydantic.Field(0, description="sampling seed of the engine")
     initial_version: int = pydantic.Field(
         0, description="policy version recorded for tokens generated before any weights were "

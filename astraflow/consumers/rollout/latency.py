@@ -13,6 +13,9 @@ trainer). A spec is a small typed mapping chosen by its ``type``:
 ``trace``      ``path``, ``order`` (cycle|sample)   recorded seconds from a file (one number
                                                     a line, ``#`` comments, or a JSON list),
                                                     replayed in order (cycled) or sampled
+``phases``     ``phases``: [[seconds, duration]]    by the wall clock: ``seconds`` during
+                                                    each phase of the cycle (every process
+                                                    agrees on the phase)
 =============  ==================================  ====================================
 
 A bare number means ``fixed``. Use :func:`parse_latency` on whatever the configuration holds
@@ -152,10 +155,56 @@ class TraceLatency(Section):
         return ordered[min(len(ordered) - 1, int(_q(q) * len(ordered)))]
 
 
-LatencySpec = Annotated[FixedLatency | UniformLatency | LognormalLatency | TraceLatency,
-                        pydantic.Field(discriminator="type")]
+class PhasesLatency(Section):
+    """A delay that changes with the wall clock: ``phases`` is a cycle of ``[seconds,
+    duration_s]`` — wait ``seconds`` during the first ``duration_s`` seconds of the cycle,
+    and so on — counted from the Unix epoch, so every process of a run is in the same phase
+    at the same time (a server that is slow at times; a load that comes and goes); ``start``
+    moves the cycle's origin (a benchmark starts each arm at the same phase)."""
+
+    type: Literal["phases"]
+    phases: list[tuple[float, float]] = pydantic.Field(
+        min_length=1, description="[seconds to wait, how long this phase lasts], in order")
+    start: float = pydantic.Field(0.0, description="Unix time the first cycle begins")
+    _clock: Any = pydantic.PrivateAttr(None)  # tests: a fake time.time
+
+    @pydantic.field_validator("phases")
+    @classmethod
+    def _positive(cls, phases: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        for i, (seconds, duration) in enumerate(phases):
+            if seconds < 0 or duration <= 0:
+                raise ValueError(f"phase {i}: [{seconds:g}, {duration:g}]: the wait must be "
+                                 ">= 0 and the duration > 0")
+        return phases
+
+    def now_seconds(self) -> float:
+        import time
+
+        t = ((self._clock or time.time)() - self.start) % sum(d for _, d in self.phases)
+        for seconds, duration in self.phases:
+            if t < duration:
+                return seconds
+            t -= duration
+        return self.phases[-1][0]
+
+    def sample(self, rng: random.Random) -> float:
+        return self.now_seconds()
+
+    def quantile(self, q: float) -> float:
+        total = sum(d for _, d in self.phases)
+        acc = 0.0
+        for seconds, duration in sorted(self.phases):
+            acc += duration / total
+            if acc >= _q(q):
+                return seconds
+        return max(s for s, _ in self.phases)
+
+
+LatencySpec = Annotated[FixedLatency | UniformLatency | LognormalLatency | TraceLatency
+                        | PhasesLatency, pydantic.Field(discriminator="type")]
 TYPES: dict[str, type[Section]] = {"fixed": FixedLatency, "uniform": UniformLatency,
-                                   "lognormal": LognormalLatency, "trace": TraceLatency}
+                                   "lognormal": LognormalLatency, "trace": TraceLatency,
+                                   "phases": PhasesLatency}
 _ADAPTER: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(LatencySpec)
 _CACHE: OrderedDict[str, Latency] = OrderedDict()
 _CACHE_SIZE = 64

@@ -86,6 +86,9 @@ class ScaleConfig(Section):
         "lag is more than the pool clears in one report window (work the trainer will use)")
     cooldown_s: float = pydantic.Field(
         60.0, ge=0, description="seconds after an action before the next one")
+    up_cooldown_s: float | None = pydantic.Field(
+        None, ge=0, description="the cooldown before scaling up (a starved trainer should not "
+        "wait out a scale-down's cooldown); null: cooldown_s")
     confirm: int = pydantic.Field(
         2, ge=1, description="hysteresis: act only when this many reports in a row agree on "
                              "the direction (up or down)")

@@ -10,7 +10,8 @@ where capacity is ``produced`` divided by the pool's utilization when the report
     otherwise      (balanced) hold
 
 then the pool's bounds, ``max_step_up`` / ``max_step_down``, hysteresis (``confirm`` reports
-in a row must want the same direction) and a cooldown after each action.
+in a row must want the same direction) and a cooldown after each action (``up_cooldown_s``
+before a scale-up, when set: a starved trainer need not wait out a scale-down's cooldown).
 
 With ``use_useful_lag`` the useful lag adds what the wait ratio cannot see, because ``w`` only
 rises once the trainer is already starving: when less than one batch is ready ahead of the
@@ -140,14 +141,16 @@ class Rule:
         name, n = self._streak
         self._streak = (direction, n + 1 if name == direction else 1)
         target = wanted
+        cooldown = c.cooldown_s if direction != "up" or c.up_cooldown_s is None \
+            else c.up_cooldown_s
         if direction != "hold":
             if self._streak[1] < c.confirm:
                 target = g
                 reason += f"; waiting for {c.confirm} reports in a row ({self._streak[1]} so far)"
-            elif self.last_action is not None and now - self.last_action < c.cooldown_s:
+            elif self.last_action is not None and now - self.last_action < cooldown:
                 target = g
                 reason += (f"; cooling down ({now - self.last_action:.0f}s of "
-                           f"{c.cooldown_s:.0f}s since the last action)")
+                           f"{cooldown:.0f}s since the last action)")
         if target != g:
             self.last_action = now
             self._streak = ("hold", 0)
