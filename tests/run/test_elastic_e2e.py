@@ -1,0 +1,72 @@
+"""The scaler in `astraflow run`, end to end through the real CLI: the quickstart with its
+rollout slowed on purpose (``rollout.engine.latency``: slow requests, then fast ones, by the
+wall clock), a trainer slowed too (one sequence per
+forward/backward, every group trained), one rollout process to start with and the scaler
+between 1 and 3. Slow requests starve the trainer (the pool must grow); fast ones let a full
+pool outrun it (the pool must shrink, its retired workers draining). Nothing may be lost or
+trained twice. bench/elastic.py is the measured version of this run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_scaler_grows_and_shrinks_the_pool_and_nothing_is_lost(tmp_path: Path) -> None:
+    sets = [
+        "launch.warmup.steps=0", "launch.evaluate=false", "launch.timeout_s=150",
+        "launch.rollout_workers=1",
+        # 45 s of slow requests, 45 s of fast ones, from about when RL starts
+        "rollout.engine.latency={type: phases, phases: [[2.0, 45], [0.2, 45]], "
+        f"start: {time.time() + 5:.0f}}}",
+        "rollout.max_concurrent_episodes=384", "rollout.engine.max_batch_size=384",
+        "trainer.micro_batch_tokens=16", "trainer.skip_zero_advantage_groups=false",
+        "scale.enabled=true", "scale.pools.rollout.min_workers=1",
+        "scale.pools.rollout.max_workers=3", "scale.report_every_steps=5",
+        "scale.report_every_s=10", "scale.min_window_s=4", "scale.cooldown_s=10",
+        "scale.confirm=1",
+    ]
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "astraflow.cli.app", "run", str(QUICKSTART), "--out", str(out),
+         "--no-live", *[a for s in sets for a in ("--set", s)]],
+        cwd=ROOT, capture_output=True, text=True, timeout=380)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed_roles"] == [], summary["roles"]
+    acc = summary["accounting"]
+    assert acc["unaccounted"] == 0 and acc["trained_twice"] == 0, acc
+
+    decisions = [json.loads(x) for x in (out / "scaler.jsonl").read_text().splitlines()]
+    acted = [d for d in decisions if d["target"] != d["current"]]
+    assert all(d["actuation"]["ok"] for d in acted)
+    ups = [d for d in acted if d["target"] > d["current"]]
+    downs = [d for d in acted if d["target"] < d["current"]]
+    assert ups and ups[0]["zone"] == "starved", decisions
+    assert downs and all(d["zone"] == "idle" for d in downs), decisions
+    assert all(1 <= d["target"] <= 3 for d in acted)
+    # the retired workers drained and exited 0; the supervisor restarted none of them
+    retired = {line.split()[1] for line in output.splitlines()
+               if "stopped (scale-down" in line}
+    assert retired, output[-3000:]
+    for role in retired:
+        assert summary["roles"][role]["exit_codes"] == [0], summary["roles"][role]
+        assert summary["roles"][role]["restarts"] == 0
+    # the reports the scaler read are on the bus, one per decision
+    reports = subprocess.run(
+        [sys.executable, "-m", "astraflow.cli.app", "inspect", "af.quickstart.reports",
+         "--bus", f"embedded://{out}/bus.db", "--limit", "1000"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert reports.returncode == 0, reports.stderr
+    assert reports.stdout.count('"LoadReport"') >= len(decisions) > 0
