@@ -100,8 +100,8 @@ def test_group_names_are_namespaced_by_run() -> None:
 
 
 def test_bad_group_requests_name_the_fix() -> None:
-    with pytest.raises(ConfigError, match="valid: rollout, trainer, policy"):
-        group_name("r", "scaler")
+    with pytest.raises(ConfigError, match="valid: rollout, scaler, trainer, policy"):
+        group_name("r", "reporter")
     with pytest.raises(ConfigError, match="per policy: pass policy="):
         group_name("r", "trainer")
     with pytest.raises(ConfigError, match="per stage"):
