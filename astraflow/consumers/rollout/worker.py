@@ -32,7 +32,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
@@ -471,8 +471,9 @@ class RolloutWorker:
                 send(self._producer, Output(self.out_topic, small,
                                             record_key("trajectories", small)))
             self.stats.trajectories += 1
-            self.metrics.inc(f"trajectories.{rec.policy}")  # per policy, for the reporter
         self.metrics.inc("trajectories", len(records))
+        for policy, n in Counter(r.policy for r in records).items():  # for the reporter
+            self.metrics.inc(f"trajectories.{policy}", n)
 
     # -- committing ---------------------------------------------------------------------------
     def _commit_sync(self, tps: list[tuple[str, int]] | None = None) -> None:
