@@ -132,7 +132,7 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
             while True:
                 alive = sup.check()
                 if scaler is not None:
-                    scaler.tick()
+                    scaler.run(None, 0.05)
                 col.poll(0.3)
                 if time.monotonic() - last_summary > 5:
                     col.write_summary()
@@ -168,9 +168,9 @@ def _scaler(config: ExperimentConfig, bus: Any, sup: Supervisor, path: Path,
     if not config.scale.enabled:
         return None
     from astraflow.run.launch import role_env
-    from astraflow.run.scaling import RunScaler
+    from astraflow.run.scaling import run_scaler
 
-    return RunScaler(config, bus, sup, path, out, role_env(config))
+    return run_scaler(config, bus, sup, path, out, role_env(config))
 
 
 def _team_evaluated(config: ExperimentConfig) -> bool:

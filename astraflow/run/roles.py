@@ -77,6 +77,15 @@ def build_engines(config: ExperimentConfig, out: str | Path = ".") -> dict[str, 
     return build(config.rollout, policies=config.policies, models=models(config), out=out)
 
 
+def drain_bounds(config: ExperimentConfig) -> dict[str, int] | None:
+    """The staleness bound per policy that the run's staleness filter drops groups by, so a
+    draining worker releases the tasks it would drop; None when the run has no such stage."""
+    data = config.data
+    if "staleness" not in (*data.post_rollout, *data.batch):
+        return None
+    return {p: data.max_staleness_of(p, data.staleness.max_staleness) for p in config.policies}
+
+
 def build_worker(config: ExperimentConfig, out: str | Path = ".", *, bus: Bus,
                  engines: dict[str, Engine] | None = None,
                  worker_id: str | None = None) -> RolloutWorker:
@@ -84,14 +93,10 @@ def build_worker(config: ExperimentConfig, out: str | Path = ".", *, bus: Bus,
     run's staleness filter would drop (when the run has one)."""
     from astraflow.consumers.rollout.service import build_worker as build
 
-    data = config.data
-    bounds = ({p: data.max_staleness_of(p, data.staleness.max_staleness)
-               for p in config.policies}
-              if "staleness" in (*data.post_rollout, *data.batch) else None)
     return build(config.rollout, run=config.run, policies=config.policies,
                  models=models(config), weights=config.weights, out=out, bus=bus,
                  engines=engines, worker_id=worker_id, claims=claims(config, out),
-                 drain_max_staleness=bounds)
+                 drain_max_staleness=drain_bounds(config))
 
 
 def run_worker(config: ExperimentConfig, out: str | Path = ".", *,
@@ -102,17 +107,13 @@ def run_worker(config: ExperimentConfig, out: str | Path = ".", *,
     stopped (draining as :func:`build_worker`'s does), close everything."""
     from astraflow.consumers.rollout.service import run_worker as run
 
-    data = config.data
-    bounds = ({p: data.max_staleness_of(p, data.staleness.max_staleness)
-               for p in config.policies}
-              if "staleness" in (*data.post_rollout, *data.batch) else None)
     bus = open_bus(config, out)
     try:
         return run(config.rollout, run=config.run, policies=config.policies,
                    models=models(config), weights=config.weights, out=out, bus=bus,
                    max_tasks=max_tasks, timeout=timeout, should_stop=should_stop,
                    worker_id=worker_id, on_ready=on_ready, claims=claims(config, out),
-                   drain_max_staleness=bounds)
+                   drain_max_staleness=drain_bounds(config))
     finally:
         bus.close()
 
@@ -290,32 +291,57 @@ def pool_batch_groups(config: ExperimentConfig) -> dict[str, int]:
             for name, pool in config.scale.pools.items()}
 
 
+class ScalerRole:
+    """The scaler on ``bus``: its processor, metrics and one actuator per pool — those given
+    in ``actuators`` (`astraflow run` gives its supervisor for the local pool), the rest
+    built from each pool's ``actuator`` section. :meth:`run` as often as wanted, then
+    :meth:`close` (which closes the actuators too)."""
+
+    def __init__(self, config: ExperimentConfig, bus: Bus, config_path: str | Path,
+                 out: str | Path = ".", *, actuators: dict[str, Any] | None = None,
+                 poll_timeout: float = 0.5) -> None:
+        from astraflow.consumers.scaler.actuators import build_actuator
+        from astraflow.consumers.scaler.scaler import Scaler, scaler_processor
+        from astraflow.core.metrics import MetricsEmitter
+
+        given = actuators or {}
+        self.actuators = {name: given[name] if name in given else build_actuator(
+            pool.actuator, run=config.run, pool=name, config_path=str(config_path),
+            out=str(out)) for name, pool in config.scale.pools.items()}
+        self.metrics = MetricsEmitter(bus, run=config.run, role="scaler")
+        self.scaler = Scaler(config.scale, self.actuators,
+                             batch_groups=pool_batch_groups(config), metrics=self.metrics,
+                             log_path=Path(out) / "scaler.jsonl")
+        self.proc = scaler_processor(bus, self.scaler, run=config.run,
+                                     poll_timeout=poll_timeout)
+
+    def run(self, max_reports: int | None = None, timeout: float | None = None,
+            should_stop: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
+        """Handle reports until ``max_reports``, ``timeout`` or ``should_stop()``; returns
+        every decision so far."""
+        self.proc.run(max_reports, timeout, should_stop)
+        return self.scaler.decisions
+
+    def close(self) -> None:
+        self.proc.close()
+        self.scaler.close()
+        self.metrics.close()
+        for a in self.actuators.values():
+            a.close()
+
+
 def run_scaler(config: ExperimentConfig, config_path: str | Path, out: str | Path = ".", *,
                max_reports: int | None = None, timeout: float | None = None,
                should_stop: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
     """``astraflow scale``: the scaler as a process of its own, each pool acting through the
     actuator its config names (``local``: `astraflow rollout` processes this process starts
     and stops). Returns the decisions."""
-    from astraflow.consumers.scaler.actuators import build_actuator
-    from astraflow.consumers.scaler.scaler import Scaler, scaler_processor
-    from astraflow.core.metrics import MetricsEmitter
-
     bus = open_bus(config, out)
-    actuators = {name: build_actuator(pool.actuator, run=config.run, pool=name,
-                                      config_path=str(config_path), out=str(out))
-                 for name, pool in config.scale.pools.items()}
-    metrics = MetricsEmitter(bus, run=config.run, role="scaler")
-    scaler = Scaler(config.scale, actuators, batch_groups=pool_batch_groups(config),
-                    metrics=metrics,
-                    log_path=Path(out) / "scaler.jsonl")
-    proc = scaler_processor(bus, scaler, run=config.run)
     try:
-        proc.run(max_reports, timeout, should_stop)
-        return scaler.decisions
+        role = ScalerRole(config, bus, config_path, out)
+        try:
+            return role.run(max_reports, timeout, should_stop)
+        finally:
+            role.close()
     finally:
-        proc.close()
-        scaler.close()
-        metrics.close()
-        for a in actuators.values():
-            a.close()
         bus.close()

@@ -12,10 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.config import ExperimentConfig
-from astraflow.consumers.scaler.actuators import Actuation, build_actuator
-from astraflow.consumers.scaler.scaler import Scaler, scaler_processor
-from astraflow.core.metrics import MetricsEmitter
-from astraflow.run.roles import pool_batch_groups
+from astraflow.consumers.scaler.actuators import Actuation
+from astraflow.run.roles import ScalerRole
 from astraflow.run.supervisor import RoleSpec, Supervisor, cli
 
 log = logging.getLogger("astraflow.run")
@@ -61,36 +59,15 @@ class SupervisedPool:
         return None
 
 
-class RunScaler:
-    """The scaler of a run: its processor on the run's bus, one actuator per pool."""
-
-    def __init__(self, config: ExperimentConfig, bus: Any, sup: Supervisor, cfg_path: Path,
-                 out: Path, env: dict[str, str]) -> None:
-        actuators: dict[str, Any] = {}
-        for name, pool in config.scale.pools.items():
-            if pool.actuator.type == "local":
-                actuators[name] = SupervisedPool(
-                    sup, cli("rollout", str(cfg_path), "--out", str(out),
-                             *pool.actuator.rollout_args), env, config.launch.restart)
-            else:
-                actuators[name] = build_actuator(pool.actuator, run=config.run, pool=name,
-                                                 config_path=str(cfg_path), out=str(out))
-        batch = pool_batch_groups(config)
-        self.metrics = MetricsEmitter(bus, run=config.run, role="scaler")
-        self.scaler = Scaler(config.scale, actuators, batch_groups=batch, metrics=self.metrics,
-                             log_path=out / "scaler.jsonl")
-        self.proc = scaler_processor(bus, self.scaler, run=config.run, poll_timeout=0.05)
-        self.actuators = actuators
-
-    def tick(self, timeout: float = 0.05) -> None:
-        self.proc.run(None, timeout, None)
-
-    def close(self) -> None:
-        self.proc.close()
-        self.scaler.close()
-        self.metrics.close()
-        for a in self.actuators.values():
-            a.close()
+def run_scaler(config: ExperimentConfig, bus: Any, sup: Supervisor, cfg_path: Path,
+               out: Path, env: dict[str, str]) -> ScalerRole:
+    """The scaler of a run on its bus: the local pool acts through ``sup``, the others through
+    their configured actuators. The run's loop calls ``run(None, 0.05)`` between its ticks."""
+    local = {name: SupervisedPool(sup, cli("rollout", str(cfg_path), "--out", str(out),
+                                           *pool.actuator.rollout_args), env,
+                                  config.launch.restart)
+             for name, pool in config.scale.pools.items() if pool.actuator.type == "local"}
+    return ScalerRole(config, bus, cfg_path, out, actuators=local, poll_timeout=0.05)
 
 
 def initial_workers(config: ExperimentConfig) -> int:

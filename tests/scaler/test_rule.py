@@ -159,7 +159,6 @@ def test_every_decision_carries_its_inputs() -> None:
 
 
 def test_config_refuses_bad_zones_bounds_and_two_local_pools() -> None:
-    from astraflow.core.errors import ConfigError  # noqa: F401 - pydantic raises ValueError
     with pytest.raises(ValueError, match="low_wait"):
         ScaleConfig(low_wait=0.2, high_wait=0.1)
     with pytest.raises(ValueError, match="min_workers"):
