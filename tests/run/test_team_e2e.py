@@ -34,8 +34,9 @@ POLICIES = ("solver", "verifier")
 # and long enough after rollout-0's kill for its restarted process to write records (measured
 # on 2 cores shared with other work: it starts writing 20-40 s after the kill, with 10-30 s of
 # the run left at 24 solver steps; at 30 a Kafka run ended, once in ~6, before the test saw
-# rollout-0 reach its versions: 36 leaves more room).
-STEPS = {"solver": 36, "verifier": 16}
+# rollout-0 reach its versions: 36 left more room; 44 leaves room for a worker that comes up
+# late, since the test waits for its first record before killing it).
+STEPS = {"solver": 44, "verifier": 16}
 GROUPS = 16  # groups per batch
 N = 4  # trajectories per group (producer.n_samples; the example has 8)
 CHECKPOINT_EVERY = 5
@@ -60,7 +61,7 @@ BUDGET = ["launch.warmup.steps=0", f"trainer.max_steps={STEPS['solver']}",
           "rollout.workflow.kwargs.solver_verifier.rewards.verifier=final"]
 KILL_ROLLOUT_AT = 2  # versions of each policy the worker has recorded: it follows both
 KILL_TRAINER_AT = CHECKPOINT_EVERY + 2  # past a checkpoint: the restart re-trains from it
-KILL_ROLLOUT_FALLBACK = 12  # solver steps (of 36): see run_with_kills
+KILL_ROLLOUT_FALLBACK = 12  # solver steps (of 44): see run_with_kills
 
 
 def start_run(out: Path, *extra: str) -> subprocess.Popen[str]:
@@ -148,12 +149,16 @@ def run_with_kills(out: Path, *extra: str) -> tuple[int, str, dict[str, int]]:
         while proc.poll() is None and time.monotonic() < deadline:
             if "rollout-0" not in killed and (out / "processes.json").exists():
                 pid = json.loads((out / "processes.json").read_text())["rollout-0"]
-                seen = recorded.poll().get(pid, {})
+                seen = recorded.poll().get(pid)
                 # or, should this reader lag (it did on Kafka within the full suite, 2 runs of
-                # 2, never alone), once the solver's trainer is well past those versions:
-                # check_bus then checks, on the whole topic, that the worker had reached them
-                if all(seen.get(p, 0) >= KILL_ROLLOUT_AT for p in POLICIES) \
-                        or step(out, "solver") >= KILL_ROLLOUT_FALLBACK:
+                # 2, never alone), once the solver's trainer is well past those versions and
+                # the worker has written at least one record (check_bus then checks, on the
+                # whole topic, that it had reached them). Not before its first record: a worker
+                # process that comes up late (Kafka CI, once: past the fallback's step) would
+                # be killed before it wrote anything, leaving the restart nothing to compare to
+                if seen is not None and (
+                        all(seen.get(p, 0) >= KILL_ROLLOUT_AT for p in POLICIES)
+                        or step(out, "solver") >= KILL_ROLLOUT_FALLBACK):
                     kill("rollout-0")
             if "trainer-verifier" not in killed and step(out, "verifier") >= KILL_TRAINER_AT:
                 kill("trainer-verifier")
@@ -237,8 +242,13 @@ def check_bus(out: Path, killed: dict[str, int]) -> None:
                 assert not wrong, f"batch {b.id} of {p} holds {wrong[:3]}"
     finally:
         bus.close()
-    check_versions(by_worker, killed["rollout-0"],
-                   json.loads((out / "processes.json").read_text())["rollout-0"])
+    try:
+        check_versions(by_worker, killed["rollout-0"],
+                       json.loads((out / "processes.json").read_text())["rollout-0"])
+    except AssertionError as e:  # with what the worker's processes said of themselves
+        log = out / "logs" / "rollout-0.log"
+        tail = log.read_text()[-3000:] if log.exists() else "(no log)"
+        raise AssertionError(f"{e}\n--- {log.name}:\n{tail}") from None
 
 
 def check_versions(by_worker: dict[str, list[tuple[float, int, int, dict[str, int]]]],
