@@ -329,6 +329,7 @@ class TensorEntry(msgspec.Struct, kw_only=True):
     length: int = 0
     digest: str = ""  # hex digest of the tensor's bytes after applying
     changed: int = -1  # delta only: elements changed; -1: not counted / full
+    base_digest: str = ""  # delta only: digest of the base tensor it applies to; "": unknown
 
 
 class WeightManifest(Record, tag="WeightManifest", kw_only=True):
@@ -342,6 +343,7 @@ class WeightManifest(Record, tag="WeightManifest", kw_only=True):
     tensors: list[TensorEntry]
     total_bytes: int  # bytes of blobs to fetch for this version
     full_bytes: int  # bytes of a dense snapshot of the same tensors
+    blob_digest: str = ""  # digest of the whole blob's bytes (mirrors check it); "": unknown
     created_at: float = msgspec.field(default_factory=time.time)
 
 

@@ -61,7 +61,12 @@ class WeightsConfig(Section):
     zstd_level: int = pydantic.Field(default=1, ge=-7, le=22, description="1 measured best")
     store: StoreConfig = StoreConfig()
     fetch: StoreConfig | None = pydantic.Field(
-        default=None, description="where workers read blobs; absent: store")
+        default=None, description="where workers read blobs (e.g. a regional mirror); "
+                                  "absent: store")
+    fallback: StoreConfig | None = pydantic.Field(
+        default=None, description="where a worker fetches a blob again when `fetch` lacks it "
+                                  "or serves it corrupt (the trainer's store behind a mirror);"
+                                  " absent: no second source")
     cache_dir: str = pydantic.Field(default="{out}/weights-cache/{worker}",
                                     description="workers' download directory")
     rate_limit: float | None = pydantic.Field(
@@ -105,5 +110,7 @@ def build_syncer(bus: Bus, cfg: WeightsConfig, target: Any, *, run: str, policy:
     from astraflow.weights.syncer import Syncer
 
     cache_dir = expand(cfg.cache_dir, out=out, worker=f"{worker}/{policy}")
+    fallback = build_store(cfg.fallback, out) if cfg.fallback is not None else None
     return Syncer(bus, run=run, policy=policy, store=build_store(cfg.fetch or cfg.store, out),
-                  target=target, cache_dir=cache_dir, rate_limit=cfg.rate_limit)
+                  target=target, cache_dir=cache_dir, rate_limit=cfg.rate_limit,
+                  fallback=fallback)

@@ -26,14 +26,16 @@ import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
+
+import numpy as np
 
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import AstraflowError, WeightIntegrityError
 from astraflow.core.records import TensorEntry, WeightManifest
 from astraflow.core.stream import Output, send
 from astraflow.core.topics import record_key, topic_name
-from astraflow.weights.bits import bits_dict
+from astraflow.weights.bits import bits_dict, digest
 from astraflow.weights.blob import CODEC, Bits, EncodedVersion, check_compatible, encode_version
 from astraflow.weights.codec import DEFAULT_LEVEL
 from astraflow.weights.store import WeightStore
@@ -51,15 +53,24 @@ class PublishStats:
     dense_bytes: int = 0  # dense size of the published versions
 
 
+def blob_digest(blob: bytes | memoryview) -> str:
+    """The digest of a whole blob, as manifests carry it (``blake3:<hex>``)."""
+    return digest(np.frombuffer(blob, dtype=np.uint8))
+
+
 def manifest_for(enc: EncodedVersion, *, policy: str, uri: str) -> WeightManifest:
-    """The manifest of an encoded blob stored at ``uri``."""
+    """The manifest of an encoded blob stored at ``uri``: per tensor its range, its digest
+    after applying and (delta) the digest of the base it applies to, so a route is planned on
+    content, not on version numbers; and the digest of the whole blob, which a mirror checks
+    before serving it."""
     h = enc.header
     return WeightManifest(
         policy=policy, version=h.version, base_version=h.base_version, kind=h.kind, codec=CODEC,
         tensors=[TensorEntry(name=t.name, shape=list(t.shape), dtype=t.dtype, uri=uri,
                              offset=enc.payload_start + t.offset, length=t.length,
-                             digest=t.digest, changed=t.changed) for t in h.tensors],
-        total_bytes=len(enc.blob), full_bytes=enc.dense_bytes)
+                             digest=t.digest, changed=t.changed, base_digest=t.base_digest)
+                 for t in h.tensors],
+        total_bytes=len(enc.blob), full_bytes=enc.dense_bytes, blob_digest=blob_digest(enc.blob))
 
 
 class Publisher:
@@ -82,6 +93,7 @@ class Publisher:
         self.stats = PublishStats()
         self.last_manifests: list[WeightManifest] = []
         bus.create_topics({self.topic: 1})
+        self._bus = bus
         self._producer = bus.producer(client_id=client_id or f"weights-publisher-{policy}")
         self._base: Bits | None = None
         self._base_version: int | None = None
@@ -121,6 +133,59 @@ class Publisher:
                 log.info("coalesced version=%d into version=%d", self._pending[1], version)
             self._pending = (bits, version)
             self._cond.notify_all()
+
+    def resume(self, tensors: Mapping[str, Any], version: int, *,
+               last_full: int | None = None) -> bool:
+        """Continue the chain of a publisher that ran before this one (a restarted trainer):
+        ``tensors`` are the weights of ``version`` as the trainer restored them from its
+        checkpoint, which that publisher published; the next :meth:`publish` then writes a
+        delta against them instead of a full snapshot, so far workers that hold ``version``
+        (or any later version that the re-trained steps reproduce bit for bit: the manifests'
+        base digests decide) fetch a delta, not a full. ``last_full``: the newest full snapshot
+        at or before ``version`` (None: looked up on the topic). Returns False, and changes
+        nothing, when there is no such full on the topic (a worker starting from nothing could
+        not reach the chain): the next version is then a full. Call before the first
+        :meth:`publish`."""
+        if self._last_version is not None:
+            raise AstraflowError("resume() must come before the first publish()")
+        if last_full is None:
+            last_full = self._newest_full(version)
+            if last_full is None:
+                log.info("resume policy=%s version=%d: no full snapshot on %s at or before it; "
+                         "the next version is a full", self.policy, version, self.topic)
+                return False
+        bits = bits_dict(tensors, copy=True, dtype=self.dtype)
+        self._base, self._base_version = bits, version
+        self._base_digests = {name: digest(b) for name, (_d, b) in bits.items()}
+        self._last_full = last_full
+        self._last_version = version
+        log.info("resume policy=%s version=%d last_full=%d: the next version is a delta",
+                 self.policy, version, last_full)
+        return True
+
+    def _newest_full(self, version: int) -> int | None:
+        """The newest full manifest on the topic at or before ``version`` (reads it whole)."""
+        from astraflow.core.records import decode
+
+        reader = self._bus.reader(self.topic, start="earliest",
+                                  client_id=f"weights-publisher-{self.policy}-resume")
+        ends = self._bus.describe_topic(self.topic).end_offsets
+        best: int | None = None
+        try:
+            while any(end > reader.position(p) for p, end in ends.items()):
+                msgs = reader.consume(500, 1.0)
+                if not msgs:
+                    break
+                for msg in msgs:
+                    try:
+                        m = cast(WeightManifest, decode(msg.value, WeightManifest))
+                    except AstraflowError:
+                        continue
+                    if m.policy == self.policy and m.kind == "full" and m.version <= version:
+                        best = m.version if best is None else max(best, m.version)
+        finally:
+            reader.close()
+        return best
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every version handed to :meth:`publish` is on the bus (or was coalesced)."""

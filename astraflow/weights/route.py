@@ -1,17 +1,32 @@
-"""Route planning: from the version a worker holds to the newest, for the fewest bytes.
+"""Route planning: from the weights a worker holds to the newest version, for the fewest bytes.
 
-A pure function of the manifests seen on ``weights.<policy>``. Versions are nodes; a full
-manifest is an edge from anywhere (including from nothing), a delta manifest an edge from its
-base version. The cheapest path wins: usually the chain of deltas from where the worker is,
-or the newest full snapshot plus the deltas after it; ties go to fewer blobs.
+A pure function of the manifests seen on ``weights.<policy>``. The nodes are weight *states*:
+a version together with the digests of its tensors. A full manifest is an edge from anywhere
+(including from nothing) to the state its digests name; a delta manifest is an edge from the
+state its base digests name to the state its digests name. So a delta is planned only from
+the exact bytes it was made against: after a trainer restarted from a checkpoint and published
+versions again, a worker holding the dead trainer's version 12 takes the new trainer's delta 13
+only if the new 12 is bit-identical to the one it holds, and otherwise goes through a full —
+without fetching the delta to find out. The cheapest path wins: usually the chain of deltas
+from where the worker is, or the newest full plus the deltas after it; ties go to fewer blobs.
+
+Manifests written before base digests existed (``base_digest`` empty), and a worker that does
+not know the digests of what it holds, fall back to matching on version numbers; the syncer
+still checks every blob's base digests before applying it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from astraflow.core.records import WeightManifest
+
+#: a weight state: a key of its (tensor name, digest) pairs; None when some digest is unknown
+State = str | None
+Node = tuple[int, State]  # (version, state)
 
 
 @dataclass(frozen=True)
@@ -26,6 +41,28 @@ class Route:
         return self.steps[-1].version if self.steps else None
 
 
+def state_of(digests: Mapping[str, str] | None) -> State:
+    """The state of a version whose tensors have these digests (None: not all known)."""
+    if not digests or not all(digests.values()):
+        return None
+    h = hashlib.sha256()
+    for name, dig in sorted(digests.items()):
+        h.update(f"{len(name)}:{name}={dig};".encode())
+    return h.hexdigest()
+
+
+def after_state(m: WeightManifest) -> State:
+    """The state a worker holds after applying ``m``."""
+    return state_of({t.name: t.digest for t in m.tensors})
+
+
+def base_state(m: WeightManifest) -> State:
+    """The state a delta applies to (None: a full, or a manifest without base digests)."""
+    if m.kind != "delta":
+        return None
+    return state_of({t.name: t.base_digest for t in m.tensors})
+
+
 def latest_by_version(manifests: Iterable[WeightManifest]
                       ) -> dict[int, dict[str, WeightManifest]]:
     """version → kind → manifest; a later manifest of the same version and kind replaces an
@@ -36,45 +73,77 @@ def latest_by_version(manifests: Iterable[WeightManifest]
     return out
 
 
-def _blobs(m: WeightManifest) -> set[str]:
-    return {t.uri for t in m.tensors}
+def _edges(manifests: Iterable[WeightManifest], bad: set[str]) -> list[tuple[int, WeightManifest]]:
+    """The usable manifests in version order, each with its position in the input. Of two
+    manifests of the same version and kind between the same states, the later one is kept (a
+    republished version); manifests between different states are different edges."""
+    kept: dict[tuple[int, str, State, State], tuple[int, WeightManifest]] = {}
+    for i, m in enumerate(manifests):
+        if {t.uri for t in m.tensors} & bad:
+            continue
+        kept[(m.version, m.kind, base_state(m), after_state(m))] = (i, m)
+    return sorted(kept.values(), key=lambda e: (e[1].version, e[0]))
 
 
 def plan_route(manifests: Iterable[WeightManifest], current: int | None, *,
-               target: int | None = None, exclude: Iterable[str] = ()) -> Route | None:
-    """The cheapest route from ``current`` (None: the worker holds nothing usable) to
-    ``target`` (default: the newest version that has a route), skipping manifests whose blobs
-    are in ``exclude``. None when no version newer than ``current`` is reachable."""
-    bad = set(exclude)
-    by_version = latest_by_version(manifests)
-    best: dict[int, tuple[int, int, WeightManifest | None, int | None]] = {}
+               current_digests: Mapping[str, str] | None = None, target: int | None = None,
+               exclude: Iterable[str] = ()) -> Route | None:
+    """The cheapest route from what the worker holds — version ``current`` (None: nothing
+    usable) whose tensors have ``current_digests`` (None: not known) — to ``target`` (default:
+    the newest version that has a route), skipping manifests whose blobs are in ``exclude``.
+    Of two reachable states of the newest version, the one published later wins (the restarted
+    trainer's). None when no version newer than ``current`` is reachable."""
+    edges = _edges(manifests, set(exclude))
+    # node → (bytes, blobs, manifest, previous node, position of the manifest in the input)
+    best: dict[Node, tuple[int, int, WeightManifest | None, Node | None, int]] = {}
+    by_state: dict[str, list[Node]] = defaultdict(list)  # indexes of the nodes in best
+    by_version: dict[int, list[Node]] = defaultdict(list)
+    start: Node | None = None
+
+    def add(node: Node, entry: tuple[int, int, WeightManifest | None, Node | None, int]) -> None:
+        old = best.get(node)
+        if old is None:
+            if node[1] is not None:
+                by_state[node[1]].append(node)
+            by_version[node[0]].append(node)
+        elif (entry[0], entry[1]) >= (old[0], old[1]):
+            return
+        best[node] = entry
+
     if current is not None:
-        best[current] = (0, 0, None, None)  # (bytes, steps, manifest, previous version)
-    for v in sorted(by_version):
-        if v == current:
+        start = (current, state_of(current_digests))
+        add(start, (0, 0, None, None, -1))
+    for pos, m in edges:
+        if current is not None and m.version <= current:
             continue
-        kinds = by_version[v]
-        cands: list[tuple[int, int, WeightManifest | None, int | None]] = []
-        full = kinds.get("full")
-        if full is not None and not (_blobs(full) & bad):
-            cands.append((full.total_bytes, 1, full, None))
-        delta = kinds.get("delta")
-        if (delta is not None and not (_blobs(delta) & bad) and delta.base_version in best
-                and delta.base_version is not None and delta.base_version < v):
-            b, s, _m, _p = best[delta.base_version]
-            cands.append((b + delta.total_bytes, s + 1, delta, delta.base_version))
+        cands: list[tuple[int, int, WeightManifest | None, Node | None, int]] = []
+        if m.kind == "full":
+            cands.append((m.total_bytes, 1, m, None, pos))
+        elif m.base_version is not None and m.base_version < m.version:
+            want = base_state(m)
+            # both states known: the bytes decide; else (a legacy manifest, or a worker that
+            # does not know its digests) the version number
+            froms = [n for n in by_state.get(want, ()) if n[0] < m.version] if want else []
+            froms += [n for n in by_version.get(m.base_version, ())
+                      if want is None or n[1] is None]
+            for node in froms:
+                b, n, _m, _p, _i = best[node]
+                cands.append((b + m.total_bytes, n + 1, m, node, pos))
         if cands:
-            best[v] = min(cands, key=lambda c: (c[0], c[1]))
-    reachable = [v for v in best if current is None or v > current]
+            add((m.version, after_state(m)), min(cands, key=lambda c: (c[0], c[1])))
+    reachable = [n for n in best if n != start and (current is None or n[0] > current)]
     if target is not None:
-        reachable = [v for v in reachable if v == target]
+        reachable = [n for n in reachable if n[0] == target]
     if not reachable:
         return None
-    at: int | None = max(reachable)
-    total = best[max(reachable)][0]
+    newest = max(n[0] for n in reachable)
+    # the newest version's state published last; then the cheapest way there
+    end = max((n for n in reachable if n[0] == newest), key=lambda n: (best[n][4], -best[n][0]))
+    total = best[end][0]
     steps: list[WeightManifest] = []
-    while at is not None and at != current:
-        _b, _s, m, prev = best[at]
+    at: Node | None = end
+    while at is not None and at != start:
+        _b, _n, m, prev, _i = best[at]
         assert m is not None
         steps.append(m)
         at = prev

@@ -51,6 +51,7 @@ class SyncStats:
     applied: int = 0  # blobs applied
     fetched_bytes: int = 0  # bytes downloaded by this syncer (resumed parts count once)
     heals: int = 0  # routes re-planned after a bad or missing blob
+    fallbacks: int = 0  # blobs fetched again from the fallback store (a mirror's bad blob)
     bad_records: int = 0  # records on the topic that were not manifests of this policy
 
 
@@ -59,9 +60,14 @@ class Syncer:
 
     def __init__(self, bus: Bus, *, run: str, policy: str, store: WeightStore,
                  target: WeightTarget, cache_dir: str | Path | None = None,
-                 rate_limit: float | None = None, max_heals: int = 3) -> None:
+                 rate_limit: float | None = None, max_heals: int = 3,
+                 fallback: WeightStore | None = None) -> None:
         self.policy = policy
         self.store = store
+        #: where a blob is fetched again when ``store`` (a regional mirror) lacks it or serves
+        #: it corrupt: the trainer's own store, across the far link
+        self.fallback = fallback
+        self._use_fallback: set[str] = set()  # blobs to fetch from the fallback
         self.target = target
         self.rate_limit = rate_limit
         self.max_heals = max_heals
@@ -125,7 +131,7 @@ class Syncer:
 
     # -- syncing ------------------------------------------------------------------------------
     def plan(self) -> Route | None:
-        return plan_route(self.manifests, self._version)
+        return plan_route(self.manifests, self._version, current_digests=self._digests)
 
     def sync_once(self, timeout: float = 0.0) -> int | None:
         """Read new manifests (waiting up to ``timeout``), move to the newest reachable version,
@@ -134,7 +140,8 @@ class Syncer:
         bad: set[str] = set()
         heals = 0
         while True:
-            route = plan_route(self.manifests, self._version, exclude=bad)
+            route = plan_route(self.manifests, self._version, current_digests=self._digests,
+                               exclude=bad)
             if route is None:
                 return self._version
             try:
@@ -145,6 +152,16 @@ class Syncer:
                 heals += 1
                 self.stats.heals += 1
                 uris = {t.uri for t in m.tensors}
+                if (self.fallback is not None and not isinstance(e, BaseMismatchError)
+                        and not uris <= self._use_fallback):
+                    # the mirror lacks the blob or served it corrupt: the same route, with
+                    # this blob from upstream (the manifest's digests judge both copies)
+                    self._drop_cached(uris)
+                    self._use_fallback |= uris
+                    self.stats.fallbacks += 1
+                    log.warning("fetching again from the fallback store policy=%s version=%d "
+                                "kind=%s error=%s", self.policy, m.version, m.kind, e)
+                    continue
                 if not isinstance(e, BaseMismatchError):  # the blob is fine, our base is not
                     bad |= uris
                     self._drop_cached(uris)
@@ -180,19 +197,19 @@ class Syncer:
 
     # -- applying one blob --------------------------------------------------------------------
     def _fetch(self, uri: str) -> Blob:
-        local = getattr(self.store, "local_path", None)
+        store = self.fallback if uri in self._use_fallback and self.fallback else self.store
+        local = getattr(store, "local_path", None)
         if local is not None:
             path = local(uri)
             if not path.is_file():
-                raise BlobNotFoundError(f"blob {uri!r} not found in {self.store!r}")
+                raise BlobNotFoundError(f"blob {uri!r} not found in {store!r}")
         else:
             if self.cache_dir is None:
-                data = self.store.read(uri)
+                data = store.read(uri)
                 self.stats.fetched_bytes += len(data)
                 return parse_blob(data, source=uri)
             path = self.cache_dir / uri
-            self.stats.fetched_bytes += download(self.store, uri, path,
-                                                 rate_limit=self.rate_limit)
+            self.stats.fetched_bytes += download(store, uri, path, rate_limit=self.rate_limit)
         with open(path, "rb") as f:
             size = f.seek(0, 2)
             buf: bytes | memoryview = (memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
@@ -200,14 +217,19 @@ class Syncer:
         return parse_blob(buf, source=uri)
 
     def _drop_cached(self, uris: set[str]) -> None:
-        if self.cache_dir is None or hasattr(self.store, "local_path"):
+        if self.cache_dir is None:
             return
+        locals_ = [getattr(st, "local_path", None) for st in (self.store, self.fallback)]
         for uri in uris:
             try:
                 check_path(uri)
             except UnsafePathError:
                 continue  # never touch a path a manifest made up
+            # never a local store's own copy (a cache_dir pointed at the store's root)
+            own = {local(uri).resolve() for local in locals_ if local is not None}
             for p in (self.cache_dir / uri, self.cache_dir / f"{uri}.part"):
+                if p.resolve() in own:
+                    continue
                 with contextlib.suppress(OSError):
                     p.unlink()
 
@@ -286,3 +308,6 @@ def _check_manifest(m: WeightManifest, blob: Blob) -> None:
                 t.name, t.dtype, t.shape, blob.payload_start + t.offset, t.length, t.digest):
             raise WeightIntegrityError(f"tensor {e.name!r}: the manifest and blob "
                                        f"{e.uri!r} disagree on its name, shape, range or digest")
+        if e.base_digest and e.base_digest != t.base_digest:  # "": a manifest from before
+            raise WeightIntegrityError(f"tensor {e.name!r}: the manifest and blob {e.uri!r} "
+                                       "disagree on the base it applies to")

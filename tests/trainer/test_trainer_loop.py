@@ -152,3 +152,27 @@ def test_committed_offsets_without_checkpoint_is_an_error(experiment: Any,
     lenient.setup()
     assert lenient.version == 0
     lenient.close()
+
+
+def test_a_restarted_trainer_continues_the_weight_chain(experiment: Any, tmp_path: Path,
+                                                        bus_url: str) -> None:
+    """After a restart from its checkpoint the trainer publishes the next version as a delta
+    against the checkpoint's weights (which its predecessor published), not as a full: far
+    workers keep fetching deltas across a trainer crash."""
+    cfg = experiment(trainer={"checkpoint_every": 2, "publish_every": 1}, url=bus_url)
+    bus = open_bus(cfg, tmp_path)
+    produce(bus, cfg.run, [random_batch(s) for s in range(6)])
+    topic = topic_name(cfg.run, "weights", "default")
+    for run_steps in (4, 2):  # a first trainer, then one restarted from its checkpoint at 4
+        publisher = Publisher(bus, run=cfg.run, policy="default",
+                              store=FileStore(tmp_path / "weights"), full_every=100)
+        trainer = build_trainer(cfg, "default", tmp_path, bus=bus, publisher=publisher)
+        trainer.run(max_steps=run_steps, timeout=60)
+        trainer.close()
+        publisher.close()
+    manifests = read_all(bus, topic, WeightManifest)
+    kinds = [(m.version, m.kind) for m in manifests]
+    assert (5, "full") not in kinds and (5, "delta") in kinds and (6, "delta") in kinds, kinds
+    by = {(m.version, m.kind): m for m in manifests}
+    four, five = by[(4, "delta")], by[(5, "delta")]
+    assert [t.base_digest for t in five.tensors] == [t.digest for t in four.tensors]

@@ -234,6 +234,10 @@ class Trainer:
         for bid in state.recent:
             self._remember(bid)
         self.telemetry.counters = dict(state.counters)
+        if self.publisher is not None and hasattr(self.publisher, "resume"):
+            # the checkpoint's weights are the version the dead trainer published: the next
+            # version goes out as a delta against them, not as a full snapshot
+            self.publisher.resume(self.engine.state_tensors(), state.version)
         return Resume(dict(self._ckpt_offsets), state.version)
 
     def checkpoint(self, offsets: dict[TP, int], outbox: list[OutRecord], cycle: int
