@@ -52,6 +52,7 @@ class SyncStats:
     fetched_bytes: int = 0  # bytes downloaded by this syncer (resumed parts count once)
     heals: int = 0  # routes re-planned after a bad or missing blob
     fallbacks: int = 0  # blobs fetched again from the fallback store (a mirror's bad blob)
+    prefetched_bytes: int = 0  # bytes downloaded by prefetch(), ahead of applying
     bad_records: int = 0  # records on the topic that were not manifests of this policy
 
 
@@ -133,6 +134,33 @@ class Syncer:
     def plan(self) -> Route | None:
         return plan_route(self.manifests, self._version, current_digests=self._digests)
 
+    def prefetch(self) -> int:
+        """Download the blobs of the route to the newest version into ``cache_dir`` without
+        touching the target, so that :meth:`sync_once` then only reads local files: a far
+        worker keeps decoding while the next version crosses the link, and its engine stops
+        only for the decode-and-apply. Returns the bytes downloaded (0 with a local store or
+        no ``cache_dir``, where nothing is downloaded ahead). A failed download is left for
+        :meth:`sync_once` to resume or heal."""
+        if self.cache_dir is None:
+            return 0
+        route = self.plan()
+        moved = 0
+        for m in route.steps if route is not None else ():
+            for uri in sorted({t.uri for t in m.tensors}):
+                store = self._store_for(uri)
+                if getattr(store, "local_path", None) is not None:
+                    continue
+                try:
+                    n = download(store, uri, self.cache_dir / uri, rate_limit=self.rate_limit)
+                except WeightStoreError as e:
+                    log.info("prefetch stopped policy=%s version=%d error=%s", self.policy,
+                             m.version, e)
+                    return moved
+                moved += n
+        self.stats.fetched_bytes += moved
+        self.stats.prefetched_bytes += moved
+        return moved
+
     def sync_once(self, timeout: float = 0.0) -> int | None:
         """Read new manifests (waiting up to ``timeout``), move to the newest reachable version,
         and return the version held."""
@@ -197,7 +225,7 @@ class Syncer:
 
     # -- applying one blob --------------------------------------------------------------------
     def _fetch(self, uri: str) -> Blob:
-        store = self.fallback if uri in self._use_fallback and self.fallback else self.store
+        store = self._store_for(uri)
         local = getattr(store, "local_path", None)
         if local is not None:
             path = local(uri)
@@ -215,6 +243,9 @@ class Syncer:
             buf: bytes | memoryview = (memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
                                        if size else b"")
         return parse_blob(buf, source=uri)
+
+    def _store_for(self, uri: str) -> WeightStore:
+        return self.fallback if uri in self._use_fallback and self.fallback else self.store
 
     def _drop_cached(self, uris: set[str]) -> None:
         if self.cache_dir is None:

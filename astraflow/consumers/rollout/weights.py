@@ -1,16 +1,20 @@
 """Following ``weights.<policy>``: a background thread per hosted policy.
 
 The thread watches the topic through the weights :class:`~astraflow.weights.syncer.Syncer`.
-When a newer version is published it asks the engine to run the sync at a safe point
-(:meth:`Engine.update_weights`: between two decoding steps for ``hf``, between batches for
-``vllm``, at once for ``openai``), so the engine never stops for a full reload and in-flight
-episodes go on with the new weights, each token recording the version that produced it.
+When a newer version is published it first downloads the route's blobs in the background
+(:meth:`Syncer.prefetch`: the engine keeps decoding while they cross the link), then asks the
+engine to run the sync at a safe point (:meth:`Engine.update_weights`: between two decoding
+steps for ``hf``, between batches for ``vllm``, at once for ``openai``), where only the local
+decode-and-apply happens. So the engine never stops for a download or a full reload, and
+in-flight episodes go on with the new weights, each token recording the version that
+produced it. ``fetch_s`` and ``apply_s`` are the running totals of the two phases.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from astraflow.consumers.rollout.engines.base import Engine
@@ -35,6 +39,8 @@ class WeightFollower:
         self.syncer = syncer
         self.failures = 0
         self.updates = 0
+        self.fetch_s = 0.0  # seconds spent downloading ahead (the engine decoding meanwhile)
+        self.apply_s = 0.0  # seconds the engine was held for a sync (decode and apply)
         # the newest version seen on weights.<policy> (None: none yet); written by the follower
         # thread, read by the worker's drain (a draining worker judges staleness against it)
         self.newest: int | None = None
@@ -53,6 +59,13 @@ class WeightFollower:
             return True  # synced, but the engine has not taken it (e.g. a server refused it)
         return newest is not None and (held is None or newest > held)
 
+    @property
+    def lag(self) -> int:
+        """Versions between the newest published and the one the engine holds."""
+        if self.newest is None:
+            return 0
+        return max(0, self.newest - (self.engine.version or 0))
+
     def sync_now(self, timeout: float = 0.0) -> int | None:
         """Read the topic (waiting up to ``timeout`` for a manifest) and apply what is new;
         returns the version held. Called by the follower thread; tests may call it directly
@@ -60,7 +73,12 @@ class WeightFollower:
         self.syncer.poll(timeout)
         self.newest = self.syncer.newest()
         if self._behind():
+            t0 = time.monotonic()
+            self.syncer.prefetch()
+            t1 = time.monotonic()
             self.engine.update_weights(self.syncer.sync_once)
+            self.fetch_s += t1 - t0
+            self.apply_s += time.monotonic() - t1
             self.updates += 1
             log.info("policy=%s weights now at version=%s", self.policy, self.syncer.version)
         return self.syncer.version
