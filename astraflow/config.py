@@ -125,6 +125,12 @@ class LaunchConfig(Section):
     """How `astraflow run` lays the roles out on this host."""
 
     rollout_workers: int = pydantic.Field(2, ge=1, description="rollout processes")
+    rollout_speeds: list[float] | None = pydantic.Field(
+        None, description="per rollout process, its rollout.engine.speed (one per worker, "
+        "in (0, 1]), e.g. [1.0, 0.6, 0.3]: workers standing in for GPUs of different speeds; "
+        "rollout-<i> gets the i-th. Workers the scaler adds later run at rollout.engine.speed "
+        "(or what their pool's actuator.rollout_args set); null: every worker at "
+        "rollout.engine.speed")
     evaluate: bool = pydantic.Field(True, description="run the held-out evaluator")
     eval_problems: int = pydantic.Field(500, ge=1, description="held-out problems per eval")
     eval_every: int = pydantic.Field(
@@ -158,6 +164,28 @@ class LaunchConfig(Section):
                     "this one up (role i: base + i), and list them in "
                     "{out}/prometheus-targets.json (file_sd); null: no endpoints")
     warmup: WarmupConfig = WarmupConfig()
+
+    @pydantic.field_validator("rollout_speeds")
+    @classmethod
+    def _speeds(cls, speeds: list[float] | None,
+                info: pydantic.ValidationInfo) -> list[float] | None:
+        if speeds is None:
+            return None
+        problems = [f"[{i}] = {v!r} is not in (0, 1]" for i, v in enumerate(speeds)
+                    if not 0 < v <= 1]
+        n = info.data.get("rollout_workers")
+        if n is not None and len(speeds) != n:
+            problems.append(f"{len(speeds)} speed(s) for launch.rollout_workers = {n}: give one "
+                            "per worker, or null for rollout.engine.speed everywhere")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return speeds
+
+    def rollout_speed(self, worker: int) -> float | None:
+        """The engine speed of `astraflow run`'s rollout worker number ``worker`` (None: the
+        config's rollout.engine.speed)."""
+        speeds = self.rollout_speeds
+        return speeds[worker] if speeds is not None and worker < len(speeds) else None
 
     @pydantic.model_validator(mode="after")
     def _stop_needs_eval(self) -> LaunchConfig:

@@ -28,6 +28,13 @@ def role_env(config: ExperimentConfig) -> dict[str, str]:
     return {**quiet, "OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
 
 
+def rollout_args(config: ExperimentConfig, worker: int) -> list[str]:
+    """The extra arguments of `astraflow rollout` for rollout worker number ``worker``: its
+    own engine speed when ``launch.rollout_speeds`` gives one."""
+    speed = config.launch.rollout_speed(worker)
+    return [] if speed is None else ["--set", f"rollout.engine.speed={speed!r}"]
+
+
 def rl_roles(config: ExperimentConfig, cfg_path: Path, out: Path) -> list[RoleSpec]:
     """Every role of the RL phase, one OS process each; with ``launch.metrics_port_base``,
     each serves its metrics on its own port (in this order, from the base up)."""
@@ -35,7 +42,8 @@ def rl_roles(config: ExperimentConfig, cfg_path: Path, out: Path) -> list[RoleSp
     restart = config.launch.restart
     env = role_env(config)
     roles = [RoleSpec("producer", cli("produce", c, "--out", o), restart=restart, env=env)]
-    roles += [RoleSpec(f"rollout-{i}", cli("rollout", c, "--out", o), restart=restart, env=env)
+    roles += [RoleSpec(f"rollout-{i}", cli("rollout", c, "--out", o, *rollout_args(config, i)),
+                       restart=restart, env=env)
               for i in range(initial_workers(config))]
     if config.scale.enabled:  # the scaler itself runs in `astraflow run` (run/scaling.py)
         roles.append(RoleSpec("reporter", cli("report", c, "--out", o), restart=restart,

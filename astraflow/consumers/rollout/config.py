@@ -64,6 +64,13 @@ class EngineConfig(Section):
         "{type: fixed|uniform|lognormal|trace|phases, ...} as for tool_latency): stands for a "
         "slower or remote inference server, e.g. to try the scaler on a laptop "
         "(bench/elastic.py); null: none")
+    speed: float = pydantic.Field(
+        1.0, gt=0.0, le=1.0, allow_inf_nan=False,
+        description="run the engine at this fraction of its speed, standing in for a weaker "
+        "GPU (heterogeneous workers): after each computation of t seconds (a batch; a decoding "
+        "step of a continuous engine; a request of the openai engine) the engine stays busy, "
+        "asleep, another t*(1/speed - 1) s; 1: full speed. Per worker under `astraflow run`: "
+        "launch.rollout_speeds")
     seed: int = pydantic.Field(0, description="sampling seed of the engine")
     initial_version: int = pydantic.Field(
         0, description="policy version recorded for tokens generated before any weights were "

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from astraflow.consumers.rollout.config import SAMPLING_KEYS, RolloutConfig
 from astraflow.consumers.rollout.engines.base import Engine, build_engine
+from astraflow.consumers.rollout.engines.speed import slowed
 from astraflow.consumers.rollout.registry import load_object
 from astraflow.consumers.rollout.runtime import Runtime
 from astraflow.consumers.rollout.tools import TOOLS
@@ -45,7 +46,7 @@ def build_engines(rc: RolloutConfig, *, policies: Sequence[str],
         ec = rc.engine
         path = (Path(expand(ec.model, out=out, policy=policy)) if ec.model
                 else model_dir(models.get(policy) or ModelConfig(), policy, out))
-        kwargs = ec.model_dump(exclude={"type", "model", *SAMPLING_KEYS})
+        kwargs = ec.model_dump(exclude={"type", "model", "speed", *SAMPLING_KEYS})
         kwargs["checkpoint_dir"] = expand(ec.checkpoint_dir, out=out, policy=policy)
         engines[policy] = build_engine(ec.type, model_path=path, **kwargs)
     return engines
@@ -60,7 +61,8 @@ def build_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
     """A :class:`RolloutWorker` of run ``run`` on ``bus`` (whose topics exist) as the
     ``rollout`` section ``rc`` describes, with weight followers when ``rc.weights.enabled``
     and the engines can take weights (their syncers are built from the ``weights`` section:
-    store or fetch, cache dir, rate limit). ``engines`` default to :func:`build_engines`.
+    store or fetch, cache dir, rate limit). ``engines`` default to :func:`build_engines`;
+    either way they run at ``rc.engine.speed`` (:func:`~.engines.speed.slowed`).
     ``drain_max_staleness``: the run's staleness bounds (per policy), so that a draining
     worker releases the tasks its staleness filter would drop; None: it finishes all."""
     from astraflow.weights.config import build_syncer
@@ -72,6 +74,7 @@ def build_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
     for name, path in rc.tools.items():
         TOOLS.add(name, load_object(path, "tool"))
     engines = engines or build_engines(rc, policies=policies, models=models, out=out)
+    engines = {p: slowed(e, rc.engine.speed) for p, e in engines.items()}
     runtime = Runtime.create(
         engines, reward=rc.reward.name, reward_kwargs=rc.reward.kwargs,
         reward_timeout=rc.reward.timeout, tool_timeout=rc.tool_timeout,

@@ -630,7 +630,12 @@ class RolloutWorker:
         self.metrics.set("inflight", self._claimed)
         self.metrics.set("max_inflight", self.max_concurrent)  # the reporter's utilization
         self.metrics.set("inflight_tasks", len(self._running))
+        slowed = 0.0
         for i, (policy, engine) in enumerate(self.runtime.engines.items()):
             self.metrics.set(f"weight_version.{policy}", engine.version)
             if i == 0:
                 self.metrics.set("weight_version", engine.version)
+                self.metrics.set("engine.speed", getattr(engine, "speed", 1.0))
+            slowed += getattr(engine, "slowed_s", 0.0)
+        # seconds the engines were held asleep by rollout.engine.speed (a running total)
+        self.metrics.set_total("engine.slowed_s", slowed)

@@ -144,7 +144,8 @@ class HFEngine:
         self.target = ModelTarget(model)
         self.gate = StepGate()
         self.steps = 0  # decoding steps run (forward passes), for tests and metrics
-        self.step_hook: Callable[[int], None] | None = None  # tests: called at each boundary
+        # called at each step boundary: tests, and engines/speed.py paces a continuous engine here
+        self.step_hook: Callable[[int], None] | None = None
         import inspect
 
         params = inspect.signature(model.forward).parameters
