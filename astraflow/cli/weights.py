@@ -1,4 +1,5 @@
-"""`astraflow weights`: diff, apply and inspect weight files; benchmark the codec; serve blobs.
+"""`astraflow weights`: diff, apply and inspect weight files; benchmark the codec; serve and
+mirror blobs.
 
 Module-level imports stay light (typer and the stdlib): numpy and the codec load inside the
 commands. Every file is written to a temporary name and renamed, so an error leaves no output.
@@ -14,7 +15,7 @@ import typer
 
 from astraflow.cli.common import fail
 
-app = typer.Typer(help="Sparse bf16 weight deltas: diff, apply, inspect, bench, serve.",
+app = typer.Typer(help="Sparse bf16 weight deltas: diff, apply, inspect, bench, serve, mirror.",
                   no_args_is_help=True)
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
@@ -194,3 +195,107 @@ def serve(
         pass
     finally:
         server.server_close()
+
+
+@app.command()
+def mirror(
+    upstream: Annotated[str, typer.Argument(
+        help="The trainer's weight store: http(s)://host:port (its `astraflow weights serve`) "
+             "or a directory.")],
+    serve_dir: Annotated[Path, typer.Option(
+        "--serve", help="Directory of the mirrored blobs (created if missing), served over "
+                        "HTTP to the region's workers.", file_okay=False)],
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="Experiment YAML (its run, bus and policies).")] = None,
+    bus: Annotated[str | None, typer.Option(help="Bus URL (overrides the config's).")] = None,
+    run: Annotated[str | None, typer.Option(help="Run name (overrides the config's).")] = None,
+    policies: Annotated[list[str] | None, typer.Option(
+        "--policy", help="Policy to mirror (repeatable; default: the config's policies).")]
+    = None,
+    out: Annotated[Path, typer.Option(help="Run directory ({out} in the bus URL).")]
+    = Path("."),
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Config override a.b=c.")]
+    = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0: pick a free one).")] = 8470,
+    token: Annotated[str | None, typer.Option(
+        envvar="ASTRAFLOW_WEIGHTS_TOKEN", help="Require this bearer token from workers.")]
+    = None,
+    upstream_token: Annotated[str | None, typer.Option(
+        help="Bearer token of the upstream server (default: --token).")] = None,
+    rate_limit: Annotated[float | None, typer.Option(
+        help="Cap upstream downloads at this many bytes/s.", min=1)] = None,
+    keep_versions: Annotated[int | None, typer.Option(
+        help="Keep only the newest K versions and every version from the newest full on "
+             "(default: keep all).", min=1)] = None,
+    hold: Annotated[float, typer.Option(
+        help="Seconds a request for a blob still being mirrored waits for it before the "
+             "answer is 404 (workers then use their fallback).", min=0)] = 20.0,
+) -> None:
+    """Mirror a trainer's weight store for a region: follow weights.<policy>, fetch each blob
+    once from UPSTREAM into the --serve directory (verified against its manifest before it is
+    served), and serve that directory like `astraflow weights serve`. Workers of the region
+    set weights.fetch to this server and weights.fallback to UPSTREAM. SIGTERM/SIGINT stops
+    both."""
+    import dataclasses
+    import logging
+    import threading
+
+    from astraflow.cli.common import load_config, role_run
+    from astraflow.config import open_bus
+    from astraflow.weights.http import HttpStore
+    from astraflow.weights.mirror import Mirror, serve_mirror
+    from astraflow.weights.store import FileStore, WeightStore
+
+    overrides = list(set_ or [])
+    if bus:
+        overrides.append(f"bus.url={bus}")
+    if run:
+        overrides.append(f"run={run}")
+    cfg = load_config(config, overrides)
+    source: WeightStore
+    if upstream.startswith(("http://", "https://")):
+        source = HttpStore(upstream, token=upstream_token or token)
+    elif Path(upstream).is_dir():
+        source = FileStore(upstream)
+    else:
+        raise fail(f"upstream {upstream!r} is neither an http(s):// URL nor a directory; give "
+                   "the trainer's weight server, e.g. http://trainer:8470")
+    progress = logging.getLogger("astraflow.weights.mirror")
+    if not progress.isEnabledFor(logging.INFO):  # one line per mirrored version by default
+        progress.setLevel(logging.INFO)
+    with role_run() as should_stop:
+        b = open_bus(cfg, out)
+        try:
+            m = Mirror(b, run=cfg.run, policies=policies or cfg.policies, upstream=source,
+                       root=serve_dir, rate_limit=rate_limit, keep_versions=keep_versions)
+            server = serve_mirror(m, host=host, port=port, token=token, hold_s=hold)
+            server.timeout = 0.25  # handle_request() returns this often to check for a stop
+            failed: list[BaseException] = []
+
+            def follow() -> None:
+                try:
+                    m.run()
+                except BaseException as e:  # noqa: BLE001 - reported by the main thread
+                    failed.append(e)
+
+            thread = threading.Thread(target=follow, name="weights-mirror", daemon=True)
+            thread.start()
+            typer.echo(f"mirroring {source!r} run={cfg.run} policies="
+                       f"{','.join(policies or cfg.policies)}; serving {serve_dir} at "
+                       f"{server.url}" + (" (token required)" if token else ""))
+            try:
+                while not should_stop() and thread.is_alive():
+                    server.handle_request()
+            finally:
+                m.stop()
+                thread.join(10)  # a blob in flight may take longer: its .part is resumed
+                server.server_close()
+                if not thread.is_alive():
+                    m.close()
+        finally:
+            b.close()
+        if failed:
+            raise fail(f"the mirror stopped following the bus: {failed[0]}")
+    typer.echo("mirror stopped: " + " ".join(
+        f"{k}={v}" for k, v in dataclasses.asdict(m.stats).items()))
