@@ -160,6 +160,12 @@ def test_weight_update_mid_episode_changes_later_versions(setup, tmp_path: Path,
     assert len(spans) == 2
     assert set(versions[spans[0].start:spans[0].end]) == {0}
     assert set(versions[spans[1].start:spans[1].end]) == {1}
+    # the heartbeat says where the weight sync's time went and how far behind the worker is
+    last = [m for m in read_all(bus, topic_name(cfg.run, "metrics"), Metric)
+            if m.role == "rollout"][-1]
+    assert last.gauges["weights.lag.default"] == 0
+    assert last.counters["weights.apply_s.default"] > 0
+    assert last.counters["weights.fetched_bytes.default"] == 0  # a local store: read in place
 
 
 def _run_in_thread(worker: Any, **kw: Any) -> threading.Thread:

@@ -639,3 +639,9 @@ class RolloutWorker:
             slowed += getattr(engine, "slowed_s", 0.0)
         # seconds the engines were held asleep by rollout.engine.speed (a running total)
         self.metrics.set_total("engine.slowed_s", slowed)
+        for f in self.followers:  # a far worker's weight sync: lag, and where the time goes
+            self.metrics.set(f"weights.lag.{f.policy}", f.lag)
+            self.metrics.set_total(f"weights.fetch_s.{f.policy}", f.fetch_s)
+            self.metrics.set_total(f"weights.apply_s.{f.policy}", f.apply_s)
+            self.metrics.set_total(f"weights.fetched_bytes.{f.policy}",
+                                   f.syncer.stats.fetched_bytes)
