@@ -48,6 +48,40 @@ def test_server_properties_for_one_kraft_node(tmp_path: Path) -> None:
     assert "rootLogger.level = WARN" in log4j
 
 
+def test_extra_listeners_bind_one_port_and_advertise_another(tmp_path: Path) -> None:
+    # A region's proxy listens on 29000 and forwards to 19094: the broker must advertise the
+    # proxy's address on that listener, so that clients which came in through it stay on it.
+    b = LocalBroker(tmp_path / "b", port=19092, controller_port=19093,
+                    extra_listeners={"REGION_B": (19094, "127.0.0.1:29000")})
+    b.write_config()
+    props = read_properties(b.config_file)
+    assert props["listeners"] == ("PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093,"
+                                  "REGION_B://127.0.0.1:19094")
+    assert props["advertised.listeners"] == ("PLAINTEXT://127.0.0.1:19092,"
+                                             "REGION_B://127.0.0.1:29000")
+    assert props["listener.security.protocol.map"] == (
+        "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,REGION_B:PLAINTEXT")
+    assert props["inter.broker.listener.name"] == "PLAINTEXT"
+    assert b.bootstrap == "127.0.0.1:19092"  # the broker's own clients keep the direct path
+    # Kept in the state file, so a restart through attach() keeps the listener.
+    b._write_state(None)
+    assert LocalBroker.attach(tmp_path / "b").extra_listeners == {
+        "REGION_B": (19094, "127.0.0.1:29000")}
+
+
+@pytest.mark.parametrize(("listeners", "error"), [
+    ({"region-b": (19094, "127.0.0.1:29000")}, "bad extra listener name 'region-b'"),
+    ({"CONTROLLER": (19094, "127.0.0.1:29000")}, "other than PLAINTEXT and CONTROLLER"),
+    ({"WAN": (19094, "127.0.0.1")}, "'127.0.0.1' is not host:port"),
+    ({"WAN": (19092, "127.0.0.1:29000")}, "port 19092 is already used by the broker"),
+    ({"A": (19094, "h:1"), "B": (19094, "h:2")}, "port 19094 is already used by listener A"),
+])
+def test_bad_extra_listeners_are_refused(tmp_path: Path, listeners: dict[str, tuple[int, str]],
+                                         error: str) -> None:
+    with pytest.raises(BrokerError, match=re.escape(error)):
+        LocalBroker(tmp_path, port=19092, controller_port=19093, extra_listeners=listeners)
+
+
 def test_free_ports_are_chosen_and_kept_in_the_state_file(tmp_path: Path) -> None:
     b = LocalBroker(tmp_path)
     assert b.port != b.controller_port and b.port > 0

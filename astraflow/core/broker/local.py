@@ -25,7 +25,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -43,6 +43,8 @@ from astraflow.core.errors import BrokerError
 log = logging.getLogger("astraflow.broker")
 
 _STATE = "broker.json"
+_LISTENER_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+_RESERVED = ("PLAINTEXT", "CONTROLLER")
 
 
 @dataclass(frozen=True)
@@ -94,10 +96,16 @@ class LocalBroker:
     Ports not given are taken from the data dir's state file (so a restart or another process
     uses the same ones), else chosen free. The JVM runs detached in its own session and
     outlives this object until :meth:`stop`.
+
+    ``extra_listeners`` (``{NAME: (bind_port, "host:port")}``) adds plaintext listeners that
+    bind ``127.0.0.1:bind_port`` and advertise ``host:port``: a client that bootstraps through
+    a TCP proxy (docs/wan.md) must be told the proxy's address, not the broker's, or its
+    connections after the first bypass the proxy. Kept in the state file like the ports.
     """
 
     def __init__(self, data_dir: Path | str, *, port: int | None = None,
-                 controller_port: int | None = None, heap: str = "512m") -> None:
+                 controller_port: int | None = None, heap: str = "512m",
+                 extra_listeners: Mapping[str, tuple[int, str]] | None = None) -> None:
         self.data_dir = Path(data_dir).expanduser().resolve()
         state = self._read_state()
         self.port = int(port or state.get("port") or _free_port())
@@ -106,7 +114,27 @@ class LocalBroker:
         if self.port == self.controller_port:
             raise BrokerError(f"port {self.port} given for both the broker and the controller")
         self.heap = heap
+        listeners = (extra_listeners if extra_listeners is not None
+                     else state.get("extra_listeners", {}))
+        self.extra_listeners = {str(k): (int(p), str(a)) for k, (p, a) in listeners.items()}
+        self._check_extra_listeners()
         self._proc: subprocess.Popen[bytes] | None = None
+
+    def _check_extra_listeners(self) -> None:
+        taken = {self.port: "the broker", self.controller_port: "the controller"}
+        for name, (port, advertised) in self.extra_listeners.items():
+            if not _LISTENER_NAME.fullmatch(name) or name in _RESERVED:
+                raise BrokerError(f"bad extra listener name {name!r}; use upper-case letters, "
+                                  f"digits and _ (e.g. REGION_B), other than "
+                                  f"{' and '.join(_RESERVED)}")
+            host, sep, adv_port = advertised.rpartition(":")
+            if not sep or not host or not adv_port.isdigit():
+                raise BrokerError(f"extra listener {name}: advertised address {advertised!r} "
+                                  "is not host:port")
+            if port in taken:
+                raise BrokerError(f"extra listener {name}: port {port} is already used by "
+                                  f"{taken[port]}")
+            taken[port] = f"listener {name}"
 
     @classmethod
     def attach(cls, data_dir: Path | str) -> LocalBroker:
@@ -144,14 +172,20 @@ class LocalBroker:
     def server_properties(self) -> dict[str, str]:
         """The broker's configuration (written to ``server.properties``)."""
         host = "127.0.0.1"
+        extra = self.extra_listeners.items()
         return {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{host}:{self.controller_port}",
-            "listeners": f"PLAINTEXT://{host}:{self.port},CONTROLLER://{host}:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{host}:{self.port}",
+            "listeners": ",".join([f"PLAINTEXT://{host}:{self.port}",
+                                   f"CONTROLLER://{host}:{self.controller_port}",
+                                   *(f"{n}://{host}:{p}" for n, (p, _) in extra)]),
+            "advertised.listeners": ",".join([f"PLAINTEXT://{host}:{self.port}",
+                                              *(f"{n}://{a}" for n, (_, a) in extra)]),
             "controller.listener.names": "CONTROLLER",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": ",".join(
+                ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT",
+                 *(f"{n}:PLAINTEXT" for n in self.extra_listeners)]),
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self.kafka_dir),
             "num.partitions": "1",
@@ -193,6 +227,7 @@ class LocalBroker:
     def _write_state(self, pid: int | None) -> None:
         state = {"pid": pid, "port": self.port, "controller_port": self.controller_port,
                  "bootstrap": self.bootstrap, "heap": self.heap,
+                 "extra_listeners": self.extra_listeners,
                  "kafka_version": kafka_version(), "updated_at": time.time()}
         tmp = self.data_dir / f".{_STATE}.tmp"
         tmp.write_text(json.dumps(state, indent=2) + "\n")
@@ -259,7 +294,8 @@ class LocalBroker:
         deadline = time.monotonic() + timeout
         libs = fetch_jars(progress)
         java = require_java()
-        for port in (self.port, self.controller_port):
+        for port in (self.port, self.controller_port,
+                     *(p for p, _ in self.extra_listeners.values())):
             if not _port_free(port):
                 raise BrokerError(f"port {port} on 127.0.0.1 is in use; stop what listens there "
                                   "or choose other ports (--port)")
