@@ -17,6 +17,7 @@ from astraflow.weights.blob import (
     parse_blob,
 )
 from astraflow.weights.http import HttpStore, make_server
+from astraflow.weights.mirror import Mirror, MirrorStats, serve_mirror
 from astraflow.weights.publisher import Publisher, PublishStats, manifest_for
 from astraflow.weights.route import Route, plan_route
 from astraflow.weights.safetensors_io import read_safetensors, write_safetensors
@@ -34,8 +35,8 @@ from astraflow.weights.target import DictTarget, WeightTarget
 
 __all__ = [
     "Blob", "BlobNotFoundError", "DictTarget", "EncodedVersion", "FileStore", "HttpStore",
-    "PublishStats", "Publisher", "Route", "SyncStats", "Syncer", "TokenBucket", "UnsafePathError",
+    "Mirror", "MirrorStats", "PublishStats", "Publisher", "Route", "SyncStats", "Syncer", "TokenBucket", "UnsafePathError",
     "WeightStore", "WeightTarget", "apply_version", "check_path", "download", "encode_version",
     "make_server", "manifest_for", "parse_blob", "plan_route", "read_safetensors",
-    "write_safetensors",
+    "serve_mirror", "write_safetensors",
 ]

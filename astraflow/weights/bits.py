@@ -91,6 +91,11 @@ def digest(words: np.ndarray) -> str:
     return h.hexdigest()
 
 
+def blob_digest(blob: bytes | memoryview) -> str:
+    """The digest of a whole blob, as manifests carry it (``blake3:<hex>``)."""
+    return digest(np.frombuffer(blob, dtype=np.uint8))
+
+
 def check_digest_format(value: str, *, tensor: str) -> None:
     algo, _, hexpart = value.partition(":")
     if algo != DIGEST_ALGO or len(hexpart) != 2 * _DIGEST_BYTES:

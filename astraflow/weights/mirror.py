@@ -61,7 +61,7 @@ from astraflow.weights.store import (
     WeightStore,
     download,
 )
-from astraflow.weights.syncer import _check_manifest
+from astraflow.weights.syncer import check_manifest
 
 log = logging.getLogger("astraflow.weights.mirror")
 _CHUNK = 4 << 20
@@ -85,7 +85,7 @@ class _UpstreamDown(Exception):
 
 
 def blob_file_digest(path: Path) -> str:
-    """The blob digest (as :func:`~astraflow.weights.publisher.blob_digest` computes it) of a
+    """The blob digest (as :func:`~astraflow.weights.bits.blob_digest` computes it) of a
     file, read in chunks."""
     h = Hasher()
     buf = bytearray(_CHUNK)
@@ -121,7 +121,7 @@ def verify_blob(path: Path, m: WeightManifest) -> None:
     if size < start + payload_size(header):
         raise WeightIntegrityError(f"blob {uri!r}: truncated: {size} bytes, the header needs "
                                    f"{start + payload_size(header)}")
-    _check_manifest(m, Blob(header, head, start))
+    check_manifest(m, Blob(header, head, start))
 
 
 class Mirror:

@@ -28,14 +28,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-import numpy as np
-
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import AstraflowError, WeightIntegrityError
 from astraflow.core.records import TensorEntry, WeightManifest
 from astraflow.core.stream import Output, send
 from astraflow.core.topics import record_key, topic_name
-from astraflow.weights.bits import bits_dict, digest
+from astraflow.weights.bits import bits_dict, blob_digest, digest
 from astraflow.weights.blob import CODEC, Bits, EncodedVersion, check_compatible, encode_version
 from astraflow.weights.codec import DEFAULT_LEVEL
 from astraflow.weights.store import WeightStore
@@ -51,11 +49,6 @@ class PublishStats:
     deltas: int = 0
     bytes_written: int = 0
     dense_bytes: int = 0  # dense size of the published versions
-
-
-def blob_digest(blob: bytes | memoryview) -> str:
-    """The digest of a whole blob, as manifests carry it (``blake3:<hex>``)."""
-    return digest(np.frombuffer(blob, dtype=np.uint8))
 
 
 def manifest_for(enc: EncodedVersion, *, policy: str, uri: str) -> WeightManifest:

@@ -143,9 +143,9 @@ def plan_route(manifests: Iterable[WeightManifest], current: int | None, *,
     steps: list[WeightManifest] = []
     at: Node | None = end
     while at is not None and at != start:
-        _b, _n, m, prev, _i = best[at]
-        assert m is not None
-        steps.append(m)
+        _b, _n, step, prev, _i = best[at]
+        assert step is not None
+        steps.append(step)
         at = prev
     steps.reverse()
     return Route(steps, total)

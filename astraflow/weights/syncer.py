@@ -30,7 +30,7 @@ from astraflow.core.bus.types import Bus, Message
 from astraflow.core.errors import SchemaError, WeightIntegrityError, WeightStoreError
 from astraflow.core.records import WeightManifest, decode
 from astraflow.core.topics import topic_name
-from astraflow.weights.bits import digest, dtype_info
+from astraflow.weights.bits import blob_digest, digest, dtype_info
 from astraflow.weights.blob import BaseMismatchError, Blob, parse_blob
 from astraflow.weights.route import Route, plan_route
 from astraflow.weights.store import (
@@ -62,13 +62,16 @@ class Syncer:
     def __init__(self, bus: Bus, *, run: str, policy: str, store: WeightStore,
                  target: WeightTarget, cache_dir: str | Path | None = None,
                  rate_limit: float | None = None, max_heals: int = 3,
-                 fallback: WeightStore | None = None) -> None:
+                 fallback: WeightStore | None = None, fallback_grace_s: float = 60.0) -> None:
         self.policy = policy
         self.store = store
         #: where a blob is fetched again when ``store`` (a regional mirror) lacks it or serves
         #: it corrupt: the trainer's own store, across the far link
         self.fallback = fallback
         self._use_fallback: set[str] = set()  # blobs to fetch from the fallback
+        #: a blob the store lacks is waited for this long after its manifest was written
+        #: before it is fetched from the fallback (a mirror still fetching it)
+        self.fallback_grace_s = fallback_grace_s
         self.target = target
         self.rate_limit = rate_limit
         self.max_heals = max_heals
@@ -180,6 +183,13 @@ class Syncer:
                 heals += 1
                 self.stats.heals += 1
                 uris = {t.uri for t in m.tensors}
+                if (isinstance(e, BlobNotFoundError) and self.fallback is not None
+                        and not uris <= self._use_fallback
+                        and time.time() - m.created_at < self.fallback_grace_s):
+                    # a mirror that has not fetched a fresh version yet: wait for it (the next
+                    # sync) rather than fetch it across the far link ourselves
+                    log.info("blob of version=%d not on the mirror yet; waiting", m.version)
+                    return self._version
                 if (self.fallback is not None and not isinstance(e, BaseMismatchError)
                         and not uris <= self._use_fallback):
                     # the mirror lacks the blob or served it corrupt: the same route, with
@@ -277,7 +287,7 @@ class Syncer:
                                        "this build reads one blob per version")
         (uri,) = uris
         blob = self._fetch(uri)
-        _check_manifest(m, blob)
+        check_manifest(m, blob, whole=True)  # a corrupt blob is caught before anything changes
         if m.kind == "delta":
             self._check_base(m, blob)
         self._version = None  # from here until the end the target is half-applied
@@ -325,7 +335,17 @@ class Syncer:
                     f"(digest {known}, expected {t.base_digest})")
 
 
-def _check_manifest(m: WeightManifest, blob: Blob) -> None:
+def check_manifest(m: WeightManifest, blob: Blob, *, whole: bool = False) -> None:
+    """``blob`` is the blob ``m`` names: its header agrees with the manifest, tensor by tensor
+    (name, dtype, shape, absolute range, digests, base digests); with ``whole``, its bytes also
+    have the manifest's ``blob_digest`` (when it has one) — a check of everything before a
+    single byte is decoded into the target."""
+    if whole and m.blob_digest and len(blob.buf) != m.total_bytes:
+        raise WeightIntegrityError(f"blob {m.tensors[0].uri!r} is {len(blob.buf)} bytes; the "
+                                   f"manifest says {m.total_bytes}")
+    if whole and m.blob_digest and blob_digest(blob.buf) != m.blob_digest:
+        raise WeightIntegrityError(f"blob {m.tensors[0].uri!r}: its digest is not the "
+                                   "manifest's blob_digest (corrupt or not this blob)")
     h = blob.header
     if (h.kind, h.version, h.base_version) != (m.kind, m.version, m.base_version):
         raise WeightIntegrityError(
