@@ -67,6 +67,10 @@ class WeightsConfig(Section):
         default=None, description="where a worker fetches a blob again when `fetch` lacks it "
                                   "or serves it corrupt (the trainer's store behind a mirror);"
                                   " absent: no second source")
+    fallback_grace_s: float = pydantic.Field(
+        default=60.0, ge=0,
+        description="a blob `fetch` lacks is waited for this long after its manifest was "
+                    "written (a mirror still fetching it) before it is fetched from `fallback`")
     cache_dir: str = pydantic.Field(default="{out}/weights-cache/{worker}",
                                     description="workers' download directory")
     rate_limit: float | None = pydantic.Field(
@@ -113,4 +117,4 @@ def build_syncer(bus: Bus, cfg: WeightsConfig, target: Any, *, run: str, policy:
     fallback = build_store(cfg.fallback, out) if cfg.fallback is not None else None
     return Syncer(bus, run=run, policy=policy, store=build_store(cfg.fetch or cfg.store, out),
                   target=target, cache_dir=cache_dir, rate_limit=cfg.rate_limit,
-                  fallback=fallback)
+                  fallback=fallback, fallback_grace_s=cfg.fallback_grace_s)
