@@ -12,6 +12,7 @@ from __future__ import annotations
 import hmac
 import logging
 import re
+import threading
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,7 +33,15 @@ class WeightServer(ThreadingHTTPServer):
     def __init__(self, root: Path, address: tuple[str, int], token: str | None) -> None:
         self.store = FileStore(root)
         self.token = token
+        self.bytes_sent = 0  # blob bytes written to clients: this store's egress
+        self.requests = 0  # GET and HEAD requests answered
+        self._count = threading.Lock()
         super().__init__(address, _Handler)
+
+    def count(self, requests: int = 0, sent: int = 0) -> None:
+        with self._count:
+            self.requests += requests
+            self.bytes_sent += sent
 
     @property
     def url(self) -> str:
@@ -67,6 +76,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     def _serve(self, body: bool) -> None:
+        self.server.count(requests=1)
         token = self.server.token
         if token is not None:
             got = self.headers.get("Authorization", "")
@@ -116,6 +126,7 @@ class _Handler(BaseHTTPRequestHandler):
                     if not chunk:
                         break
                     self.wfile.write(chunk)
+                    self.server.count(sent=len(chunk))
                     remaining -= len(chunk)
         except (BrokenPipeError, ConnectionResetError):
             log.debug("client went away during %s", path)

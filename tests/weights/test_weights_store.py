@@ -123,6 +123,9 @@ def test_http_store_reads_ranges(server: WeightServer) -> None:
         store.size("p/nope")
     with pytest.raises(WeightStoreError, match="read-only"):
         store.put("p/x", b"x")
+    # the server's egress: the blob bytes it sent (a whole read, a range, a suffix, a tail)
+    assert server.bytes_sent == len(data) + 50 + 5 + (len(data) - 10_000)
+    assert server.requests >= 7
 
 
 def test_http_server_ranges_and_refusals(server: WeightServer) -> None:
