@@ -137,14 +137,18 @@ class TokenBucket:
 
 
 def download(store: WeightStore, path: str, dest: str | Path, *, rate_limit: float | None = None,
-             chunk: int = 1 << 16) -> int:
+             chunk: int = 1 << 16, size: int | None = None,
+             bucket: TokenBucket | None = None) -> int:
     """Copy blob ``path`` to the local file ``dest``, resuming from ``dest.part`` if an earlier
     call was interrupted. Returns the bytes transferred by this call. ``rate_limit`` caps the
-    transfer in bytes per second (to emulate a slow link)."""
+    transfer in bytes per second (to emulate a slow link). ``size``: the blob's size when the
+    caller knows it (a manifest's ``total_bytes``), which saves asking the store — a round
+    trip over a far link; the bytes received must then add up to it. ``bucket``: a
+    :class:`TokenBucket` shared by concurrent downloads (then one cap for all of them)."""
     check_path(path)
     dest = Path(dest)
     part = dest.with_name(dest.name + ".part")
-    total = store.size(path)
+    total = store.size(path) if size is None else size
     if dest.exists() and dest.stat().st_size == total:
         return 0
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -152,7 +156,8 @@ def download(store: WeightStore, path: str, dest: str | Path, *, rate_limit: flo
     if have > total:  # not a prefix of this blob: start over
         part.unlink()
         have = 0
-    bucket = TokenBucket(rate_limit, burst=min(rate_limit / 4, chunk)) if rate_limit else None
+    if bucket is None and rate_limit:  # else: the caller's, shared by concurrent downloads
+        bucket = TokenBucket(rate_limit, burst=min(rate_limit / 4, chunk))
     moved = 0
     if have < total:
         with store.open(path, have) as src, open(part, "ab") as out:

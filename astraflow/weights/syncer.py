@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import mmap
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from astraflow.weights.blob import BaseMismatchError, Blob, parse_blob
 from astraflow.weights.route import Route, plan_route
 from astraflow.weights.store import (
     BlobNotFoundError,
+    TokenBucket,
     UnsafePathError,
     WeightStore,
     check_path,
@@ -72,6 +74,11 @@ class Syncer:
         #: a blob the store lacks is waited for this long after its manifest was written
         #: before it is fetched from the fallback (a mirror still fetching it)
         self.fallback_grace_s = fallback_grace_s
+        self.prefetch_parallel = 8  # concurrent downloads of one route's blobs
+        # one cap for all of this syncer's downloads, concurrent ones included
+        self._bucket = (TokenBucket(rate_limit, burst=min(rate_limit / 4, 1 << 16))
+                        if rate_limit else None)
+        self._lock = threading.Lock()
         self.target = target
         self.rate_limit = rate_limit
         self.max_heals = max_heals
@@ -147,21 +154,31 @@ class Syncer:
         if self.cache_dir is None:
             return 0
         route = self.plan()
-        moved = 0
-        for m in route.steps if route is not None else ():
-            for uri in sorted({t.uri for t in m.tensors}):
-                store = self._store_for(uri)
-                if getattr(store, "local_path", None) is not None:
-                    continue
-                try:
-                    n = download(store, uri, self.cache_dir / uri, rate_limit=self.rate_limit)
-                except WeightStoreError as e:
-                    log.info("prefetch stopped policy=%s version=%d error=%s", self.policy,
-                             m.version, e)
-                    return moved
-                moved += n
-        self.stats.fetched_bytes += moved
-        self.stats.prefetched_bytes += moved
+        jobs = {uri: m.total_bytes for m in (route.steps if route is not None else ())
+                for uri in {t.uri for t in m.tensors}
+                if getattr(self._store_for(uri), "local_path", None) is None}
+        if not jobs:
+            return 0
+        cache = self.cache_dir
+
+        def get(uri: str) -> int:
+            try:
+                return download(self._store_for(uri), uri, cache / uri, size=jobs[uri],
+                                bucket=self._bucket)
+            except WeightStoreError as e:
+                log.info("prefetch of %s stopped policy=%s error=%s", uri, self.policy, e)
+                return 0
+
+        # the route's blobs at once: over a far link a blob costs a round trip before its
+        # first byte, and a worker many versions behind would otherwise pay one per delta
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(len(jobs), self.prefetch_parallel),
+                                thread_name_prefix=f"af-prefetch-{self.policy}") as pool:
+            moved = sum(pool.map(get, sorted(jobs)))
+        with self._lock:
+            self.stats.fetched_bytes += moved
+            self.stats.prefetched_bytes += moved
         return moved
 
     def sync_once(self, timeout: float = 0.0) -> int | None:
@@ -234,7 +251,7 @@ class Syncer:
         self._reader.close()
 
     # -- applying one blob --------------------------------------------------------------------
-    def _fetch(self, uri: str) -> Blob:
+    def _fetch(self, uri: str, size: int | None = None) -> Blob:
         store = self._store_for(uri)
         local = getattr(store, "local_path", None)
         if local is not None:
@@ -247,7 +264,8 @@ class Syncer:
                 self.stats.fetched_bytes += len(data)
                 return parse_blob(data, source=uri)
             path = self.cache_dir / uri
-            self.stats.fetched_bytes += download(store, uri, path, rate_limit=self.rate_limit)
+            self.stats.fetched_bytes += download(store, uri, path, size=size,
+                                                 bucket=self._bucket)
         with open(path, "rb") as f:
             size = f.seek(0, 2)
             buf: bytes | memoryview = (memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
@@ -286,7 +304,7 @@ class Syncer:
             raise WeightIntegrityError(f"manifest of version {m.version} spans {len(uris)} blobs; "
                                        "this build reads one blob per version")
         (uri,) = uris
-        blob = self._fetch(uri)
+        blob = self._fetch(uri, m.total_bytes)
         check_manifest(m, blob, whole=True)  # a corrupt blob is caught before anything changes
         if m.kind == "delta":
             self._check_base(m, blob)

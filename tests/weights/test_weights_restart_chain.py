@@ -28,9 +28,9 @@ class Counting(Syncer):
         super().__init__(*a, **kw)
         self.fetched: list[str] = []
 
-    def _fetch(self, uri):  # type: ignore[no-untyped-def]
+    def _fetch(self, uri, size=None):  # type: ignore[no-untyped-def]
         self.fetched.append(uri)
-        return super()._fetch(uri)
+        return super()._fetch(uri, size)
 
 
 def publisher(bus, store, **kw) -> Publisher:

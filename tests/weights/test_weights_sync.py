@@ -385,3 +385,25 @@ def test_background_errors_reach_the_trainer(bus, tmp_path: Path) -> None:
         pub.flush()
     assert bus.describe_topic(topic_name(RUN, "weights", POLICY)).end_offsets.get(0, 0) == 0
     pub.close()
+
+
+def test_prefetch_gets_the_route_in_one_go_without_asking_sizes(bus, store, history, http_server,
+                                                               tmp_path: Path) -> None:
+    """Far behind over HTTP: prefetch asks for each blob of the route once (a GET, no HEAD: the
+    manifest gives the size, and a HEAD is a round trip over a far link), all at once; the sync
+    after it asks the server for nothing."""
+    held = {k: v.copy() for k, v in history[30].items()}
+    syncer = Syncer(bus, run=RUN, policy=POLICY, store=HttpStore(http_server.url),
+                    target=DictTarget(held, version=30), cache_dir=tmp_path / "cache",
+                    rate_limit=50e6)
+    syncer.poll(2)
+    route = syncer.plan()
+    assert route is not None and len(route.steps) == len(history) - 1 - 30
+    before = http_server.requests
+    assert syncer.prefetch() == route.bytes
+    assert http_server.requests - before == len(route.steps)
+    assert syncer.version == 30 and identical(held, history[30])  # the target is untouched
+    before = http_server.requests
+    assert syncer.sync_once() == len(history) - 1 and identical(held, history[-1])
+    assert http_server.requests == before
+    assert syncer.stats.fetched_bytes == syncer.stats.prefetched_bytes == route.bytes
