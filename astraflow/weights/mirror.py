@@ -47,12 +47,13 @@ from typing import cast
 import numpy as np
 
 from astraflow.core.bus.types import Bus, Message, Reader
-from astraflow.core.errors import SchemaError, WeightIntegrityError, WeightStoreError
-from astraflow.core.records import WeightManifest, decode
+from astraflow.core.errors import WeightIntegrityError, WeightStoreError
+from astraflow.core.records import WeightManifest
 from astraflow.core.topics import topic_name
 from astraflow.weights.bits import Hasher
 from astraflow.weights.blob import MAX_HEADER, PREFIX_SIZE, Blob, payload_size, read_header
 from astraflow.weights.files import fsync_dir
+from astraflow.weights.follow import decode_manifest, read_new
 from astraflow.weights.http import WeightServer, make_server
 from astraflow.weights.store import (
     BlobNotFoundError,
@@ -186,37 +187,20 @@ class Mirror:
         return got
 
     def _drain(self, topic: str, reader: Reader, timeout: float) -> int:
-        ends = self._bus.describe_topic(topic).end_offsets
-        behind = {p: end for p, end in ends.items() if end > reader.position(p)}
-        deadline = time.monotonic() + timeout
-        got = 0
-        while True:
-            if behind:  # records exist that we have not read: wait for them (bounded)
-                wait = max(1.0, deadline - time.monotonic())
-            else:  # caught up: wait only for the first new record
-                wait = 0.0 if got else max(0.0, deadline - time.monotonic())
-            msgs = reader.consume(500, wait)
-            if not msgs:
-                return got
-            for msg in msgs:
-                if behind.get(msg.partition, -1) <= msg.offset + 1:
-                    behind.pop(msg.partition, None)
-                self._take(self._policies[topic], msg)
-            got += len(msgs)
-            self.stats.manifests += len(msgs)
+        policy = self._policies[topic]
+        got = read_new(self._bus, reader, topic, lambda msg: self._take(policy, msg),
+                       timeout=timeout)
+        self.stats.manifests += got
+        return got
 
     def _take(self, policy: str, msg: Message) -> None:
-        try:
-            m = cast(WeightManifest, decode(msg.value, WeightManifest))
-        except SchemaError as e:
+        m = decode_manifest(msg, policy)
+        uris = {t.uri for t in m.tensors} if m is not None else set()
+        if m is None or len(uris) != 1:
             self.stats.bad_records += 1
-            log.warning("skipped record origin=%s error=%s", msg.origin, e)
-            return
-        uris = {t.uri for t in m.tensors}
-        if m.policy != policy or len(uris) != 1:
-            self.stats.bad_records += 1
-            log.warning("skipped manifest policy=%s version=%d blobs=%d origin=%s", m.policy,
-                        m.version, len(uris), msg.origin)
+            if m is not None:
+                log.warning("skipped manifest version=%d of %d blobs origin=%s", m.version,
+                            len(uris), msg.origin)
             return
         self._newest[policy] = max(self._newest.get(policy, m.version), m.version)
         if m.kind == "full":

@@ -23,16 +23,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 
 from astraflow.core.bus.types import Bus, Message
-from astraflow.core.errors import SchemaError, WeightIntegrityError, WeightStoreError
-from astraflow.core.records import WeightManifest, decode
+from astraflow.core.errors import WeightIntegrityError, WeightStoreError
+from astraflow.core.records import WeightManifest
 from astraflow.core.topics import topic_name
 from astraflow.weights.bits import blob_digest, digest, dtype_info
 from astraflow.weights.blob import BaseMismatchError, Blob, parse_blob
+from astraflow.weights.follow import decode_manifest, read_new
 from astraflow.weights.route import Route, plan_route
 from astraflow.weights.store import (
     BlobNotFoundError,
@@ -106,37 +106,15 @@ class Syncer:
     def poll(self, timeout: float = 0.0, max_records: int | None = None) -> int:
         """Read every manifest on the topic now; when there is none new, wait up to ``timeout``
         seconds for one. Returns how many records were read."""
-        ends = self._bus.describe_topic(self.topic).end_offsets
-        behind = {p: end for p, end in ends.items() if end > self._reader.position(p)}
-        deadline = time.monotonic() + timeout
-        got = 0
-        while max_records is None or got < max_records:
-            if behind:  # records exist that we have not read: wait for them (bounded)
-                wait = max(0.0, deadline - time.monotonic()) if got == 0 else max(timeout, 1.0)
-            else:  # caught up: wait only for the first new record
-                wait = 0.0 if got else max(0.0, deadline - time.monotonic())
-            n = 500 if max_records is None else min(500, max_records - got)
-            msgs = self._reader.consume(n, wait)
-            if not msgs:
-                break
-            for msg in msgs:
-                if behind.get(msg.partition, -1) <= msg.offset + 1:
-                    behind.pop(msg.partition, None)
-                self._take(msg)
-            got += len(msgs)
-            self.stats.manifests += len(msgs)
+        got = read_new(self._bus, self._reader, self.topic, self._take, timeout=timeout,
+                       max_records=max_records)
+        self.stats.manifests += got
         return got
 
     def _take(self, msg: Message) -> None:
-        try:
-            m = cast(WeightManifest, decode(msg.value, WeightManifest))
-        except SchemaError as e:
+        m = decode_manifest(msg, self.policy)
+        if m is None:
             self.stats.bad_records += 1
-            log.warning("skipped record origin=%s error=%s", msg.origin, e)
-            return
-        if m.policy != self.policy:
-            self.stats.bad_records += 1
-            log.warning("skipped manifest of policy=%s origin=%s", m.policy, msg.origin)
             return
         self.manifests.append(m)
 
