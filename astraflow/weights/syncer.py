@@ -159,10 +159,13 @@ class Syncer:
             self.stats.prefetched_bytes += moved
         return moved
 
-    def sync_once(self, timeout: float = 0.0) -> int | None:
-        """Read new manifests (waiting up to ``timeout``), move to the newest reachable version,
-        and return the version held."""
-        self.poll(timeout)
+    def sync_once(self, timeout: float = 0.0, *, read: bool = True) -> int | None:
+        """Read new manifests (waiting up to ``timeout``; ``read=False``: plan on the manifests
+        already read, as a follower does inside the engine's safe point, where a bus round trip
+        would hold the engine), move to the newest reachable version, and return the version
+        held."""
+        if read:
+            self.poll(timeout)
         bad: set[str] = set()
         heals = 0
         while True:

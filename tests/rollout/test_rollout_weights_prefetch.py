@@ -44,12 +44,16 @@ def test_the_download_happens_before_the_safe_point(arith_dir: Path, bus: Bus, t
     inside: list[int] = []  # bytes downloaded while the engine was held
     sync_once = syncer.sync_once
 
-    def held_sync(timeout: float = 0.0) -> int | None:
-        before = syncer.stats.fetched_bytes
+    reads: list[bool] = []
+
+    def held_sync(timeout: float = 0.0, *, read: bool = True) -> int | None:
+        before, manifests = syncer.stats.fetched_bytes, syncer.stats.manifests
+        reads.append(read)
         try:
-            return sync_once(timeout)
+            return sync_once(timeout, read=read)
         finally:
             inside.append(syncer.stats.fetched_bytes - before)
+            assert syncer.stats.manifests == manifests  # no bus round trip while held
 
     syncer.sync_once = held_sync  # type: ignore[method-assign]
     follower = WeightFollower(syncer, engine=engine)
@@ -64,6 +68,7 @@ def test_the_download_happens_before_the_safe_point(arith_dir: Path, bus: Bus, t
             assert follower.sync_now(timeout=5) == version
         assert engine.version == 3 and follower.updates == 3 and follower.lag == 0
         assert inside == [0, 0, 0]  # every byte crossed the link before the safe point
+        assert reads == [False, False, False]
         assert syncer.stats.prefetched_bytes == syncer.stats.fetched_bytes > 0
         assert follower.fetch_s > 0 and follower.apply_s > 0
         for name, p in engine.model.state_dict().items():
