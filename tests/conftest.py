@@ -39,13 +39,31 @@ def local_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loc
     if os.environ.get(EXTERNAL_KAFKA_ENV):
         pytest.skip(f"{EXTERNAL_KAFKA_ENV} is set: the tests use that external Kafka cluster, "
                     "and this test needs the local broker it can stop and restart")
-    broker = LocalBroker(tmp_path_factory.mktemp("kafka-broker"))
+    # a second listener, WAN, advertised at a port where the emulated-WAN tests put a
+    # Toxiproxy proxy in front of it (tests/sim): clients that bootstrap there stay behind the
+    # proxy; nothing listens on the advertised port otherwise, and nothing else uses it
+    wan_bind, wan_proxy = _free_ports(2)
+    broker = LocalBroker(tmp_path_factory.mktemp("kafka-broker"),
+                         extra_listeners={"WAN": (wan_bind, f"127.0.0.1:{wan_proxy}")})
     try:
         broker.start(timeout=90)
     except BrokerError as e:  # an error, not a skip: the kafka tests were asked for
         pytest.fail(f"could not start the local Kafka broker: {e}", pytrace=False)
     yield broker
     broker.stop()
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ import pytest
 
 from astraflow.core.broker import LocalBroker
 from astraflow.core.bus import connect
-from astraflow.core.errors import BrokerError, WeightStoreError
+from astraflow.core.errors import WeightStoreError
 from astraflow.sim.wan import (
     INSTALL_HINT,
     Link,
@@ -41,14 +41,6 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.01)
-
-
-@pytest.fixture(scope="module")
-def toxiproxy() -> Iterator[Toxiproxy]:
-    if find_toxiproxy() is None:
-        pytest.skip(INSTALL_HINT)
-    with Toxiproxy() as tp:
-        yield tp
 
 
 class _Echo(socketserver.BaseRequestHandler):
@@ -242,30 +234,6 @@ def test_a_download_cut_mid_way_resumes_from_the_part_file_and_ends_bit_exact(
 
 
 # ---- Kafka through a proxied listener
-
-
-@pytest.fixture(scope="module")
-def wan_kafka(toxiproxy: Toxiproxy, tmp_path_factory: pytest.TempPathFactory
-              ) -> Iterator[tuple[LocalBroker, str]]:
-    """A broker whose WAN listener binds a free port and advertises the proxy in front of it
-    (a 300 ms round trip): clients that bootstrap through the proxy stay behind it."""
-    if os.environ.get("ASTRAFLOW_KAFKA_BOOTSTRAP"):
-        pytest.skip("ASTRAFLOW_KAFKA_BOOTSTRAP is set: this test needs a local broker with a "
-                    "listener behind the proxy")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        bind_port = s.getsockname()[1]
-    proxy = toxiproxy.proxy("kafka-region-b", upstream=f"127.0.0.1:{bind_port}",
-                            link=Link(rtt_ms=RTT_S * 1000))
-    broker = LocalBroker(tmp_path_factory.mktemp("wan-broker"),
-                         extra_listeners={"WAN": (bind_port, proxy.listen)})
-    try:
-        broker.start(timeout=90)
-    except BrokerError as e:
-        pytest.fail(f"could not start the local Kafka broker: {e}", pytrace=False)
-    yield broker, proxy.listen
-    broker.stop()
-    proxy.delete()
 
 
 @pytest.mark.kafka
