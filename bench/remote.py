@@ -6,27 +6,35 @@ workers sit behind a far link, and does a regional mirror keep the trainer's egr
     python bench/remote.py --warm runs/quickstart --seconds 120
 
 **Part 1, trainer wait.** The quickstart on a local Kafka broker (started here) from one warm
-model, ``--seconds`` of RL per arm, three rollout workers at ``--speeds`` (100/60/30%:
-``rollout.engine.speed``, a weaker accelerator):
+model, ``--seconds`` of RL per arm, three rollout workers of unequal speed (``--speeds``
+100/60/30%: a worker at speed s waits ``--latency``/s per generate request and its engine's
+own compute is slowed to s, ``rollout.engine.speed``: a weaker accelerator). The run's own
+worker is the full-speed one, next to the trainer; the bench starts the other two:
 
-* ``local``: all three next to the trainer (the broker's own listener, the run's file store);
-* ``remote``: the first local, the other two "in another region": their Kafka traffic goes
-  through a Toxiproxy proxy to a broker listener that advertises the proxy's address, and
-  their weights come from the run's store served over HTTP through a second proxy; both links
-  have ``--rtt-ms`` round trip and the scaled bandwidth below; sparse bf16 deltas;
+* ``local``: next to the trainer too (the broker's own listener, the run's store as a
+  directory);
+* ``remote``: "in another region": their Kafka traffic goes through a Toxiproxy proxy to a
+  broker listener that advertises the proxy's address, their weights come from the run's
+  store served over HTTP through a second proxy; both links have ``--rtt-ms`` round trip and
+  the scaled bandwidth below; sparse bf16 deltas (a full every 20 versions);
 * ``remote-full``: the same, but every version a full snapshot (``weights.max_delta_fraction``
   near 0: no delta is small enough), the baseline without deltas.
+
+Generation is slowed on purpose (``--latency``, asleep: no core held) and the trainer too
+(``--micro 16``: one sequence per forward/backward, ``--batch`` 256 groups), so that a trainer
+step lasts seconds: in the reference a step is ~80-140 s and the 300 ms round trip is noise
+next to it; with the tiny model's own pace (~0.35 s a step) the round trip alone is a step.
 
 The link is scaled to the model: the reference moves a 28 GB full snapshot over 4 Gbit/s in
 ~56 s against trainer steps of ~80-140 s, so a full takes ~half a step. Here the bandwidth is
 ``full blob bytes / (--full-frac x seconds per trainer step)``, both measured in the ``local``
-arm; the round trip stays ``--rtt-ms`` (so relative to a step it is ~300x the reference's).
+arm; the round trip stays ``--rtt-ms``.
 
-Reported per arm: trainer steps, s/step, trainer wait ratio (sum of wait / sum of wait + busy
-over the trainer's steps), the run's accounting; per worker (from its heartbeats on
-``metrics``): episodes, mean and max version lag, seconds downloading ahead of the engine
-(``weights.fetch_s``), seconds the engine was held to apply (``weights.apply_s``), bytes
-fetched.
+Reported per arm (over the trainer steps after the first ``--skip-s`` seconds: start-up):
+trainer steps, s/step, trainer wait ratio (sum of wait / sum of wait + busy), the run's
+accounting; per worker (from its heartbeats on ``metrics``): episodes, mean and max version
+lag, seconds downloading ahead of the engine (``weights.fetch_s``), seconds the engine was
+held to apply (``weights.apply_s``), bytes fetched.
 
 **Part 2, egress.** The ``local`` arm's real manifests and blobs published again, version by
 version, to 1, 4 and 8 remote syncers (threads), without and with a regional mirror
@@ -94,38 +102,42 @@ class Region:
         if self.weights_proxy is not None:
             self.weights_proxy.apply(link)
 
-    def start_workers(self, run_dir: Path, speeds: Sequence[float], link: Any,
-                      logs: Path, deadline: float, arm: str) -> None:
-        """Once the run has written config-rl.yaml and its store exists: serve the store,
-        proxy it, start one far worker per speed."""
+    def start_workers(self, run_dir: Path, workers: Sequence[tuple[float, str]], link: Any,
+                      logs: Path, deadline: float, arm: str, far: bool) -> None:
+        """Once the run has written config-rl.yaml: start one worker per (speed, latency), far
+        (Kafka and the run's store, served over HTTP, through the proxies) or local (the
+        broker's own listener, the store as a directory: like the run's own worker)."""
         from astraflow.weights.http import make_server
 
         cfg = run_dir / "config-rl.yaml"
-        store = run_dir / "weights"
         while not (cfg.exists() and (run_dir / "processes.json").exists()):
             if time.monotonic() > deadline:
                 raise SystemExit(f"{run_dir}: the run wrote no config-rl.yaml in time")
             time.sleep(0.2)
-        store.mkdir(parents=True, exist_ok=True)
-        self.server = make_server(store)
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
-                         daemon=True).start()
-        if self.weights_proxy is not None:
-            self.weights_proxy.delete()
-        port = self.server.server_address[1]
-        self.weights_proxy = self.tp.proxy(f"weights-far-{port}", f"127.0.0.1:{port}",
-                                           link=link)
-        bus = f"kafka://{self.kafka_proxy.listen}?{FAR_CLIENT}"
-        for i, speed in enumerate(speeds):
-            sets = [f"bus.url={bus}", f"rollout.engine.speed={speed}",
-                    "rollout.session_timeout=30",
-                    "weights.fetch.type=http",
-                    f"weights.fetch.url=http://{self.weights_proxy.listen}",
-                    "weights.fallback=null"]
+        sets_far: list[str] = []
+        if far:
+            store = run_dir / "weights"
+            store.mkdir(parents=True, exist_ok=True)
+            self.server = make_server(store)
+            threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
+                             daemon=True).start()
+            if self.weights_proxy is not None:
+                self.weights_proxy.delete()
+            port = self.server.server_address[1]
+            self.weights_proxy = self.tp.proxy(f"weights-far-{port}", f"127.0.0.1:{port}",
+                                               link=link)
+            sets_far = [f"bus.url=kafka://{self.kafka_proxy.listen}?{FAR_CLIENT}",
+                        "rollout.session_timeout=30", "weights.fetch.type=http",
+                        f"weights.fetch.url=http://{self.weights_proxy.listen}",
+                        "weights.fallback=null"]
+        where = "far" if far else "near"
+        for i, (speed, latency) in enumerate(workers):
+            sets = [*sets_far, f"rollout.engine.speed={speed}",
+                    f"rollout.engine.latency={latency}"]
             cmd = [sys.executable, "-m", "astraflow.cli.app", "rollout", str(cfg),
-                   "--out", str(run_dir), "--worker-id", f"rollout-{arm}-far{i}",
+                   "--out", str(run_dir), "--worker-id", f"rollout-{arm}-{where}{i}",
                    *[a for s in sets for a in ("--set", s)]]
-            fh = open(logs / f"{arm}-far{i}.log", "w")  # noqa: SIM115 - closed with the process
+            fh = open(logs / f"{arm}-{where}{i}.log", "w")  # noqa: SIM115 - closed with it
             self.procs.append(subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
                                                cwd=ROOT))
 
@@ -180,16 +192,22 @@ def worker_stats(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def trainer_row(run_dir: Path) -> dict[str, Any]:
+def trainer_row(run_dir: Path, skip_s: float) -> dict[str, Any]:
+    """Steps, s/step and wait ratio over the trainer's steps after the first ``skip_s``
+    seconds (far workers start after the run has written its config, then join the group
+    across the link: the first seconds measure start-up, not the link)."""
     rows = read_jsonl(run_dir / "trainer-default.jsonl")
-    steps = [r for r in rows if "step" in r and "event" not in r]
     starts = [r["time"] for r in rows if r.get("event") == "start"]
-    if not steps or not starts:
+    if not starts:
         return {"error": "no trainer steps"}
+    t0 = min(starts) + skip_s
+    steps = [r for r in rows if "step" in r and "event" not in r and r["time"] >= t0]
+    if len(steps) < 2:
+        return {"error": f"fewer than 2 trainer steps after the first {skip_s} s"}
     wait = sum(r.get("wait_s", 0.0) for r in steps)
     busy = sum(r.get("busy_s", 0.0) for r in steps)
-    seconds = steps[-1]["time"] - min(starts)
-    return {"steps": len(steps), "s_per_step": seconds / len(steps),
+    seconds = steps[-1]["time"] - steps[0]["time"]
+    return {"steps": len(steps), "s_per_step": seconds / (len(steps) - 1),
             "wait_ratio": wait / max(wait + busy, 1e-9)}
 
 
@@ -203,14 +221,17 @@ def full_blob_bytes(run_dir: Path) -> int:
 def run_arm(arm: str, base: dict[str, Any], warm: Mapping[str, Path], args: argparse.Namespace,
             bootstrap: str, region: Region, link: Any) -> dict[str, Any]:
     speeds = [float(s) for s in args.speeds.split(",")]
+    # a worker at speed s: its requests wait latency/s (a slower accelerator generating the
+    # same tokens), and its engine's own compute is slowed to s
+    workers = [(s, f"{args.latency / s:.3f}") for s in speeds]
     far = arm != "local"
     sets = [*args.sets, f"data.max_staleness={args.staleness}", "launch.evaluate=false",
-            f"run=remote-{arm}-{os.getpid()}", f"trainer.micro_batch_tokens={args.micro}"]
-    if far:
-        sets += ["launch.rollout_workers=1", f"launch.rollout_speeds=[{speeds[0]}]"]
-    else:
-        sets += [f"launch.rollout_workers={len(speeds)}",
-                 f"launch.rollout_speeds=[{','.join(map(str, speeds))}]"]
+            f"run=remote-{arm}-{os.getpid()}", f"trainer.micro_batch_tokens={args.micro}",
+            f"data.batch_size={args.batch}", f"rollout.max_concurrent_episodes={args.slots}",
+            f"rollout.engine.max_batch_size={args.slots}",
+            # the run's own worker is the first (local) one; the bench starts the others
+            "launch.rollout_workers=1", f"rollout.engine.speed={workers[0][0]}",
+            f"rollout.engine.latency={workers[0][1]}"]
     if arm == "remote-full":
         sets.append("weights.max_delta_fraction=1e-9")  # no delta is ever small enough
     data = arm_config(base, sets, warm, seconds=args.seconds, latency=None,
@@ -223,18 +244,17 @@ def run_arm(arm: str, base: dict[str, Any], warm: Mapping[str, Path], args: argp
     t0 = time.monotonic()
     runner.start()
     try:
-        if far:
-            region.start_workers(run_dir, speeds[1:], link, args.out,
-                                 time.monotonic() + 600, arm)
+        region.start_workers(run_dir, workers[1:], link, args.out, time.monotonic() + 600,
+                             arm, far)
         runner.join()
     finally:
-        far_codes = region.stop_workers() if far else []
-    print(f"[{arm}] exit {code[0] if code else None} in {time.monotonic() - t0:.0f} s; far "
-          f"workers exited {far_codes}", flush=True)
+        far_codes = region.stop_workers()
+    print(f"[{arm}] exit {code[0] if code else None} in {time.monotonic() - t0:.0f} s; the "
+          f"bench's workers exited {far_codes}", flush=True)
     summary = json.loads((run_dir / "summary.json").read_text()) \
         if (run_dir / "summary.json").exists() else {}
     acc = summary.get("accounting", {})
-    row = {"arm": arm, **trainer_row(run_dir), "unaccounted": acc.get("unaccounted"),
+    row = {"arm": arm, **trainer_row(run_dir, args.skip_s), "unaccounted": acc.get("unaccounted"),
            "trained_twice": acc.get("trained_twice"), "workers": worker_stats(run_dir)}
     fulls = len(list((run_dir / "weights").rglob("*.full.*.afw")))
     deltas = len(list((run_dir / "weights").rglob("*.delta.*.afw")))
@@ -333,7 +353,8 @@ def egress(run_dir: Path, workers: int, mirror: bool, versions: int, tmp: Path
 
 def table(rows: Sequence[Mapping[str, Any]], eg: Sequence[Mapping[str, Any]],
           link: Mapping[str, Any]) -> str:
-    out = [f"link: RTT {link['rtt_ms']} ms, {link['bandwidth'] / 1e6:.2f} MB/s (a full "
+    out = [f"worker speeds {link['speeds']} (request latency {link['latency']} s / speed); "
+           f"steps counted after the first {link['skip_s']} s", f"link: RTT {link['rtt_ms']} ms, {link['bandwidth'] / 1e6:.2f} MB/s (a full "
            f"snapshot of {link['full_bytes'] / 1e6:.2f} MB takes {link['full_frac']} of a "
            f"{link['s_per_step']:.2f} s trainer step)", "",
            "| arm | trainer steps | s/step | trainer wait | fulls / deltas | unaccounted | "
@@ -368,16 +389,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arms", default="local,remote,remote-full")
-    ap.add_argument("--seconds", type=float, default=90.0, help="RL seconds per arm")
+    ap.add_argument("--seconds", type=float, default=180.0, help="RL seconds per arm")
     ap.add_argument("--speeds", default="1.0,0.6,0.3",
                     help="engine speed of each worker; the first is local in the far arms")
+    ap.add_argument("--latency", type=float, default=1.0,
+                    help="seconds each generate request of a full-speed worker waits (a worker "
+                         "at speed s waits latency/s): generation slow enough that a trainer "
+                         "step lasts seconds and the round trip is small next to it")
+    ap.add_argument("--slots", type=int, default=512, help="episode slots per worker")
+    ap.add_argument("--batch", type=int, default=256, help="groups per training batch")
+    ap.add_argument("--skip-s", type=float, default=30.0,
+                    help="trainer steps of the first seconds are not counted (start-up)")
     ap.add_argument("--rtt-ms", type=float, default=300.0)
     ap.add_argument("--full-frac", type=float, default=0.5,
                     help="a full snapshot takes this fraction of a trainer step on the link")
     ap.add_argument("--bandwidth", type=float, default=None,
                     help="bytes/s of the link (default: from --full-frac and the local arm)")
     ap.add_argument("--staleness", type=int, default=2, help="data.max_staleness")
-    ap.add_argument("--micro", type=int, default=8192, help="trainer.micro_batch_tokens")
+    ap.add_argument("--micro", type=int, default=16,
+                    help="trainer.micro_batch_tokens (16: one sequence per forward/backward, "
+                         "a slow trainer: the rollout pool can outrun it when all-local)")
     ap.add_argument("--egress-workers", default="1,4,8")
     ap.add_argument("--egress-versions", type=int, default=30)
     ap.add_argument("--warm", type=Path, default=None,
@@ -404,6 +435,8 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     eg: list[dict[str, Any]] = []
     link_info: dict[str, Any] = {"rtt_ms": args.rtt_ms, "full_frac": args.full_frac,
+                                 "speeds": args.speeds, "latency": args.latency,
+                                 "skip_s": args.skip_s,
                                  "bandwidth": args.bandwidth or 0.0, "full_bytes": 0,
                                  "s_per_step": 0.0}
     with Toxiproxy() as tp:
