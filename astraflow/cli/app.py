@@ -59,8 +59,10 @@ def demo_worker(url: str, run: str, worker_id: str, delay: float = 0.01) -> None
 
 @app.callback()
 def _root(
-    log_level: Annotated[str, typer.Option(help="Log level of the astraflow logger.")]
-    = "WARNING",
+    log_level: Annotated[str, typer.Option(
+        envvar="ASTRAFLOW_LOG_LEVEL",
+        help="Log level of the astraflow logger (every role of `astraflow run` inherits the "
+             "environment variable).")] = "WARNING",
 ) -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("astraflow").setLevel(log_level.upper())

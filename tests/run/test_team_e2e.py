@@ -59,6 +59,7 @@ BUDGET = ["launch.warmup.steps=0", f"trainer.max_steps={STEPS['solver']}",
           "launch.timeout_s=300", "rollout.reward.name=numeric_match",
           "rollout.reward.kwargs.abs_tol=30",
           "rollout.workflow.kwargs.solver_verifier.rewards.verifier=final"]
+ROLLOUT_ROLES = ("rollout-0", "rollout-1")  # the example's two workers; one is killed
 KILL_ROLLOUT_AT = 2  # versions of each policy the worker has recorded: it follows both
 KILL_TRAINER_AT = CHECKPOINT_EVERY + 2  # past a checkpoint: the restart re-trains from it
 KILL_ROLLOUT_FALLBACK = 12  # solver steps (of 44): see run_with_kills
@@ -67,9 +68,12 @@ KILL_ROLLOUT_FALLBACK = 12  # solver steps (of 44): see run_with_kills
 def start_run(out: Path, *extra: str) -> subprocess.Popen[str]:
     sets = [a for s in BUDGET for a in ("--set", s)]
     return subprocess.Popen(
-        [sys.executable, "-m", "astraflow.cli.app", "run", str(EXAMPLE), "--out", str(out),
-         "--no-live", *sets, *extra], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
+        # the launcher at WARNING (its output is read only at the end), its roles at INFO
+        # (their own log files: which partitions each rollout consumer was given)
+        [sys.executable, "-m", "astraflow.cli.app", "--log-level", "WARNING", "run",
+         str(EXAMPLE), "--out", str(out), "--no-live", *sets, *extra], cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "ASTRAFLOW_LOG_LEVEL": "INFO"})
 
 
 def telemetry(out: Path, policy: str) -> list[dict[str, Any]]:
@@ -133,9 +137,9 @@ class Recorded:
 
 
 def run_with_kills(out: Path, *extra: str) -> tuple[int, str, dict[str, int]]:
-    """Run the experiment; SIGKILL rollout-0 once it has recorded KILL_ROLLOUT_AT versions of
-    each policy, and trainer-verifier once it has trained KILL_TRAINER_AT batches. Returns the
-    exit code, the output and the killed pids by role."""
+    """Run the experiment; SIGKILL a rollout worker once it has recorded KILL_ROLLOUT_AT
+    versions of each policy, and trainer-verifier once it has trained KILL_TRAINER_AT batches.
+    Returns the exit code, the output and the killed pids by role."""
     proc = start_run(out, *extra)
     recorded = Recorded(out)
     killed: dict[str, int] = {}
@@ -147,19 +151,25 @@ def run_with_kills(out: Path, *extra: str) -> tuple[int, str, dict[str, int]]:
     deadline = time.monotonic() + 420
     try:
         while proc.poll() is None and time.monotonic() < deadline:
-            if "rollout-0" not in killed and (out / "processes.json").exists():
-                pid = json.loads((out / "processes.json").read_text())["rollout-0"]
-                seen = recorded.poll().get(pid)
-                # or, should this reader lag (it did on Kafka within the full suite, 2 runs of
-                # 2, never alone), once the solver's trainer is well past those versions and
-                # the worker has written at least one record (check_bus then checks, on the
-                # whole topic, that it had reached them). Not before its first record: a worker
-                # process that comes up late (Kafka CI, once: past the fallback's step) would
-                # be killed before it wrote anything, leaving the restart nothing to compare to
-                if seen is not None and (
-                        all(seen.get(p, 0) >= KILL_ROLLOUT_AT for p in POLICIES)
-                        or step(out, "solver") >= KILL_ROLLOUT_FALLBACK):
-                    kill("rollout-0")
+            rollouts = [r for r in killed if r.startswith("rollout-")]
+            if not rollouts and (out / "processes.json").exists():
+                pids = json.loads((out / "processes.json").read_text())
+                versions = recorded.poll()
+                for role in ROLLOUT_ROLES:
+                    seen = versions.get(pids[role])
+                    # or, should this reader lag (it did on Kafka within the full suite, 2 runs
+                    # of 2, never alone), once the solver's trainer is well past those versions
+                    # and the worker has written at least one record (check_bus then checks,
+                    # on the whole topic, that it had reached them). Not before its first
+                    # record: a worker that has no partition yet (Kafka CI, twice: the other
+                    # worker held them all for half the run) would be killed before it wrote
+                    # anything, leaving the restart nothing to compare to. Whichever worker
+                    # gets there first is killed
+                    if seen is not None and (
+                            all(seen.get(p, 0) >= KILL_ROLLOUT_AT for p in POLICIES)
+                            or step(out, "solver") >= KILL_ROLLOUT_FALLBACK):
+                        kill(role)
+                        break
             if "trainer-verifier" not in killed and step(out, "verifier") >= KILL_TRAINER_AT:
                 kill("trainer-verifier")
             time.sleep(0.2)
@@ -172,9 +182,21 @@ def run_with_kills(out: Path, *extra: str) -> tuple[int, str, dict[str, int]]:
             except subprocess.TimeoutExpired:
                 proc.kill()
     output = proc.communicate(timeout=60)[0]
-    assert set(killed) == {"rollout-0", "trainer-verifier"}, \
-        f"the run ended before the kills: {killed}\n{output[-3000:]}"
+    assert len(killed) == 2 and "trainer-verifier" in killed, \
+        f"the run ended before the kills: {killed}\n{output[-3000:]}\n{assignments(out)}"
     return proc.returncode, output, killed
+
+
+def assignments(out: Path) -> str:
+    """What each rollout process's Kafka consumer was assigned and revoked, from its log (the
+    run logs at INFO): for a failure where a worker got no work."""
+    lines = []
+    for role in ROLLOUT_ROLES:
+        log = out / "logs" / f"{role}.log"
+        text = log.read_text() if log.exists() else ""
+        lines += [f"{role}: {x[:300]}" for x in text.splitlines()
+                  if "assigned=" in x or "revoked=" in x or "lost=" in x or "=== start" in x]
+    return "\n".join(lines[-60:])
 
 
 def check_roles(out: Path, rc: int, output: str, killed: dict[str, int]) -> dict[str, Any]:
@@ -242,13 +264,12 @@ def check_bus(out: Path, killed: dict[str, int]) -> None:
                 assert not wrong, f"batch {b.id} of {p} holds {wrong[:3]}"
     finally:
         bus.close()
+    (role,) = [r for r in killed if r.startswith("rollout-")]
     try:
-        check_versions(by_worker, killed["rollout-0"],
-                       json.loads((out / "processes.json").read_text())["rollout-0"])
-    except AssertionError as e:  # with what the worker's processes said of themselves
-        log = out / "logs" / "rollout-0.log"
-        tail = log.read_text()[-3000:] if log.exists() else "(no log)"
-        raise AssertionError(f"{e}\n--- {log.name}:\n{tail}") from None
+        check_versions(by_worker, killed[role],
+                       json.loads((out / "processes.json").read_text())[role])
+    except AssertionError as e:  # with what the worker processes' consumers were given
+        raise AssertionError(f"{e}\n{assignments(out)}") from None
 
 
 def check_versions(by_worker: dict[str, list[tuple[float, int, int, dict[str, int]]]],
@@ -281,7 +302,7 @@ def check_versions(by_worker: dict[str, list[tuple[float, int, int, dict[str, in
     old = [w for w in by_worker if pid_of(w) == dead]
     new = [w for w in by_worker if pid_of(w) == restarted]
     assert len(old) == 1, (dead, list(by_worker))
-    assert len(new) == 1, (f"the restarted rollout-0 (pid {restarted}) wrote no record before "
+    assert len(new) == 1, (f"the restarted worker (pid {restarted}) wrote no record before "
                            f"the run ended, so its restart went unchecked: {list(by_worker)}")
     for p in POLICIES:
         before = by_worker[old[0]][-1][3][p]

@@ -27,6 +27,10 @@ log = logging.getLogger("astraflow.bus.kafka")
 
 TIMEOUT = 30.0  # metadata and offset requests
 COMMIT_RETRY_S = 30.0  # how long a commit is retried while the coordinator is unreachable
+#: ... and inside a revocation callback, where waiting out a rebalance cannot succeed: the
+#: round the broker is in ends only once this member returns from the callback and rejoins,
+#: so a long retry there would hold every other member's assignment back with it
+REVOKE_COMMIT_RETRY_S = 2.0
 NOISE_EVERY_S = 5.0
 #: Protocol overhead allowed on top of max_message_bytes in librdkafka's and the topic's
 #: limits, so that our own exact, up-front size check is the one that fires.
@@ -333,6 +337,7 @@ class KafkaConsumer:
         self._lost: set[tuple[str, int]] = set()  # delivered, then revoked before a commit
         self._next: dict[tuple[str, int], int] = {}
         self._closed = False
+        self._revoking = False  # inside a revocation callback (see REVOKE_COMMIT_RETRY_S)
         self._c.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                           on_lost=self._on_lost)
 
@@ -391,10 +396,12 @@ class KafkaConsumer:
     def _on_revoke(self, consumer: Any, parts: list[Any]) -> None:
         pairs = [(tp.topic, tp.partition) for tp in parts]
         log.info("group=%s member=%s revoked=%s", self.group, self.member_id, pairs)
+        self._revoking = True
         try:
             if pairs and self._user_revoke is not None:
                 self._user_revoke(pairs)  # may still commit: the partitions are ours until return
         finally:
+            self._revoking = False
             self._drop(pairs)
             self._unassign(consumer, parts)
 
@@ -477,7 +484,8 @@ class KafkaConsumer:
         the broker refused every one of them because this membership is gone."""
         tps = [ck.TopicPartition(t, p, off + 1) for (t, p), off in offsets.items()]
         what = ", ".join(f"{t}[{p}]@{off + 1}" for (t, p), off in sorted(offsets.items()))
-        deadline = time.monotonic() + COMMIT_RETRY_S
+        retry_s = REVOKE_COMMIT_RETRY_S if self._revoking else COMMIT_RETRY_S
+        deadline = time.monotonic() + retry_s
         delay = 0.1
         while True:
             try:
@@ -499,7 +507,9 @@ class KafkaConsumer:
                 delay = min(1.0, delay * 2)
                 continue
             if rebalancing:
-                return f"the group was still rebalancing after {COMMIT_RETRY_S:.0f}s"
+                return f"the group was still rebalancing after {retry_s:.0f}s" + (
+                    " (inside a revocation, which the round waits for)" if self._revoking
+                    else "")
             raise BusError(f"group {self.group!r} commit of {what} failed: {err.str()}")
         for pair, off in offsets.items():
             if self._pending.get(pair, -1) <= off:
