@@ -239,6 +239,11 @@ def main() -> int:
     auto = [r for r in rows if r["arm"] == "auto"]
     if args.plot and auto:
         print(f"plot: {plot(auto[0], args.plot)}")
+    return exit_code(rows)
+
+
+def exit_code(rows: Sequence[Mapping[str, Any]]) -> int:
+    """1 when an arm failed or its accounting was not exact (said on stdout), else 0."""
     bad = [r["arm"] for r in rows if r.get("unaccounted") or r.get("trained_twice")]
     if bad:
         print(f"accounting NOT exact in: {', '.join(bad)}")

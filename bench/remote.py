@@ -61,16 +61,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from elastic import read_jsonl  # noqa: E402
-from multimodel import (  # noqa: E402
-    ROOT,
-    arm_config,
-    astraflow_run,
-    make_warm,
-    read_yaml,
-    warm_models,
-    write_yaml,
-)
+import multimodel as mm  # noqa: E402  (bench/: the arms' config and run helpers)
+from elastic import exit_code, read_jsonl  # noqa: E402
+
+ROOT = mm.ROOT
 
 BASE = ROOT / "examples" / "quickstart.yaml"
 #: librdkafka settings for the far workers' clients (docs/wan.md)
@@ -234,12 +228,12 @@ def run_arm(arm: str, base: dict[str, Any], warm: Mapping[str, Path], args: argp
             f"rollout.engine.latency={workers[0][1]}"]
     if arm == "remote-full":
         sets.append("weights.max_delta_fraction=1e-9")  # no delta is ever small enough
-    data = arm_config(base, sets, warm, seconds=args.seconds, latency=None,
+    data = mm.arm_config(base, sets, warm, seconds=args.seconds, latency=None,
                       workflow="single_turn", latency_key="latency")
     run_dir = args.out / arm
-    cfg = write_yaml(data, args.out / f"{arm}.yaml")
+    cfg = mm.write_yaml(data, args.out / f"{arm}.yaml")
     code: list[int] = []
-    runner = threading.Thread(target=lambda: code.append(astraflow_run(
+    runner = threading.Thread(target=lambda: code.append(mm.astraflow_run(
         cfg, run_dir, args.out / f"{arm}.log", [f"bus.url=kafka://{bootstrap}"])))
     t0 = time.monotonic()
     runner.start()
@@ -425,8 +419,8 @@ def main() -> int:
     if find_toxiproxy() is None:
         raise SystemExit(f"bench/remote.py needs Toxiproxy: {INSTALL_HINT}")
     args.out.mkdir(parents=True, exist_ok=True)
-    base = read_yaml(BASE)
-    warm = warm_models(args.warm or make_warm(base, args.sets, args.out))
+    base = mm.read_yaml(BASE)
+    warm = mm.warm_models(args.warm or mm.make_warm(base, args.sets, args.out))
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if arms[0] != "local" and args.bandwidth is None:
         raise SystemExit("the first arm must be `local` (it sizes the link), or give "
@@ -478,10 +472,7 @@ def main() -> int:
     print(table(rows, eg, link_info))
     (args.out / "results.json").write_text(json.dumps({"link": link_info, "arms": rows,
                                                        "egress": eg}, indent=1))
-    bad = [r["arm"] for r in rows if r.get("unaccounted") or r.get("trained_twice")]
-    if bad:
-        print(f"accounting NOT exact in: {', '.join(bad)}")
-    return 1 if bad or any("error" in r for r in rows) else 0
+    return exit_code(rows)
 
 
 if __name__ == "__main__":
