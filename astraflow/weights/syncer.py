@@ -171,6 +171,18 @@ class Syncer:
         while True:
             route = plan_route(self.manifests, self._version, current_digests=self._digests,
                                exclude=bad)
+            if route is None and self._version is not None:
+                # nothing newer builds on what we hold: a dead lineage (a trainer restarted
+                # from a checkpoint and re-trained to other bytes) whose successor's deltas
+                # start below our version. Start over from a full, even an older one, if that
+                # reaches further than where we are
+                fresh = plan_route(self.manifests, None, exclude=bad)
+                if fresh is not None and fresh.version is not None and \
+                        fresh.version > self._version:
+                    log.warning("policy=%s version=%d: no newer version builds on the weights "
+                                "held; starting over from the full of version %d",
+                                self.policy, self._version, fresh.steps[0].version)
+                    route = fresh
             if route is None:
                 return self._version
             try:

@@ -111,3 +111,27 @@ def test_a_delta_against_other_bytes_is_never_fetched(bus, store) -> None:
     assert identical(held, new[5])
     assert len(worker.fetched) == 1 and ".full." in worker.fetched[0], worker.fetched
     assert worker.stats.heals == 0  # planned right, not healed after a fetch
+
+
+def test_a_worker_on_a_dead_lineage_starts_over_from_an_older_full(bus, store) -> None:
+    """The restarted trainer re-trained to other bytes and has published no full since its
+    checkpoint: nothing newer builds on the dead trainer's 12 the worker holds. It goes back
+    to the full at 10 (older than what it holds) and takes the new chain to the newest."""
+    old = evolve(numpy_model(), 13, seed=5)
+    pub = publisher(bus, store, full_every=10)
+    for v, t in enumerate(old):
+        pub.publish(t, v)
+    pub.close()
+    held = {k: np.zeros_like(v) for k, v in old[0].items()}
+    worker = Counting(bus, run=RUN, policy=POLICY, store=store, target=DictTarget(held))
+    assert worker.sync_once(2) == 12
+    new = [old[10]] + evolve({k: v.copy() for k, v in old[10].items()}, 6, seed=11)[1:]
+    resumed = publisher(bus, store, full_every=100)
+    assert resumed.resume(new[0], 10)
+    for i, v in enumerate(range(11, 16), start=1):
+        resumed.publish(new[i], v)
+    resumed.close()
+    worker.fetched.clear()
+    assert worker.sync_once(2) == 15 and identical(held, new[5])
+    assert ".full." in worker.fetched[0] and "v0000000010" in worker.fetched[0]
+    assert len(worker.fetched) == 6  # the full at 10, then the new 11..15
