@@ -87,26 +87,36 @@ def test_without_a_full_on_the_topic_resume_declines(bus, store) -> None:
     assert [m.kind for m in manifests(bus)] == ["full"]
 
 
-def test_a_delta_against_other_bytes_is_never_fetched(bus, store) -> None:
-    """The restarted trainer re-trained differently (another seed, a GPU): its 11 and 12 are
-    not the dead trainer's. A worker at the dead trainer's 12 goes through the new full at 15
-    and never fetches the new deltas 13-15, whose base it does not hold."""
-    old = evolve(numpy_model(), 13, seed=4)
-    pub = publisher(bus, store, full_every=5)
+def diverged_restart(bus, store, *, seed: int, new_seed: int, full_every: int,
+                     new_full_every: int) -> tuple[Counting, dict, list[dict], list[dict]]:
+    """A trainer published 0..12 (a worker synced to 12), died, and a trainer restarted from
+    its checkpoint at 10 re-trained to other bytes and published 11..15. Returns the worker,
+    what it holds, the dead lineage's versions and the new ones (new[i] is version 10 + i)."""
+    old = evolve(numpy_model(), 13, seed=seed)
+    pub = publisher(bus, store, full_every=full_every)
     for v, t in enumerate(old):
         pub.publish(t, v)
     pub.close()
     held = {k: np.zeros_like(v) for k, v in old[0].items()}
     worker = Counting(bus, run=RUN, policy=POLICY, store=store, target=DictTarget(held))
     assert worker.sync_once(2) == 12 and identical(held, old[12])
-    new = [old[10]] + evolve({k: v.copy() for k, v in old[10].items()}, 6, seed=9)[1:]
+    new = [old[10]] + evolve({k: v.copy() for k, v in old[10].items()}, 6, seed=new_seed)[1:]
     assert not identical(new[2], old[12])
-    resumed = publisher(bus, store, full_every=5)
+    resumed = publisher(bus, store, full_every=new_full_every)
     assert resumed.resume(new[0], 10)
     for i, v in enumerate(range(11, 16), start=1):
         resumed.publish(new[i], v)
     resumed.close()
     worker.fetched.clear()
+    return worker, held, old, new
+
+
+def test_a_delta_against_other_bytes_is_never_fetched(bus, store) -> None:
+    """The restarted trainer re-trained differently (another seed, a GPU): its 11 and 12 are
+    not the dead trainer's. A worker at the dead trainer's 12 goes through the new full at 15
+    and never fetches the new deltas 13-15, whose base it does not hold."""
+    worker, held, _old, new = diverged_restart(bus, store, seed=4, new_seed=9, full_every=5,
+                                               new_full_every=5)
     assert worker.sync_once(2) == 15
     assert identical(held, new[5])
     assert len(worker.fetched) == 1 and ".full." in worker.fetched[0], worker.fetched
@@ -117,21 +127,8 @@ def test_a_worker_on_a_dead_lineage_starts_over_from_an_older_full(bus, store) -
     """The restarted trainer re-trained to other bytes and has published no full since its
     checkpoint: nothing newer builds on the dead trainer's 12 the worker holds. It goes back
     to the full at 10 (older than what it holds) and takes the new chain to the newest."""
-    old = evolve(numpy_model(), 13, seed=5)
-    pub = publisher(bus, store, full_every=10)
-    for v, t in enumerate(old):
-        pub.publish(t, v)
-    pub.close()
-    held = {k: np.zeros_like(v) for k, v in old[0].items()}
-    worker = Counting(bus, run=RUN, policy=POLICY, store=store, target=DictTarget(held))
-    assert worker.sync_once(2) == 12
-    new = [old[10]] + evolve({k: v.copy() for k, v in old[10].items()}, 6, seed=11)[1:]
-    resumed = publisher(bus, store, full_every=100)
-    assert resumed.resume(new[0], 10)
-    for i, v in enumerate(range(11, 16), start=1):
-        resumed.publish(new[i], v)
-    resumed.close()
-    worker.fetched.clear()
+    worker, held, _old, new = diverged_restart(bus, store, seed=5, new_seed=11, full_every=10,
+                                               new_full_every=100)
     assert worker.sync_once(2) == 15 and identical(held, new[5])
     assert ".full." in worker.fetched[0] and "v0000000010" in worker.fetched[0]
     assert len(worker.fetched) == 6  # the full at 10, then the new 11..15
