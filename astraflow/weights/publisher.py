@@ -26,9 +26,9 @@ import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-from astraflow.core.bus.types import Bus
+from astraflow.core.bus.types import Bus, Message
 from astraflow.core.errors import AstraflowError, WeightIntegrityError
 from astraflow.core.records import TensorEntry, WeightManifest
 from astraflow.core.stream import Output, send
@@ -36,6 +36,7 @@ from astraflow.core.topics import record_key, topic_name
 from astraflow.weights.bits import bits_dict, blob_digest, digest
 from astraflow.weights.blob import CODEC, Bits, EncodedVersion, check_compatible, encode_version
 from astraflow.weights.codec import DEFAULT_LEVEL
+from astraflow.weights.follow import decode_manifest, read_new
 from astraflow.weights.store import WeightStore
 
 log = logging.getLogger("astraflow.weights.publisher")
@@ -158,27 +159,20 @@ class Publisher:
 
     def _newest_full(self, version: int) -> int | None:
         """The newest full manifest on the topic at or before ``version`` (reads it whole)."""
-        from astraflow.core.records import decode
+        fulls: list[int] = []
+
+        def take(msg: Message) -> None:
+            m = decode_manifest(msg, self.policy)
+            if m is not None and m.kind == "full" and m.version <= version:
+                fulls.append(m.version)
 
         reader = self._bus.reader(self.topic, start="earliest",
                                   client_id=f"weights-publisher-{self.policy}-resume")
-        ends = self._bus.describe_topic(self.topic).end_offsets
-        best: int | None = None
         try:
-            while any(end > reader.position(p) for p, end in ends.items()):
-                msgs = reader.consume(500, 1.0)
-                if not msgs:
-                    break
-                for msg in msgs:
-                    try:
-                        m = cast(WeightManifest, decode(msg.value, WeightManifest))
-                    except AstraflowError:
-                        continue
-                    if m.policy == self.policy and m.kind == "full" and m.version <= version:
-                        best = m.version if best is None else max(best, m.version)
+            read_new(self._bus, reader, self.topic, take)
         finally:
             reader.close()
-        return best
+        return max(fulls, default=None)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every version handed to :meth:`publish` is on the bus (or was coalesced)."""
