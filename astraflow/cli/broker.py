@@ -73,6 +73,25 @@ def _running(data_dir: Path) -> LocalBroker | None:
     return broker if broker.pid() is not None else None
 
 
+def parse_listeners(specs: list[str]) -> dict[str, tuple[int, str]]:
+    """``NAME=BIND_PORT:HOST:PORT`` specs → ``{NAME: (BIND_PORT, "HOST:PORT")}``; the
+    names and addresses are checked by the broker."""
+    from astraflow.core.errors import BrokerError
+
+    out: dict[str, tuple[int, str]] = {}
+    for spec in specs:
+        name, eq, rest = spec.partition("=")
+        bind, colon, advertised = rest.partition(":")
+        if not eq or not colon or not bind.isdigit() or not advertised:
+            raise BrokerError(f"bad --listener {spec!r}; expected "
+                              "NAME=BIND_PORT:ADVERTISED_HOST:ADVERTISED_PORT, e.g. "
+                              "REGION_B=19093:wan-proxy.example:29093")
+        if name in out:
+            raise BrokerError(f"--listener {name} given twice")
+        out[name] = (int(bind), advertised)
+    return out
+
+
 @app.command()
 def fetch() -> None:
     """Fetch the broker's jars from Maven Central into the cache (once)."""
@@ -92,11 +111,17 @@ def start(
         help="KRaft controller port (default: --port + 1).")] = None,
     heap: Annotated[str, typer.Option(help="JVM heap (-Xmx).")] = "512m",
     timeout: Annotated[float, typer.Option(help="Seconds to wait until it answers.")] = 90.0,
+    listener: Annotated[list[str] | None, typer.Option(
+        help="An extra plaintext listener for clients behind a proxy or NAT, as "
+             "NAME=BIND_PORT:ADVERTISED_HOST:ADVERTISED_PORT (e.g. "
+             "REGION_B=19093:wan-proxy.example:29093): it binds 127.0.0.1:BIND_PORT and tells "
+             "clients to connect to the advertised address (docs/wan.md). Repeatable.")] = None,
 ) -> None:
     """Start the broker in the background (keeps data and ports across restarts)."""
     with _errors():
         from astraflow.core.broker import LocalBroker, kafka_version
 
+        extra = parse_listeners(listener or [])
         data_dir = dir or default_dir()
         running = _running(data_dir)
         if running is not None:
@@ -104,10 +129,13 @@ def start(
             typer.echo("already running")
         else:
             broker = LocalBroker(data_dir, port=port,
-                                 controller_port=controller_port or port + 1, heap=heap)
+                                 controller_port=controller_port or port + 1, heap=heap,
+                                 extra_listeners=extra or None)
             with _spinner("Starting Kafka") as say:
                 broker.start(timeout=timeout, progress=say)
         st = broker.status()
+        for name, (bind, adv) in broker.extra_listeners.items():
+            typer.echo(f"  listener {name}: 127.0.0.1:{bind}, advertised as {adv}")
         typer.echo(f"Kafka {kafka_version()} running on {st.bootstrap} (pid {st.pid})\n"
                    f"  data: {st.data_dir}\n  log:  {st.log_file}\n"
                    f"Use it with:  --bus kafka://{st.bootstrap}\n"

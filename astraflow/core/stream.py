@@ -66,11 +66,13 @@ OUTBOX_BYTES = 32 * 1024 * 1024  # a cycle runs early once this much output is w
 
 @dataclass(frozen=True, slots=True)
 class Output:
-    """A record to produce to ``topic`` (key defaults to none)."""
+    """A record to produce to ``topic`` (key defaults to none; ``partition`` none: the
+    key's partition, as every backend hashes it)."""
 
     topic: str
     record: Record
     key: bytes | None = None
+    partition: int | None = None
 
 
 def send(producer: Producer, out: Output, *, claims: BlobStore | None = None,
@@ -79,10 +81,10 @@ def send(producer: Producer, out: Output, *, claims: BlobStore | None = None,
     ``limit`` goes by claim check (:mod:`astraflow.core.claims`)."""
     if claims is None:
         producer.produce(out.topic, encode(out.record), key=out.key,
-                         headers=[schema_header(out.record)])
+                         headers=[schema_header(out.record)], partition=out.partition)
         return
     value, headers = encode_for_bus(out.record, limit=limit, store=claims, key=out.key)
-    producer.produce(out.topic, value, key=out.key, headers=headers)
+    producer.produce(out.topic, value, key=out.key, headers=headers, partition=out.partition)
 
 
 class OutRecord(msgspec.Struct, array_like=True):
@@ -92,6 +94,7 @@ class OutRecord(msgspec.Struct, array_like=True):
     key: bytes | None
     value: bytes
     headers: list[tuple[str, bytes]] = []
+    partition: int | None = None  # absent (older checkpoints): the key's partition
 
 
 def dead_letter(msg: Message, error: BaseException, *, group: str = "", component: str = ""
@@ -378,7 +381,8 @@ class Processor:
             self.cycle_no = resume.cycle
             if resume.outbox:  # outputs of the last cycle before a crash: produce again
                 for o in resume.outbox:
-                    self._producer.produce(o.topic, o.value, key=o.key, headers=list(o.headers))
+                    self._producer.produce(o.topic, o.value, key=o.key,
+                                           headers=list(o.headers), partition=o.partition)
                 self._producer.flush()
                 self.handler.delivered(self.cycle_no)
                 self.count("recovered_out", len(resume.outbox))
@@ -525,7 +529,7 @@ class Processor:
                 continue
             if headers[0] != schema_header(out.record):
                 self.count("claimed")
-            self.outbox.append(OutRecord(out.topic, out.key, value, headers))
+            self.outbox.append(OutRecord(out.topic, out.key, value, headers, out.partition))
             self._outbox_bytes += len(value)
 
     # ------------------------------------------------------------------------ the cycle
@@ -539,7 +543,8 @@ class Processor:
                                                           self.cycle_no)
         self.faults.hit("after_checkpoint", len(outbox))
         for o in outbox:
-            self._producer.produce(o.topic, o.value, key=o.key, headers=list(o.headers))
+            self._producer.produce(o.topic, o.value, key=o.key, headers=list(o.headers),
+                                   partition=o.partition)
         self._producer.flush()
         self.count("out", len(outbox))
         self.outbox, self._outbox_bytes, self._dirty = [], 0, False

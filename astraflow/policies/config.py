@@ -249,6 +249,14 @@ class DataConfig(Section):
                                "outputs are produced only by a cycle, so this is the "
                                "stage's added latency")
     poll_records: int = pydantic.Field(256, ge=1, description="records read per poll")
+    task_routing: Literal["backlog", "key"] = pydantic.Field(
+        "backlog", description="which partition of `tasks` a released task goes to: backlog "
+                               "(the one whose rollout consumers have the least unfinished "
+                               "work, so workers of unequal speed each get what they can do; "
+                               "see astraflow.policies.routing) or key (the group id's hash: "
+                               "an equal share per partition)")
+    task_routing_refresh_s: float = pydantic.Field(
+        1.0, gt=0, description="how often backlog routing reads the rollout group's lag")
     session_timeout_s: float = pydantic.Field(10.0, gt=0,
                                               description="consumer-group session timeout")
     dedup_window: int = pydantic.Field(

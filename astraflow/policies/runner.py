@@ -52,6 +52,7 @@ from astraflow.policies import checkpoint as ckpt_io
 from astraflow.policies.base import GroupRef, PolicyError
 from astraflow.policies.chain import Chain
 from astraflow.policies.checkpoint import Checkpoint
+from astraflow.policies.routing import BacklogRouter
 
 log = logging.getLogger("astraflow.policies")
 
@@ -114,8 +115,9 @@ class StageRunner:
                  commit_interval_s: float = 1.0, poll_records: int = 256,
                  poll_timeout: float = 0.2, session_timeout: float = 10.0,
                  component: str = "", metrics: Any = None,
-                 claims: BlobStore | None = None) -> None:
+                 claims: BlobStore | None = None, router: BacklogRouter | None = None) -> None:
         self.bus = bus
+        self.router = router  # picks the partition of each Task output (None: by key)
         self.claims = claims  # where claimed (oversized) records are
         self.metrics = metrics  # a MetricsEmitter: counters go to the metrics topic
         self.chain = chain
@@ -142,7 +144,10 @@ class StageRunner:
         (``<policy>.<counter>``, checkpointed with its state)."""
         if self._proc is not None:
             self.stats.update(self._proc.stats)
-        return {**{f"runner.{k}": v for k, v in sorted(self.stats.items())},
+        routing = {} if self.router is None else {
+            "routing.reads": float(self.router.reads),
+            "routing.read_errors": float(self.router.read_errors)}
+        return {**{f"runner.{k}": v for k, v in sorted(self.stats.items())}, **routing,
                 **self.chain.counters()}
 
     # ------------------------------------------------------------- the handler
@@ -226,7 +231,8 @@ class StageRunner:
         out = []
         for r in records:
             topic, key = self.topics.route(r)
-            out.append(Output(topic, r, key))
+            part = self.router.pick() if self.router is not None and isinstance(r, Task) else None
+            out.append(Output(topic, r, key, part))
         return out
 
     def _commit(self, offsets: Mapping[TP, int]) -> None:
@@ -257,9 +263,13 @@ class StageRunner:
             session_timeout=self.session_timeout, faults=FaultPoints(os.environ.get(FAULT_ENV)),
             on_revoke=self._revoked, commit=self._commit, claims=self.claims,
             label=f"stage={self.stage} ")
+        if self.router is not None:
+            self.router.start()
         try:
             proc.run(max_records, timeout, should_stop)
         finally:
+            if self.router is not None:
+                self.router.close()
             proc.close()
         log.info("stage=%s stopped %s", self.stage, _kv(self.counters()))
         if self.metrics is not None:

@@ -11,6 +11,7 @@ from astraflow.core.errors import ConfigError
 from astraflow.core.paths import expand
 from astraflow.policies.config import STAGES, DataConfig
 from astraflow.policies.registry import build_chain
+from astraflow.policies.routing import BacklogRouter
 from astraflow.policies.runner import StageRunner, stage_topics
 
 if TYPE_CHECKING:
@@ -28,10 +29,13 @@ def checkpoint_path(data: DataConfig, stage: str, policy: str | None, *, run: st
 
 def build_runner(data: DataConfig, stage: str, *, run: str, policies: Sequence[str],
                  seed: int = 0, policy: str | None = None, out: str | Path = ".",
-                 bus: Bus, claims: BlobStore | None = None) -> StageRunner:
+                 bus: Bus, claims: BlobStore | None = None,
+                 rollout_group: str | None = None) -> StageRunner:
     """The runner of ``stage`` of run ``run`` (trainable ``policies``; ``seed`` seeds the
     policies that draw) on ``bus``, whose topics must exist (see
-    :func:`astraflow.core.bus.open_bus`)."""
+    :func:`astraflow.core.bus.open_bus`). ``rollout_group``: the consumer group of the
+    rollout workers on ``tasks``, whose lag backlog routing reads (``data.task_routing``;
+    None: the run's default group)."""
     if stage not in STAGES:
         raise ConfigError(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
     policies = tuple(policies)
@@ -51,22 +55,37 @@ def build_runner(data: DataConfig, stage: str, *, run: str, policies: Sequence[s
 
     component = f"policy-{stage}" + (f"-{policy}" if policy else "")
     metrics = MetricsEmitter(bus, run=run, role="policy", component=component)
+    router = None
+    if stage == "pre_rollout" and data.task_routing == "backlog":
+        router = task_router(bus, run, rollout_group or group_name(run, "rollout"),
+                             refresh_s=data.task_routing_refresh_s)
     return StageRunner(bus, chain, topics, stage=stage, policy=policy, component=component,
                        metrics=metrics,
                        checkpoint=checkpoint_path(data, stage, policy, run=run, out=out),
-                       claims=claims,
+                       claims=claims, router=router,
                        group=group,
                        commit_interval_s=data.commit_interval_s, poll_records=data.poll_records,
                        session_timeout=data.session_timeout_s)
+
+
+def task_router(bus: Bus, run: str, rollout_group: str, *, refresh_s: float = 1.0
+                ) -> BacklogRouter:
+    """Backlog routing of run ``run``'s ``tasks`` by the lag of ``rollout_group``."""
+    from astraflow.core.topics import topic_name
+
+    topic = topic_name(run, "tasks")
+    return BacklogRouter(lambda: bus.lag(rollout_group, topic),
+                         bus.describe_topic(topic).partitions, refresh_s=refresh_s)
 
 
 def run_stage(data: DataConfig, stage: str, *, run: str, policies: Sequence[str],
               seed: int = 0, policy: str | None = None, out: str | Path = ".", bus: Bus,
               max_records: int | None = None, timeout: float | None = None,
               should_stop: Callable[[], bool] | None = None,
-              claims: BlobStore | None = None) -> dict[str, float]:
+              claims: BlobStore | None = None,
+              rollout_group: str | None = None) -> dict[str, float]:
     """Run one stage processor (:func:`build_runner`) until ``max_records`` main input
     records, ``timeout`` seconds or ``should_stop()``; returns its counters."""
     runner = build_runner(data, stage, run=run, policies=policies, seed=seed, policy=policy,
-                          out=out, bus=bus, claims=claims)
+                          out=out, bus=bus, claims=claims, rollout_group=rollout_group)
     return runner.run(max_records=max_records, timeout=timeout, should_stop=should_stop)

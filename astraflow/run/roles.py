@@ -134,7 +134,8 @@ def build_runner(config: ExperimentConfig, stage: str, *, policy: str | None = N
     from astraflow.policies.stage import build_runner as build
 
     return build(config.data, stage, run=config.run, policies=config.policies,
-                 seed=config.seed, policy=policy, out=out, bus=bus, claims=claims(config, out))
+                 seed=config.seed, policy=policy, out=out, bus=bus, claims=claims(config, out),
+                 rollout_group=config.rollout.group_for(config.run))
 
 
 def run_stage(config: ExperimentConfig, stage: str, *, policy: str | None = None,
@@ -154,7 +155,8 @@ def run_stage(config: ExperimentConfig, stage: str, *, policy: str | None = None
     try:
         return run(config.data, stage, run=config.run, policies=config.policies,
                    seed=config.seed, policy=policy, out=out, bus=bus, max_records=max_records,
-                   timeout=timeout, should_stop=should_stop, claims=claims(config, out))
+                   timeout=timeout, should_stop=should_stop, claims=claims(config, out),
+                   rollout_group=config.rollout.group_for(config.run))
     finally:
         if own:
             bus.close()

@@ -186,3 +186,19 @@ echo "ERROR Exiting Kafka due to fatal exception: bad listener"; exit 3
     with pytest.raises(BrokerError, match=r"(?s)exited with code 3.*bad listener"):
         b.start(timeout=20)
     assert not b.status().running
+
+
+def test_listener_flags_are_parsed_and_bad_ones_refused_in_one_line(tmp_path: Path) -> None:
+    from astraflow.cli.broker import parse_listeners
+
+    assert parse_listeners(["REGION_B=19093:wan-proxy.example:29093", "WAN=19094:h:1"]) == {
+        "REGION_B": (19093, "wan-proxy.example:29093"), "WAN": (19094, "h:1")}
+    for bad in ["REGION_B", "REGION_B=x:h:1", "REGION_B=19093", "REGION_B=19093:"]:
+        with pytest.raises(BrokerError, match="expected NAME=BIND_PORT:ADVERTISED_HOST"):
+            parse_listeners([bad])
+    with pytest.raises(BrokerError, match="given twice"):
+        parse_listeners(["A=1:h:1", "A=2:h:2"])
+    out = CliRunner().invoke(broker_cli, ["start", "--dir", str(tmp_path / "b"),
+                                          "--listener", "region-b=19093:h:1"])
+    assert out.exit_code == 1 and "bad extra listener name 'region-b'" in out.output
+    assert "Traceback" not in out.output
