@@ -6,6 +6,12 @@ block, else the whole text). The reward is 1.0 when the program exits with statu
 limits, else 0.0; an infinite loop, a fork bomb, a huge print, a memory hog or a network call
 only ever costs the sandbox (see :mod:`.sandbox`). A program that exits with status 0 before the
 tests run passes: the tests are plain code in the same process, not a separate judge.
+
+``python``: the interpreter that runs the program (default: the worker's own). A sandbox that
+cannot start it raises :class:`~.sandbox.SandboxError`, which the worker counts as a reward
+failure (``reward_failures``, logged) rather than a plain 0. The component
+``sandbox_unisolated`` is 1.0 when the host could not isolate the program fully (see
+:func:`~.sandbox.missing`).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ def extract_code(completion: str) -> str:
 @REWARDS.register("code")
 def code_tests(completion: str, reference: Mapping[str, Any], *, timeout_s: float = 10.0,
                memory_mb: int = 1024, max_procs: int = 16, max_output_bytes: int = 64 * 1024,
-               network: bool = False) -> dict[str, float]:
+               network: bool = False, python: str | None = None) -> dict[str, float]:
     """1.0 if the extracted program passes ``reference["tests"]`` in the sandbox."""
     tests = reference.get("tests")
     if tests is None:
@@ -42,6 +48,6 @@ def code_tests(completion: str, reference: Mapping[str, Any], *, timeout_s: floa
     program = f"{extract_code(completion)}\n\n# --- tests ---\n{tests}\n"
     res = run_python(program, limits=SandboxLimits(
         timeout_s=timeout_s, memory_mb=memory_mb, max_procs=max_procs,
-        max_output_bytes=max_output_bytes, network=network))
+        max_output_bytes=max_output_bytes, network=network), python=python)
     return {"reward": 1.0 if res.ok else 0.0, "timed_out": float(res.timed_out),
-            "sandbox_seconds": res.seconds}
+            "sandbox_seconds": res.seconds, "sandbox_unisolated": float(bool(res.unisolated))}

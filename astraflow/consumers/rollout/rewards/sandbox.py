@@ -1,90 +1,69 @@
 """Run untrusted Python in a contained subprocess (the ``code`` reward, the ``python`` tool).
 
-What contains it (:class:`SandboxLimits`):
+What contains it (:class:`SandboxLimits`), on Linux, where the host allows each part (probed
+once per interpreter, :func:`features`):
 
-* **time**: a wall-clock timeout, after which the whole process group is killed, and
-  ``RLIMIT_CPU`` (CPU seconds) as a second line;
-* **memory**: ``RLIMIT_AS`` (address space);
-* **processes**: ``RLIMIT_NPROC``. The limit counts every process of the user, so when the
-  worker runs as root each sandbox runs as a fresh unprivileged uid of its own (a fork bomb then
-  stops at ``max_procs`` and every process of that uid is killed afterwards, even ones that left
-  the process group). As an ordinary user the limit is the user's current process count plus
-  ``max_procs``, and only the process group is killed at the end;
-* **output**: stdout and stderr go to files capped by ``RLIMIT_FSIZE`` (the process is killed
-  by SIGXFSZ past it) and are read back up to ``max_output_bytes``; files it writes are capped the
-  same way, in a private temporary directory that is deleted afterwards;
-* **network**: a new, empty network namespace (``unshare(CLONE_NEWNET)``; as an ordinary user
-  together with a user namespace) where the kernel allows it. Where it does not, sockets are
-  disabled inside Python before the code runs, which is best effort only (``ctypes`` or a
-  subprocess gets around it): :func:`network_isolation` says which applies.
+* **processes**: a new PID namespace whose init is the sandbox's: when the program ends, or is
+  killed at the timeout, the kernel kills everything it started (a ``setsid`` child or a
+  daemon included), and it sees and can signal only its own processes;
+* **user**: as root, each sandbox runs as a fresh unprivileged uid of its own, with no
+  capabilities and no way to regain them (``no_new_privs``); the interpreter's directories are
+  bound into reach, so a venv under ``/root`` works. Where that interpreter still cannot run
+  as another user, it runs as uid 0 with every capability dropped, and the warning says so.
+  As an ordinary user, the namespaces belong to a user namespace and the code keeps the user's
+  uid without capabilities;
+* **files**: a private mount tree: read-only but for the sandbox's own work directory (deleted
+  afterwards) and fresh tmpfs ``/tmp``, ``/var/tmp``, ``/dev/shm``; ``/root``, ``/home``,
+  ``/run``, ``/mnt``, ``/media`` and the worker's working directory are hidden behind empty
+  directories; ``/dev`` holds only null, zero, full, random and urandom; ``/proc`` shows the
+  sandbox's processes only (the worker's environment is not readable: the environment the code
+  gets is a fixed, clean one);
+* **network**: a new, empty network namespace (``limits.network=True`` keeps the host's);
+* **system calls**: a seccomp filter (:mod:`.sandbox_seccomp`) kills a process that uses a
+  foreign syscall ABI (32-bit ``int 0x80``, x32) and refuses ``setns``, ``unshare``, new
+  namespaces, ``ptrace``, mounting, ``bpf``, ``io_uring``, keyrings and the like;
+* **time**: a wall-clock timeout, then ``RLIMIT_CPU`` (CPU seconds) as a second line;
+* **memory**: ``RLIMIT_AS``; **process count**: ``RLIMIT_NPROC`` for a uid of its own (or the
+  user's count plus ``max_procs``); as uid 0, where the limit does not bind, new processes are
+  refused outright by the filter;
+* **output**: stdout and stderr go to files capped by ``RLIMIT_FSIZE`` (SIGXFSZ past it), read
+  back up to ``max_output_bytes``; files it writes are capped the same way.
 
-This is containment of accidents and of a policy's bad habits (infinite loops, fork bombs, huge
-prints, stray network calls), not a security boundary against a determined attacker: the code
-runs on the host's kernel and file system (read access to world-readable files remains). Use a
-container or VM runtime for that.
+What it cannot do is listed by :func:`missing` (logged once as a warning per interpreter;
+each run without full isolation is counted in :data:`STATS` and marked in
+:attr:`SandboxResult.unisolated`). A setup that cannot run the code at all raises
+:class:`SandboxError` instead of returning a failure, so a broken sandbox never scores correct
+code 0 silently.
+
+This is strong containment of a policy's programs, not a VM: the code runs on the host's kernel
+and can read world-readable files that are not hidden. For hostile code at scale use a
+container or VM runtime as well.
 """
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import json
 import logging
 import os
-import platform
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-log = logging.getLogger("astraflow.rollout.sandbox")
+from astraflow.consumers.rollout.rewards.sandbox_probe import (
+    Isolation,
+    SandboxError,
+    fresh_uid,
+    interpreter,
+    probe,
+    spawn,
+)
 
-_LAUNCHER = r"""
-import ctypes, json, os, platform, resource, struct, sys
-cfg = json.loads(sys.argv[1])
-libc = ctypes.CDLL(None, use_errno=True)
-if cfg["isolate_net"]:
-    flags = 0x40000000  # CLONE_NEWNET
-    if os.geteuid() != 0:
-        flags |= 0x10000000  # CLONE_NEWUSER: lets an unprivileged user own a net namespace
-    if libc.unshare(flags) != 0:
-        sys.stderr.write("sandbox: cannot isolate the network (errno %d)\n" % ctypes.get_errno())
-        os._exit(125)
-for name, value in cfg["rlimits"].items():
-    resource.setrlimit(getattr(resource, name), (value, value))
-if cfg["no_fork"]:
-    # seccomp filter: new processes fail with EAGAIN (threads are allowed); clone3 says ENOSYS
-    # so that libc falls back to clone, whose flags the filter can read.
-    arch, nrs = {"x86_64": (0xC000003E, (435, 57, 58, 56)),
-                 "aarch64": (0xC00000B7, (435, 0xFFFFFFFF, 0xFFFFFFFF, 220))}[platform.machine()]
-    clone3, fork, vfork, clone = nrs
-    ALLOW, EAGAIN, ENOSYS = 9, 10, 11
-    def jump(pc, k, t, f):
-        return (0x15, t - pc - 1, f - pc - 1, k)
-    prog = [(0x20, 0, 0, 4), jump(1, arch, 2, ALLOW), (0x20, 0, 0, 0),
-            jump(3, clone3, ENOSYS, 4), jump(4, fork, EAGAIN, 5), jump(5, vfork, EAGAIN, 6),
-            jump(6, clone, 7, ALLOW), (0x20, 0, 0, 16), (0x45, ALLOW - 9, EAGAIN - 9, 0x10000),
-            (0x06, 0, 0, 0x7FFF0000), (0x06, 0, 0, 0x00050000 | 11), (0x06, 0, 0, 0x00050000 | 38)]
-    raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
-    buf = ctypes.create_string_buffer(raw)
-    class Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-    fprog = Prog(len(prog), ctypes.addressof(buf))
-    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:
-        sys.stderr.write("sandbox: cannot install the seccomp filter (errno %d)\n"
-                         % ctypes.get_errno())
-        os._exit(125)
-if cfg["uid"] is not None:
-    os.setgroups([])
-    os.setgid(cfg["uid"])
-    os.setuid(cfg["uid"])
-os.execv(sys.executable, [sys.executable, "-I", "-B", cfg["script"]])
-"""
+__all__ = ["STATS", "SandboxError", "SandboxLimits", "SandboxResult", "SandboxStats",
+           "features", "isolation", "missing", "network_isolation", "run_python"]
+
+log = logging.getLogger("astraflow.rollout.sandbox")
 
 _NO_SOCKETS = """\
 import socket as _af_socket
@@ -95,10 +74,8 @@ for _af_name in ("socket", "create_connection", "create_server", "socketpair", "
 del _af_socket, _af_blocked, _af_name
 """
 
-_UID_BASE = 1_900_000_000
-_uids = itertools.count()
 _probe_lock = threading.Lock()
-_features: dict[str, bool] | None = None
+_isolation: dict[str, Isolation] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,66 +98,67 @@ class SandboxResult:
     output_truncated: bool
     network_isolated: bool
     seconds: float
+    unisolated: tuple[str, ...] = ()  # what this host could not isolate (see missing())
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out
 
 
-def features() -> dict[str, bool]:
-    """What this host offers sandboxes, probed once per process: ``network`` (an empty network
-    namespace), ``seccomp`` (the no-new-processes filter), ``drop_uid`` (running as root with
-    an interpreter other users can run, so each sandbox gets a uid of its own)."""
-    global _features
+@dataclass
+class SandboxStats:
+    """Per process: runs, runs without full isolation, and setups that failed (raised)."""
+
+    runs: int = 0
+    unisolated_runs: int = 0
+    errors: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, *, unisolated: bool = False, error: bool = False) -> None:
+        with self._lock:
+            self.runs += 1
+            self.unisolated_runs += unisolated
+            self.errors += error
+
+
+STATS = SandboxStats()
+
+
+def isolation(python: str | None = None) -> Isolation:
+    """What contains code run by ``python`` (None: the worker's interpreter) here; probed once
+    per process and interpreter, with a warning if anything is missing."""
+    py = interpreter(python)
     with _probe_lock:
-        if _features is None:
-            _features = {"network": _probe(isolate_net=True),
-                         "seccomp": _probe(no_fork=True),
-                         "drop_uid": os.geteuid() == 0 and _others_can_run(sys.executable)}
-            if not _features["network"]:
-                log.warning("sandbox: no network namespace available (unshare refused); "
-                            "network is blocked inside Python only, best effort")
-        return dict(_features)
+        iso = _isolation.get(py)
+        if iso is None:
+            iso = _isolation[py] = probe(py)
+            if iso.missing():
+                log.warning("sandbox cannot fully isolate code on this host python=%s "
+                            "missing=%s; fix: run the worker where unprivileged namespaces "
+                            "and seccomp are allowed (not in a restricted container), and "
+                            "as root give the code reward an interpreter other users can "
+                            "read (its `python` keyword argument)", py,
+                            " | ".join(iso.missing()))
+        return iso
+
+
+def features(python: str | None = None) -> dict[str, bool]:
+    """What this host offers sandboxes: ``namespaces`` (PID, mount: descendants die with the
+    sandbox, private files), ``network`` (an empty network namespace), ``seccomp`` (the
+    filter), ``drop_uid`` (as root, a uid of its own per sandbox)."""
+    iso = isolation(python)
+    return {"namespaces": iso.namespaces, "network": iso.network, "seccomp": iso.seccomp,
+            "drop_uid": iso.own_uid}
+
+
+def missing(python: str | None = None) -> tuple[str, ...]:
+    """What the sandbox cannot isolate here, each with what it means (empty: nothing)."""
+    return isolation(python).missing()
 
 
 def network_isolation() -> bool:
     """Whether sandboxes get an empty network namespace here."""
     return features()["network"]
-
-
-def _others_can_run(executable: str) -> bool:
-    """Whether a user other than the owner can execute ``executable`` and read its library."""
-    import stat
-
-    paths = [Path(os.path.realpath(executable)), Path(sys.base_prefix).resolve() / "lib"]
-    for path in paths:
-        for p in [path, *path.parents]:
-            try:
-                mode = p.stat().st_mode
-            except OSError:
-                return False
-            if not mode & stat.S_IXOTH:
-                return False
-    return True
-
-
-def _probe(*, isolate_net: bool = False, no_fork: bool = False) -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    if no_fork and platform.machine() not in ("x86_64", "aarch64"):
-        return False
-    with tempfile.TemporaryDirectory(prefix="af-sandbox-probe-") as d:
-        script = Path(d) / "probe.py"
-        script.write_text("import threading\nt = threading.Thread(target=print)\nt.start()\n"
-                          "t.join()\n")
-        cfg = {"isolate_net": isolate_net, "no_fork": no_fork, "rlimits": {}, "uid": None,
-               "script": str(script)}
-        try:
-            res = subprocess.run([sys.executable, "-I", "-c", _LAUNCHER, json.dumps(cfg)],
-                                 capture_output=True, timeout=30, check=False)
-        except (OSError, subprocess.SubprocessError):
-            return False
-        return res.returncode == 0
 
 
 def _user_tasks(uid: int) -> int:
@@ -197,25 +175,6 @@ def _user_tasks(uid: int) -> int:
     return n
 
 
-def _kill_uid(uid: int) -> int:
-    """SIGKILL every process whose real uid is ``uid``; returns how many were signalled."""
-    killed = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"{entry.path}/status") as f:
-                for line in f:
-                    if line.startswith("Uid:"):
-                        if int(line.split()[1]) == uid:
-                            os.kill(int(entry.name), signal.SIGKILL)
-                            killed += 1
-                        break
-        except (OSError, ValueError):
-            continue
-    return killed
-
-
 def _read(path: Path, limit: int) -> tuple[str, bool]:
     try:
         size = path.stat().st_size
@@ -226,64 +185,51 @@ def _read(path: Path, limit: int) -> tuple[str, bool]:
     return data.decode("utf-8", "replace"), size > limit
 
 
-def run_python(code: str, *, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-    """Run ``code`` as a Python program in a sandbox; see the module docstring."""
+def run_python(code: str, *, limits: SandboxLimits = SandboxLimits(),
+               python: str | None = None) -> SandboxResult:
+    """Run ``code`` as a Python program in a sandbox (see the module docstring) with
+    ``python`` (default: the worker's interpreter). Raises :class:`SandboxError` when the
+    sandbox cannot start the program at all."""
     start = time.monotonic()
-    feats = features()
-    isolate = not limits.network and feats["network"]
-    root = os.geteuid() == 0
-    uid = (_UID_BASE + (os.getpid() % 100_000) * 100 + next(_uids) % 100
-           if feats["drop_uid"] else None)
-    # RLIMIT_NPROC binds unless we are root and stay root; then new processes are refused
-    # outright by the seccomp filter instead
-    no_fork = feats["seccomp"] and (limits.max_procs == 0 or (root and uid is None))
+    py = interpreter(python)
+    iso = isolation(py)
+    isolate_net = iso.network and not limits.network
+    uid = fresh_uid() if iso.own_uid else None
+    # RLIMIT_NPROC does not bind uid 0: there, new processes are refused by the filter instead
+    no_fork = iso.seccomp and (limits.max_procs == 0 or (iso.root and uid is None))
     nproc = (limits.max_procs + 1 if uid is not None
              else _user_tasks(os.getuid()) + limits.max_procs + 1)
     cpu = limits.cpu_s if limits.cpu_s is not None else int(limits.timeout_s) + 2
-    rlimits = {
-        "RLIMIT_CPU": max(1, cpu),
-        "RLIMIT_AS": limits.memory_mb * 1024 * 1024,
-        "RLIMIT_NPROC": nproc,
-        "RLIMIT_FSIZE": limits.max_file_mb * 1024 * 1024,
-        "RLIMIT_CORE": 0,
-        "RLIMIT_NOFILE": 256,
-    }
+    rlimits = {"RLIMIT_CPU": max(1, cpu), "RLIMIT_AS": limits.memory_mb * 1024 * 1024,
+               "RLIMIT_NPROC": nproc, "RLIMIT_FSIZE": limits.max_file_mb * 1024 * 1024,
+               "RLIMIT_CORE": 0, "RLIMIT_NOFILE": 256}
+    unisolated = iso.missing() if not limits.network else tuple(
+        m for m in iso.missing() if not m.startswith("no network"))
     work = Path(tempfile.mkdtemp(prefix="af-sandbox-"))
     try:
         script = work / "main.py"
-        prelude = "" if (isolate or limits.network) else _NO_SOCKETS
+        prelude = "" if (isolate_net or limits.network) else _NO_SOCKETS
         script.write_text(prelude + code)
         if uid is not None:
             os.chown(work, uid, uid)
             os.chmod(work, 0o700)
             script.chmod(0o644)
         out_path, err_path = work / ".stdout", work / ".stderr"
-        cfg = {"isolate_net": isolate, "no_fork": no_fork, "rlimits": rlimits, "uid": uid,
-               "script": str(script)}
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work),
                "TMPDIR": str(work), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                "MKL_NUM_THREADS": "1"}
-        timed_out = False
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", _LAUNCHER, json.dumps(cfg)], cwd=work, env=env,
-                stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
-            try:
-                proc.wait(timeout=limits.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        if uid is not None:  # anything that left the process group dies too
-            for _ in range(10):
-                if not _kill_uid(uid):
-                    break
-                time.sleep(0.01)
+            res = spawn(py, iso, script, rlimits=rlimits, timeout=limits.timeout_s, stdout=out,
+                        stderr=err, env=env, uid=uid, isolate_net=isolate_net,
+                        no_fork=no_fork, tmpfs_mb=limits.max_file_mb)
+        STATS.count(unisolated=bool(unisolated), error=bool(res.errors))
+        if res.errors:
+            raise SandboxError(f"the sandbox could not start the code (python={py}): "
+                               + "; ".join(res.errors))
         stdout, trunc_out = _read(out_path, limits.max_output_bytes)
         stderr, trunc_err = _read(err_path, limits.max_output_bytes)
-        return SandboxResult(proc.returncode, stdout, stderr, timed_out, trunc_out or trunc_err,
-                             isolate, time.monotonic() - start)
+        return SandboxResult(res.returncode, stdout, stderr, res.timed_out,
+                             trunc_out or trunc_err, isolate_net, time.monotonic() - start,
+                             unisolated)
     finally:
         shutil.rmtree(work, ignore_errors=True)
