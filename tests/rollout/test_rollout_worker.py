@@ -65,7 +65,7 @@ def by_group(trajs: list[Trajectory]) -> dict[str, set[str]]:
 
 
 def test_tasks_become_trajectory_groups(setup, tmp_path: Path) -> None:
-    cfg, bus = setup()
+    cfg, bus = setup(workflow={"allow_task_paths": True})  # a task names a module path
     run = cfg.run
     good = [make_task(i, n=3) for i in range(10)]
     failing = make_task(50, n=2, workflow="rollout_helpers:failing_workflow")

@@ -149,7 +149,8 @@ def test_several_policies_in_one_episode(ascii_tokenizer) -> None:
 
 
 def test_user_module_workflow_and_failures_become_records(ascii_tokenizer) -> None:
-    rt = Runtime.create({"default": ScriptedEngine(ascii_tokenizer, ["x"])})
+    rt = Runtime.create({"default": ScriptedEngine(ascii_tokenizer, ["x"])},
+                        allow_workflow_paths=True)  # the task names a module path
     task = make_task(1, workflow="rollout_helpers:failing_workflow")
     out = run(rt, task)
     (d,) = out.drafts

@@ -142,6 +142,10 @@ class WorkflowConfig(Section):
     modules: list[str] = pydantic.Field(
         default_factory=list, description="modules imported at start (they may register "
                                           "workflows, rewards and tools by name)")
+    allow_task_paths: bool = pydantic.Field(
+        False, description="let a task's `workflow` name any 'module:function' (imports and "
+                           "runs code the tasks topic names: only for trusted task sources); "
+                           "false: registered names and the ones this section names")
 
 
 class WeightSyncConfig(Section):

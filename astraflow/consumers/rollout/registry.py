@@ -1,7 +1,9 @@
 """Name → callable registries for workflows, rewards and tools.
 
 A name is either registered (``@workflows.register("single_turn")``) or a user's module path
-``my_pkg.module:function``, imported on first use, so users never edit the package.
+``my_pkg.module:function``, imported on first use, so users never edit the package. Resolving a
+path imports code: only names from the config may be paths, unless the config says otherwise
+(a task's workflow: :meth:`~.runtime.Runtime.workflow`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class Registry(Generic[F]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._items: dict[str, F] = {}
+        self._loaded: dict[str, F] = {}  # module paths resolved so far (not registered names)
 
     def register(self, name: str) -> Callable[[F], F]:
         def deco(fn: F) -> F:
@@ -40,17 +43,18 @@ class Registry(Generic[F]):
         return sorted(self._items)
 
     def __contains__(self, name: str) -> bool:
+        """Whether ``name`` is registered (a module path resolved before is not)."""
         return name in self._items
 
     def resolve(self, name: str) -> F:
-        fn = self._items.get(name)
+        fn = self._items.get(name) or self._loaded.get(name)
         if fn is not None:
             return fn
         if ":" not in name:
             raise RegistryError(f"unknown {self.kind} {name!r}; valid: "
                                 f"{', '.join(self.names()) or '(none)'}, or 'module.path:function'")
         fn = load_object(name, self.kind)  # type: ignore[assignment]
-        self._items[name] = fn  # type: ignore[assignment]
+        self._loaded[name] = fn  # type: ignore[assignment]
         return fn  # type: ignore[return-value]
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from astraflow.consumers.rollout.batcher import Batcher
 from astraflow.consumers.rollout.context import Draft, EpisodeContext, WorkflowError
 from astraflow.consumers.rollout.engines.base import Engine, GenRequest
+from astraflow.consumers.rollout.registry import RegistryError
 from astraflow.consumers.rollout.rewards import REWARDS
 from astraflow.consumers.rollout.rewards.base import RewardFn
 from astraflow.consumers.rollout.workflows import WORKFLOWS
@@ -37,6 +38,7 @@ class Runtime:
     sampling: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_SAMPLING))
     default_workflow: str = "single_turn"
     workflow_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    allow_workflow_paths: bool = False  # a task may name any module:function (trusted tasks)
     batchers: dict[str, Batcher] = field(default_factory=dict)
     _prompts: OrderedDict[tuple[Any, ...], tuple[str, list[int]]] = field(
         default_factory=OrderedDict)
@@ -48,7 +50,7 @@ class Runtime:
                tool_timeout: float = 10.0, sampling: Mapping[str, Any] | None = None,
                default_workflow: str = "single_turn",
                workflow_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
-               engine_latency: Any = None) -> Runtime:
+               engine_latency: Any = None, allow_workflow_paths: bool = False) -> Runtime:
         if not engines:
             raise WorkflowError("a rollout runtime needs at least one engine (policy)")
         fn = REWARDS.resolve(reward) if isinstance(reward, str) else reward
@@ -57,6 +59,7 @@ class Runtime:
                    sampling={**DEFAULT_SAMPLING, **dict(sampling or {})},
                    default_workflow=default_workflow,
                    workflow_kwargs={k: dict(v) for k, v in (workflow_kwargs or {}).items()},
+                   allow_workflow_paths=allow_workflow_paths,
                    batchers={p: Batcher(e, latency=engine_latency)
                              for p, e in engines.items()})
 
@@ -106,12 +109,40 @@ class Runtime:
         return self.batchers[policy]
 
     def workflow(self, name: str) -> Callable[..., Any]:
-        """The workflow function of a task (raises RegistryError for an unknown name)."""
-        return WORKFLOWS.resolve(name or self.default_workflow)
+        """The workflow function of a task whose ``workflow`` is ``name`` (empty: the default).
+
+        A task is data from the bus, so it may name a registered workflow or one the config
+        names (the default, a key of the workflow kwargs); any other ``module:function`` only
+        when ``allow_workflow_paths`` (``rollout.workflow.allow_task_paths``). Otherwise, and
+        for a path that is not an async function, raises :class:`RegistryError` before the
+        module is imported or the function called (the worker dead-letters the task)."""
+        name = name or self.default_workflow
+        if name in WORKFLOWS:
+            return WORKFLOWS.resolve(name)
+        trusted = name == self.default_workflow or name in self.workflow_kwargs
+        if not (trusted or self.allow_workflow_paths):
+            raise RegistryError(
+                f"workflow {name!r} is not registered; valid: {', '.join(WORKFLOWS.names())}. "
+                "A task may name a module path only if the config names it "
+                "(rollout.workflow.default or a key of rollout.workflow.kwargs), or registers "
+                "it from a module in rollout.workflow.modules, or sets "
+                "rollout.workflow.allow_task_paths: true (imports and runs code any task names)")
+        fn = WORKFLOWS.resolve(name)
+        if not _is_async(fn):
+            raise RegistryError(f"workflow {name!r} is a {type(fn).__name__}, not an async "
+                                "function: a workflow is `async def workflow(ctx, task, "
+                                "**kwargs)`")
+        return fn
 
     async def close(self) -> None:
         for b in self.batchers.values():
             await b.close()
+
+
+def _is_async(fn: Any) -> bool:
+    """An ``async def`` function (or a partial of one, or an object whose ``__call__`` is)."""
+    return inspect.iscoroutinefunction(fn) or (
+        callable(fn) and inspect.iscoroutinefunction(type(fn).__call__))
 
 
 @dataclass

@@ -80,7 +80,8 @@ def build_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
         reward_timeout=rc.reward.timeout, tool_timeout=rc.tool_timeout,
         sampling={k: getattr(rc.engine, k) for k in SAMPLING_KEYS},
         default_workflow=rc.workflow.default,
-        workflow_kwargs=rc.workflow.kwargs, engine_latency=rc.engine.latency)
+        workflow_kwargs=rc.workflow.kwargs, engine_latency=rc.engine.latency,
+        allow_workflow_paths=rc.workflow.allow_task_paths)
     followers = []
     if rc.weights.enabled:
         for policy, engine in engines.items():

@@ -2,8 +2,9 @@
 
 Registered by name (``single_turn``, ``multi_turn_tools``, and the multi-policy
 ``solver_verifier`` and ``solver_selector`` with their reward contracts in ``contracts``) or
-loaded from a user's ``module.path:function`` named in ``Task.workflow`` or
-``rollout.workflow.default``.
+loaded from a user's ``module.path:function`` named in ``rollout.workflow.default`` or
+``rollout.workflow.kwargs`` (then tasks may name it too), or in ``Task.workflow`` where
+``rollout.workflow.allow_task_paths`` is true (see :meth:`~..runtime.Runtime.workflow`).
 """
 
 from astraflow.consumers.rollout.workflows import (  # noqa: F401  (register)
