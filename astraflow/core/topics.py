@@ -20,6 +20,7 @@ from astraflow.core.errors import ConfigError, SchemaError
 from astraflow.core.records import (
     Batch,
     DeadLetter,
+    GatewayCall,
     GroupStats,
     LoadReport,
     Metric,
@@ -66,6 +67,9 @@ TOPICS: dict[str, TopicDef] = {
         TopicDef("reports", LoadReport, "run", 1, doc="load reports for the scaler"),
         TopicDef("dlq", DeadLetter, "key", 1,
                  doc="records no consumer could decode or process, keyed by their original key"),
+        TopicDef("gateway", GatewayCall, "session_id", 8,
+                 doc="the agent gateway's session events (calls with their exact tokens, "
+                     "rewards, ends), keyed by session; a restarted gateway rebuilds from it"),
     )
 }
 

@@ -14,6 +14,8 @@ from astraflow.core.records import (
     ChatMessage,
     Claim,
     DeadLetter,
+    GatewayCall,
+    GatewayChoice,
     Group,
     GroupStats,
     LoadReport,
@@ -66,6 +68,11 @@ EXAMPLES = [
     DeadLetter(origin="a[0]@1", topic="a", partition=0, offset=1, key=b"k", value=b"\xc1",
                headers=[("h", b"v")], error="bad", error_type="SchemaError"),
     Claim(uri="claims/Trajectory/ab.msgpack", schema_of="Trajectory", size=3, digest="ab"),
+    GatewayCall(session_id="s-1", seq=1, kind="call", policy="solver", route="chat", parent=0,
+                prompt_ids=pack_i32([5, 6]), prompt_role="tool", prompt_len=9, n_messages=3,
+                choices=[GatewayChoice(token_ids=pack_i32([7, 2]), logprobs=pack_f32([-0.5, -0.1]),
+                                       versions=pack_i32([3, 3]), hidden=1)],
+                response=b'{"id": "chatcmpl-1"}'),
 ]
 
 
