@@ -32,6 +32,23 @@ def render(tokenizer: Any, messages: Sequence[ChatMessage], *, generation_prompt
     return "".join(m.content for m in messages)
 
 
+def appended_text(tokenizer: Any, messages: Sequence[ChatMessage], new: Sequence[ChatMessage],
+                  *, text: str | None = None) -> str:
+    """The text that appending ``new`` to a conversation of ``messages`` adds, up to the
+    generation prompt of the next assistant turn; only this text is tokenized when a
+    conversation grows, so the tokens already there never change. ``text``: the conversation
+    as the model saw and wrote it so far (the full rendering then starts with it when the
+    template writes the generated turns as they were generated); otherwise the rendering of
+    ``messages`` without a generation prompt is the prefix, and where even that is not a
+    prefix (a template that changes earlier turns), ``new`` is rendered on its own."""
+    full = render(tokenizer, [*messages, *new], generation_prompt=True)
+    if text is not None and full.startswith(text):
+        return full[len(text):]
+    prev = render(tokenizer, messages, generation_prompt=False)
+    return full[len(prev):] if full.startswith(prev) else render(tokenizer, new,
+                                                                  generation_prompt=True)
+
+
 def encode(tokenizer: Any, text: str, *, special: bool) -> list[int]:
     """Token ids of ``text``; through the fast tokenizer's backend when there is one (the
     ``__call__`` path costs several times more per call, which shows at thousands of episodes

@@ -26,7 +26,7 @@ from astraflow.consumers.rollout.rewards.base import Score, score
 from astraflow.consumers.rollout.tools import ToolResult, call_tool
 from astraflow.core.errors import AstraflowError
 from astraflow.core.records import ChatMessage, Task, TurnSpan
-from astraflow.models.prompt import decode, encode, render
+from astraflow.models.prompt import appended_text, decode, encode
 
 if TYPE_CHECKING:
     from astraflow.consumers.rollout.runtime import Runtime
@@ -136,13 +136,9 @@ class Conversation:
         """Append messages the model did not write (tool results, user turns), masked 0, with
         the generation prompt of the next assistant turn. Returns the new token ids."""
         new = as_messages(list(messages))
-        full = render(self.tokenizer, self.messages + new, generation_prompt=True)
-        if full.startswith(self.text):
-            delta = full[len(self.text):]
-        else:  # the template writes the generated turn differently (e.g. drops special tokens)
-            prev = render(self.tokenizer, self.messages, generation_prompt=False)
-            delta = full[len(prev):] if full.startswith(prev) else render(
-                self.tokenizer, new, generation_prompt=True)
+        # falls back to the rendering without the generated turn where the template writes it
+        # differently (e.g. drops special tokens)
+        delta = appended_text(self.tokenizer, self.messages, new, text=self.text)
         ids = encode(self.tokenizer, delta, special=False) if delta else []
         self._append(ids, new[0].role if len({m.role for m in new}) == 1 else "other")
         self.messages.extend(new)
