@@ -24,7 +24,7 @@ from typing import BinaryIO, Protocol, runtime_checkable
 from astraflow.core.errors import WeightStoreError
 from astraflow.weights.files import fsync_dir, write_atomic
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,127}$")
+_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,127}", re.ASCII)  # fullmatch only
 MAX_PATH = 512
 
 
@@ -41,10 +41,11 @@ def check_path(path: str) -> str:
 
     Safe: '/'-separated segments of letters, digits and ``_ . = + -``, none starting with a dot
     (so no ``..``, no hidden or temporary files), no absolute path, no backslash, no empty
-    segment, at most 512 characters."""
+    segment, at most 512 characters. Each segment matches the whole pattern (a trailing newline
+    or any other control character is refused too)."""
     segments = path.split("/") if isinstance(path, str) else []
     if (not isinstance(path, str) or not path or len(path) > MAX_PATH
-            or not all(_SEGMENT.match(s) for s in segments)):
+            or not all(_SEGMENT.fullmatch(s) for s in segments)):
         raise UnsafePathError(
             f"refused blob path {path!r}: expected a relative path of segments made of letters, "
             "digits and '_.=+-' (not starting with '.'), e.g. 'solver/v0000000042.delta.afw'")

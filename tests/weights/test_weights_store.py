@@ -22,7 +22,10 @@ from astraflow.weights.store import (
 )
 
 BAD_PATHS = ["", "/etc/passwd", "../x", "a/../../x", "a/..", "..", ".", "a/./b", "a//b",
-             "a\\..\\b", ".hidden", "a/.x.tmp", "C:/x", "a/b\x00c", "é", "a" * 600, "a/"]
+             "a\\..\\b", ".hidden", "a/.x.tmp", "C:/x", "a/b\x00c", "é", "a" * 600, "a/",
+             # a segment ending in a newline passed a "$"-anchored match; control characters
+             "solver/v1.afw\n", "solver\n/v1.afw", "a\r", "a\tb", "a\x1b", "a\x7f", "a/b\n\n",
+             "\n", "a\u2028b", "ａ", "a" * 129]
 
 
 @pytest.mark.parametrize("path", BAD_PATHS)
