@@ -20,6 +20,7 @@ from astraflow.consumers.trainer.config import TrainerConfig, with_overrides
 from astraflow.core.bus.types import Bus
 from astraflow.core.config import Section, load
 from astraflow.core.errors import ConfigError
+from astraflow.gateway.config import GatewayConfig
 from astraflow.models.config import ModelConfig
 from astraflow.policies.config import DataConfig
 from astraflow.producers.config import ProducerConfig
@@ -218,6 +219,7 @@ class ExperimentConfig(Section):
     weights: WeightsConfig = WeightsConfig()
     launch: LaunchConfig = LaunchConfig()
     scale: ScaleConfig = ScaleConfig()
+    gateway: GatewayConfig = GatewayConfig()
 
     def model(self, policy: str) -> ModelConfig:
         """The model section of ``policy`` (the defaults when ``models`` does not name it)."""
@@ -314,6 +316,16 @@ class ExperimentConfig(Section):
                  for e in _unknown(pool.policies, policies, ("pools", name, "policies"),
                                    keyed=False)])
         return scale
+
+    @pydantic.field_validator("gateway")
+    @classmethod
+    def _known_gateway_policies(cls, gateway: GatewayConfig,
+                                info: pydantic.ValidationInfo) -> GatewayConfig:
+        policies = info.data.get("policies")
+        _refuse(_unknown(gateway.policies or [], policies, ("policies",), keyed=False)
+                + [e for alias, p in gateway.aliases.items()
+                   for e in _unknown([p], policies, ("aliases", alias), keyed=False)])
+        return gateway
 
     @pydantic.field_validator("trainers")
     @classmethod

@@ -1,0 +1,250 @@
+"""The HTTP API (FastAPI): OpenAI's routes under ``/v1`` and under ``/sessions/{id}/v1``, the
+session routes, and every error in OpenAI's shape.
+
+* ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+  ``GET /v1/models/{model}``; the same under ``/sessions/{session_id}/v1`` (an SDK's
+  ``base_url``), or under ``/v1`` with an ``X-Session-Id`` header. No session: served, not
+  recorded. A session is opened on first use, with ``X-Task-Id``, ``X-Group-Id``,
+  ``X-Sample-Index``, ``X-Group-Size``, ``X-Agent`` as its metadata (later calls' are ignored).
+* ``POST /sessions`` (open with metadata), ``GET /sessions/{id}``,
+  ``POST /sessions/{id}/reward``, ``POST /sessions/{id}/end``.
+* ``Idempotency-Key`` on any POST: a retry answers the recorded response, recorded once.
+* Errors: 400 (malformed JSON, unknown field, bad value, prompt over the context), 404
+  (unknown model, session, route), 409 (reward twice, session ended or closed), 429 with
+  ``Retry-After`` (full), 500 (engine failure); body ``{"error": {message, type, param, code}}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Path, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+import astraflow
+from astraflow.gateway.calls import chat_spec, completion_spec
+from astraflow.gateway.errors import GatewayError, error_body
+from astraflow.gateway.schemas import (
+    ChatCompletion,
+    ChatRequest,
+    Completion,
+    CompletionRequest,
+    EndRequest,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    RewardRequest,
+    SessionInfo,
+    SessionRequest,
+)
+from astraflow.gateway.service import Gateway, Reply
+from astraflow.gateway.store import check_session_id
+from astraflow.gateway.stream import chat_chunks, completion_chunks
+
+log = logging.getLogger("astraflow.gateway.app")
+
+SessionPath = Annotated[str, Path(description="the session: created on first use")]
+Key = Annotated[str | None, Header(alias="Idempotency-Key", max_length=256,
+                                   description="a retry with the same key is answered the "
+                                               "recorded response, recorded once")]
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {c: {"model": ErrorResponse} for c in codes}
+
+
+def _streamed(model: type) -> dict[int | str, dict[str, Any]]:
+    return {200: {"model": model, "content": {"text/event-stream": {
+        "schema": {"type": "string"}}}}}
+
+
+@dataclass
+class Meta:
+    """A call's session (``X-Session-Id``) and the metadata of a session it opens."""
+
+    sid: str | None
+    meta: dict[str, Any]
+
+
+def _meta(x_session_id: Annotated[str | None, Header(alias="X-Session-Id")] = None,
+          x_task_id: Annotated[str | None, Header(alias="X-Task-Id")] = None,
+          x_group_id: Annotated[str | None, Header(alias="X-Group-Id")] = None,
+          x_sample_index: Annotated[int | None, Header(alias="X-Sample-Index", ge=0)] = None,
+          x_group_size: Annotated[int | None, Header(alias="X-Group-Size", ge=1)] = None,
+          x_agent: Annotated[str | None, Header(alias="X-Agent")] = None) -> Meta:
+    meta = {"task_id": x_task_id, "group_id": x_group_id, "sample_index": x_sample_index,
+            "group_size": x_group_size, "agent": x_agent}
+    return Meta(None if x_session_id is None else check_session_id(x_session_id), meta)
+
+
+MetaDep = Annotated[Meta, Depends(_meta)]
+
+
+def create_app(gw: Gateway) -> FastAPI:
+    """The ASGI app over ``gw``; its lifespan starts it (rebuilding sessions) and closes it."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await gw.start()
+        try:
+            yield
+        finally:
+            await gw.aclose()
+
+    app = FastAPI(title="AstraFlow agent gateway", version=astraflow.__version__,
+                  lifespan=lifespan, description=__doc__)
+    _handlers(app, gw)
+    for prefix, session in (("/v1", False), ("/sessions/{session_id}/v1", True)):
+        _v1(app, gw, prefix, session)
+    _sessions(app, gw)
+    return app
+
+
+def _answer(reply: Reply, stream: bool | None, chunks: Any, usage: bool) -> Response:
+    if stream:
+        return StreamingResponse(chunks(reply.body, reply.pieces, usage=usage),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    return Response(reply.raw, media_type="application/json")
+
+
+def _sid_of_path(session_id: SessionPath) -> str:
+    return check_session_id(session_id)
+
+
+def _sid_of_header(meta: MetaDep) -> str | None:
+    return meta.sid
+
+
+SidOfPath = Annotated[str | None, Depends(_sid_of_path)]
+SidOfHeader = Annotated[str | None, Depends(_sid_of_header)]
+
+
+def _v1(app: FastAPI, gw: Gateway, prefix: str, session: bool) -> None:
+    """OpenAI's routes under ``prefix``; the session comes from the path (``session``) or
+    the ``X-Session-Id`` header."""
+    tag = "session" if session else "v1"
+    suffix = "_in_session" if session else ""
+
+    async def chat(body: ChatRequest, meta: MetaDep, sid: SidOfHeader,
+                   key: Key = None) -> Response:
+        spec = chat_spec(gw, body)
+        reply = await gw.call(spec, sid=sid, meta=meta.meta, key=key)
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _answer(reply, body.stream, chat_chunks, usage)
+
+    async def completions(body: CompletionRequest, meta: MetaDep, sid: SidOfHeader,
+                          key: Key = None) -> Response:
+        spec = completion_spec(gw, body)
+        reply = await gw.call(spec, sid=sid, meta=meta.meta, key=key)
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _answer(reply, body.stream, completion_chunks, usage)
+
+    async def models(sid: SidOfHeader) -> dict[str, Any]:
+        return {"object": "list", "data": [_card(gw, p) for p in gw.policies]}
+
+    async def model(model: str, sid: SidOfHeader) -> dict[str, Any]:
+        gw.policy_for(model)
+        return _card(gw, model)
+
+    for fn in (chat, completions, models, model):  # the session: from the path, or a header
+        fn.__annotations__["sid"] = SidOfPath if session else SidOfHeader
+    errors = _errors(400, 404, 409, 429, 500)
+    app.post(f"{prefix}/chat/completions", tags=[tag], operation_id=f"chat{suffix}",
+             responses={**_streamed(ChatCompletion), **errors})(chat)
+    app.post(f"{prefix}/completions", tags=[tag], operation_id=f"completions{suffix}",
+             responses={**_streamed(Completion), **errors})(completions)
+    app.get(f"{prefix}/models", tags=[tag], operation_id=f"models{suffix}",
+            response_model=ModelList, responses=_errors(400))(models)
+    app.get(f"{prefix}/models/{{model}}", tags=[tag], operation_id=f"model{suffix}",
+            response_model=ModelCard, responses=_errors(400, 404))(model)
+
+
+def _card(gw: Gateway, name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": gw.created, "owned_by": "astraflow"}
+
+
+def _sessions(app: FastAPI, gw: Gateway) -> None:
+    @app.post("/sessions", tags=["sessions"], status_code=201, response_model=SessionInfo,
+              responses=_errors(400, 409, 429))
+    async def open_session(body: SessionRequest | None = None) -> dict[str, Any]:
+        """Open a session with its metadata (where its trajectories go); answers an existing
+        one with the same metadata, 409 with other metadata."""
+        body = body or SessionRequest()
+        sid = body.session_id or uuid.uuid4().hex
+        meta = body.model_dump(exclude={"session_id"})
+        s, _ = await gw.store.open(sid, meta, same_meta=True)
+        return gw.store.info(s)
+
+    @app.get("/sessions/{session_id}", tags=["sessions"], response_model=SessionInfo,
+             responses=_errors(400, 404))
+    async def session_info(session_id: SessionPath) -> dict[str, Any]:
+        return gw.store.info_of(session_id)
+
+    @app.post("/sessions/{session_id}/reward", tags=["sessions"], response_model=SessionInfo,
+              responses=_errors(400, 404, 409))
+    async def reward(session_id: SessionPath, body: RewardRequest, key: Key = None) -> Response:
+        raw = await gw.reward(session_id, body.reward, body.rewards, key=key)
+        return Response(raw, media_type="application/json")
+
+    @app.post("/sessions/{session_id}/end", tags=["sessions"], response_model=SessionInfo,
+              responses=_errors(400, 404, 409))
+    async def end(session_id: SessionPath, body: EndRequest | None = None,
+                  key: Key = None) -> Response:
+        body = body or EndRequest()
+        raw = await gw.end(session_id, body.reward, body.rewards, key=key)
+        return Response(raw, media_type="application/json")
+
+    @app.get("/health", tags=["sessions"])
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "versions": {p: e.version for p, e in gw.engines.items()},
+                "open_sessions": gw.store.open_count, "inflight": gw.inflight}
+
+
+def _handlers(app: FastAPI, gw: Gateway) -> None:
+    @app.exception_handler(GatewayError)
+    async def gateway_error(_: Request, e: GatewayError) -> JSONResponse:
+        gw.count(f"errors.{e.status}")
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        gw.count("errors.400")
+        errs = e.errors()
+        first = errs[0] if errs else {"loc": (), "msg": "invalid request", "type": ""}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "header", "path")]
+        param = ".".join(loc) or None
+        kind = first.get("type", "")
+        if kind == "json_invalid":
+            param = None
+            msg, code = f"the body is not valid JSON: {first.get('msg')}", "invalid_json"
+        elif kind == "missing" and not loc:
+            msg, code = "the request needs a JSON body", "invalid_value"
+        elif kind == "extra_forbidden":
+            msg, code = f"Unrecognized request argument supplied: {param}", "unknown_parameter"
+        else:
+            msg, code = f"{param or 'body'}: {first.get('msg')}", "invalid_value"
+        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+        return JSONResponse(error_body(msg + more, param=param, code=code), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, e: HTTPException) -> JSONResponse:
+        gw.count(f"errors.{e.status_code}")
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(e.detail), type=kind), status_code=e.status_code,
+                            headers=getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def crash(_: Request, e: Exception) -> JSONResponse:
+        gw.count("errors.500")
+        log.exception("request failed: %s", e)
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}",
+                                       type="server_error"), status_code=500)
+

@@ -1,0 +1,208 @@
+"""From an OpenAI request to a :class:`~astraflow.gateway.service.CallSpec` and from the engine's
+generations to OpenAI's answer: ``/v1/chat/completions`` and ``/v1/completions``.
+
+Sampling defaults are the rollout engine's (``rollout.engine``: temperature, top_p,
+max_new_tokens, stop, stop_token_ids), so an agent that sets nothing samples as a rollout
+worker would; a request's fields override them. Fields that would change the distribution in
+ways the engine cannot report exact behaviour logprobs for (penalties, top-k, min-p) are taken
+at their neutral value only. Stop strings are trimmed from the text (OpenAI's behaviour;
+``include_stop_str_in_output`` / ``no_stop_trim`` keep them) but always kept in the tokens.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from astraflow.consumers.rollout.engines.base import GenRequest, GenResult
+from astraflow.gateway.errors import GatewayError, bad_request, unsupported
+from astraflow.gateway.messages import CLOSE, new_call_id, parse_calls, span_role, to_chat
+from astraflow.gateway.schemas import ChatRequest, CompletionRequest, Sampling
+from astraflow.gateway.service import Built, CallSpec, Gateway
+from astraflow.gateway.text import (
+    chat_logprobs,
+    completion_logprobs,
+    hidden_tail,
+    pieces,
+    trim_stop,
+)
+from astraflow.models.prompt import appended_text, decode, encode, render_prompt
+
+NEUTRAL = {"frequency_penalty": (0.0,), "presence_penalty": (0.0,), "top_k": (-1, 0),
+           "min_p": (0.0,), "repetition_penalty": (1.0,)}
+
+
+def _sampling(gw: Gateway, req: Sampling, max_tokens: int | None
+              ) -> tuple[int, dict[str, Any], list[str]]:
+    """(n, the engine request's fields but the prompt, the client's stop strings)."""
+    for name, ok in NEUTRAL.items():
+        value = getattr(req, name)
+        if value is not None and value not in ok:
+            raise unsupported(name, value, f"only {ok[0]!r} (behaviour logprobs must be "
+                                           "those of the sampling distribution)")
+    n = req.n or 1
+    if n > gw.max_n:
+        raise bad_request(f"n={n} is more than this gateway samples at once "
+                          f"(gateway.max_n={gw.max_n})", param="n", code="invalid_value")
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if any(not s for s in stops):
+        raise bad_request("stop strings must not be empty", param="stop", code="invalid_value")
+    d = gw.sampling
+    fields = {"temperature": d["temperature"] if req.temperature is None else req.temperature,
+              "top_p": d["top_p"] if req.top_p is None else req.top_p,
+              "max_new_tokens": max_tokens or d["max_new_tokens"],
+              "stop": (*d["stop"], *stops),
+              "stop_token_ids": (*d["stop_token_ids"], *(req.stop_token_ids or ()))}
+    return n, fields, stops
+
+
+def _request(fields: dict[str, Any]) -> Any:
+    def make(prompt: list[int]) -> GenRequest:
+        return GenRequest(prompt_ids=prompt, **fields)
+    return make
+
+
+def _render(tokenizer: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(tokenizer, *args, **kwargs)
+    except GatewayError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a tokenizer or template refusing the text: the client's input
+        raise bad_request(f"the prompt cannot be tokenized by this model's tokenizer: {e}",
+                          param="messages", code="invalid_prompt") from None
+
+
+def _tool_mode(req: ChatRequest) -> bool:
+    """Whether the model may call tools (tools offered, tool_choice auto or absent)."""
+    choice = req.tool_choice
+    if choice is not None and choice not in ("auto", "none"):
+        raise unsupported("tool_choice", choice, "auto or none (generation cannot be forced "
+                                                  "into a call)")
+    return bool(req.tools) and choice != "none"
+
+
+def chat_spec(gw: Gateway, req: ChatRequest) -> CallSpec:
+    policy = gw.policy_for(req.model)
+    tok = gw.engines[policy].tokenizer
+    n, fields, stops = _sampling(gw, req, req.max_completion_tokens or req.max_tokens)
+    if req.top_logprobs and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs",
+                          code="invalid_value")
+    tools = _tool_mode(req)
+    names = [t.function.name for t in req.tools or ()]
+    if tools:
+        fields["stop"] = (*fields["stop"], CLOSE)
+    msgs, offset = to_chat(req.messages, tools=req.tools, tools_prompt=gw.tools_prompt,
+                           result_format=gw.tool_result_format)
+    _, ids = _render(tok, render_prompt, msgs)
+    gw.check_context(policy, ids)
+    skip = req.skip_special_tokens is not False
+    keep = bool(req.include_stop_str_in_output or req.no_stop_trim)
+    model = req.model or policy
+
+    def appended(k: int) -> tuple[list[int], str] | None:
+        k += offset
+        if len(msgs) <= k:
+            return None
+        text = _render(tok, appended_text, msgs[:k], msgs[k:])
+        return _render(tok, encode, text, special=False), span_role(msgs[k:])
+
+    def role(k: int) -> str:
+        return span_role(msgs[k + offset:]) if len(msgs) > k + offset else "other"
+
+    def build(prompt: list[int], results: list[GenResult]) -> Built:
+        choices, all_pieces, hidden = [], [], []
+        for i, r in enumerate(results):
+            text = decode(tok, list(r.token_ids), skip_special=skip)
+            text = text if keep else trim_stop(text, stops)
+            hidden.append(hidden_tail(tok, r.token_ids, text, skip_special=skip))
+            calls = parse_calls(text, names) if tools else None
+            content = text if calls is None else calls[0]
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            finish = r.finish_reason
+            if calls is not None:
+                message["content"] = content or None
+                message["tool_calls"] = [{"id": new_call_id(), "type": "function",
+                                          "function": {"name": name, "arguments": args}}
+                                         for name, args in calls[1]]
+                finish = "tool_calls"
+            choice: dict[str, Any] = {"index": i, "message": message, "finish_reason": finish,
+                                      "logprobs": None}
+            if req.logprobs:
+                choice["logprobs"] = {"content": chat_logprobs(tok, r.token_ids, r.logprobs,
+                                                               req.top_logprobs or 0)}
+            if req.return_token_ids:
+                choice["token_ids"] = list(r.token_ids)
+            choices.append(choice)
+            all_pieces.append(pieces(tok, r.token_ids, content, skip_special=skip))
+        body = _body("chat.completion", "chatcmpl", model, choices, prompt, results)
+        if req.return_token_ids:
+            body["prompt_token_ids"] = prompt
+        return Built(body, all_pieces, hidden)
+
+    return CallSpec("chat", policy, ids, n, _request(fields), build,
+                    n_messages=len(req.messages), appended=appended, role=role)
+
+
+def completion_spec(gw: Gateway, req: CompletionRequest) -> CallSpec:
+    policy = gw.policy_for(req.model)
+    engine = gw.engines[policy]
+    tok = engine.tokenizer
+    n, fields, stops = _sampling(gw, req, req.max_tokens)
+    if req.echo:
+        raise unsupported("echo", req.echo, "false only")
+    if req.suffix is not None:
+        raise unsupported("suffix", req.suffix, "null only")
+    if req.best_of not in (None, 1):
+        raise unsupported("best_of", req.best_of, "1 only (use n)")
+    if isinstance(req.prompt, str):
+        bos = getattr(tok, "bos_token", None)
+        ids = _render(tok, encode, req.prompt,
+                      special=not (bos and req.prompt.startswith(bos)))
+    else:
+        ids = list(req.prompt)
+        vocab = max(len(tok), int(getattr(getattr(getattr(engine, "model", None), "config",
+                                                  None), "vocab_size", 0) or 0))
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if not ids or bad:
+            raise bad_request(f"prompt token ids must be 1 or more ids in [0, {vocab}); got "
+                              f"{bad[:5] if bad else 'none'}", param="prompt",
+                              code="invalid_prompt")
+    gw.check_context(policy, ids)
+    skip = req.skip_special_tokens is not False
+    keep = bool(req.include_stop_str_in_output or req.no_stop_trim)
+    model = req.model or policy
+
+    def build(prompt: list[int], results: list[GenResult]) -> Built:
+        choices, all_pieces, hidden = [], [], []
+        for i, r in enumerate(results):
+            text = decode(tok, list(r.token_ids), skip_special=skip)
+            text = text if keep else trim_stop(text, stops)
+            hidden.append(hidden_tail(tok, r.token_ids, text, skip_special=skip))
+            choice: dict[str, Any] = {"index": i, "text": text,
+                                      "finish_reason": r.finish_reason, "logprobs": None}
+            if req.logprobs is not None:
+                choice["logprobs"] = completion_logprobs(
+                    tok, r.token_ids, r.logprobs, top=req.logprobs,
+                    as_ids=bool(req.return_tokens_as_token_ids))
+            if req.return_token_ids:
+                choice["token_ids"] = list(r.token_ids)
+            choices.append(choice)
+            all_pieces.append(pieces(tok, r.token_ids, text, skip_special=skip))
+        body = _body("text_completion", "cmpl", model, choices, prompt, results)
+        if req.return_token_ids:
+            body["prompt_token_ids"] = prompt
+        return Built(body, all_pieces, hidden)
+
+    return CallSpec("completions", policy, ids, n, _request(fields), build)
+
+
+def _body(obj: str, prefix: str, model: str, choices: list[dict[str, Any]],
+          prompt: Sequence[int], results: Sequence[GenResult]) -> dict[str, Any]:
+    completion = sum(len(r.token_ids) for r in results)
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": int(time.time()),
+            "model": model, "choices": choices,
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion,
+                      "total_tokens": len(prompt) + completion}}

@@ -1,0 +1,68 @@
+"""Config section ``gateway``: what ``astraflow serve`` listens on, how it records sessions and
+how much it takes at once (docs/gateway.md has the long form).
+
+The engine (type, model, device, default sampling) and weight following are the rollout
+worker's (``rollout.engine``, ``rollout.weights``, ``weights``): the gateway samples exactly as
+a worker would. Only pydantic here: :mod:`astraflow.config` imports this module, and
+``astraflow --help`` loads that.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+
+from astraflow.core.config import Section
+
+DEFAULT_TOOLS_PROMPT = ('You can call a tool by writing <tool>NAME({"argument": value})</tool>; '
+                        "its result comes back as <result>...</result>. Tools:\n{tools}\n")
+
+
+class GatewayConfig(Section):
+    """The OpenAI-compatible agent gateway (``astraflow serve``)."""
+
+    host: str = pydantic.Field("127.0.0.1", description="address to listen on")
+    port: int = pydantic.Field(8000, ge=0, le=65535, description="port (0: any free port)")
+    policies: list[str] | None = pydantic.Field(
+        None, description="policies served (each a `model` name); default: rollout.policies, "
+                          "else every policy of the run")
+    aliases: dict[str, str] = pydantic.Field(
+        default_factory=dict, description="extra `model` names -> policy, for harnesses "
+                                          "that send a fixed model name (e.g. gpt-4o: solver)")
+    on_drift: Literal["continue", "segment"] = pydantic.Field(
+        "continue", description="a session's next prompt that does not extend the tokens "
+        "recorded for it (an edited history, a template that re-renders a turn differently): "
+        "continue: the recorded tokens plus the tokens of the newly added messages; segment: "
+        "start a new segment (a separate trajectory) from the request as rendered")
+    max_open_sessions: int = pydantic.Field(
+        256, ge=1, description="sessions not yet turned into trajectories; a request that "
+        "would open another is answered 429 with Retry-After (the staleness budget: about "
+        "(max_staleness + 1) x batch size of the run)")
+    max_inflight: int = pydantic.Field(
+        256, ge=1, description="generation requests (each of n counts) at once; more: 429")
+    retry_after_s: int = pydantic.Field(1, ge=1, description="Retry-After of a 429, seconds")
+    max_n: int = pydantic.Field(16, ge=1, le=128, description="largest `n` of one request")
+    context_length: int | None = pydantic.Field(
+        None, ge=1, description="tokens of prompt + completion; a longer prompt is a 400 "
+        "context_length_exceeded (default: the engine's model's max positions, if known)")
+    tools_prompt: str = pydantic.Field(
+        DEFAULT_TOOLS_PROMPT, description="the system message a request's `tools` become "
+        "({tools}: one line per tool: name, description, JSON parameters); '' renders no "
+        "tools message")
+    tool_result_format: str = pydantic.Field(
+        "<result>{output}</result>", description="how a `tool` message's content is rendered "
+        "({output}: the content), as the multi_turn_tools workflow renders tool results")
+    idempotency_cache: int = pydantic.Field(
+        4096, ge=0, description="responses kept for Idempotency-Key retries of calls without "
+        "a session (in memory; a session's are kept with it, durably)")
+    metrics_interval: float = pydantic.Field(2.0, gt=0,
+                                             description="seconds between heartbeats")
+
+    @pydantic.field_validator("tool_result_format")
+    @classmethod
+    def _output(cls, value: str) -> str:
+        if "{output}" not in value:
+            raise ValueError(f"{value!r} has no {{output}}: write where the tool's output goes, "
+                             "e.g. '<result>{output}</result>'")
+        return value

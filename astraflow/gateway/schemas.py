@@ -1,0 +1,257 @@
+"""The HTTP API's request and response bodies (OpenAI's shapes), as pydantic models: FastAPI
+validates requests with them and publishes them in the OpenAPI schema.
+
+Unknown top-level request fields are refused (400, ``unknown_parameter``), as OpenAI's API
+does; fields inside a message are read leniently (an SDK echoing a response message back may
+add ``refusal``, ``annotations``, ...). Besides OpenAI's fields, the vLLM/SGLang extensions
+that the ``openai`` rollout engine sends are taken (``return_token_ids``, ``stop_token_ids``,
+``skip_special_tokens``, ``include_stop_str_in_output``, ...); sampling fields the engine cannot
+honour with exact behaviour logprobs are taken only at their neutral value.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# -- requests -----------------------------------------------------------------------------------
+
+class TextPart(Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(Lenient):
+    name: str
+    arguments: str
+
+
+class ToolCall(Lenient):
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(Lenient):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class StreamOptions(Lenient):
+    include_usage: bool | None = None
+
+
+class Sampling(Strict):
+    """Fields shared by both routes."""
+
+    model: str | None = Field(None, description="a policy (or alias); absent: the first "
+                                                "policy served")
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int | None = Field(None, ge=1, le=128)
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    seed: int | None = None  # taken, not honoured: the engine has one generator
+    user: str | None = None
+    frequency_penalty: float | None = None  # 0 only
+    presence_penalty: float | None = None  # 0 only
+    # vLLM / SGLang extensions (what the `openai` rollout engine sends)
+    top_k: int | None = None  # -1 or 0 only
+    min_p: float | None = None  # 0 only
+    repetition_penalty: float | None = None  # 1 only
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    no_stop_trim: bool | None = None
+    return_token_ids: bool | None = None
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[ToolDef] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # taken; one call per turn (generation stops at it)
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[int] = Field(description="text, or token ids (token-in)")
+    max_tokens: int | None = Field(None, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool | None = None  # false only
+    suffix: str | None = None  # null only
+    best_of: int | None = None  # 1 only
+    return_tokens_as_token_ids: bool | None = None
+
+
+class SessionRequest(Strict):
+    session_id: str | None = Field(None, description="default: a new random id")
+    task_id: str | None = None
+    group_id: str | None = None
+    sample_index: int = Field(0, ge=0)
+    group_size: int = Field(1, ge=1)
+    agent: str = ""
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class RewardRequest(Strict):
+    reward: float = Field(allow_inf_nan=False)
+    rewards: dict[str, float] = Field(default_factory=dict)
+
+
+class EndRequest(Strict):
+    reward: float | None = Field(None, allow_inf_nan=False,
+                                 description="the reward, if not given before")
+    rewards: dict[str, float] = Field(default_factory=dict)
+
+
+# -- responses ----------------------------------------------------------------------------------
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
+class FunctionOut(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionOut
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    logprobs: ChoiceLogprobs | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    prompt_token_ids: list[int] | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None = None
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: Literal["stop", "length"]
+    logprobs: CompletionLogprobs | None = None
+    token_ids: list[int] | None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    prompt_token_ids: list[int] | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class SessionInfo(BaseModel):
+    id: str
+    task_id: str
+    group_id: str
+    sample_index: int
+    group_size: int
+    agent: str
+    calls: int
+    drift: int
+    segments: dict[str, int]
+    reward: float | None
+    ended: bool
+    done: bool
+    trajectories: int = 0

@@ -1,0 +1,89 @@
+"""Serving the app with uvicorn: in the foreground (``astraflow serve``) or on a thread (tests,
+benchmarks, a rollout worker that drives an external agent through the gateway).
+
+>>> with ServerThread(create_app(gateway), port=0) as srv:
+...     client = openai.OpenAI(base_url=f"{srv.url}/sessions/ep-1/v1", api_key="-")
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+from astraflow.core.errors import AstraflowError
+from astraflow.gateway.errors import GatewayError
+
+INSTALL_HINT = "pip install 'astraflow[gateway]'"
+
+
+def _uvicorn() -> Any:
+    try:
+        import uvicorn
+    except ImportError as e:  # an optional dependency
+        raise AstraflowError(f"the gateway needs {e.name}: {INSTALL_HINT}") from None
+    return uvicorn
+
+
+def app_for(gateway: Any) -> Any:
+    """The ASGI app of ``gateway`` (:func:`astraflow.gateway.app.create_app`), or an error
+    that says how to install FastAPI."""
+    try:
+        from astraflow.gateway.app import create_app
+    except ImportError as e:  # an optional dependency
+        raise AstraflowError(f"the gateway needs {e.name}: {INSTALL_HINT}") from None
+    return create_app(gateway)
+
+
+def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8000,
+          log_level: str = "warning") -> None:
+    """Serve ``app`` until SIGINT/SIGTERM (uvicorn's own handlers: in-flight requests finish,
+    then the lifespan closes the gateway)."""
+    uvicorn = _uvicorn()
+    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                  timeout_graceful_shutdown=30)).run()
+
+
+class ServerThread:
+    """``app`` served on a daemon thread; ``port=0`` takes a free port. A context manager:
+    started on entry (after the app's startup ran), stopped on exit."""
+
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0,
+                 log_level: str = "warning") -> None:
+        uvicorn = _uvicorn()
+        if port == 0:
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = int(s.getsockname()[1])
+        self.host, self.port = host, port
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
+                                                    log_level=log_level, lifespan="on"))
+        self._thread = threading.Thread(target=self.server.run, daemon=True,
+                                        name=f"af-gateway-{port}")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive():
+                raise GatewayError(500, f"the gateway on port {self.port} did not start")
+            if time.monotonic() > deadline:
+                raise GatewayError(500, f"the gateway on port {self.port} did not start in "
+                                        f"{timeout:g} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

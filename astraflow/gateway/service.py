@@ -1,0 +1,317 @@
+"""The gateway without HTTP: policies and their engines, sampling, sessions, idempotency and
+capacity. :mod:`astraflow.gateway.app` puts routes on it; :mod:`astraflow.gateway.build`
+makes one from the config.
+
+A call runs: route ``model`` to a policy (404 if none) → check the request (400) → render it to
+token ids → in a session, :func:`~astraflow.gateway.session.plan` where it continues → generate
+``n`` completions on the policy's engine (through rollout's batcher) → answer body → record
+the call (produced and flushed) → answer. Without a session nothing is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from astraflow.consumers.rollout.batcher import Batcher
+from astraflow.consumers.rollout.engines.base import Engine, EngineError, GenRequest, GenResult
+from astraflow.core.errors import ConfigError
+from astraflow.core.metrics import MetricsEmitter
+from astraflow.core.records import GatewayChoice, pack_f32, pack_i32
+from astraflow.gateway.config import DEFAULT_TOOLS_PROMPT
+from astraflow.gateway.errors import GatewayError, bad_request, conflict, not_found, too_many
+from astraflow.gateway.session import Plan, Session, plan
+from astraflow.gateway.store import SessionStore
+
+log = logging.getLogger("astraflow.gateway")
+
+SAMPLING_DEFAULTS: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 64,
+                                     "stop": (), "stop_token_ids": ()}
+
+
+@dataclass
+class Reply:
+    """An answer: its JSON ``body`` and encoded ``raw`` bytes; ``pieces`` of each choice's
+    text for a stream (None: a replayed answer, streamed whole)."""
+
+    body: dict[str, Any]
+    raw: bytes
+    pieces: list[list[str]] | None = None
+
+
+@dataclass
+class Built:
+    """What a route makes of its generations: the body, per-choice text pieces, and per
+    choice the trailing tokens its text leaves out; then the choices as recorded."""
+
+    body: dict[str, Any]
+    pieces: list[list[str]]
+    hidden: list[int]
+    choices: list[GatewayChoice] = field(default_factory=list)
+
+
+@dataclass
+class CallSpec:
+    """One call to run: the policy, the request rendered to ``ids``, its sampling."""
+
+    route: str
+    policy: str
+    ids: list[int]
+    n: int
+    request: Callable[[list[int]], GenRequest]  # the engine request for a prompt
+    build: Callable[[list[int], list[GenResult]], Built]
+    n_messages: int = 0
+    appended: Callable[[int], tuple[list[int], str] | None] | None = None
+    role: Callable[[int], str] | None = None
+
+
+class Gateway:
+    """Engines by policy (the ``model`` field routes to one), sessions in ``store`` (whose
+    ``retry_after_s`` every 429 carries)."""
+
+    def __init__(self, engines: Mapping[str, Engine], store: SessionStore, *,
+                 on_drift: str = "continue", aliases: Mapping[str, str] | None = None,
+                 sampling: Mapping[str, Any] | None = None, max_inflight: int = 256,
+                 max_n: int = 16, context_length: int | None = None,
+                 tools_prompt: str = DEFAULT_TOOLS_PROMPT,
+                 tool_result_format: str = "<result>{output}</result>",
+                 followers: Sequence[Any] = (), metrics: MetricsEmitter | None = None) -> None:
+        if not engines:
+            raise ConfigError("the gateway needs the engine of at least one policy")
+        unknown = {a: p for a, p in (aliases or {}).items() if p not in engines}
+        if unknown:
+            raise ConfigError(f"gateway.aliases {unknown} name policies not served "
+                              f"({', '.join(engines)}); map each alias to one of them")
+        self.engines = dict(engines)
+        self.store = store
+        self.on_drift = on_drift
+        self.aliases = dict(aliases or {})
+        self.sampling = {**SAMPLING_DEFAULTS, **dict(sampling or {})}
+        self.max_inflight = max_inflight
+        self.max_n = max_n
+        self.context_length = context_length
+        self.tools_prompt = tools_prompt
+        self.tool_result_format = tool_result_format
+        self.followers = list(followers)
+        self.metrics = metrics
+        self.created = int(time.time())
+        self.inflight = 0
+        self._batchers: dict[str, Batcher] = {}
+        self._ticker: asyncio.Task[None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Rebuild the open sessions from the bus, then start heartbeats."""
+        await self.store.on_bus(self.store.rebuild)
+        self._batchers = {p: Batcher(e) for p, e in self.engines.items()}
+        if self.metrics is not None:
+            self._ticker = asyncio.create_task(self._tick(), name="gateway-metrics")
+
+    async def _tick(self) -> None:
+        assert self.metrics is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            self.metrics.set("open_sessions", self.store.open_count)
+            self.metrics.set("inflight", self.inflight)
+            for p, e in self.engines.items():
+                self.metrics.set(f"version.{p}", e.version)
+            await loop.run_in_executor(None, self.metrics.tick)
+            await asyncio.sleep(min(1.0, self.metrics.interval))
+
+    async def aclose(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        for b in self._batchers.values():
+            await b.close()
+        for f in self.followers:
+            await asyncio.get_running_loop().run_in_executor(None, f.close)
+        self.store.close()
+        if self.metrics is not None:
+            self.metrics.close()
+
+    def count(self, name: str, n: float = 1.0) -> None:
+        if self.metrics is not None:
+            self.metrics.inc(name, n)
+
+    # -- routing -------------------------------------------------------------------------------
+    @property
+    def policies(self) -> list[str]:
+        return list(self.engines)
+
+    def policy_for(self, model: str | None) -> str:
+        if model is None:
+            return self.policies[0]
+        policy = self.aliases.get(model, model)
+        if policy not in self.engines:
+            raise not_found(f"The model `{model}` does not exist; served: "
+                            f"{', '.join([*self.engines, *self.aliases])}", param="model",
+                            code="model_not_found")
+        return policy
+
+    def context_of(self, policy: str) -> int | None:
+        return self.context_length or getattr(self.engines[policy], "max_positions", None)
+
+    def check_context(self, policy: str, ids: Sequence[int]) -> int:
+        """Tokens left for the completion; 400 context_length_exceeded when none."""
+        ctx = self.context_of(policy)
+        if ctx is None:
+            return 1 << 30
+        if len(ids) >= ctx:
+            raise bad_request(f"This model's maximum context length is {ctx} tokens; the "
+                              f"prompt has {len(ids)} tokens, leaving none for the completion. "
+                              "Shorten the messages.", param="messages",
+                              code="context_length_exceeded")
+        return ctx - len(ids)
+
+    # -- calls -----------------------------------------------------------------------------------
+    async def call(self, spec: CallSpec, *, sid: str | None, meta: Mapping[str, Any],
+                   key: str | None) -> Reply:
+        """Run ``spec`` (once per Idempotency-Key ``key``) in session ``sid`` (None: none)."""
+        if not key:
+            return await self._call(spec, sid, meta, None)
+        key = scoped(spec.route, key)
+        while True:
+            hit = self.store.replay(sid, key)
+            if hit is not None:
+                self.count("replays")
+                return Reply(msgspec.json.decode(hit), hit)
+            with self.store.claim(sid, key) as running:
+                if running is None:
+                    return await self._call(spec, sid, meta, key)
+            await asyncio.wait([running])  # the first with this key answered (or failed)
+
+    async def _call(self, spec: CallSpec, sid: str | None, meta: Mapping[str, Any],
+                    key: str | None) -> Reply:
+        if sid is None:
+            built = await self._generate(spec, spec.ids)
+            raw = msgspec.json.encode(built.body)
+            if key:
+                self.store.remember(key, raw)
+            self.count("calls_unrecorded")
+            return Reply(built.body, raw, built.pieces)
+        s, _ = await self.store.open(sid, meta)
+        if s.ended:
+            raise conflict(f"session {sid!r} has ended; start a new session for more calls",
+                           code="session_ended")
+        p = plan(s, spec.policy, spec.ids, on_drift=self.on_drift, appended=spec.appended,
+                 **({"role": spec.role} if spec.role else {}))
+        built = await self._generate(spec, p.prompt)
+        raw = msgspec.json.encode(built.body)
+        await self._record(s, spec, p, built, raw, key)
+        return Reply(built.body, raw, built.pieces)
+
+    async def _generate(self, spec: CallSpec, prompt: list[int]) -> Built:
+        room = self.check_context(spec.policy, prompt)
+        if self.inflight + spec.n > self.max_inflight:
+            self.count("rejected_busy")
+            raise too_many(f"{self.inflight} generations are running, the most this gateway "
+                           "takes at once (gateway.max_inflight); retry later",
+                           self.store.retry_after_s)
+        self.inflight += spec.n
+        try:
+            batcher = self._batchers[spec.policy]
+            req = spec.request(prompt)
+            if req.max_new_tokens > room:  # capped to what the context has left
+                req = dataclasses.replace(req, max_new_tokens=room)
+            results = await asyncio.gather(*(batcher.generate(req) for _ in range(spec.n)))
+        except EngineError as e:
+            self.count("engine_errors")
+            raise GatewayError(500, f"generation failed: {e}", type="server_error",
+                               code="engine_error") from None
+        finally:
+            self.inflight -= spec.n
+        self.count("tokens", sum(len(r.token_ids) for r in results))
+        built = spec.build(prompt, list(results))
+        built.choices = choices_of(results, built.hidden)
+        return built
+
+    async def _record(self, s: Session, spec: CallSpec, p: Plan, built: Built, raw: bytes,
+                      key: str | None) -> None:
+        async with self.store.lock(s.id):
+            if s.done:
+                raise conflict(f"session {s.id!r} closed while this call ran; it was not "
+                               "recorded", code="session_closed")
+            await self.store.record(
+                s, kind="call", policy=spec.policy, call_id=key or "",
+                route=spec.route,  # type: ignore[arg-type]
+                segment=p.segment if p.segment is not None else s.next_segment(spec.policy),
+                parent=p.parent, parent_choice=p.parent_choice, prompt_ids=pack_i32(p.tail),
+                prompt_role=p.role, prompt_len=len(p.prompt), n_messages=spec.n_messages,
+                drift=p.drift, view_drop=p.drop,
+                view_ids=b"" if p.view is None else pack_i32(p.view),
+                choices=built.choices, response=raw)
+        self.count("calls")
+        self.count("drift", p.drift)
+        self.count("branches", p.branch)
+
+    # -- sessions ----------------------------------------------------------------------------------
+    async def reward(self, sid: str, reward: float, rewards: Mapping[str, float], *,
+                     key: str | None) -> bytes:
+        key = scoped("reward", key)
+        hit = self._closed_key(sid, key)
+        if hit is not None:
+            return hit
+        s = self.store.get(sid)
+        async with self.store.lock(sid):
+            if key and key in s.keys:
+                return s.keys[key]
+            if s.reward is not None:
+                raise conflict(f"session {sid!r} already has its reward ({s.reward}); a "
+                               "reward is given once", code="reward_already_set")
+            raw = msgspec.json.encode({**self.store.info(s), "reward": reward,
+                                       "done": s.ended})
+            await self.store.record(s, kind="reward", reward=reward, rewards=dict(rewards),
+                                    call_id=key or "", response=raw)
+            await self.store.finish(s)
+        return raw
+
+    async def end(self, sid: str, reward: float | None, rewards: Mapping[str, float], *,
+                  key: str | None) -> bytes:
+        key = scoped("end", key)
+        hit = self._closed_key(sid, key)
+        if hit is not None:
+            return hit
+        s = self.store.get(sid)
+        async with self.store.lock(sid):
+            if key and key in s.keys:
+                return s.keys[key]
+            if s.ended:
+                raise conflict(f"session {sid!r} has already ended", code="session_ended")
+            if reward is not None:
+                if s.reward is not None:
+                    raise conflict(f"session {sid!r} already has its reward ({s.reward})",
+                                   code="reward_already_set")
+                await self.store.record(s, kind="reward", reward=reward, rewards=dict(rewards))
+            raw = msgspec.json.encode({**self.store.info(s), "ended": True,
+                                       "done": s.reward is not None})
+            await self.store.record(s, kind="end", call_id=key or "", response=raw)
+            await self.store.finish(s)
+        return raw
+
+    def _closed_key(self, sid: str, key: str | None) -> bytes | None:
+        return self.store.closed_key(sid, key) if key else None
+
+
+def scoped(route: str, key: str | None) -> str | None:
+    """An Idempotency-Key as recorded: per route (``chat:KEY``, ``reward:KEY``, ...), so one
+    key sent to two routes answers each its own response."""
+    return f"{route}:{key}" if key else None
+
+
+def choices_of(results: Sequence[GenResult], hidden: Sequence[int]) -> list[GatewayChoice]:
+    """The recorded form of ``results`` (their tokens exactly as generated)."""
+    return [GatewayChoice(token_ids=pack_i32(list(r.token_ids)),
+                          logprobs=pack_f32(list(r.logprobs)),
+                          versions=pack_i32(list(r.versions)), finish_reason=r.finish_reason,
+                          hidden=h)
+            for r, h in zip(results, hidden, strict=True)]

@@ -1,0 +1,246 @@
+"""A session's state, folded from its :class:`~astraflow.core.records.GatewayCall` events, and
+where its next call continues (a pure function of the state: testable without a bus or model).
+
+**Calls form chains.** Each recorded call names its parent: the call whose prompt + completion
+its own prompt extends (``-1``: it starts a chain). A policy's calls in a session fall into
+*segments*; the trajectory of a segment is the chain that ends at its newest call.
+
+**Where a new call continues** (:func:`plan`). The request is rendered with the chat template
+into token ids, and these are checked against the client's *view* of the policy's newest call
+(its prompt as the client rendered it + each of its choices' tokens), then of that call's
+ancestors:
+
+* the view is a prefix of the rendering: the call continues there; its prompt is the recorded
+  tokens followed by what the rendering adds (the new messages, with the template's glue);
+* the same, once the completion's trailing tokens that the returned text left out (an EOS the
+  template does not write back, a trimmed stop string: ``hidden``) are set aside: the call
+  still continues on *all* the recorded tokens, and the client's view of it lacks them
+  (``view_drop``), so the next turns are matched as the client renders them;
+* an ancestor matches (the client went back, or retried a turn without an Idempotency-Key):
+  a branch; the newest call of a segment decides which branch is trained;
+* the request is exactly the prompt of the chain's first call: a retried first turn.
+
+Otherwise the history has **drifted** from what was recorded (the client edited it, or the
+chat template re-renders an earlier turn into other tokens). It is counted, and handled as
+configured: ``continue`` keeps the recorded tokens and appends the tokens of the messages the
+request adds after the recorded history (when it adds any; else a new segment); ``segment``
+starts a new segment from the request as rendered. Tokens are never silently re-tokenised. A
+continued drift records the request as rendered as the client's view (``view_ids``): later
+turns are matched against it (so one edit counts once), their prompts built on the recorded
+tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from astraflow.core.records import GatewayCall, GatewayChoice, unpack
+
+
+@dataclass(slots=True)
+class Choice:
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str
+    hidden: int = 0
+
+    @classmethod
+    def of(cls, c: GatewayChoice) -> Choice:
+        return cls(unpack(c.token_ids, "<i4").tolist(), unpack(c.logprobs, "<f4").tolist(),
+                   unpack(c.versions, "<i4").tolist(), c.finish_reason, c.hidden)
+
+
+@dataclass(slots=True)
+class Call:
+    seq: int
+    policy: str
+    segment: int
+    parent: int
+    parent_choice: int
+    prompt_ids: list[int]  # after the parent's prompt + completion
+    prompt_role: str
+    n_messages: int
+    choices: list[Choice]
+    view_drop: int = 0  # the parent's trailing tokens the client's view of this prompt lacks
+    view_ids: list[int] | None = None  # the client's view of the whole prompt, if set
+
+
+@dataclass(slots=True)
+class Plan:
+    """Where a new call of ``policy`` goes: its whole ``prompt``, the part after its parent
+    (``tail``), its parent (-1: none) and segment (None: a new one, numbered when recorded)."""
+
+    prompt: list[int]
+    tail: list[int]
+    parent: int = -1
+    parent_choice: int = 0
+    segment: int | None = None
+    role: str = "prompt"
+    drift: bool = False
+    branch: bool = False
+    drop: int = 0  # the parent's hidden tokens the request's rendering lacks
+    view: list[int] | None = None  # drift continued: the request as rendered
+
+
+@dataclass
+class Session:
+    id: str
+    task_id: str = ""
+    group_id: str = ""
+    sample_index: int = 0
+    group_size: int = 1
+    agent: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+    calls: dict[int, Call] = field(default_factory=dict)
+    heads: dict[str, int] = field(default_factory=dict)  # policy -> its newest call
+    next_seq: int = 0
+    reward: float | None = None
+    rewards: dict[str, float] = field(default_factory=dict)
+    ended: bool = False
+    done: bool = False
+    drift: int = 0
+    branches: int = 0
+    keys: dict[str, bytes] = field(default_factory=dict)  # Idempotency-Key -> response
+    opened_at: float = field(default_factory=time.time)
+
+    # -- folding events ------------------------------------------------------------------------
+    def apply(self, ev: GatewayCall) -> None:
+        """Take one event (live, after it was produced; or read back at a restart)."""
+        self.next_seq = max(self.next_seq, ev.seq + 1)
+        if ev.call_id:
+            self.keys[ev.call_id] = ev.response
+        if ev.kind == "open":
+            self.task_id, self.group_id = ev.task_id or self.id, ev.group_id or self.id
+            self.sample_index, self.group_size = ev.sample_index, ev.group_size
+            self.agent, self.metadata = ev.agent, dict(ev.metadata)
+            self.opened_at = ev.created_at
+        elif ev.kind == "call":
+            self.calls[ev.seq] = Call(ev.seq, ev.policy, ev.segment, ev.parent,
+                                      ev.parent_choice, unpack(ev.prompt_ids, "<i4").tolist(),
+                                      ev.prompt_role, ev.n_messages,
+                                      [Choice.of(c) for c in ev.choices], ev.view_drop,
+                                      unpack(ev.view_ids, "<i4").tolist() if ev.view_ids
+                                      else None)
+            self.heads[ev.policy] = ev.seq
+            self.drift += ev.drift
+        elif ev.kind == "reward":
+            self.reward, self.rewards = ev.reward, dict(ev.rewards)
+        elif ev.kind == "end":
+            self.ended = True
+        elif ev.kind == "done":
+            self.done = True
+
+    # -- reading -------------------------------------------------------------------------------
+    def next_segment(self, policy: str) -> int:
+        return 1 + max((c.segment for c in self.calls.values() if c.policy == policy),
+                       default=-1)
+
+    def segments(self, policy: str) -> dict[int, int]:
+        """Segment -> its newest call, for ``policy``."""
+        out: dict[int, int] = {}
+        for c in self.calls.values():
+            if c.policy == policy:
+                out[c.segment] = max(out.get(c.segment, -1), c.seq)
+        return dict(sorted(out.items()))
+
+    def policies(self) -> list[str]:
+        return list(dict.fromkeys(c.policy for c in self.calls.values()))
+
+    def chain(self, last: int) -> list[Call]:
+        """The calls from the first of ``last``'s chain to ``last``."""
+        out = []
+        seq = last
+        while seq >= 0:
+            c = self.calls[seq]
+            out.append(c)
+            seq = c.parent
+        return out[::-1]
+
+
+@dataclass(slots=True)
+class Link:
+    """One call of a chain laid out as tokens: where its prompt and its completion end in the
+    recorded sequence, and in the client's view of it (the same unless drift was continued)."""
+
+    call: Call
+    choice: int  # the choice the chain goes on with (the last call: 0)
+    prompt_end: int
+    end: int
+    view: list[int]  # the client's view up to this call (a prefix of it is this call's)
+    view_prompt_end: int
+    view_end: int
+
+
+def layout(chain: list[Call]) -> tuple[list[int], list[int], list[Link]]:
+    """The recorded token sequence of a chain (each call's tail, then its completion on the
+    chain), the client's view of it, and the calls' places in both."""
+    seq: list[int] = []
+    view: list[int] = []
+    links = []
+    for i, c in enumerate(chain):
+        seq += c.prompt_ids
+        if c.view_ids is not None:
+            view = list(c.view_ids)
+        else:
+            view = view[:len(view) - c.view_drop] + c.prompt_ids
+        prompt_end, view_prompt_end = len(seq), len(view)
+        choice = chain[i + 1].parent_choice if i + 1 < len(chain) else 0
+        out = c.choices[choice].token_ids if c.choices else []
+        seq += out
+        view += out
+        links.append(Link(c, choice, prompt_end, len(seq), view, view_prompt_end, len(view)))
+    return seq, view, links
+
+
+def _extends(recorded: list[int], hidden: int, ids: list[int]) -> tuple[list[int], int] | None:
+    """(the tokens ``ids`` adds after ``recorded``, how many of ``recorded``'s last ``hidden``
+    tokens it leaves out: 0 or ``hidden``), or None when it does not extend it."""
+    n = len(recorded)
+    if ids[:n] == recorded:
+        return ids[n:], 0
+    if 0 < hidden <= n and ids[:n - hidden] == recorded[:n - hidden]:
+        return ids[n - hidden:], hidden
+    return None
+
+
+def plan(s: Session, policy: str, ids: list[int], *, on_drift: str,
+         appended: Callable[[int], tuple[list[int], str] | None] | None = None,
+         role: Callable[[int], str] = lambda k: "other") -> Plan:
+    """Where a call of ``policy`` whose request renders to ``ids`` continues (see the module
+    docstring). Chat requests give ``appended(k)``: the tokens and span role of the request's
+    messages after its first ``k`` (None when it has no more), and ``role(k)``: the span role
+    of those messages."""
+    head = s.heads.get(policy)
+    if head is None:
+        return Plan(ids, ids)
+    chain = s.chain(head)
+    seq, _, links = layout(chain)
+    last = links[-1]
+    for j, ch in enumerate(last.call.choices):  # the newest call: any of its choices
+        got = _extends(last.view[:last.view_prompt_end] + ch.token_ids, ch.hidden, ids)
+        if got is not None:
+            tail, drop = got
+            return Plan(seq[:last.prompt_end] + ch.token_ids + tail, tail, last.call.seq, j,
+                        last.call.segment, role(last.call.n_messages + 1), drop=drop)
+    for link in reversed(links[:-1]):  # an ancestor, on the choice the chain took
+        ch = link.call.choices[link.choice]
+        got = _extends(link.view[:link.view_end], ch.hidden, ids)
+        if got is not None:
+            tail, drop = got
+            return Plan(seq[:link.end] + tail, tail, link.call.seq, link.choice,
+                        link.call.segment, role(link.call.n_messages + 1), branch=True,
+                        drop=drop)
+    root = links[0]
+    if ids == root.view[:root.view_prompt_end]:  # the first turn again
+        return Plan(ids, ids, segment=root.call.segment, branch=True)
+    if on_drift == "continue" and appended is not None and last.call.choices:
+        got = appended(last.call.n_messages + 1)
+        if got is not None:
+            tail, tail_role = got
+            recorded = seq[:last.prompt_end] + last.call.choices[0].token_ids
+            return Plan(recorded + tail, tail, last.call.seq, 0, last.call.segment, tail_role,
+                        drift=True, view=ids)
+    return Plan(ids, ids, drift=True)

@@ -1,0 +1,290 @@
+"""The gateway's sessions and the bus under them: every event is produced and flushed before it
+changes a session (so an answered call is durable), and a restarted gateway rebuilds its open
+sessions by reading the ``gateway`` topic back (:meth:`SessionStore.rebuild`).
+
+A session whose end and reward are both in is turned into Trajectory records on the run's
+``trajectories`` topic, then a ``done`` event closes it (a crash in between produces them again
+at the restart: same ids, dropped by the assembler as duplicates). Closed sessions are
+remembered by id, so a late call to one is refused rather than opening a new session.
+
+All bus calls run on one thread of their own; sessions are touched on the event loop only,
+each under its own lock while an event of it is being recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from astraflow.core.bus.reader import read_all
+from astraflow.core.bus.types import Bus, Message
+from astraflow.core.claims import BlobStore, unclaim
+from astraflow.core.errors import RecordTooLargeError, SchemaError
+from astraflow.core.metrics import MetricsEmitter
+from astraflow.core.records import GatewayCall, Trajectory, decode
+from astraflow.core.stream import Output, send
+from astraflow.core.topics import TOPICS, parse_topic, record_key, topic_name
+from astraflow.gateway.errors import bad_request, conflict, not_found, too_many
+from astraflow.gateway.session import Session
+from astraflow.gateway.trajectory import trajectories
+
+log = logging.getLogger("astraflow.gateway.store")
+
+T = TypeVar("T")
+SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+
+
+def check_session_id(sid: str) -> str:
+    if not SESSION_ID.match(sid):
+        raise bad_request(f"invalid session id {sid[:140]!r}: use 1-128 letters, digits, '.', "
+                          "'_', ':', '@' or '-', starting with a letter or digit",
+                          param="session_id", code="invalid_session_id")
+    return sid
+
+
+class SessionStore:
+    """Open sessions of one gateway, recorded on ``bus`` (run ``run``)."""
+
+    def __init__(self, bus: Bus, *, run: str, max_open_sessions: int = 256,
+                 retry_after_s: int = 1, claims: BlobStore | None = None,
+                 worker_id: str = "gateway", metrics: MetricsEmitter | None = None,
+                 versions: Callable[[], Mapping[str, int]] = dict,
+                 idempotency_cache: int = 4096) -> None:
+        self.bus = bus
+        self.topic = topic_name(run, "gateway")
+        self.out_topic = topic_name(run, "trajectories")
+        self.max_open_sessions = max_open_sessions
+        self.retry_after_s = retry_after_s
+        self.claims = claims
+        self.worker_id = worker_id
+        self.metrics = metrics
+        self.versions = versions  # policy -> engine version now (the trajectories' vector)
+        self.sessions: dict[str, Session] = {}
+        # closed sessions: their last info, and the responses of their reward/end keys
+        self.closed: dict[str, tuple[dict[str, Any], dict[str, bytes]]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._pending: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self._loose: OrderedDict[str, bytes] = OrderedDict()  # keys of calls without a session
+        self._loose_max = idempotency_cache
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="af-gateway-bus")
+        for name in (self.topic, self.out_topic):  # usually made with the run's topics
+            if name not in bus.list_topics():
+                bus.create_topics({name: TOPICS[parse_topic(name).name].partitions})
+        self._producer = bus.producer(client_id=worker_id)
+
+    def count(self, name: str, n: float = 1.0) -> None:
+        if self.metrics is not None:
+            self.metrics.inc(name, n)
+
+    # -- restart ---------------------------------------------------------------------------------
+    def rebuild(self) -> int:
+        """Read the whole ``gateway`` topic and fold it into sessions (blocking; call before
+        serving). Sessions ended and rewarded but not closed are closed now. Returns the
+        number of events read."""
+        n = 0
+        for msg in read_all(self.bus, self.topic, client_id=f"{self.worker_id}-rebuild"):
+            self._take(msg)
+            n += 1
+        for sid in [sid for sid, s in self.sessions.items() if s.done]:
+            self._close(sid)
+        for s in list(self.sessions.values()):
+            if s.ended and s.reward is not None:
+                self._produce_trajectories(s)
+        log.info("rebuilt %d open sessions from %d events on %s", len(self.sessions), n,
+                 self.topic)
+        return n
+
+    def _take(self, msg: Message) -> None:
+        try:
+            ev = decode(unclaim(msg, self.claims).value, GatewayCall)
+        except SchemaError as e:
+            log.warning("skipped record origin=%s error=%s", msg.origin, e)
+            self.count("bad_records")
+            return
+        assert isinstance(ev, GatewayCall)
+        if ev.session_id in self.closed:
+            return
+        s = self.sessions.get(ev.session_id)
+        if s is None:
+            s = self.sessions[ev.session_id] = Session(ev.session_id)
+        s.apply(ev)
+
+    # -- sessions --------------------------------------------------------------------------------
+    @property
+    def open_count(self) -> int:
+        return len(self.sessions)
+
+    def get(self, sid: str) -> Session:
+        """A known session (open or waiting for its reward); 404 otherwise, 409 if closed."""
+        s = self.sessions.get(check_session_id(sid))
+        if s is None:
+            if sid in self.closed:
+                raise conflict(f"session {sid!r} is closed: its trajectories were produced",
+                               code="session_closed")
+            raise not_found(f"no session {sid!r}: open one with POST /sessions or make a call "
+                            "under /sessions/{id}/v1", param="session_id", code="session_not_found")
+        return s
+
+    async def open(self, sid: str, meta: Mapping[str, Any], *, same_meta: bool = False
+                   ) -> tuple[Session, bool]:
+        """The session ``sid``, opened (recorded) with ``meta`` if new; (session, created).
+        429 when ``max_open_sessions`` are open; 409 if closed, or (``same_meta``) if it
+        exists with other metadata (otherwise ``meta`` is ignored for an existing one)."""
+        check_session_id(sid)
+        async with self.lock(sid):
+            s = self.sessions.get(sid)
+            if s is not None:
+                if same_meta and any(getattr(s, k) != v for k, v in meta.items()
+                                        if v is not None):
+                    raise conflict(f"session {sid!r} exists with other metadata",
+                                   code="session_exists")
+                return s, False
+            if sid in self.closed:
+                raise conflict(f"session {sid!r} is closed: its trajectories were produced; "
+                               "use a new session id", code="session_closed")
+            if len(self.sessions) >= self.max_open_sessions:
+                self.count("rejected_full")
+                raise too_many(f"{len(self.sessions)} sessions are open, the most this gateway "
+                               "takes (gateway.max_open_sessions); end sessions or retry later",
+                               self.retry_after_s)
+            ev = GatewayCall(session_id=sid, seq=0, kind="open",
+                             **{k: v for k, v in meta.items() if v is not None})
+            s = Session(sid)
+            await self._record(s, ev)
+            self.sessions[sid] = s
+            self.count("sessions_opened")
+            return s, True
+
+    def lock(self, sid: str) -> asyncio.Lock:
+        lk = self._locks.get(sid)
+        if lk is None:
+            lk = self._locks[sid] = asyncio.Lock()
+        return lk
+
+    async def record(self, s: Session, **fields: Any) -> GatewayCall:
+        """Produce and flush the next event of ``s`` (its seq is assigned here), then fold it.
+        The caller holds ``lock(s.id)``."""
+        ev = GatewayCall(session_id=s.id, seq=s.next_seq, **fields)
+        await self._record(s, ev)
+        return ev
+
+    async def _record(self, s: Session, ev: GatewayCall) -> None:
+        await self.on_bus(self._send, [Output(self.topic, ev, record_key("gateway", ev))])
+        s.apply(ev)
+
+    async def finish(self, s: Session) -> int:
+        """Produce ``s``'s trajectories when it has ended and has its reward, then close it;
+        returns how many (0: not yet). The caller holds ``lock(s.id)``."""
+        if not (s.ended and s.reward is not None) or s.done:
+            return 0
+        outs, done = self._closing(s)
+        await self.on_bus(self._send, outs)
+        return self._closed(s, done, len(outs) - 1)
+
+    def _produce_trajectories(self, s: Session) -> int:
+        outs, done = self._closing(s)
+        self._send(outs)
+        return self._closed(s, done, len(outs) - 1)
+
+    def _closing(self, s: Session) -> tuple[list[Output], GatewayCall]:
+        recs = trajectories(s, worker_id=self.worker_id, version_vector=self.versions())
+        done = GatewayCall(session_id=s.id, seq=s.next_seq, kind="done")
+        return ([Output(self.out_topic, r, record_key("trajectories", r)) for r in recs]
+                + [Output(self.topic, done, record_key("gateway", done))]), done
+
+    def _closed(self, s: Session, done: GatewayCall, n: int) -> int:
+        s.apply(done)
+        self._close(s.id)
+        self.count("sessions_done")
+        self.count("trajectories", n)
+        return n
+
+    def _close(self, sid: str) -> None:
+        s = self.sessions.pop(sid, None)
+        self._locks.pop(sid, None)
+        if s is not None:
+            keys = {k: v for k, v in s.keys.items() if len(v) < 4096}
+            self.closed[sid] = (self.info(s), keys)
+
+    def info(self, s: Session) -> dict[str, Any]:
+        """What ``GET /sessions/{id}`` answers."""
+        return {"id": s.id, "task_id": s.task_id, "group_id": s.group_id,
+                "sample_index": s.sample_index, "group_size": s.group_size, "agent": s.agent,
+                "calls": len(s.calls), "drift": s.drift,
+                "segments": {p: len(s.segments(p)) for p in s.policies()},
+                "reward": s.reward, "ended": s.ended, "done": s.done,
+                # the Trajectory records it gives (produced when done): one per segment
+                "trajectories": sum(len(s.segments(p)) for p in s.policies())}
+
+    def info_of(self, sid: str) -> dict[str, Any]:
+        closed = self.closed.get(check_session_id(sid))
+        return closed[0] if closed is not None else self.info(self.get(sid))
+
+    def closed_key(self, sid: str, key: str) -> bytes | None:
+        """The response of a reward or end with ``key`` of a closed session, if any."""
+        closed = self.closed.get(sid)
+        return None if closed is None else closed[1].get(key)
+
+    def _send(self, outs: list[Output]) -> None:
+        for out in outs:
+            try:
+                send(self._producer, out, claims=self.claims, limit=self.bus.max_message_bytes)
+            except RecordTooLargeError as e:
+                if not isinstance(out.record, Trajectory):
+                    raise
+                from astraflow.consumers.rollout.worker import too_large
+
+                small = too_large(out.record, e)
+                send(self._producer, Output(out.topic, small, out.key))
+        self._producer.flush()
+
+    async def on_bus(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the store's bus thread (every bus call of the store runs there)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # -- idempotency -------------------------------------------------------------------------------
+    def replay(self, sid: str | None, key: str) -> bytes | None:
+        """The response recorded for ``key`` (in session ``sid``, or among calls without one)."""
+        if sid is None:
+            hit = self._loose.get(key)
+            if hit is not None:
+                self._loose.move_to_end(key)
+            return hit
+        s = self.sessions.get(sid)
+        return None if s is None else s.keys.get(key)
+
+    def remember(self, key: str, response: bytes) -> None:
+        """Keep the response of a call without a session for its key's retries."""
+        if self._loose_max <= 0:
+            return
+        self._loose[key] = response
+        while len(self._loose) > self._loose_max:
+            self._loose.popitem(last=False)
+
+    @contextlib.contextmanager
+    def claim(self, sid: str | None, key: str) -> Iterator[asyncio.Future[None] | None]:
+        """Yields None to the first request with ``key`` (it runs), or to a retry while that
+        one runs, a future done when it has answered or failed: look for its answer again."""
+        k = (sid or "", key)
+        running = self._pending.get(k)
+        if running is not None:
+            yield running
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending[k] = fut
+        try:
+            yield None
+        finally:
+            self._pending.pop(k, None)
+            fut.set_result(None)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._producer.close()
+

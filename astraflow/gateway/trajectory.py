@@ -1,0 +1,63 @@
+"""A finished session as Trajectory records: one per policy and segment, laid out as a rollout
+worker lays out an episode (:class:`~astraflow.consumers.rollout.context.Conversation`).
+
+``token_ids`` is the chain's whole token sequence; ``loss_mask`` is 1 exactly over the tokens
+the model generated, with their behaviour ``logprobs`` and ``versions``; every other token
+(prompt, tool results, user turns, the chat template around them) has mask 0, logprob 0 and
+version -1. Spans: ``prompt`` first, then ``assistant`` for each completion and the new
+messages' role (``tool``, ``user``, ``other``) for the tokens between. Ids follow the worker's
+rule, ``{group_id}/{policy}/{sample_index}`` with ``.1``, ``.2``, ... for later segments, so a
+session produced twice (a crash between producing and recording it) gives recognisable
+duplicates that the assembler drops.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from astraflow.core.records import Trajectory, TurnSpan, pack_f32, pack_i32, pack_u8
+from astraflow.gateway.session import Session, layout
+
+
+def trajectories(s: Session, *, worker_id: str = "", version_vector: Mapping[str, int] | None = None
+                 ) -> list[Trajectory]:
+    """The Trajectory records of ``s`` (its reward: ``s.reward``, 0 if none)."""
+    out = []
+    for policy in s.policies():
+        for k, last in enumerate(s.segments(policy).values()):
+            chain = s.chain(last)
+            seq, _, links = layout(chain)
+            mask: list[int] = []
+            logprobs: list[float] = []
+            versions: list[int] = []
+            spans: list[TurnSpan] = []
+            pos = 0
+            for link in links:
+                c = link.call
+                n = len(c.prompt_ids)
+                if n:
+                    spans.append(TurnSpan(start=pos, end=pos + n, role=c.prompt_role))
+                mask += [0] * n
+                logprobs += [0.0] * n
+                versions += [-1] * n
+                ch = c.choices[link.choice]
+                m = len(ch.token_ids)
+                if m:
+                    spans.append(TurnSpan(start=link.prompt_end, end=link.end, role="assistant"))
+                mask += [1] * m
+                logprobs += ch.logprobs
+                versions += ch.versions
+                pos = link.end
+            final = chain[-1].choices[0]
+            out.append(Trajectory(
+                id=f"{s.group_id}/{policy}/{s.sample_index}" + (f".{k}" if k else ""),
+                task_id=s.task_id, group_id=s.group_id, policy=policy, agent=s.agent,
+                sample_index=s.sample_index, group_size=s.group_size,
+                token_ids=pack_i32(seq), loss_mask=pack_u8(mask), logprobs=pack_f32(logprobs),
+                versions=pack_i32(versions), prompt_len=len(chain[0].prompt_ids), spans=spans,
+                reward=0.0 if s.reward is None else s.reward, rewards=dict(s.rewards),
+                finish_reason=final.finish_reason,  # type: ignore[arg-type]
+                worker_id=worker_id, version_vector=dict(version_vector or {}),
+                timings={"total": max(0.0, time.time() - s.opened_at)}))
+    return out
