@@ -21,6 +21,7 @@ from astraflow.cli import (
     rollout,
     run,
     scale,
+    serve,
     top,
     topics,
     train,
@@ -43,6 +44,7 @@ app.command("inspect")(inspect_cmd.inspect)
 app.command("run")(run.run)
 app.command("produce")(produce.produce)
 app.command("rollout")(rollout.rollout)
+app.command("serve")(serve.serve)
 app.command("policy")(policy.policy)
 app.command("train")(train.train)
 app.command("report")(scale.report)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from astraflow.consumers.trainer.loop import Trainer
     from astraflow.core.bus.types import Bus
     from astraflow.core.claims import BlobStore
+    from astraflow.gateway.service import Gateway
     from astraflow.models.config import ModelConfig
     from astraflow.policies.runner import StageRunner
     from astraflow.producers.producer import ProduceStats
@@ -345,5 +346,39 @@ def run_scaler(config: ExperimentConfig, config_path: str | Path, out: str | Pat
             return role.run(max_reports, timeout, should_stop)
         finally:
             role.close()
+    finally:
+        bus.close()
+
+
+# gateway -------------------------------------------------------------------------------------
+
+def build_gateway(config: ExperimentConfig, out: str | Path = ".", *, bus: Bus,
+                  policy: str | None = None, engines: dict[str, Engine] | None = None,
+                  follow_weights: bool | None = None) -> Gateway:
+    """The agent gateway of the run on ``bus`` (whose topics exist): ``policy`` alone, or
+    the policies ``gateway.policies`` names (default: the rollout workers')."""
+    from astraflow.gateway.build import build_gateway as build
+
+    return build(config.gateway, config.rollout, run=config.run, policies=config.policies,
+                 models=models(config), weights=config.weights, bus=bus, out=out, only=policy,
+                 engines=engines, claims=claims(config, out), follow_weights=follow_weights)
+
+
+def serve_gateway(config: ExperimentConfig, out: str | Path = ".", *,
+                  policy: str | None = None, host: str | None = None,
+                  port: int | None = None) -> None:
+    """``astraflow serve``: open the run's bus (creating its topics), serve the gateway until
+    SIGINT/SIGTERM, close everything."""
+    from astraflow.gateway.server import app_for, serve
+
+    bus = open_bus(config, out)
+    try:
+        gateway = build_gateway(config, out, bus=bus, policy=policy)
+        try:
+            serve(app_for(gateway), host=host or config.gateway.host,
+                  port=config.gateway.port if port is None else port)
+        finally:
+            for engine in gateway.engines.values():
+                engine.close()
     finally:
         bus.close()

@@ -1,0 +1,40 @@
+"""``astraflow serve CONFIG``: the agent gateway, an OpenAI-compatible endpoint over the run's
+current policy (docs/gateway.md).
+
+Mounted in the main app as ``app.command("serve")(serve.serve)``. Imports stay light (typer,
+stdlib); FastAPI, uvicorn and the engines load when the command runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def serve(
+    config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
+    out: Annotated[Path, typer.Option(help="Run directory ({out} in the config).")]
+    = Path("."),
+    policy: Annotated[str | None, typer.Option(
+        help="Serve this policy only (default: gateway.policies, else the rollout workers').")]
+    = None,
+    host: Annotated[str | None, typer.Option(help="Address (default: gateway.host).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: gateway.port).")] = None,
+    overrides: Annotated[list[str] | None, typer.Option(
+        "--set", help="Config override a.b=c (repeatable).")] = None,
+) -> None:
+    """Serve the policies as an OpenAI-compatible API: point an agent's base URL at
+    http://HOST:PORT/sessions/<episode>/v1, then POST /sessions/<episode>/reward and /end;
+    the episode becomes Trajectory records on the run's `trajectories` topic. SIGTERM/SIGINT:
+    finish the requests in flight, exit."""
+    from astraflow.cli.common import fail, load_config
+    from astraflow.core.errors import AstraflowError
+    from astraflow.run.roles import serve_gateway
+
+    cfg = load_config(config, overrides)
+    try:
+        serve_gateway(cfg, out, policy=policy, host=host, port=port)
+    except AstraflowError as e:
+        raise fail(str(e)) from None
