@@ -183,11 +183,18 @@ def serve(
     port: Annotated[int, typer.Option(help="Port (0: pick a free one).")] = 8470,
     token: Annotated[str | None, typer.Option(envvar="ASTRAFLOW_WEIGHTS_TOKEN",
                                               help="Require this bearer token.")] = None,
+    max_connections: Annotated[int, typer.Option(
+        help="Connections served at once (lowered to what ulimit -n allows); one more is "
+             "answered 503.", min=1)] = 256,
+    idle_timeout: Annotated[float, typer.Option(
+        help="Seconds a connection has to send a whole request head, and may stay idle.",
+        min=0.001)] = 30.0,
 ) -> None:
     """Serve a weight store over HTTP (ranged, resumable GETs; read-only)."""
-    from astraflow.weights.http import make_server
+    from astraflow.weights.server import make_server
 
-    server = make_server(directory, host=host, port=port, token=token)
+    server = make_server(directory, host=host, port=port, token=token,
+                         max_connections=max_connections, idle_timeout_s=idle_timeout)
     typer.echo(f"serving {directory} at {server.url}" + (" (token required)" if token else ""))
     try:
         server.serve_forever()
@@ -267,9 +274,12 @@ def mirror(
     with role_run() as should_stop:
         b = open_bus(cfg, out)
         try:
+            w = cfg.weights
             m = Mirror(b, run=cfg.run, policies=policies or cfg.policies, upstream=source,
                        root=serve_dir, rate_limit=rate_limit, keep_versions=keep_versions)
-            server = serve_mirror(m, host=host, port=port, token=token, hold_s=hold)
+            server = serve_mirror(m, host=host, port=port, token=token, hold_s=hold,
+                                  max_connections=w.server.max_connections,
+                                  idle_timeout_s=w.server.idle_timeout_s)
             server.timeout = 0.25  # handle_request() returns this often to check for a stop
             failed: list[BaseException] = []
 

@@ -47,6 +47,20 @@ class StoreConfig(Section):
         return self
 
 
+class ServerConfig(Section):
+    """Limits of a weight server: what any client, with the token or not, can hold of it.
+    ``astraflow weights mirror`` serves with these (``weights serve`` takes them as options)."""
+
+    max_connections: int = pydantic.Field(
+        default=256, ge=1,
+        description="connections served at once (lowered to what `ulimit -n` allows); one more "
+                    "is answered 503 and closed")
+    idle_timeout_s: float = pydantic.Field(
+        default=30.0, gt=0,
+        description="a connection must send each request head whole within this long, and is "
+                    "closed after this long without reading or writing")
+
+
 class WeightsConfig(Section):
     """Weight publishing and sync (DESIGN.md §8, docs/weights.md)."""
 
@@ -76,6 +90,7 @@ class WeightsConfig(Section):
     rate_limit: float | None = pydantic.Field(
         default=None, gt=0,
         description="bytes/s cap on a worker's downloads (emulates a slow link)")
+    server: ServerConfig = ServerConfig()
 
 
 def _file_store(cfg: StoreConfig, out: str | Path) -> WeightStore:

@@ -135,8 +135,8 @@ def test_http_server_ranges_and_refusals(server: WeightServer) -> None:
     import urllib.error
     import urllib.request
 
-    def get(path: str, **headers: str) -> tuple[int, dict, bytes]:
-        req = urllib.request.Request(server.url + path, headers=headers)
+    def get(path: str, method: str = "GET", **headers: str) -> tuple[int, dict, bytes]:
+        req = urllib.request.Request(server.url + path, headers=headers, method=method)
         try:
             with urllib.request.urlopen(req) as r:
                 return r.status, dict(r.headers), r.read()
@@ -151,10 +151,13 @@ def test_http_server_ranges_and_refusals(server: WeightServer) -> None:
     assert (code, body) == (206, bytes([253, 254, 255]))
     code, headers, _b = get("/p/blob.afw", Range="bytes=20000-", **auth)
     assert (code, headers["Content-Range"]) == (416, "bytes */10240")
-    assert get("/p/blob.afw")[0] == 401
-    assert get("/p/blob.afw", Authorization="Bearer wrong")[0] == 401
+    for method in ("GET", "HEAD"):  # no token, a wrong one: nothing about the blob is told
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "t0k"}):
+            code, got, body = get("/p/blob.afw", method, **headers)
+            assert code == 401 and b"\x00\x01" not in body, (method, headers)
+            assert got["Content-Length"] != "10240"
     for path in ["/../secret", "/p/../../secret", "/%2e%2e/secret", "/p/%2E%2E/%2E%2E/secret",
-                 "//etc/passwd", "/p/.hidden"]:
+                 "//etc/passwd", "/p/.hidden", "/p/blob.afw%0A", "/p%0A/blob.afw"]:
         code, _h, body = get(path, **auth)
         assert code in (400, 404) and b"do not serve" not in body, path
 

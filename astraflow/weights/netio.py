@@ -1,0 +1,52 @@
+"""Socket reads with an idle timeout *and* a deadline, for the weight server and its client.
+
+A socket timeout bounds one read. A peer that sends a byte just inside it, again and again
+(a slow drip, or a request head sent one byte at a time), is never timed out and holds the
+other side for as long as it likes. :class:`DeadlineReader` is the raw stream under the
+``BufferedReader`` that ``http.server`` and ``http.client`` read from: before every read it
+sets the socket's timeout to what is left until ``deadline`` (at most ``idle`` seconds), and
+once the deadline has passed it raises :class:`TimeoutError`, which both stdlib modules treat
+as a timed-out connection.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import time
+
+
+class DeadlineReader(io.RawIOBase):
+    """Reads ``sock``: each read waits at most ``idle`` seconds, and none starts after
+    ``deadline`` (a :func:`time.monotonic` time; None: no deadline; settable between reads).
+
+    ``keep``: a stream to close with this one — the ``sock.makefile()`` that this reader
+    replaces, whose reference keeps the socket open after its connection object lets go of it
+    (as ``http.client`` does once the response head is read)."""
+
+    def __init__(self, sock: socket.socket, idle: float | None, deadline: float | None = None,
+                 *, keep: io.IOBase | None = None) -> None:
+        super().__init__()
+        self.sock = sock
+        self.idle = idle
+        self.deadline = deadline
+        self._keep = keep
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        wait = self.idle
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("deadline passed")
+            wait = left if wait is None else min(wait, left)
+        self.sock.settimeout(wait)
+        return self.sock.recv_into(b)
+
+    def close(self) -> None:
+        if self._keep is not None:
+            self._keep.close()
+            self._keep = None
+        super().close()

@@ -1,0 +1,271 @@
+"""The weight server: a small read-only HTTP server over a blob directory.
+
+``astraflow weights serve DIR`` runs :func:`make_server`: ``GET``/``HEAD /<blob path>`` with
+single ``Range: bytes=`` requests (206 partial content, 416 when unsatisfiable), an optional
+bearer token, and the same path checks as :class:`~astraflow.weights.store.FileStore`. Workers
+pull (outbound connections only), so hosts behind NAT reach it. Writes go to the directory
+directly (the trainer's FileStore); the server never accepts uploads.
+
+It is reachable by whoever can reach its port, token or not, so it bounds what a client can
+hold: a connection must send each request head whole within ``idle_timeout_s`` (however
+slowly it drips) and is closed after that long without a request or without reading; at most
+``max_connections`` are open at once — lowered to what the process's descriptor limit allows
+— and one past the cap is answered ``503`` with ``Retry-After`` and closed at once. If
+descriptors still run out, accepting pauses instead of spinning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hmac
+import io
+import logging
+import os
+import re
+import stat
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from astraflow.core.errors import WeightStoreError
+from astraflow.weights.netio import DeadlineReader
+from astraflow.weights.store import FileStore
+
+log = logging.getLogger("astraflow.weights.server")
+
+DEFAULT_MAX_CONNECTIONS = 256
+DEFAULT_IDLE_TIMEOUT_S = 30.0
+_FD_RESERVE = 32  # descriptors kept for everything else the process opens
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)", re.ASCII)
+_HUGE = 1 << 62  # stands for a range number of more digits than any file size has
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
+         b"Connection: close\r\n\r\n")
+_OUT_OF_FDS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
+def connection_cap(wanted: int) -> int:
+    """``wanted``, lowered so that each connection can hold its socket and an open blob within
+    the process's descriptor limit (with some left for everything else)."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return wanted
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, (soft - _FD_RESERVE) // 2))
+
+
+class WeightServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # the listen backlog: a burst of workers connecting at once
+
+    def __init__(self, root: Path, address: tuple[str, int], token: str | None, *,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S) -> None:
+        if max_connections < 1 or not idle_timeout_s > 0:
+            raise WeightStoreError(f"weight server: max_connections {max_connections} and "
+                                   f"idle_timeout_s {idle_timeout_s} must both be > 0")
+        self.store = FileStore(root)
+        self.token = token
+        #: connections served at once (``max_connections`` lowered to the descriptor limit)
+        self.max_connections = connection_cap(max_connections)
+        self.idle_timeout_s = idle_timeout_s
+        self.bytes_sent = 0  # blob bytes written to clients: this store's egress
+        self.requests = 0  # GET and HEAD requests answered
+        self.connections = 0  # connections open now
+        self.refused = 0  # connections past the cap: answered 503 and closed
+        self._count = threading.Lock()
+        self._accept_failures = 0
+        if self.max_connections < max_connections:
+            log.info("max_connections=%d lowered to %d by the descriptor limit (ulimit -n)",
+                     max_connections, self.max_connections)
+        super().__init__(address, _Handler)
+
+    def count(self, requests: int = 0, sent: int = 0) -> None:
+        with self._count:
+            self.requests += requests
+            self.bytes_sent += sent
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        if isinstance(host, bytes):
+            host = host.decode()
+        return f"http://{host}:{port}"
+
+    def get_request(self) -> tuple[Any, Any]:
+        try:
+            return super().get_request()
+        except OSError as e:
+            if e.errno in _OUT_OF_FDS:
+                # the listening socket stays readable, so the loop would come straight back:
+                # pause and let connections close
+                self._accept_failures += 1
+                if self._accept_failures == 1 or self._accept_failures % 100 == 0:
+                    log.warning("accept failed (%s), %d times; pausing: raise ulimit -n or "
+                                "lower max_connections", e, self._accept_failures)
+                time.sleep(0.1)
+            raise
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._count:
+            full = self.connections >= self.max_connections
+            if full:
+                self.refused += 1
+            else:
+                self.connections += 1
+        if full:
+            if self.refused == 1 or self.refused % 100 == 0:
+                log.warning("connection from %s refused (503): max_connections=%d are open; "
+                            "%d refused so far", client_address[0], self.max_connections,
+                            self.refused)
+            with contextlib.suppress(OSError):
+                request.setblocking(False)  # a client that does not read cannot hold us
+                request.send(_BUSY)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)  # a thread per connection
+        except BaseException:
+            self._release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._count:
+            self.connections -= 1
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: WeightServer
+    protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        idle = self.server.idle_timeout_s
+        self.connection.settimeout(idle)  # each read or write on the socket
+        self._reader = DeadlineReader(self.connection, idle, keep=self.rfile)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        # the next request head must arrive whole within the idle timeout, however it drips
+        self._reader.deadline = time.monotonic() + self.server.idle_timeout_s
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()  # the request line and headers are read now
+        self._reader.deadline = None
+        self.connection.settimeout(self.server.idle_timeout_s)  # for the answer's writes
+        return ok
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+        log.debug("%s " + format, self.client_address[0], *args)
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        self._serve(body=True)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._serve(body=False)
+
+    def _error(self, code: int, message: str, headers: dict[str, str] | None = None) -> None:
+        data = (message + "\n").encode()
+        self.send_response(code)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _serve(self, body: bool) -> None:
+        self.server.count(requests=1)
+        token = self.server.token
+        if token is not None:
+            got = self.headers.get("Authorization", "")
+            if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+                self._error(401, "missing or wrong bearer token",
+                            {"WWW-Authenticate": 'Bearer realm="astraflow-weights"'})
+                return
+        path = unquote(urlsplit(self.path).path).removeprefix("/")
+        try:
+            file = self.server.store.local_path(path)
+            f = open(file, "rb")  # noqa: SIM115 - closed below; opened once, then fstat'ed
+        except WeightStoreError as e:
+            self._error(400, str(e))
+            return
+        except OSError:  # absent, a directory, pruned meanwhile
+            self._error(404, f"no blob {path!r}")
+            return
+        with f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                self._error(404, f"no blob {path!r}")
+                return
+            self._send(f, st.st_size, path, body)
+
+    def _send(self, f: io.BufferedReader, size: int, path: str, body: bool) -> None:
+        start, end = 0, size  # [start, end)
+        status = 200
+        m = _RANGE.fullmatch(self.headers.get("Range", "").strip())
+        if m and (m[1] or m[2]):
+            if m[1]:
+                start = _number(m[1])
+                end = min(size, _number(m[2]) + 1) if m[2] else size
+            else:  # suffix range: the last N bytes
+                start = max(0, size - _number(m[2]))
+            if start >= size or start >= end:
+                self._error(416, f"range {self.headers['Range'][:60]!r} outside {size} bytes",
+                            {"Content-Range": f"bytes */{size}"})
+                return
+            status = 206
+        self.send_response(status)
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(end - start))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        self.end_headers()
+        if not body:
+            return
+        try:
+            f.seek(start)
+            remaining = end - start
+            while remaining > 0:
+                chunk = f.read(min(remaining, 1 << 20))
+                if not chunk:
+                    break
+                self.wfile.write(chunk)
+                self.server.count(sent=len(chunk))
+                remaining -= len(chunk)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            log.debug("client went away or stopped reading during %s", path)
+            self.close_connection = True
+
+
+def _number(digits: str) -> int:
+    """A range bound; one longer than any file size could be is read as 'huge' (Python refuses
+    to parse integers of thousands of digits, and no file is that large anyway)."""
+    return int(digits) if len(digits) <= 18 else _HUGE
+
+
+def make_server(root: str | Path, *, host: str = "127.0.0.1", port: int = 0,
+                token: str | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S) -> WeightServer:
+    """A server for the blobs under ``root`` (call ``serve_forever()``; port 0 picks a free
+    one). ``max_connections`` and ``idle_timeout_s``: see the module's docstring."""
+    root = Path(root)
+    if not root.is_dir():
+        raise WeightStoreError(f"weight store directory {root} does not exist")
+    return WeightServer(root, (host, port), token, max_connections=max_connections,
+                        idle_timeout_s=idle_timeout_s)

@@ -1,0 +1,196 @@
+"""The weight server under idle, slow and greedy clients: idle connections are closed, a
+request must arrive whole within the idle timeout, connections past the cap get a 503 at once,
+running out of descriptors does not make it spin, and a real client is still served. Absurd
+Range headers get an answer, not an exception."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from weights_adversary import wait_for
+
+from astraflow.core.errors import WeightStoreError
+from astraflow.weights.http import HttpStore
+from astraflow.weights.server import WeightServer, make_server
+
+DATA = bytes(range(256)) * 40
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    (tmp_path / "served" / "p").mkdir(parents=True)
+    (tmp_path / "served" / "p" / "blob.afw").write_bytes(DATA)
+    return tmp_path / "served"
+
+
+@pytest.fixture
+def serve(root: Path) -> Iterator:
+    started: list[WeightServer] = []
+
+    def start(**kw) -> WeightServer:
+        srv = make_server(root, **kw)
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.shutdown()
+        srv.server_close()
+
+
+def connect(srv: WeightServer) -> socket.socket:
+    host, port = srv.server_address[:2]
+    return socket.create_connection((host, port), timeout=5)
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bytes | None:
+    """What the server sent before closing ``sock`` within ``seconds``; None: still open."""
+    sock.settimeout(seconds)
+    got = b""
+    try:
+        while chunk := sock.recv(4096):
+            got += chunk
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return got
+
+
+def test_idle_connections_are_closed_and_a_real_client_is_served(serve) -> None:
+    srv = serve(idle_timeout_s=0.5, max_connections=4)
+    idle = [connect(srv) for _ in range(4)]
+    assert wait_for(lambda: srv.connections == 4, 5)
+    refused = connect(srv)  # over the cap: answered at once, then closed
+    assert (closed_within(refused, 2) or b"").startswith(b"HTTP/1.1 503")
+    t0 = time.monotonic()
+    assert all(closed_within(s, 3) is not None for s in idle)
+    assert time.monotonic() - t0 < 2.5
+    assert HttpStore(srv.url, timeout=5).read("p/blob.afw") == DATA
+    assert srv.refused == 1
+
+
+def test_a_request_must_arrive_whole_within_the_idle_timeout(serve) -> None:
+    """One header byte every 0.1 s never trips a per-read timeout of 0.6 s; the deadline on
+    the whole request head closes it all the same (slowloris)."""
+    srv = serve(idle_timeout_s=0.6)
+    s = connect(srv)
+    t0 = time.monotonic()
+    head = b"GET /p/blob.afw HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100
+    try:
+        for b in head:
+            s.sendall(bytes([b]))
+            time.sleep(0.1)
+            if time.monotonic() - t0 > 5:
+                break
+    except OSError:
+        pass  # closed by the server: what we want
+    assert closed_within(s, 1) is not None
+    assert time.monotonic() - t0 < 3
+
+
+def test_a_keep_alive_connection_serves_several_requests(serve) -> None:
+    srv = serve(idle_timeout_s=2)
+    s = connect(srv)
+    for _ in range(3):
+        s.sendall(b"GET /p/blob.afw HTTP/1.1\r\nHost: x\r\nRange: bytes=0-3\r\n\r\n")
+        got = b""
+        while not got.endswith(b"\r\n\r\n" + DATA[:4]):
+            got += s.recv(4096)
+    s.close()
+
+
+@pytest.mark.parametrize(("value", "status", "body"), [
+    ("bytes=" + "9" * 5000 + "-", 416, b""),
+    ("bytes=0-" + "9" * 5000, 206, DATA),
+    ("bytes=-" + "9" * 5000, 206, DATA),
+    ("bytes=10-" + "1" * 30, 206, DATA[10:]),
+])
+def test_absurd_ranges_get_an_answer(serve, value: str, status: int, body: bytes) -> None:
+    import urllib.error
+    import urllib.request
+
+    srv = serve()
+    req = urllib.request.Request(srv.url + "/p/blob.afw", headers={"Range": value})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            code, got = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        code, got = e.code, b""
+    assert (code, got) == (status, body)
+
+
+CHILD = textwrap.dedent("""
+    import json, os, resource, sys
+    from astraflow.weights.server import make_server
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    srv = make_server(sys.argv[1], **json.loads(sys.argv[2]))
+    held = []
+    if sys.argv[3] == "hog":  # other work in the process took every descriptor but a few
+        try:
+            while True:
+                held.append(open(os.devnull))
+        except OSError:
+            for f in held[-3:]:
+                f.close()
+    print(srv.server_address[1], srv.max_connections, flush=True)
+    srv.serve_forever(poll_interval=0.05)
+""")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("hog", ["", "hog"], ids=["idle", "descriptors-taken"])
+def test_more_idle_sockets_than_descriptors_neither_spin_nor_starve(root: Path, hog: str) -> None:
+    """A server limited to 64 descriptors, 100 idle connections: the cap (clamped under the
+    descriptor limit) answers the excess at once; the server does not spin at 100% CPU; once
+    the idle ones time out, a real client is served. With the descriptors taken by something
+    else in the process, accepting fails (EMFILE): it pauses instead of spinning."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root),
+                             json.dumps({"idle_timeout_s": 1.5, "max_connections": 1000}), hog],
+                            stdout=subprocess.PIPE, text=True)
+    socks: list[socket.socket] = []
+    try:
+        port, cap = map(int, proc.stdout.readline().split())  # type: ignore[union-attr]
+        assert cap < 32  # clamped: each connection may hold a socket and an open blob
+        for _ in range(100):
+            with contextlib.suppress(OSError):
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+        time.sleep(0.3)
+        before = cpu_seconds(proc.pid)
+        time.sleep(1.0)
+        assert cpu_seconds(proc.pid) - before < 0.3  # a spinning accept loop takes ~1.0
+        if hog:  # the backlog holds the idle ones: let them go (each is then closed at once)
+            for s in socks:
+                s.close()
+        store = HttpStore(f"http://127.0.0.1:{port}", timeout=2)
+
+        def served() -> bool:
+            try:
+                return store.read("p/blob.afw", 0, 16) == DATA[:16]
+            except WeightStoreError:
+                return False
+
+        assert wait_for(served, 10, every=0.2)
+    finally:
+        for s in socks:
+            s.close()
+        proc.kill()
+        proc.wait()
