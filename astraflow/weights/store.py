@@ -8,6 +8,8 @@ do not trust: every path is checked by :func:`check_path` before it touches a fi
 :func:`download` copies a blob from any store to a local file, resumably: bytes go to
 ``<dest>.part`` and a later call continues from that file's size with a ranged read. Blob names
 are immutable (a version's blob is never rewritten under the same name), so resuming is safe.
+It never takes more than the size it expects (a store that sends more fills neither disk nor
+memory) and can be given a deadline (a store that drips bytes does not hold the caller).
 """
 
 from __future__ import annotations
@@ -59,11 +61,13 @@ class WeightStore(Protocol):
     def put(self, path: str, data: bytes | memoryview) -> None:
         """Store ``data`` at ``path`` durably and atomically (readers see all of it or none)."""
 
-    def open(self, path: str, offset: int = 0) -> BinaryIO:
+    def open(self, path: str, offset: int = 0, *, deadline: float | None = None) -> BinaryIO:
         """A readable stream of the blob from byte ``offset`` (close it when done).
-        Raises BlobNotFoundError when absent."""
+        Raises BlobNotFoundError when absent. ``deadline``: a :func:`time.monotonic` time
+        after which reading raises WeightStoreError (a remote store; None: its own bound)."""
 
-    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+    def read(self, path: str, offset: int = 0, length: int | None = None, *,
+             deadline: float | None = None) -> bytes:
         """Bytes ``[offset, offset + length)`` of the blob (to its end when length is None)."""
 
     def exists(self, path: str) -> bool: ...
@@ -92,7 +96,7 @@ class FileStore:
     def put(self, path: str, data: bytes | memoryview) -> None:
         write_atomic(self.local_path(path), data, fsync=self.fsync)
 
-    def open(self, path: str, offset: int = 0) -> BinaryIO:
+    def open(self, path: str, offset: int = 0, *, deadline: float | None = None) -> BinaryIO:
         try:
             f = open(self.local_path(path), "rb")  # noqa: SIM115 - returned to the caller
         except FileNotFoundError:
@@ -100,7 +104,8 @@ class FileStore:
         f.seek(offset)
         return f
 
-    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+    def read(self, path: str, offset: int = 0, length: int | None = None, *,
+             deadline: float | None = None) -> bytes:
         with self.open(path, offset) as f:
             return f.read() if length is None else f.read(length)
 
@@ -138,52 +143,79 @@ class TokenBucket:
 
 
 def download(store: WeightStore, path: str, dest: str | Path, *, rate_limit: float | None = None,
-             chunk: int = 1 << 16, size: int | None = None,
-             bucket: TokenBucket | None = None) -> int:
+             chunk: int = 1 << 16, size: int | None = None, bucket: TokenBucket | None = None,
+             deadline_s: float | None = None) -> int:
     """Copy blob ``path`` to the local file ``dest``, resuming from ``dest.part`` if an earlier
     call was interrupted. Returns the bytes transferred by this call. ``rate_limit`` caps the
     transfer in bytes per second (to emulate a slow link). ``size``: the blob's size when the
     caller knows it (a manifest's ``total_bytes``), which saves asking the store — a round
-    trip over a far link; the bytes received must then add up to it. ``bucket``: a
-    :class:`TokenBucket` shared by concurrent downloads (then one cap for all of them)."""
+    trip over a far link; the bytes received must then add up to it, and no byte past it is
+    read. ``bucket``: a :class:`TokenBucket` shared by concurrent downloads (then one cap for
+    all of them). ``deadline_s``: seconds this call may take in all (None: no deadline of its
+    own); past it, WeightStoreError, and the ``.part`` is kept for the next call to resume.
+    Every failure is a WeightStoreError (BlobNotFoundError when the store lacks the blob)."""
     check_path(path)
+    deadline = None if deadline_s is None else time.monotonic() + deadline_s
     dest = Path(dest)
     part = dest.with_name(dest.name + ".part")
     total = store.size(path) if size is None else size
-    if dest.exists() and dest.stat().st_size == total:
-        return 0
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    have = part.stat().st_size if part.exists() else 0
-    if have > total:  # not a prefix of this blob: start over
-        part.unlink()
-        have = 0
-    if bucket is None and rate_limit:  # else: the caller's, shared by concurrent downloads
-        bucket = TokenBucket(rate_limit, burst=min(rate_limit / 4, chunk))
-    moved = 0
-    if have < total:
-        with store.open(path, have) as src, open(part, "ab") as out:
-            try:
-                while True:
-                    want = chunk if bucket is None else min(chunk, int(bucket.burst))
-                    data = src.read(want)
-                    if not data:
-                        break
-                    if bucket is not None:
-                        bucket.take(len(data))
-                    out.write(data)
-                    moved += len(data)
-            except (OSError, http.client.HTTPException) as e:
-                raise WeightStoreError(f"download of {path!r} from {store!r} interrupted at "
-                                       f"{have + moved} of {total} bytes ({e}); call again to "
-                                       "resume") from None
-            finally:
-                out.flush()
-                os.fsync(out.fileno())
-        have = part.stat().st_size
-    if have != total:
-        raise WeightStoreError(f"download of {path!r} from {store!r} stopped at {have} of "
-                               f"{total} bytes; call again to resume from {part}")
-    os.replace(part, dest)
+    if total < 0:
+        raise WeightStoreError(f"download of {path!r}: size {total} is negative")
+    try:
+        if dest.exists() and dest.stat().st_size == total:
+            return 0
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        have = part.stat().st_size if part.exists() else 0
+        if have > total:  # not a prefix of this blob: start over
+            part.unlink()
+            have = 0
+        if bucket is None and rate_limit:  # else: the caller's, shared by concurrent downloads
+            bucket = TokenBucket(rate_limit, burst=min(rate_limit / 4, chunk))
+        moved = 0
+        if have < total:
+            moved = _copy(store, path, part, have, total, chunk, bucket, deadline)
+            have = part.stat().st_size
+        if have != total:
+            raise WeightStoreError(f"download of {path!r} from {store!r} stopped at {have} of "
+                                   f"{total} bytes; call again to resume from {part}")
+        os.replace(part, dest)
+    except OSError as e:  # the local side: the cache directory full or unwritable
+        raise WeightStoreError(f"download of {path!r} to {dest}: {e}") from None
     with contextlib.suppress(OSError):
         fsync_dir(dest.parent)
+    return moved
+
+
+def _copy(store: WeightStore, path: str, part: Path, have: int, total: int, chunk: int,
+          bucket: TokenBucket | None, deadline: float | None) -> int:
+    """Append bytes ``[have, total)`` of blob ``path`` to ``part``; returns how many came (fewer
+    when the stream ended early). Never reads past ``total``."""
+    moved = 0
+    with store.open(path, have, deadline=deadline) as src, open(part, "ab") as out:
+        declared = getattr(src, "length", None)  # a remote store's announced length
+        if declared is not None and declared != total - have:
+            raise WeightStoreError(f"download of {path!r} from {store!r}: the store has "
+                                   f"{declared} bytes from offset {have}, expected "
+                                   f"{total - have} (a blob of {total} bytes)")
+        read = getattr(src, "read1", src.read)  # returns as soon as some bytes are there
+        try:
+            while have + moved < total:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WeightStoreError("its deadline passed")
+                want = min(chunk if bucket is None else min(chunk, int(bucket.burst)),
+                           total - have - moved)
+                data = read(want)[:want]
+                if not data:
+                    break
+                if bucket is not None:
+                    bucket.take(len(data))
+                out.write(data)
+                moved += len(data)
+        except (WeightStoreError, OSError, http.client.HTTPException, ValueError) as e:
+            raise WeightStoreError(f"download of {path!r} from {store!r} interrupted at "
+                                   f"{have + moved} of {total} bytes ({e}); call again to "
+                                   "resume") from None
+        finally:
+            out.flush()
+            os.fsync(out.fileno())
     return moved
