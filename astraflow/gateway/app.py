@@ -177,7 +177,7 @@ def _sessions(app: FastAPI, gw: Gateway) -> None:
     async def open_session(body: SessionRequest | None = None) -> dict[str, Any]:
         """Open a session with its metadata (where its trajectories go); answers an existing
         one with the same metadata, 409 with other metadata."""
-        body = body or SessionRequest()
+        body = body or SessionRequest.model_validate({})
         sid = body.session_id or uuid.uuid4().hex
         meta = body.model_dump(exclude={"session_id"})
         s, _ = await gw.store.open(sid, meta, same_meta=True)
@@ -198,7 +198,7 @@ def _sessions(app: FastAPI, gw: Gateway) -> None:
               responses=_errors(400, 404, 409))
     async def end(session_id: SessionPath, body: EndRequest | None = None,
                   key: Key = None) -> Response:
-        body = body or EndRequest()
+        body = body or EndRequest.model_validate({})
         raw = await gw.end(session_id, body.reward, body.rewards, key=key)
         return Response(raw, media_type="application/json")
 

@@ -121,7 +121,7 @@ def chat_spec(gw: Gateway, req: ChatRequest) -> CallSpec:
             calls = parse_calls(text, names) if tools else None
             content = text if calls is None else calls[0]
             message: dict[str, Any] = {"role": "assistant", "content": content}
-            finish = r.finish_reason
+            finish: str = r.finish_reason
             if calls is not None:
                 message["content"] = content or None
                 message["tool_calls"] = [{"id": new_call_id(), "type": "function",

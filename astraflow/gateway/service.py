@@ -179,7 +179,7 @@ class Gateway:
         """Run ``spec`` (once per Idempotency-Key ``key``) in session ``sid`` (None: none)."""
         if not key:
             return await self._call(spec, sid, meta, None)
-        key = scoped(spec.route, key)
+        key = f"{spec.route}:{key}"  # scoped (see scoped())
         while True:
             hit = self.store.replay(sid, key)
             if hit is not None:

@@ -237,10 +237,9 @@ def plan(s: Session, policy: str, ids: list[int], *, on_drift: str,
     if ids == root.view[:root.view_prompt_end]:  # the first turn again
         return Plan(ids, ids, segment=root.call.segment, branch=True)
     if on_drift == "continue" and appended is not None and last.call.choices:
-        got = appended(last.call.n_messages + 1)
-        if got is not None:
-            tail, tail_role = got
+        new = appended(last.call.n_messages + 1)
+        if new is not None:
             recorded = seq[:last.prompt_end] + last.call.choices[0].token_ids
-            return Plan(recorded + tail, tail, last.call.seq, 0, last.call.segment, tail_role,
+            return Plan(recorded + new[0], new[0], last.call.seq, 0, last.call.segment, new[1],
                         drift=True, view=ids)
     return Plan(ids, ids, drift=True)
