@@ -276,7 +276,8 @@ def mirror(
         try:
             w = cfg.weights
             m = Mirror(b, run=cfg.run, policies=policies or cfg.policies, upstream=source,
-                       root=serve_dir, rate_limit=rate_limit, keep_versions=keep_versions)
+                       root=serve_dir, rate_limit=rate_limit, keep_versions=keep_versions,
+                       deadline_s=w.download_deadline_s, min_rate=w.download_min_rate)
             server = serve_mirror(m, host=host, port=port, token=token, hold_s=hold,
                                   max_connections=w.server.max_connections,
                                   idle_timeout_s=w.server.idle_timeout_s)

@@ -90,6 +90,14 @@ class WeightsConfig(Section):
     rate_limit: float | None = pydantic.Field(
         default=None, gt=0,
         description="bytes/s cap on a worker's downloads (emulates a slow link)")
+    download_deadline_s: float = pydantic.Field(
+        default=60.0, gt=0,
+        description="a blob download may take this long plus its size at download_min_rate "
+                    "(or rate_limit, when lower); past it, it stops and resumes at the next sync")
+    download_min_rate: float = pydantic.Field(
+        default=1_000_000.0, gt=0,
+        description="bytes/s below which a download is given up at its deadline (a store "
+                    "dripping bytes cannot hold a worker)")
     server: ServerConfig = ServerConfig()
 
 
@@ -132,4 +140,5 @@ def build_syncer(bus: Bus, cfg: WeightsConfig, target: Any, *, run: str, policy:
     fallback = build_store(cfg.fallback, out) if cfg.fallback is not None else None
     return Syncer(bus, run=run, policy=policy, store=build_store(cfg.fetch or cfg.store, out),
                   target=target, cache_dir=cache_dir, rate_limit=cfg.rate_limit,
-                  fallback=fallback, fallback_grace_s=cfg.fallback_grace_s)
+                  fallback=fallback, fallback_grace_s=cfg.fallback_grace_s,
+                  deadline_s=cfg.download_deadline_s, min_rate=cfg.download_min_rate)

@@ -4,6 +4,13 @@ Both follow the topic from its first record with a group-less reader and want, a
 every manifest published so far: :func:`read_new` reads up to the end offsets seen when it is
 called (waiting for records known to exist, however the client batches its fetches), and
 :func:`decode_manifest` turns a record into a manifest of the expected policy or says why not.
+
+Anyone who can produce to the topic can write a manifest, so a manifest is checked before it is
+acted on (:class:`ManifestBook`): :func:`manifest_problem` refuses one that is malformed (no
+tensors, several blobs, a path :func:`~astraflow.weights.store.check_path` refuses, versions
+that do not fit its kind, ranges outside its blob), and of two manifests naming the same blob
+the first one read stands — blob names are unique per publication (a random suffix), so a
+second, different manifest of a blob is never the trainer's and must not hide the real one.
 """
 
 from __future__ import annotations
@@ -14,8 +21,11 @@ from collections.abc import Callable
 from typing import cast
 
 from astraflow.core.bus.types import Bus, Message, Reader
-from astraflow.core.errors import SchemaError
+from astraflow.core.errors import SchemaError, WeightIntegrityError, WeightStoreError
 from astraflow.core.records import WeightManifest, decode
+from astraflow.weights.bits import DTYPES
+from astraflow.weights.blob import CODEC
+from astraflow.weights.store import check_path
 
 log = logging.getLogger("astraflow.weights.follow")
 
@@ -59,3 +69,76 @@ def decode_manifest(msg: Message, policy: str) -> WeightManifest | None:
                     msg.origin)
         return None
     return m
+
+
+class BadManifestError(WeightIntegrityError):
+    """A manifest refused before anything was fetched for it: malformed, or conflicting with
+    the manifest already read for its blob."""
+
+
+def manifest_problem(m: WeightManifest) -> str | None:
+    """Why ``m`` cannot be acted on (None: it can). Structure only: whether its blob exists and
+    holds what it says is for the blob's own checks."""
+    if not m.tensors:
+        return f"version {m.version} lists no tensors"
+    uris = {t.uri for t in m.tensors}
+    if len(uris) != 1:
+        return f"version {m.version} spans {len(uris)} blobs; this build reads one per version"
+    (uri,) = uris
+    try:
+        check_path(uri)
+    except WeightStoreError as e:
+        return str(e)
+    if m.codec != CODEC:
+        return f"codec {m.codec!r}; this build reads {CODEC!r}"
+    if m.version < 0:
+        return f"version {m.version} is negative"
+    if m.kind == "full" and m.base_version is not None:
+        return f"full {m.version} names a base version ({m.base_version})"
+    if m.kind == "delta" and (m.base_version is None or not 0 <= m.base_version < m.version):
+        return f"delta {m.version} has base version {m.base_version}; expected 0 <= base < version"
+    if m.total_bytes <= 0 or m.full_bytes < 0:
+        return f"total_bytes {m.total_bytes} / full_bytes {m.full_bytes}"
+    names: set[str] = set()
+    for t in m.tensors:
+        if t.name in names:
+            return f"tensor {t.name!r} appears twice"
+        names.add(t.name)
+        if t.dtype not in DTYPES:
+            return f"tensor {t.name!r}: dtype {t.dtype!r}; valid: {', '.join(DTYPES)}"
+        if any(d < 0 for d in t.shape):
+            return f"tensor {t.name!r}: shape {t.shape}"
+        if t.offset < 0 or t.length < 0 or t.offset + t.length > m.total_bytes:
+            return (f"tensor {t.name!r}: range {t.offset}+{t.length} outside the blob's "
+                    f"{m.total_bytes} bytes")
+    return None
+
+
+def _claims(m: WeightManifest) -> dict[str, object]:
+    return {f: getattr(m, f) for f in m.__struct_fields__ if f != "created_at"}
+
+
+class ManifestBook:
+    """The manifests of one policy read so far, by blob. :meth:`admit` says whether a manifest
+    is new (act on it) or a repeat of one already read (ignore it), and raises
+    :class:`BadManifestError` for one that is malformed or names a blob whose first manifest
+    says something else (other version, kind, digests or sizes): the first one stands."""
+
+    def __init__(self) -> None:
+        self._by_uri: dict[str, WeightManifest] = {}
+
+    def admit(self, m: WeightManifest) -> bool:
+        problem = manifest_problem(m)
+        if problem is not None:
+            raise BadManifestError(f"refused manifest: {problem}")
+        uri = m.tensors[0].uri
+        first = self._by_uri.get(uri)
+        if first is None:
+            self._by_uri[uri] = m
+            return True
+        if _claims(first) == _claims(m):
+            return False
+        raise BadManifestError(
+            f"refused manifest of version {m.version} ({m.kind}): blob {uri!r} already has a "
+            f"manifest (version {first.version}, {first.kind}) that says otherwise, and the "
+            "first one read stands")

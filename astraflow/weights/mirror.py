@@ -16,7 +16,11 @@ entries — and only then renames it to its final name (fsync of the file and th
 the weight server never serves a partial or unverified blob. A blob that fails verification is
 deleted and fetched again, at most ``max_attempts`` times, then skipped. Upstream errors (the
 trainer unreachable, a blob it pruned) are retried later with a per-blob backoff; they never
-stop the loop.
+stop the loop. Manifests are checked first, as the syncer checks them
+(:class:`~astraflow.weights.follow.ManifestBook`): a malformed one, or a second manifest of a
+blob that says something else than the first, is refused (``stats.refused``) — so a forged
+manifest cannot make the mirror judge the real blob by false digests and give it up. Every
+download has a deadline (``deadline_s`` plus its size at ``min_rate``, or ``rate_limit``).
 
 A restarted mirror resumes: a blob already complete in its directory is verified once and kept
 (a corrupt one is fetched again), a staged ``.part`` continues where it stopped.
@@ -53,7 +57,7 @@ from astraflow.core.topics import topic_name
 from astraflow.weights.bits import Hasher
 from astraflow.weights.blob import MAX_HEADER, PREFIX_SIZE, Blob, payload_size, read_header
 from astraflow.weights.files import fsync_dir
-from astraflow.weights.follow import decode_manifest, read_new
+from astraflow.weights.follow import BadManifestError, ManifestBook, decode_manifest, read_new
 from astraflow.weights.http import WeightServer, make_server
 from astraflow.weights.store import (
     BlobNotFoundError,
@@ -62,7 +66,7 @@ from astraflow.weights.store import (
     WeightStore,
     download,
 )
-from astraflow.weights.syncer import check_manifest
+from astraflow.weights.syncer import DEFAULT_DEADLINE_S, DEFAULT_MIN_RATE, check_manifest
 
 log = logging.getLogger("astraflow.weights.mirror")
 _CHUNK = 4 << 20
@@ -79,6 +83,7 @@ class MirrorStats:
     upstream_errors: int = 0  # fetches the upstream failed (unreachable, 404): retried later
     pruned: int = 0  # blobs deleted by keep_versions
     bad_records: int = 0  # records on the topics that were not manifests of their policy
+    refused: int = 0  # manifests refused: malformed, or a second one for a blob already seen
 
 
 class _UpstreamDown(Exception):
@@ -133,12 +138,14 @@ class Mirror:
     that may fail verification before it is skipped. ``keep_versions``: keep the blobs of the
     newest K versions and of every version from the newest full on (a worker starting from
     nothing always finds its route); older ones are deleted and not fetched (None: keep all).
-    Upstream errors are retried after ``retry_s`` seconds, doubling up to ``max_retry_s``."""
+    Upstream errors are retried after ``retry_s`` seconds, doubling up to ``max_retry_s``.
+    A download may take ``deadline_s`` plus its size at ``min_rate`` (or ``rate_limit``)."""
 
     def __init__(self, bus: Bus, *, run: str, policies: Iterable[str], upstream: WeightStore,
                  root: str | Path, rate_limit: float | None = None, max_attempts: int = 3,
                  keep_versions: int | None = None, retry_s: float = 1.0,
-                 max_retry_s: float = 30.0) -> None:
+                 max_retry_s: float = 30.0, deadline_s: float = DEFAULT_DEADLINE_S,
+                 min_rate: float = DEFAULT_MIN_RATE) -> None:
         if keep_versions is not None and keep_versions < 1:
             raise ValueError(f"keep_versions must be >= 1 (or None: keep all), got "
                              f"{keep_versions}")
@@ -150,6 +157,9 @@ class Mirror:
         self.keep_versions = keep_versions
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
+        self.deadline_s = deadline_s
+        self.min_rate = min(min_rate, rate_limit) if rate_limit else min_rate
+        self._book = ManifestBook()
         self.stats = MirrorStats()
         self._bus = bus
         self._policies = {topic_name(run, "weights", p): p for p in dict.fromkeys(policies)}
@@ -195,17 +205,20 @@ class Mirror:
 
     def _take(self, policy: str, msg: Message) -> None:
         m = decode_manifest(msg, policy)
-        uris = {t.uri for t in m.tensors} if m is not None else set()
-        if m is None or len(uris) != 1:
+        if m is None:
             self.stats.bad_records += 1
-            if m is not None:
-                log.warning("skipped manifest version=%d of %d blobs origin=%s", m.version,
-                            len(uris), msg.origin)
+            return
+        try:
+            if not self._book.admit(m):
+                return  # a repeat of a manifest already read
+        except BadManifestError as e:
+            self.stats.refused += 1
+            log.warning("policy=%s origin=%s %s", policy, msg.origin, e)
             return
         self._newest[policy] = max(self._newest.get(policy, m.version), m.version)
         if m.kind == "full":
             self._newest_full[policy] = max(self._newest_full.get(policy, m.version), m.version)
-        (uri,) = uris
+        uri = m.tensors[0].uri
         if uri not in self._done and uri not in self._skipped:
             self._pending[uri] = m
 
@@ -314,8 +327,9 @@ class Mirror:
         while True:
             before = part.stat().st_size if part.exists() else 0
             try:
-                self.stats.fetched_bytes += download(self.upstream, uri, stage,
-                                                     rate_limit=self.rate_limit)
+                self.stats.fetched_bytes += download(
+                    self.upstream, uri, stage, rate_limit=self.rate_limit, size=m.total_bytes,
+                    deadline_s=self.deadline_s + m.total_bytes / self.min_rate)
             except WeightStoreError as e:
                 after = part.stat().st_size if part.exists() else 0
                 self.stats.fetched_bytes += max(0, after - before)

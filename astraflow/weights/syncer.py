@@ -9,6 +9,13 @@ tensor's digest. A missing blob, a corrupt blob or a wrong base is healed: the r
 again without that blob, from nothing if the target was left half-applied, which ends at a full
 snapshot plus the deltas after it.
 
+Manifests are checked before they are acted on (:class:`~astraflow.weights.follow.ManifestBook`:
+malformed ones and second, different manifests of a blob already seen are refused and
+counted). A blob no store has costs one request and is then left alone for a while (a manifest
+anyone could have forged must not be asked for on every poll, nor spend ``max_heals``, which
+bounds the corrupt blobs met in one sync). Every download has a deadline: ``deadline_s`` plus
+its size at ``min_rate`` bytes/s (or at ``rate_limit`` when that is lower).
+
 >>> syncer = Syncer(bus, run="demo", policy="solver", store=HttpStore(url),
 ...                 target=DictTarget(model_state), cache_dir="/tmp/weights-cache")
 >>> syncer.sync_once()          # between generation steps: returns the version now held
@@ -27,12 +34,12 @@ from pathlib import Path
 import numpy as np
 
 from astraflow.core.bus.types import Bus, Message
-from astraflow.core.errors import WeightIntegrityError, WeightStoreError
+from astraflow.core.errors import AstraflowError, WeightIntegrityError, WeightStoreError
 from astraflow.core.records import WeightManifest
 from astraflow.core.topics import topic_name
 from astraflow.weights.bits import blob_digest, digest, dtype_info
 from astraflow.weights.blob import BaseMismatchError, Blob, parse_blob
-from astraflow.weights.follow import decode_manifest, read_new
+from astraflow.weights.follow import BadManifestError, ManifestBook, decode_manifest, read_new
 from astraflow.weights.route import Route, plan_route
 from astraflow.weights.store import (
     BlobNotFoundError,
@@ -46,6 +53,10 @@ from astraflow.weights.target import WeightTarget
 
 log = logging.getLogger("astraflow.weights.syncer")
 
+DEFAULT_DEADLINE_S = 60.0  # every download may take this long, plus its size at min_rate
+DEFAULT_MIN_RATE = 1_000_000.0  # bytes/s
+_MISSING_RETRY_S = (1.0, 30.0)  # a blob no store has is asked for again after 1 s, 2 s, ... 30 s
+
 
 @dataclass
 class SyncStats:
@@ -56,6 +67,9 @@ class SyncStats:
     fallbacks: int = 0  # blobs fetched again from the fallback store (a mirror's bad blob)
     prefetched_bytes: int = 0  # bytes downloaded by prefetch(), ahead of applying
     bad_records: int = 0  # records on the topic that were not manifests of this policy
+    refused: int = 0  # manifests refused: malformed, or a second one for a blob already seen
+    missing: int = 0  # blobs no store had (a forged manifest, or one not written yet)
+    failures: int = 0  # syncs in run() that failed (store unreachable, ...): retried
 
 
 class Syncer:
@@ -64,7 +78,12 @@ class Syncer:
     def __init__(self, bus: Bus, *, run: str, policy: str, store: WeightStore,
                  target: WeightTarget, cache_dir: str | Path | None = None,
                  rate_limit: float | None = None, max_heals: int = 3,
-                 fallback: WeightStore | None = None, fallback_grace_s: float = 60.0) -> None:
+                 fallback: WeightStore | None = None, fallback_grace_s: float = 60.0,
+                 deadline_s: float = DEFAULT_DEADLINE_S,
+                 min_rate: float = DEFAULT_MIN_RATE) -> None:
+        if not deadline_s > 0 or not min_rate > 0:
+            raise WeightStoreError(f"syncer: deadline_s {deadline_s} and min_rate {min_rate} "
+                                   "must be > 0")
         self.policy = policy
         self.store = store
         #: where a blob is fetched again when ``store`` (a regional mirror) lacks it or serves
@@ -81,11 +100,18 @@ class Syncer:
         self._lock = threading.Lock()
         self.target = target
         self.rate_limit = rate_limit
+        #: corrupt blobs (or wrong bases) met in one sync before it gives up and raises; a
+        #: blob that is missing does not count
         self.max_heals = max_heals
+        self.deadline_s = deadline_s
+        self.min_rate = min_rate
         self.topic = topic_name(run, "weights", policy)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.stats = SyncStats()
         self.manifests: list[WeightManifest] = []
+        self._book = ManifestBook()
+        self._missing: dict[str, tuple[int, float]] = {}  # uri → (misses, when to ask again)
+        self._last_failure = ""
         self._shadow: dict[str, tuple[str, np.ndarray]] = {}  # host bits the target lacks
         self._digests: dict[str, str] | None = None  # of the version held, when known
         self._version = target.current_version()
@@ -101,7 +127,11 @@ class Syncer:
         return self._version
 
     def newest(self) -> int | None:
-        return max((m.version for m in self.manifests), default=None)
+        """The newest version announced, leaving out manifests whose blob was just found
+        missing everywhere (until it is asked for again)."""
+        skip = self._skipped()
+        return max((m.version for m in self.manifests if m.tensors[0].uri not in skip),
+                   default=None)
 
     def poll(self, timeout: float = 0.0, max_records: int | None = None) -> int:
         """Read every manifest on the topic now; when there is none new, wait up to ``timeout``
@@ -116,11 +146,35 @@ class Syncer:
         if m is None:
             self.stats.bad_records += 1
             return
-        self.manifests.append(m)
+        try:
+            if self._book.admit(m):  # else: a repeat of a manifest already read
+                self.manifests.append(m)
+        except BadManifestError as e:
+            self.stats.refused += 1
+            log.warning("policy=%s origin=%s %s", self.policy, msg.origin, e)
 
     # -- syncing ------------------------------------------------------------------------------
     def plan(self) -> Route | None:
-        return plan_route(self.manifests, self._version, current_digests=self._digests)
+        return plan_route(self.manifests, self._version, current_digests=self._digests,
+                          exclude=self._skipped())
+
+    def _skipped(self) -> set[str]:
+        """Blobs found missing everywhere whose time to be asked for again has not come."""
+        now = time.monotonic()
+        return {uri for uri, (_n, again) in self._missing.items() if again > now}
+
+    def _note_missing(self, uris: set[str]) -> None:
+        for uri in uris:
+            n = self._missing.get(uri, (0, 0.0))[0] + 1
+            first, most = _MISSING_RETRY_S
+            self._missing[uri] = (n, time.monotonic() + min(most, first * 2 ** (n - 1)))
+            self.stats.missing += 1
+
+    def _deadline_s(self, nbytes: int) -> float:
+        """How long a download of ``nbytes`` may take: the floor plus its size at the slowest
+        rate expected (``rate_limit`` slows our own reading, so it counts)."""
+        rate = min(self.min_rate, self.rate_limit) if self.rate_limit else self.min_rate
+        return self.deadline_s + nbytes / rate
 
     def prefetch(self) -> int:
         """Download the blobs of the route to the newest version into ``cache_dir`` without
@@ -138,11 +192,13 @@ class Syncer:
         if not jobs:
             return 0
         cache = self.cache_dir
+        # the downloads share the link (and the rate limit): each may take as long as all
+        deadline_s = self._deadline_s(sum(jobs.values()))
 
         def get(uri: str) -> int:
             try:
                 return download(self._store_for(uri), uri, cache / uri, size=jobs[uri],
-                                bucket=self._bucket)
+                                bucket=self._bucket, deadline_s=deadline_s)
             except WeightStoreError as e:
                 log.info("prefetch of %s stopped policy=%s error=%s", uri, self.policy, e)
                 return 0
@@ -166,8 +222,8 @@ class Syncer:
         held."""
         if read:
             self.poll(timeout)
-        bad: set[str] = set()
-        heals = 0
+        bad = self._skipped()
+        heals = 0  # corrupt blobs and wrong bases met in this call (missing blobs do not count)
         while True:
             route = plan_route(self.manifests, self._version, current_digests=self._digests,
                                exclude=bad)
@@ -190,16 +246,21 @@ class Syncer:
                     self._apply(m)
                 return self._version
             except (WeightIntegrityError, BlobNotFoundError, UnsafePathError) as e:
-                heals += 1
+                missing = isinstance(e, BlobNotFoundError)
+                if not missing:
+                    heals += 1
                 self.stats.heals += 1
                 uris = {t.uri for t in m.tensors}
-                if (isinstance(e, BlobNotFoundError) and self.fallback is not None
+                if (missing and self.fallback is not None
                         and not uris <= self._use_fallback
-                        and time.time() - m.created_at < self.fallback_grace_s):
+                        and abs(time.time() - m.created_at) < self.fallback_grace_s):
                     # a mirror that has not fetched a fresh version yet: wait for it (the next
-                    # sync) rather than fetch it across the far link ourselves
+                    # sync asks again) rather than fetch it across the far link ourselves, and
+                    # meanwhile go as far as the other blobs allow. (A created_at far in the
+                    # future, as a forged manifest may carry, is not fresh.)
                     log.info("blob of version=%d not on the mirror yet; waiting", m.version)
-                    return self._version
+                    bad |= uris
+                    continue
                 if (self.fallback is not None and not isinstance(e, BaseMismatchError)
                         and not uris <= self._use_fallback):
                     # the mirror lacks the blob or served it corrupt: the same route, with
@@ -213,7 +274,9 @@ class Syncer:
                 if not isinstance(e, BaseMismatchError):  # the blob is fine, our base is not
                     bad |= uris
                     self._drop_cached(uris)
-                if heals > self.max_heals:
+                if missing:  # no store has it: routed around, and not asked for at once again
+                    self._note_missing(uris)
+                elif heals > self.max_heals:
                     raise
                 log.warning("heal policy=%s version=%d kind=%s error=%s", self.policy,
                             m.version, m.kind, e)
@@ -236,8 +299,13 @@ class Syncer:
             if newest is not None and (self._version is None or newest > self._version):
                 try:
                     self.sync_once()
-                except WeightStoreError as e:  # unreachable store: try again on the next poll
-                    log.warning("sync failed policy=%s error=%s", self.policy, e)
+                except AstraflowError as e:  # a store down or misbehaving, corrupt blobs past
+                    # max_heals: counted, and tried again on the next poll
+                    self.stats.failures += 1
+                    (log.warning if str(e) != self._last_failure else log.debug)(
+                        "sync failed policy=%s failures=%d error=%s", self.policy,
+                        self.stats.failures, e)
+                    self._last_failure = str(e)
         return self.stats
 
     def close(self) -> None:
@@ -249,20 +317,25 @@ class Syncer:
         local = getattr(store, "local_path", None)
         if local is not None:
             path = local(uri)
-            if not path.is_file():
-                raise BlobNotFoundError(f"blob {uri!r} not found in {store!r}")
         else:
+            deadline_s = self._deadline_s(size or 0)
             if self.cache_dir is None:
-                data = store.read(uri)
+                data = store.read(uri, 0, size, deadline=time.monotonic() + deadline_s)
                 self.stats.fetched_bytes += len(data)
                 return parse_blob(data, source=uri)
             path = self.cache_dir / uri
             self.stats.fetched_bytes += download(store, uri, path, size=size,
-                                                 bucket=self._bucket)
-        with open(path, "rb") as f:
-            size = f.seek(0, 2)
-            buf: bytes | memoryview = (memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-                                       if size else b"")
+                                                 bucket=self._bucket, deadline_s=deadline_s)
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, 2)
+                buf: bytes | memoryview = (
+                    memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)) if size
+                    else b"")
+        except (FileNotFoundError, IsADirectoryError):
+            raise BlobNotFoundError(f"blob {uri!r} not found in {store!r}") from None
+        except OSError as e:
+            raise WeightStoreError(f"blob {uri!r}: cannot read {path}: {e}") from None
         return parse_blob(buf, source=uri)
 
     def _store_for(self, uri: str) -> WeightStore:
@@ -324,6 +397,7 @@ class Syncer:
         self._version = m.version
         self.target.commit(m.version)
         self.stats.applied += 1
+        self._missing.pop(uri, None)
         self._drop_cached(uris)
 
     def _check_base(self, m: WeightManifest, blob: Blob) -> None:

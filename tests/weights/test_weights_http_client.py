@@ -1,18 +1,23 @@
 """The HTTP weight client against servers that lie, drip, redirect or send garbage: it reads no
 more than it expects, gives up at its deadline, never follows a redirect (so the token never
-leaves for another origin), and every failure is a WeightStoreError."""
+leaves for another origin), and every failure is a WeightStoreError; the syncer's run() lives
+through all of it and retries until the store behaves."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
-from weights_adversary import RawServer, drip, reply, stream
+from weights_adversary import RawServer, Request, drip, reply, serve_files, stream
 
 from astraflow.core.errors import WeightStoreError
 from astraflow.weights.http import HttpStore
+from astraflow.weights.publisher import Publisher
 from astraflow.weights.store import download
+from astraflow.weights.syncer import Syncer
+from astraflow.weights.target import DictTarget
 
 BLOB = "p/b.afw"
 
@@ -134,3 +139,32 @@ def test_malformed_responses_are_weight_store_errors(raw_servers, tmp_path: Path
         except Exception as e:  # noqa: BLE001 - the defect this test is about
             pytest.fail(f"{name}: {type(e).__name__}: {e}")
         pytest.fail(f"{name}: no error")
+
+
+def test_syncer_run_survives_bad_servers_and_retries(bus, store, raw_servers,
+                                                     tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    versions = [{"w": rng.integers(0, 1 << 16, (64, 32), dtype=np.uint16)}]
+    versions.append({"w": versions[0]["w"] ^ 1})
+    pub = Publisher(bus, run="t", policy="p", store=store, dtype=None)
+    for v, tensors in enumerate(versions):
+        pub.publish(tensors, v)
+        pub.flush()
+    pub.close()
+    bad = list(MALFORMED.values())[:6]
+    good = serve_files(store.root)
+
+    def respond(conn, req: Request) -> None:
+        if bad:
+            conn.sendall(bad.pop(0))
+        else:
+            good(conn, req)
+
+    srv = raw_servers(respond)
+    target = DictTarget({})
+    syncer = Syncer(bus, run="t", policy="p", store=HttpStore(srv.url, timeout=5),
+                    target=target, cache_dir=tmp_path / "cache")
+    syncer.run(timeout=3, poll_timeout=0.05)
+    assert not bad, "every bad answer was met"
+    assert syncer.stats.failures >= 1
+    assert syncer.version == 1 and target.tensors["w"].tobytes() == versions[1]["w"].tobytes()
