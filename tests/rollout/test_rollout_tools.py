@@ -109,6 +109,62 @@ def test_each_misbehaving_tool_comes_back_as_an_error_or_a_cut_output() -> None:
     assert res["binary"].ok and len(res["binary"].output) < 200
 
 
+# the limit is 1000 digits (about 3322 bits)
+HUGE = {
+    "chained powers": "((((((9**64)**64)**64)**64)**64)**64)",  # each exponent is small
+    "products": "*".join(["(9**64)"] * 200),
+    "power of a product": "(99999999999*99999999999)**64**1*(10**500)",
+    "big exponent": "2**(10**100)",
+    "long literal": "1" * 1200,
+    "sum of powers": "+".join(["(10**999)"] * 3) + "*10",
+}
+
+
+@pytest.fixture
+def computed(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every value the calculator's arithmetic computes, in order."""
+    seen: list[Any] = []
+
+    def recording(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def op(*args: Any) -> Any:
+            out = fn(*args)
+            seen.append(out)
+            return out
+        return op
+
+    monkeypatch.setattr(tools_mod, "_OPS", {k: recording(f) for k, f in tools_mod._OPS.items()})
+    return seen
+
+
+def test_the_calculator_refuses_huge_numbers_before_computing_them(computed: list[Any]) -> None:
+    """Each step is sized before it is computed: nothing past the limit is ever made, so a
+    completion cannot hold the worker's GIL with one tool call."""
+    async def go() -> dict[str, Any]:
+        return {k: await call_tool("calculator", {"expression": e}) for k, e in HUGE.items()}
+
+    for what, res in asyncio.run(go()).items():
+        assert not res.ok and not res.timed_out, (what, res.output)
+        assert "more than 1000 digits" in res.output and "CalculatorError" in res.output, (
+            what, res.output)
+    assert computed  # the small steps did run
+    assert max(v.bit_length() for v in computed if isinstance(v, int)) <= 3322
+
+
+def test_the_calculator_still_computes_within_the_limit() -> None:
+    calc = TOOLS.resolve("calculator")
+    assert calc("2**100") == str(2**100)  # the old blanket cap on exponents (64) is gone
+    assert calc("(10**64)**15") == "1" + "0" * 960  # 961 digits
+    assert calc("12345678901234567890*98765432109876543210") == str(
+        12345678901234567890 * 98765432109876543210)
+    assert calc("2**-2") == "0.25" and calc("7//2") == "3" and calc("-(3-5)") == "2"
+    assert calc("(10**999)//(10**998)") == "10" and calc("1**(10**100)") == "1"
+    for bad, message in (("10.0**400", "OverflowError"), ("(10**900)/1e-200", "Overflow"),
+                         ("x+1", "unsupported"), ("1" * 1500, "more than 1000 digits"),
+                         ("1+" * 1500 + "1", "longer than")):
+        res = asyncio.run(call_tool("calculator", {"expression": bad}))
+        assert not res.ok and message in res.output, (bad, res.output)
+
+
 def test_hung_tools_stall_nothing_else(ascii_tokenizer, rule_engine) -> None:
     # more hung sync calls than a default thread pool has threads (min(32, cpus + 4)): with a
     # shared pool the later calls would queue behind the hung ones and time out too

@@ -23,6 +23,7 @@ import ast
 import asyncio
 import contextlib
 import inspect
+import math
 import operator
 import threading
 import time
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from astraflow.consumers.rollout.registry import Registry
+from astraflow.core.errors import AstraflowError
 
 TOOLS: Registry[Callable[..., Any]] = Registry("tool")
 MAX_OUTPUT_CHARS = 4096
@@ -133,33 +135,82 @@ async def _in_thread(fn: Callable[..., Any], args: tuple[Any, ...],
 # built-in tools
 # ---------------------------------------------------------------------------------------------
 
+MAX_DIGITS = 1000  # of any number the calculator makes: a literal, a step, the result
+MAX_EXPRESSION_CHARS = 2000
+_MAX_BITS = math.ceil(MAX_DIGITS * math.log2(10))
+
 _OPS: dict[type, Callable[..., Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
     ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos,
 }
+_SYMBOLS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Pow: "**"}
+
+
+class CalculatorError(AstraflowError, ValueError):
+    """An expression the calculator refuses to compute (too long, or a number too large)."""
+
+
+def _result_bits(op: type, a: Any, b: Any) -> float:
+    """An upper bound on the bits of integer ``a op b`` (0: it is not an int that can grow:
+    floats overflow on their own, and //, % and / make nothing larger than their operands)."""
+    if not (isinstance(a, int) and isinstance(b, int)):
+        return 0.0
+    if op is ast.Mult:
+        return a.bit_length() + b.bit_length()
+    if op is ast.Pow:
+        if b <= 0 or abs(a) <= 1:  # a float, or 0 / 1 / -1
+            return 0.0
+        return math.inf if b.bit_length() > 64 else b * math.log2(abs(a))
+    if op in (ast.Add, ast.Sub):
+        return max(a.bit_length(), b.bit_length()) + 1.0
+    return 0.0
 
 
 def _eval(node: ast.AST) -> float | int:
+    """Evaluate an arithmetic expression, sizing each step before computing it: nothing past
+    :data:`MAX_DIGITS` is ever made (big-int arithmetic holds the GIL, so a step that ran for
+    minutes would stall the worker's event loop, tool timeout or not)."""
     if isinstance(node, ast.Expression):
         return _eval(node.body)
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(
             node.value, bool):
+        if isinstance(node.value, int) and node.value.bit_length() > _MAX_BITS:
+            raise CalculatorError(f"a number with more than {MAX_DIGITS} digits is more than "
+                                  "the calculator takes")
         return node.value
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
         left, right = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > 64:
-            raise ValueError("exponent too large")
+        bits = _result_bits(type(node.op), left, right)
+        if bits > _MAX_BITS:
+            digits = "an astronomical number of" if math.isinf(bits) else (
+                f"about {bits * math.log10(2):.0f}")
+            raise CalculatorError(
+                f"refused: {_short(left)} {_SYMBOLS[type(node.op)]} {_short(right)} would have "
+                f"{digits} digits, more than {MAX_DIGITS} digits (the calculator's limit)")
         return _OPS[type(node.op)](left, right)  # type: ignore[no-any-return]
     if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
         return _OPS[type(node.op)](_eval(node.operand))  # type: ignore[no-any-return]
     raise ValueError(f"unsupported expression element {type(node).__name__}")
 
 
+def _short(v: Any) -> str:
+    """A number as the model can read it in an error: big ints by their size."""
+    if isinstance(v, int) and v.bit_length() > 64:
+        return f"<a {len(str(abs(v)))}-digit number>"
+    return repr(v)
+
+
 @TOOLS.register("calculator")
 def calculator(expression: str) -> str:
-    """Evaluate an arithmetic expression (+ - * / // % **, parentheses); no names, no calls."""
-    value = _eval(ast.parse(str(expression), mode="eval"))
+    """Evaluate an arithmetic expression (+ - * / // % **, parentheses); no names, no calls;
+    numbers of up to :data:`MAX_DIGITS` digits (a step that would make a larger one is refused
+    before it is computed)."""
+    text = str(expression)
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise CalculatorError(f"expression of {len(text)} characters is longer than "
+                              f"{MAX_EXPRESSION_CHARS}")
+    value = _eval(ast.parse(text, mode="eval"))
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return str(value)
