@@ -71,8 +71,9 @@ class Isolation:
             out.append("no seccomp filter: setns, ptrace, mount, bpf, io_uring and foreign "
                        "syscall ABIs are not blocked")
         if self.root and not self.own_uid:
-            out.append("runs as uid 0 (capabilities dropped): it can read and write "
-                       "root-owned files that are not hidden"
+            out.append("runs as uid 0 (capabilities dropped): it can "
+                       + ("read" if self.readonly else "read and write")
+                       + " root-owned files that are not hidden"
                        + ("" if self.seccomp else ", and start processes without limit"))
         return tuple(out)
 
