@@ -5,6 +5,7 @@ megabytes; positional tool calls; the tool latency of ``multi_turn_tools``."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -107,6 +108,24 @@ def test_each_misbehaving_tool_comes_back_as_an_error_or_a_cut_output() -> None:
     big = res["megabytes"]
     assert big.ok and len(big.output) < 200 and "4999900 chars cut" in big.output
     assert res["binary"].ok and len(res["binary"].output) < 200
+
+
+def test_a_tool_call_cannot_name_a_module_path(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tool name comes from the model's text: only registered tools are called (a
+    `rollout.tools` entry registers its path under a name); a path is neither imported nor
+    called, whatever parser the workflow uses."""
+    mark = tmp_path / "imported"
+    (tmp_path / "af_planted_tool.py").write_text(
+        f"open({str(mark)!r}, 'w').close()\ndef run():\n    return 'ran'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    async def go() -> list[Any]:
+        return [await call_tool("af_planted_tool:run", []), await call_tool("os:getcwd", [])]
+
+    for res in asyncio.run(go()):
+        assert not res.ok and "unknown tool" in res.output and "calculator" in res.output
+    assert not mark.exists() and "af_planted_tool" not in sys.modules
 
 
 # the limit is 1000 digits (about 3322 bits)

@@ -5,10 +5,13 @@
 ...     return a + b
 
 A tool takes keyword arguments (the JSON object of the call) or positional ones (a JSON list)
-and returns anything ``str()`` can print; async tools are awaited. A call never raises into the
-workflow: an unknown tool, bad arguments, an exception, a timeout or a result that cannot be
-printed all come back as a :class:`ToolResult` with ``ok`` false and an error text the model
-sees; an output longer than ``max_output_chars`` is cut (the model sees how much was cut).
+and returns anything ``str()`` can print; async tools are awaited. Only registered tools are
+called (``rollout.tools`` registers a ``module:function`` under a name): the name comes from
+the model, so a ``module:function`` in a call is an unknown tool, never an import. A call never
+raises into the workflow: an unknown tool, bad arguments, an exception, a timeout or a result
+that cannot be printed all come back as a :class:`ToolResult` with ``ok`` false and an error
+text the model sees; an output longer than ``max_output_chars`` is cut (the model sees how much
+was cut).
 
 Sync tools run each in a daemon thread of its own, not in a shared pool: a sync tool that hangs
 cannot be killed, but it holds only its own thread, so no other call waits behind it (with a
@@ -59,10 +62,9 @@ async def call_tool(name: str, arguments: Mapping[str, Any] | Sequence[Any] | No
     def fail(msg: str, *, timed_out: bool = False) -> ToolResult:
         return ToolResult(name, f"error: {msg}", False, msg, timed_out, time.monotonic() - start)
 
-    try:
-        fn = registry.resolve(name)
-    except Exception:  # noqa: BLE001 - any lookup problem is the model's error to see
+    if name not in registry:  # the name is the model's text: never a path to import
         return fail(f"unknown tool {name!r}; available: {', '.join(registry.names())}")
+    fn = registry.resolve(name)
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = {}
     if isinstance(arguments, Mapping):
