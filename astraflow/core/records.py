@@ -412,14 +412,23 @@ class LoadReport(Record, tag="LoadReport", kw_only=True):
 
 
 class DeadLetter(Record, tag="DeadLetter", kw_only=True):
-    """A record a consumer could not decode or process. Key: the original key. Any → dlq."""
+    """A record a consumer could not decode or process. Key: the original key. Any → dlq.
+
+    Written by :func:`astraflow.core.stream.dead_letter`, which bounds it so that a letter
+    always fits the bus even when the bad record was close to the size limit: ``value`` is
+    the record's first bytes (all of it when short), ``headers`` and ``error`` are cut too.
+    """
 
     origin: str  # "topic[partition]@offset"
     topic: str
     partition: int
     offset: int
     key: bytes | None = None
-    value: bytes
+    value: bytes  # the bad record's value, or its first bytes (see value_size)
+    # the whole value's length and sha256 (hex); absent (-1, ""): ``value`` is whole (older
+    # letters)
+    value_size: int = -1
+    value_digest: str = ""
     headers: list[tuple[str, bytes]] = []
     error: str
     error_type: str

@@ -30,6 +30,7 @@ and keeps its own offset tracker, but uses :class:`Stop` and :class:`DeadLetters
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import signal
@@ -97,13 +98,37 @@ class OutRecord(msgspec.Struct, array_like=True):
     partition: int | None = None  # absent (older checkpoints): the key's partition
 
 
+#: what a dead letter keeps of the bad record: a letter must fit the bus even when the record
+#: it reports was close to the size limit (a letter that does not fit fails to produce, and
+#: again after every restart: the partition would be stuck behind it)
+DLQ_VALUE_BYTES = 64 * 1024
+DLQ_HEADER_BYTES = 16 * 1024
+DLQ_TEXT_CHARS = 4096
+
+
+def _cut(text: str, limit: int = DLQ_TEXT_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more]"
+
+
 def dead_letter(msg: Message, error: BaseException, *, group: str = "", component: str = ""
                 ) -> DeadLetter:
-    """The dead-letter record for ``msg`` that failed with ``error``."""
+    """The dead-letter record for ``msg`` that failed with ``error``: its value's first
+    :data:`DLQ_VALUE_BYTES` with the whole value's size and sha256, headers while they fit
+    :data:`DLQ_HEADER_BYTES`, the key and error cut to :data:`DLQ_TEXT_CHARS`."""
+    value = msg.value or b""
+    headers, room = [], DLQ_HEADER_BYTES
+    for name, v in msg.headers:
+        room -= len(name) + len(v)
+        if room < 0:
+            break
+        headers.append((name, v))
+    key = msg.key if msg.key is None or len(msg.key) <= DLQ_TEXT_CHARS else msg.key[:DLQ_TEXT_CHARS]
     return DeadLetter(
         origin=msg.origin, topic=msg.topic, partition=msg.partition, offset=msg.offset,
-        key=msg.key, value=msg.value, headers=list(msg.headers),
-        error=str(error), error_type=type(error).__name__, group=group, component=component,
+        key=key, value=value[:DLQ_VALUE_BYTES], value_size=len(value),
+        value_digest=hashlib.sha256(value).hexdigest(), headers=headers,
+        error=_cut(str(error)), error_type=type(error).__name__, group=group,
+        component=component,
     )
 
 
@@ -122,10 +147,10 @@ class DeadLetters:
         self.count += 1
         name = type(error).__name__
         self.errors[name] = self.errors.get(name, 0) + 1
-        log.warning("%sdead-lettered origin=%s key=%r error=%s", self.label, msg.origin,
-                    msg.key, error)
-        return Output(self.dlq, dead_letter(msg, error, group=group, component=self.component),
-                      msg.key)
+        letter = dead_letter(msg, error, group=group, component=self.component)
+        log.warning("%sdead-lettered origin=%s key=%r size=%d error=%s", self.label, msg.origin,
+                    letter.key, letter.value_size, letter.error)
+        return Output(self.dlq, letter, letter.key)
 
 
 # -------------------------------------------------------------------------------- stopping

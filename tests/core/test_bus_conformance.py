@@ -303,6 +303,47 @@ def test_malformed_records_go_to_the_dead_letter_topic(bus: Bus, new_topic, new_
     assert sorted(decode(m.value, Task).id for m in got if m.topic == dst) == ["task-0", "task-2"]
 
 
+def test_a_bad_record_close_to_the_size_limit_still_reaches_the_dead_letter_topic(
+        bus: Bus, new_topic, new_group) -> None:
+    """Its letter keeps a prefix with the size and digest, so it fits; processing goes on and
+    a restart does not meet the record again (a whole copy did not fit: the runner raised, and
+    raised again after every restart)."""
+    import hashlib
+
+    from astraflow.core.stream import DLQ_VALUE_BYTES
+
+    src, dst, dlq = new_topic(), new_topic(), new_topic()
+    poison = b"\xc1" + bytes(range(256)) * ((bus.max_message_bytes - 30_000) // 256)
+    long_error = "x" * 100_000
+    p = bus.producer()
+    p.produce(src, poison, key=b"poison", headers=[("h", b"v" * 20_000)])
+    p.produce(src, encode(task(1)), key=b"task-1")
+    p.produce(src, encode(task(2)), key=b"task-2")
+    p.flush()
+
+    def copy(t: Task, _m: Message) -> list[Output]:
+        if t.id == "task-2":
+            raise RuntimeError(long_error)
+        return [Output(dst, t)]
+
+    group = new_group()
+    stats = run_processor(bus, group=group, inputs=[src], kind=Task, handle=copy, dlq=dlq,
+                          max_records=3, timeout=60)
+    assert (stats.consumed, stats.produced, stats.dead_lettered) == (3, 1, 2)
+    assert sum(bus.lag(group, src).values()) == 0
+    c = bus.consumer(new_group(), [dlq])
+    letters = {d.key: d for d in (decode(m.value, DeadLetter) for m in drain(c, 2, timeout=30))}
+    c.close()
+    big = letters[b"poison"]
+    assert big.value == poison[:DLQ_VALUE_BYTES] and big.value_size == len(poison)
+    assert big.value_digest == hashlib.sha256(poison).hexdigest()
+    assert big.headers == [] and big.error_type == "SchemaError"
+    assert len(letters[b"task-2"].error) < 5000 and letters[b"task-2"].value_size > 0
+    again = run_processor(bus, group=group, inputs=[src], kind=Task, handle=copy, dlq=dlq,
+                          max_records=1, timeout=2)
+    assert again.consumed == 0
+
+
 def test_large_record_error_names_the_limit_and_the_fix(bus: Bus, new_topic) -> None:
     topic = new_topic()
     p = bus.producer()

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -97,6 +98,32 @@ def test_undecodable_and_failing_records_go_to_the_dead_letter_topic(
     dead = read_all(bus, topic_name(cfg.run, "dlq"))
     assert all(isinstance(d, DeadLetter) for d in dead)
     assert sorted(d.error_type for d in dead) == ["PolicyError", "SchemaError"]
+    # keyed by the bad record's own key, like every role's letters (not the topic's name)
+    assert sorted(d.key for d in dead) == [b"x", b"z#0"]
+    c = bus.consumer("dlq-keys", [topic_name(cfg.run, "dlq")], session_timeout=5)
+    msgs = []
+    deadline = time.monotonic() + 30
+    while len(msgs) < 2 and time.monotonic() < deadline:
+        msgs.extend(c.consume(10, 0.5))
+    c.close()
+    assert sorted(m.key for m in msgs) == [b"x", b"z#0"]
+    assert outputs(bus, cfg.run)[0] == ["ok#0"]
+    bus.close()
+
+
+def test_a_bad_record_close_to_the_size_limit_is_dead_lettered_by_a_stage(
+        make_config: Callable[..., ExperimentConfig], tmp_path: Path) -> None:
+    cfg = make_config(POST)
+    bus = open_bus(cfg, tmp_path)
+    p = bus.producer()
+    poison = b"\x93" + b"\xff" * (bus.max_message_bytes - 1000)
+    p.produce(topic_name(cfg.run, "trajectories"), poison, key=b"big")
+    p.flush()
+    produce(bus, cfg.run, "trajectories", group_trajs("ok#0", [1, 0, 0, 1]))
+    counters = run_stage(cfg, "post_rollout", bus=bus, max_records=5, timeout=20)
+    assert counters["runner.dead_lettered"] == 1 and "runner.too_large" not in counters
+    (dead,) = read_all(bus, topic_name(cfg.run, "dlq"))
+    assert dead.key == b"big" and dead.value_size == len(poison)
     assert outputs(bus, cfg.run)[0] == ["ok#0"]
     bus.close()
 
