@@ -296,5 +296,7 @@ def test_every_dashboard_query_returns_series_of_the_run(
         "producer", "rollout", "policy", "trainer", "evaluator"}, by_role
 
     stop(run, signal.SIGINT, 90)
+    assert (out / "summary.json").exists(), (
+        f"no summary.json after SIGINT (exit {run.returncode}):\n{log.read_text()[-4000:]}")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["failed_roles"] == [], summary["roles"]
