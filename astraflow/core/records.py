@@ -561,6 +561,13 @@ def decode(data: bytes, kind: type[R] | None = None) -> R | AnyRecord:
     except msgspec.DecodeError as e:
         raise SchemaError(f"not a msgpack record ({e}); expected "
                           f"{kind.schema_name() if kind else 'a known record'}") from e
+    except RecursionError:
+        # a free-form field (Task.reference) holding arrays or maps nested past the
+        # interpreter's recursion limit: a bad record like any other, not a crash of the reader
+        raise SchemaError(
+            f"invalid {kind.schema_name() if kind else 'a known record'}: a value nests deeper "
+            f"than the decoder allows (about {sys.getrecursionlimit()} levels of arrays or maps"
+            "; a free-form field such as Task.reference?); flatten it") from None
 
 
 def decode_many(items: Sequence[bytes], kind: type[R]) -> list[R]:
