@@ -411,6 +411,9 @@ def main() -> int:
     ap.add_argument("--set", dest="sets", action="append", default=[],
                     help="config override for every arm (and the warm-up)")
     args = ap.parse_args()
+    # every role and worker logs at INFO (consumer assignments, revocations): a worker that
+    # takes no tasks shows why in its log
+    os.environ.setdefault("ASTRAFLOW_LOG_LEVEL", "INFO")
 
     from astraflow.core.broker import LocalBroker
     from astraflow.core.broker.jars import fetch_jars
