@@ -37,6 +37,7 @@ from astraflow.weights.codec import (
     decode_full,
     encode_delta,
     encode_full,
+    full_size,
 )
 
 MAGIC = b"AFWB"
@@ -45,6 +46,7 @@ CODEC = "afw/1"  # the manifest's codec field: blob format 1, blake3 digests
 _PREFIX = struct.Struct("<4sHHII")
 PREFIX_SIZE = _PREFIX.size
 MAX_HEADER = 64 << 20
+MAX_DIMS = 64  # numpy's limit
 
 class BaseMismatchError(WeightIntegrityError):
     """A delta was about to be applied to a base other than the one it was made against."""
@@ -225,6 +227,13 @@ def _validate(header: BlobHeader, source: str) -> None:
         if any(d < 0 for d in t.shape) or t.offset < 0 or t.length < 0:
             raise WeightIntegrityError(f"{source}: tensor {t.name!r} has a negative size or "
                                        f"offset (shape {t.shape}, offset {t.offset})")
+        if len(t.shape) > MAX_DIMS:
+            raise WeightIntegrityError(f"{source}: tensor {t.name!r} has {len(t.shape)} "
+                                       f"dimensions; at most {MAX_DIMS}")
+        # numpy's bound, which counts the other dimensions of an empty array too
+        if prod(d or 1 for d in t.shape) * dtype_info(t.dtype).bits.itemsize >= 2**63:
+            raise WeightIntegrityError(f"{source}: tensor {t.name!r} has shape {t.shape}, more "
+                                       "elements than an array can address")
         if (t.enc == "delta") != (header.kind == "delta"):
             raise WeightIntegrityError(f"{source}: tensor {t.name!r} has encoding {t.enc!r} "
                                        f"in a {header.kind} blob")
@@ -245,7 +254,18 @@ def parse_blob(buf: bytes | memoryview, *, source: str = "blob") -> Blob:
     if len(buf) < need:
         raise WeightIntegrityError(f"{source}: truncated: {len(buf)} bytes, the header needs "
                                    f"{need}")
-    return Blob(header, buf, start)
+    blob = Blob(header, buf, start)
+    for t in header.tensors:
+        # a full tensor is allocated from its shape: the shape must be what the payload holds
+        # before anything is allocated (a forged header could ask for terabytes)
+        if t.enc != "delta":
+            want = t.numel * dtype_info(t.dtype).bits.itemsize
+            got = full_size(t.encoded(blob.payload(t)), tensor=t.name, offset=start + t.offset)
+            if got != want:
+                raise WeightIntegrityError(
+                    f"{source}: tensor {t.name!r} ({t.dtype}{t.shape}) needs {want} bytes; its "
+                    f"{t.enc} payload at blob offset {start + t.offset} holds {got}")
+    return blob
 
 
 def check_applicable(blob: Blob, state: Bits, *, digests: Mapping[str, str] | None = None,

@@ -288,6 +288,32 @@ def encode_full(words: np.ndarray, *, level: int = DEFAULT_LEVEL, compress: bool
     return Encoded("raw", words.tobytes())
 
 
+#: the most a zstd frame expands: a block holds at most 128 KiB and costs at least 4 bytes
+#: (an RLE block), so a payload declaring more than this many times its size is forged
+MAX_EXPANSION = (128 << 10) // 4
+
+
+def full_size(enc: Encoded, *, tensor: str = "", offset: int = 0) -> int:
+    """The bytes a full encoding decodes to, read without decoding: a raw payload's length, a
+    zplanes frame's declared size. Refused (WeightIntegrityError) when the frame declares no
+    size or more than its payload could expand to, so a caller can check a tensor's shape
+    against it before it allocates anything."""
+    if enc.enc == "raw":
+        return len(enc.payload)
+    if enc.enc != "zplanes":
+        raise _fail(tensor, offset, f"unknown full encoding {enc.enc!r}; valid: raw, zplanes")
+    try:
+        size = zstandard.frame_content_size(enc.payload)
+    except zstandard.ZstdError as e:
+        raise _fail(tensor, offset, f"corrupt or truncated payload ({e})") from None
+    if size < 0:
+        raise _fail(tensor, offset, "the payload's zstd frame does not declare its size")
+    if size > MAX_EXPANSION * len(enc.payload):
+        raise _fail(tensor, offset, f"payload of {len(enc.payload)} bytes declares {size} bytes, "
+                    f"more than zstd can expand it to ({MAX_EXPANSION}x)")
+    return int(size)
+
+
 def decode_full(enc: Encoded, out: np.ndarray, *, tensor: str = "", offset: int = 0) -> None:
     """Decode a full tensor into flat ``out`` (its length and dtype say what to expect)."""
     want = out.nbytes
