@@ -18,11 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from astraflow.core.errors import WeightIntegrityError
-from astraflow.weights.bits import BY_SAFETENSORS, dtype_info
+from astraflow.weights.bits import BY_SAFETENSORS, DType, dtype_info
 from astraflow.weights.files import atomic_file
 
 Bits = dict[str, tuple[str, np.ndarray]]
 MAX_HEADER = 100 << 20
+MAX_DIMS = 64  # numpy's limit
 
 
 def read_safetensors(path: Path | str) -> tuple[Bits, dict[str, str]]:
@@ -38,27 +39,22 @@ def read_safetensors(path: Path | str) -> tuple[Bits, dict[str, str]]:
         raise WeightIntegrityError(f"{path}: header length {n} does not fit a {size}-byte file")
     try:
         header = json.loads(bytes(mm[8:8 + n]))
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested past the parser's limit
         raise WeightIntegrityError(f"{path}: header is not JSON ({e})") from None
     if not isinstance(header, dict):
         raise WeightIntegrityError(f"{path}: header is not a JSON object")
     meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict):
+        raise WeightIntegrityError(f"{path}: __metadata__ is {type(meta).__name__}, expected an "
+                                   "object of strings")
     data = np.frombuffer(mm, dtype=np.uint8, offset=8 + n)
     out: Bits = {}
     for name, spec in header.items():
-        try:
-            st_dtype, shape, (begin, end) = spec["dtype"], spec["shape"], spec["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise WeightIntegrityError(f"{path}: tensor {name!r} has a malformed entry") from None
-        info = BY_SAFETENSORS.get(st_dtype)
-        if info is None:
-            raise WeightIntegrityError(
-                f"{path}: tensor {name!r} has dtype {st_dtype}; the weights codec handles "
-                f"{', '.join(BY_SAFETENSORS)}")
+        info, shape, begin, end = _entry(path, name, spec)
         want = prod(shape) * info.bits.itemsize
         if not (0 <= begin <= end <= len(data)) or end - begin != want:
             raise WeightIntegrityError(
-                f"{path}: tensor {name!r} ({st_dtype}{shape}) has data_offsets "
+                f"{path}: tensor {name!r} ({info.safetensors}{shape}) has data_offsets "
                 f"[{begin}, {end}] that "
                 f"do not hold {want} bytes inside the {len(data)}-byte data section")
         raw = data[begin:end]
@@ -66,6 +62,36 @@ def read_safetensors(path: Path | str) -> tuple[Bits, dict[str, str]]:
             raw = raw.copy()
         out[name] = (info.name, raw.view(info.bits).reshape(shape))
     return out, {str(k): str(v) for k, v in meta.items()}
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _entry(path: Path, name: str, spec: object) -> tuple[DType, list[int], int, int]:
+    """(dtype, shape, begin, end) of a header entry, each checked for its type: the header is
+    read from a file (a checkpoint someone gave us), not trusted to be well formed."""
+    if not isinstance(spec, dict) or not {"dtype", "shape", "data_offsets"} <= spec.keys():
+        raise WeightIntegrityError(f"{path}: tensor {name!r} has a malformed entry {spec!r:.200}; "
+                                   'expected {"dtype": ..., "shape": [...], '
+                                   '"data_offsets": [begin, end]}')
+    st_dtype, shape, offsets = spec["dtype"], spec["shape"], spec["data_offsets"]
+    info = BY_SAFETENSORS.get(st_dtype) if isinstance(st_dtype, str) else None
+    if info is None:
+        raise WeightIntegrityError(
+            f"{path}: tensor {name!r} has dtype {st_dtype!r:.100}; the weights codec handles "
+            f"{', '.join(BY_SAFETENSORS)}")
+    if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+            or not all(_is_int(d) and 0 <= d < 2**63 for d in shape)):
+        raise WeightIntegrityError(f"{path}: tensor {name!r} has shape {shape!r:.100}; expected "
+                                   f"a list of at most {MAX_DIMS} non-negative integers")
+    if prod(d or 1 for d in shape) * info.bits.itemsize >= 2**63:  # numpy's bound, zeros aside
+        raise WeightIntegrityError(f"{path}: tensor {name!r} has shape {shape!r:.100}, more "
+                                   "elements than an array can address")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_int, offsets))):
+        raise WeightIntegrityError(f"{path}: tensor {name!r} has data_offsets {offsets!r:.100}; "
+                                   "expected [begin, end] (integers)")
+    return info, shape, offsets[0], offsets[1]
 
 
 def write_safetensors(path: Path | str, tensors: Mapping[str, tuple[str, np.ndarray]],
