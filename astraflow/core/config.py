@@ -25,6 +25,28 @@ class Section(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", validate_assignment=True)
 
 
+#: what PyYAML's safe loader raises besides YAMLError on text it cannot read: ValueError for
+#: a date-like scalar that is no date (``2020-13-45``) or a bad explicit tag (``!!int x``),
+#: KeyError/AttributeError/IndexError/TypeError for other bad tags, RecursionError for
+#: collections nested past the interpreter's limit
+_YAML_FAILURES = (ValueError, KeyError, AttributeError, IndexError, TypeError, RecursionError)
+
+
+def _yaml(text: str) -> Any:
+    """``yaml.safe_load(text)``; any failure to read it is a ``yaml.YAMLError``."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise
+    except RecursionError:
+        raise yaml.YAMLError("collections nested deeper than the parser allows") from None
+    except _YAML_FAILURES as e:
+        raise yaml.YAMLError(f"a value could not be read ({type(e).__name__}: {e}); quote it "
+                             "to keep it a string") from None
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``"trainer.lr=3e-4"`` → (["trainer", "lr"], 0.0003). The value is parsed as YAML, so
     numbers, booleans, lists (``[a, b]``) and null work; anything else is a string."""
@@ -34,26 +56,41 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key.strip():
         raise ConfigError(f"bad override {text!r}: expected key.path=value")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return [p for p in key.strip().split(".")], value
 
 
-def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply ``--set`` overrides to a nested dict (creating intermediate dicts)."""
+def _apply(data: dict[str, Any], overrides: Iterable[str]) -> list[str]:
+    """Apply the overrides that can be applied; the problems of those that cannot."""
+    problems: list[str] = []
     for text in overrides:
-        path, value = parse_override(text)
+        try:
+            path, value = parse_override(text)
+        except ConfigError as e:
+            problems += e.problems
+            continue
         node = data
         for i, part in enumerate(path[:-1]):
             nxt = node.get(part)
             if nxt is None:
                 nxt = node[part] = {}
             if not isinstance(nxt, dict):
-                raise ConfigError(f"override {text!r}: {'.'.join(path[:i + 1])} is not a "
-                                  "section")
+                problems.append(f"override {text!r}: {'.'.join(path[:i + 1])} is not a section")
+                break
             node = nxt
-        node[path[-1]] = value
+        else:
+            node[path[-1]] = value
+    return problems
+
+
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Apply ``--set`` overrides to a nested dict (creating intermediate dicts); one
+    ConfigError lists every override that cannot be applied."""
+    problems = _apply(data, overrides)
+    if problems:
+        raise ConfigError(problems)
     return data
 
 
@@ -77,12 +114,18 @@ def _hint(err: Mapping[str, Any], model: type[pydantic.BaseModel]) -> str:
     return f"{loc}: {err['msg']}{got}"
 
 
-def validate(model: type[M], data: Mapping[str, Any], *, source: str = "config") -> M:
-    """Validate ``data`` against ``model``; raise one ConfigError listing every problem."""
+def validate(model: type[M], data: Mapping[str, Any], *, source: str = "config",
+             problems: Iterable[str] = ()) -> M:
+    """Validate ``data`` against ``model``; raise one ConfigError listing every problem
+    (``problems``: ones found before, e.g. overrides that could not be applied)."""
+    found = list(problems)
     try:
-        return model.model_validate(dict(data))
+        result = model.model_validate(dict(data))
     except pydantic.ValidationError as e:
-        raise ConfigError([f"{source}: {_hint(err, model)}" for err in e.errors()]) from None
+        found += [f"{source}: {_hint(err, model)}" for err in e.errors()]
+    if found:
+        raise ConfigError(found) from None
+    return result
 
 
 def load(model: type[M], path: str | Path | None = None, overrides: Iterable[str] = ()) -> M:
@@ -95,15 +138,20 @@ def load(model: type[M], path: str | Path | None = None, overrides: Iterable[str
         p = Path(path)
         source = str(p)
         try:
-            loaded = yaml.safe_load(p.read_text())
+            loaded = _yaml(p.read_text())
         except FileNotFoundError:
             raise ConfigError(f"config file {p} not found") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{p}: not UTF-8 text ({e})") from None
+        except OSError as e:  # a directory, no permission, ...
+            raise ConfigError(f"config file {p} cannot be read: {e.strerror or e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: not valid YAML: {e}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections")
         data = loaded or {}
-    return validate(model, apply_overrides(data, overrides), source=source)
+    problems = _apply(data, overrides)
+    return validate(model, data, source=source, problems=problems)
 
 
 def dump(config: pydantic.BaseModel) -> str:
