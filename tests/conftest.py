@@ -30,6 +30,9 @@ def bus_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     return f"kafka://{bootstrap}"
 
 
+SASL_USERS = {"alice": "alice-secret"}
+
+
 @pytest.fixture(scope="session")
 def local_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
     """The session's local broker (a ``LocalBroker``), for tests that stop or restart it.
@@ -42,9 +45,12 @@ def local_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loc
     # a second listener, WAN, advertised at a port where the emulated-WAN tests put a
     # Toxiproxy proxy in front of it (tests/sim): clients that bootstrap there stay behind the
     # proxy; nothing listens on the advertised port otherwise, and nothing else uses it
-    wan_bind, wan_proxy = _free_ports(2)
+    # and a SASL_PLAINTEXT listener (PLAIN, the users of SASL_USERS) for the tests that
+    # check that security settings reach the Kafka clients
+    wan_bind, wan_proxy, sasl_port = _free_ports(3)
     broker = LocalBroker(tmp_path_factory.mktemp("kafka-broker"),
-                         extra_listeners={"WAN": (wan_bind, f"127.0.0.1:{wan_proxy}")})
+                         extra_listeners={"WAN": (wan_bind, f"127.0.0.1:{wan_proxy}")},
+                         sasl_port=sasl_port, sasl_users=SASL_USERS)
     try:
         broker.start(timeout=90)
     except BrokerError as e:  # an error, not a skip: the kafka tests were asked for
@@ -64,6 +70,16 @@ def _free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_sasl(local_kafka_broker: LocalBroker) -> dict[str, str]:
+    """The session broker's SASL_PLAINTEXT listener: ``bootstrap`` and the librdkafka
+    settings of a user it accepts."""
+    user, password = next(iter(SASL_USERS.items()))
+    return {"bootstrap": f"127.0.0.1:{local_kafka_broker.sasl_port}",
+            "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+            "sasl.username": user, "sasl.password": password}
 
 
 @pytest.fixture(scope="session")

@@ -71,7 +71,7 @@ def test_extra_listeners_bind_one_port_and_advertise_another(tmp_path: Path) -> 
 
 @pytest.mark.parametrize(("listeners", "error"), [
     ({"region-b": (19094, "127.0.0.1:29000")}, "bad extra listener name 'region-b'"),
-    ({"CONTROLLER": (19094, "127.0.0.1:29000")}, "other than PLAINTEXT and CONTROLLER"),
+    ({"CONTROLLER": (19094, "127.0.0.1:29000")}, "other than PLAINTEXT, CONTROLLER, SASL"),
     ({"WAN": (19094, "127.0.0.1")}, "'127.0.0.1' is not host:port"),
     ({"WAN": (19092, "127.0.0.1:29000")}, "port 19092 is already used by the broker"),
     ({"A": (19094, "h:1"), "B": (19094, "h:2")}, "port 19094 is already used by listener A"),

@@ -279,3 +279,44 @@ def test_cli_starts_and_stops_a_broker(tmp_path_factory: pytest.TempPathFactory)
     assert out.exit_code == 0 and "stopped" in out.output, out.output
     out = cli.invoke(broker_cli, ["status", "--dir", str(data)])
     assert out.exit_code == 1 and "stopped" in out.output
+
+
+
+def test_sasl_settings_reach_every_kafka_client(kafka_sasl: dict[str, str]) -> None:
+    """The session broker's SASL_PLAINTEXT listener (PLAIN) takes only its users: settings
+    given in connect()'s config or in the URL's query string reach the admin client,
+    producers and consumers."""
+    from urllib.parse import urlencode
+
+    settings = {k: v for k, v in kafka_sasl.items() if k != "bootstrap"}
+    url = f"kafka://{kafka_sasl['bootstrap']}"
+    for bus in (connect(url, config=settings), connect(f"{url}?{urlencode(settings)}")):
+        topic = f"sasl-{uuid.uuid4().hex[:8]}"
+        bus.create_topics({topic: 1})
+        p = bus.producer()
+        p.produce(topic, b"v", key=b"k")
+        p.flush()
+        p.close()
+        group = f"g-{uuid.uuid4().hex[:8]}"
+        c = bus.consumer(group, [topic], session_timeout=6)
+        got: list[Message] = []
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            got = c.consume(1, 0.5)
+        c.commit(got)
+        c.close()
+        assert [m.value for m in got] == [b"v"]
+        assert bus.committed(group, topic) == {0: 1}
+        bus.close()
+
+
+def test_a_wrong_sasl_password_is_a_bus_error_naming_authentication(
+        kafka_sasl: dict[str, str]) -> None:
+    settings = {k: v for k, v in kafka_sasl.items() if k != "bootstrap"}
+    bus = connect(f"kafka://{kafka_sasl['bootstrap']}",
+                  config={**settings, "sasl.password": "wrong"})
+    try:
+        with pytest.raises(BusError, match="authentication failed .*check security.protocol"):
+            bus.create_topics({f"sasl-{uuid.uuid4().hex[:8]}": 1})
+    finally:
+        bus.close()

@@ -44,7 +44,7 @@ log = logging.getLogger("astraflow.broker")
 
 _STATE = "broker.json"
 _LISTENER_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
-_RESERVED = ("PLAINTEXT", "CONTROLLER")
+_RESERVED = ("PLAINTEXT", "CONTROLLER", "SASL")
 
 
 @dataclass(frozen=True)
@@ -101,11 +101,19 @@ class LocalBroker:
     bind ``127.0.0.1:bind_port`` and advertise ``host:port``: a client that bootstraps through
     a TCP proxy (docs/wan.md) must be told the proxy's address, not the broker's, or its
     connections after the first bypass the proxy. Kept in the state file like the ports.
+
+    ``sasl_port`` with ``sasl_users`` (``{username: password}``) adds a ``SASL`` listener on
+    ``127.0.0.1:sasl_port`` that takes SASL_PLAINTEXT with the PLAIN mechanism and only those
+    users: clients set ``security.protocol=SASL_PLAINTEXT``, ``sasl.mechanism=PLAIN``,
+    ``sasl.username`` and ``sasl.password`` (a development broker: the passwords are kept in
+    its state file and properties in the clear).
     """
 
     def __init__(self, data_dir: Path | str, *, port: int | None = None,
                  controller_port: int | None = None, heap: str = "512m",
-                 extra_listeners: Mapping[str, tuple[int, str]] | None = None) -> None:
+                 extra_listeners: Mapping[str, tuple[int, str]] | None = None,
+                 sasl_port: int | None = None,
+                 sasl_users: Mapping[str, str] | None = None) -> None:
         self.data_dir = Path(data_dir).expanduser().resolve()
         state = self._read_state()
         self.port = int(port or state.get("port") or _free_port())
@@ -117,6 +125,18 @@ class LocalBroker:
         listeners = (extra_listeners if extra_listeners is not None
                      else state.get("extra_listeners", {}))
         self.extra_listeners = {str(k): (int(p), str(a)) for k, (p, a) in listeners.items()}
+        users = sasl_users if sasl_users is not None else state.get("sasl_users", {})
+        self.sasl_users = {str(u): str(p) for u, p in users.items()}
+        port_ = sasl_port if sasl_port is not None else state.get("sasl_port")
+        self.sasl_port = int(port_) if port_ else None
+        if (self.sasl_port is None) != (not self.sasl_users):
+            raise BrokerError("a SASL listener needs both sasl_port and sasl_users "
+                              "({username: password}, at least one)")
+        bad = [u for u in [*self.sasl_users, *self.sasl_users.values()]
+               if not u or '"' in u or "\\" in u or ";" in u]
+        if bad:
+            raise BrokerError("SASL user names and passwords must be non-empty and hold no "
+                              "quote, backslash or semicolon")
         self._check_extra_listeners()
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -126,7 +146,7 @@ class LocalBroker:
             if not _LISTENER_NAME.fullmatch(name) or name in _RESERVED:
                 raise BrokerError(f"bad extra listener name {name!r}; use upper-case letters, "
                                   f"digits and _ (e.g. REGION_B), other than "
-                                  f"{' and '.join(_RESERVED)}")
+                                  f"{', '.join(_RESERVED)}")
             host, sep, adv_port = advertised.rpartition(":")
             if not sep or not host or not adv_port.isdigit():
                 raise BrokerError(f"extra listener {name}: advertised address {advertised!r} "
@@ -135,6 +155,9 @@ class LocalBroker:
                 raise BrokerError(f"extra listener {name}: port {port} is already used by "
                                   f"{taken[port]}")
             taken[port] = f"listener {name}"
+        if self.sasl_port is not None and self.sasl_port in taken:
+            raise BrokerError(f"SASL listener: port {self.sasl_port} is already used by "
+                              f"{taken[self.sasl_port]}")
 
     @classmethod
     def attach(cls, data_dir: Path | str) -> LocalBroker:
@@ -173,19 +196,31 @@ class LocalBroker:
         """The broker's configuration (written to ``server.properties``)."""
         host = "127.0.0.1"
         extra = self.extra_listeners.items()
-        return {
+        sasl: dict[str, str] = {}
+        sasl_listener: list[str] = []
+        if self.sasl_port is not None:
+            sasl_listener = [f"SASL://{host}:{self.sasl_port}"]
+            users = " ".join(f'user_{u}="{p}"' for u, p in self.sasl_users.items())
+            sasl = {"sasl.enabled.mechanisms": "PLAIN",
+                    "listener.name.sasl.plain.sasl.jaas.config":
+                        f"org.apache.kafka.common.security.plain.PlainLoginModule required "
+                        f"{users};"}
+        props = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{host}:{self.controller_port}",
             "listeners": ",".join([f"PLAINTEXT://{host}:{self.port}",
                                    f"CONTROLLER://{host}:{self.controller_port}",
-                                   *(f"{n}://{host}:{p}" for n, (p, _) in extra)]),
+                                   *(f"{n}://{host}:{p}" for n, (p, _) in extra),
+                                   *sasl_listener]),
             "advertised.listeners": ",".join([f"PLAINTEXT://{host}:{self.port}",
-                                              *(f"{n}://{a}" for n, (_, a) in extra)]),
+                                              *(f"{n}://{a}" for n, (_, a) in extra),
+                                              *sasl_listener]),
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": ",".join(
                 ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT",
-                 *(f"{n}:PLAINTEXT" for n in self.extra_listeners)]),
+                 *(f"{n}:PLAINTEXT" for n in self.extra_listeners),
+                 *(["SASL:SASL_PLAINTEXT"] if sasl_listener else [])]),
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self.kafka_dir),
             "num.partitions": "1",
@@ -201,6 +236,7 @@ class LocalBroker:
             "group.min.session.timeout.ms": "1000",  # tests use short sessions
             "auto.create.topics.enable": "false",  # topics come from the topic table only
         }
+        return {**props, **sasl}
 
     def write_config(self) -> None:
         """Write ``server.properties`` and ``log4j2.properties`` into the data dir."""
@@ -228,6 +264,7 @@ class LocalBroker:
         state = {"pid": pid, "port": self.port, "controller_port": self.controller_port,
                  "bootstrap": self.bootstrap, "heap": self.heap,
                  "extra_listeners": self.extra_listeners,
+                 "sasl_port": self.sasl_port, "sasl_users": self.sasl_users,
                  "kafka_version": kafka_version(), "updated_at": time.time()}
         tmp = self.data_dir / f".{_STATE}.tmp"
         tmp.write_text(json.dumps(state, indent=2) + "\n")
@@ -295,7 +332,8 @@ class LocalBroker:
         libs = fetch_jars(progress)
         java = require_java()
         for port in (self.port, self.controller_port,
-                     *(p for p, _ in self.extra_listeners.values())):
+                     *(p for p, _ in self.extra_listeners.values()),
+                     *([self.sasl_port] if self.sasl_port is not None else [])):
             if not _port_free(port):
                 raise BrokerError(f"port {port} on 127.0.0.1 is in use; stop what listens there "
                                   "or choose other ports (--port)")

@@ -108,19 +108,33 @@ class KafkaBus:
         return self._watermarks
 
     def _unreachable(self, what: str, e: BaseException) -> BusError:
+        if self._admin is not None:
+            self._admin.poll(0)  # serves its queued log lines: an authentication failure
+        auth = self._admin_log.auth_error
+        if auth is not None or kafka_error(e).code() == ck.KafkaError._AUTHENTICATION:
+            return BusError(f"{what} failed on kafka at {self.bootstrap}: authentication "
+                            f"failed ({auth or kafka_error(e).str()}); check "
+                            "security.protocol, sasl.mechanism, sasl.username and "
+                            "sasl.password (bus.options, or the bus URL's query string)")
         return BusError(f"{what} failed on kafka at {self.bootstrap}: {kafka_error(e).str()}. "
                         "Is the broker running? (astraflow broker start)")
 
     # ---- topics
 
     def _metadata(self, topic: str | None = None) -> Any:
-        try:
-            md = self.admin.list_topics(topic=topic, timeout=TIMEOUT)
-        except ck.KafkaException as e:
-            raise self._unreachable("a metadata request", e) from e
-        finally:
-            self.admin.poll(0)  # serves the admin client's log lines
-        return md
+        """Cluster (or ``topic``'s) metadata, asked in slices of up to 2 s until TIMEOUT, so
+        that an authentication failure is reported at once rather than after TIMEOUT."""
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self.admin.list_topics(topic=topic, timeout=max(0.1, min(2.0, left)))
+            except ck.KafkaException as e:
+                self.admin.poll(0)
+                if self._admin_log.auth_error is not None or time.monotonic() >= deadline:
+                    raise self._unreachable("a metadata request", e) from e
+            finally:
+                self.admin.poll(0)  # serves the admin client's log lines
 
     def _partition_counts(self) -> dict[str, int]:
         return {name: len(t.partitions) for name, t in self._metadata().topics.items()

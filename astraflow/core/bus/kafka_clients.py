@@ -109,6 +109,7 @@ class ClientLog:
         self._last_noise = -NOISE_EVERY_S
         self._suppressed = 0
         self.fatal: ck.KafkaError | None = None
+        self.auth_error: str | None = None  # the last authentication failure, if any
 
     def noise(self, text: str) -> None:
         now = time.monotonic()
@@ -123,6 +124,8 @@ class ClientLog:
     def log(self, level: int, fmt: str, *args: object) -> None:
         """Called by librdkafka as ``logger.log(level, "%s [%s] %s", facility, name, text)``."""
         text = fmt % args if args else fmt
+        if "authentication" in text.lower() and level >= logging.WARNING:
+            self.auth_error = text
         if level >= logging.WARNING and any(n in text for n in _NOISE):
             self.noise(text)
         elif level >= logging.WARNING and any(b in text for b in _BENIGN):
@@ -131,6 +134,8 @@ class ClientLog:
             log.log(level, "%s", text)
 
     def error(self, err: ck.KafkaError) -> None:
+        if err.code() == E._AUTHENTICATION:
+            self.auth_error = err.str()
         if err.fatal():
             self.fatal = err
             log.error("fatal kafka client error: %s", err.str())
