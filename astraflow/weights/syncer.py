@@ -108,6 +108,7 @@ class Syncer:
         self.topic = topic_name(run, "weights", policy)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.stats = SyncStats()
+        self.prefetch_complete = True  # the last prefetch() got every blob of its route
         self.manifests: list[WeightManifest] = []
         self._book = ManifestBook()
         self._missing: dict[str, tuple[int, float]] = {}  # uri → (misses, when to ask again)
@@ -182,7 +183,10 @@ class Syncer:
         worker keeps decoding while the next version crosses the link, and its engine stops
         only for the decode-and-apply. Returns the bytes downloaded (0 with a local store or
         no ``cache_dir``, where nothing is downloaded ahead). A failed download is left for
-        :meth:`sync_once` to resume or heal."""
+        :meth:`sync_once` to resume or heal; ``prefetch_complete`` is then False, so that a
+        caller that holds an engine for the sync can wait for the next prefetch instead of
+        downloading inside its safe point."""
+        self.prefetch_complete = True
         if self.cache_dir is None:
             return 0
         route = self.plan()
@@ -201,6 +205,7 @@ class Syncer:
                                 bucket=self._bucket, deadline_s=deadline_s)
             except WeightStoreError as e:
                 log.info("prefetch of %s stopped policy=%s error=%s", uri, self.policy, e)
+                self.prefetch_complete = False
                 return 0
 
         # the route's blobs at once: over a far link a blob costs a round trip before its

@@ -77,3 +77,46 @@ def test_the_download_happens_before_the_safe_point(arith_dir: Path, bus: Bus, t
     finally:
         follower.close()
         pub.close()
+
+
+def test_a_cut_prefetch_puts_the_sync_off_instead_of_downloading_while_held(
+        arith_dir: Path, bus: Bus, tmp_path: Path, served: tuple[FileStore, str]) -> None:
+    """A download that fails ahead of the safe point (a cut link) does not move inside it:
+    the engine is not held until the blobs are local; the next poll resumes them."""
+    from astraflow.core.errors import WeightStoreError
+    from astraflow.weights.http import HttpStore as Http
+
+    store, url = served
+    engine = build_engine("hf", model_path=arith_dir, threads=1)
+    trainer, _ = load(arith_dir)
+    cut = {"on": True}
+
+    class CutStore(Http):
+        def open(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+            if cut["on"]:
+                raise WeightStoreError("connection reset by the link")
+            return super().open(*args, **kwargs)  # type: ignore[arg-type]
+
+    syncer = Syncer(bus, run="w", policy="default", store=CutStore(url),
+                    target=engine.weight_target(), cache_dir=tmp_path / "cache")
+    held: list[int] = []
+    update = engine.update_weights
+
+    def counted(fn):  # type: ignore[no-untyped-def]
+        held.append(1)
+        return update(fn)
+
+    engine.update_weights = counted  # type: ignore[method-assign]
+    follower = WeightFollower(syncer, engine=engine)
+    pub = Publisher(bus, run="w", policy="default", store=store, full_every=2)
+    try:
+        pub.publish(trainer.state_dict(), 1)
+        pub.flush()
+        assert follower.sync_now(timeout=5) is None  # put off: nothing local, engine free
+        assert (follower.put_off, held, syncer.prefetch_complete) == (1, [], False)
+        cut["on"] = False
+        assert follower.sync_now(timeout=0.1) == 1
+        assert held == [1] and engine.version == 1 and follower.updates == 1
+    finally:
+        follower.close()
+        pub.close()

@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("astraflow.rollout.weights")
 
+#: consecutive polls a sync may be put off for an incomplete prefetch; then it runs anyway
+#: (its own download, retries and heals inside the safe point), so a blob that never comes
+#: cannot stop a worker from following for good
+MAX_PUT_OFF = 5
+
 
 class WeightFollower:
     """Keeps one engine at the newest published version of one policy."""
@@ -40,6 +45,10 @@ class WeightFollower:
         self.syncer = syncer
         self.failures = 0
         self.updates = 0
+        # syncs put off because the prefetch did not get every blob (a cut or slow link):
+        # the engine is held only once the blobs are local, or after MAX_PUT_OFF tries
+        self.put_off = 0
+        self._put_off_run = 0
         self.fetch_s = 0.0  # seconds spent downloading ahead (the engine decoding meanwhile)
         self.apply_s = 0.0  # seconds the engine was held for a sync (decode and apply)
         # the newest version seen on weights.<policy> (None: none yet); written by the follower
@@ -77,9 +86,18 @@ class WeightFollower:
             t0 = time.monotonic()
             self.syncer.prefetch()
             t1 = time.monotonic()
+            self.fetch_s += t1 - t0
+            if not self.syncer.prefetch_complete and self._put_off_run < MAX_PUT_OFF:
+                # not all local yet: syncing now would download inside the safe point, with
+                # the engine held; the next poll resumes the download instead
+                self.put_off += 1
+                self._put_off_run += 1
+                log.info("policy=%s sync put off: the prefetch is not complete (%d in a row)",
+                         self.policy, self._put_off_run)
+                return self.syncer.version
+            self._put_off_run = 0
             # the manifests were read above: inside the safe point only local work happens
             self.engine.update_weights(functools.partial(self.syncer.sync_once, read=False))
-            self.fetch_s += t1 - t0
             self.apply_s += time.monotonic() - t1
             self.updates += 1
             log.info("policy=%s weights now at version=%s", self.policy, self.syncer.version)
