@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from astraflow.core.bus.types import Bus, Message
-from astraflow.core.errors import AstraflowError, WeightIntegrityError
-from astraflow.core.records import TensorEntry, WeightManifest
+from astraflow.core.errors import AstraflowError, WeightIntegrityError, WeightStoreError
+from astraflow.core.records import TensorEntry, WeightManifest, encode
 from astraflow.core.stream import Output, send
 from astraflow.core.topics import record_key, topic_name
 from astraflow.weights.bits import bits_dict, blob_digest, digest
@@ -65,6 +65,10 @@ def manifest_for(enc: EncodedVersion, *, policy: str, uri: str) -> WeightManifes
                              digest=t.digest, changed=t.changed, base_digest=t.base_digest)
                  for t in h.tensors],
         total_bytes=len(enc.blob), full_bytes=enc.dense_bytes, blob_digest=blob_digest(enc.blob))
+
+
+class ManifestTooLargeError(WeightStoreError):
+    """A manifest (one entry per tensor) does not fit the bus's record size limit."""
 
 
 class Publisher:
@@ -182,6 +186,18 @@ class Publisher:
                 raise AstraflowError(f"weights publisher still busy after {timeout} s")
         self._raise_error()
 
+    def _check_fits(self, m: WeightManifest) -> None:
+        """Refuse a manifest the bus would refuse, before anything of its version is sent (a
+        producer error later would fail every restart of the trainer the same way)."""
+        size = len(encode(m)) + len(self.topic) + 256  # key, headers, framing
+        limit = self._bus.max_message_bytes
+        if size > limit:
+            raise ManifestTooLargeError(
+                f"the manifest of {self.policy} v{m.version} ({len(m.tensors)} tensors) is "
+                f"~{size:,} bytes, over the bus's max_message_bytes={limit:,}; raise "
+                "bus.max_message_bytes (and, on Kafka, the broker's message.max.bytes), or "
+                "fuse per-expert tensors so that there are fewer of them")
+
     def close(self) -> None:
         """Publish what is pending, stop the background thread, close the producer."""
         try:
@@ -245,10 +261,12 @@ class Publisher:
             encs.append(encode_version(bits, version=version, level=self.level))
         manifests = []
         token = uuid.uuid4().hex[:8]  # blob names are never reused, so resumed reads are safe
-        for enc in encs:
-            uri = f"{self.policy}/v{version:010d}.{enc.header.kind}.{token}.afw"
-            self.store.put(uri, enc.blob)
+        uris = [f"{self.policy}/v{version:010d}.{enc.header.kind}.{token}.afw" for enc in encs]
+        for enc, uri in zip(encs, uris, strict=True):
             manifests.append(manifest_for(enc, policy=self.policy, uri=uri))
+            self._check_fits(manifests[-1])  # before any blob of the version is stored
+        for enc, uri in zip(encs, uris, strict=True):
+            self.store.put(uri, enc.blob)
             self.stats.bytes_written += len(enc.blob)
         for m in manifests:
             send(self._producer, Output(self.topic, m, record_key("weights", m)))

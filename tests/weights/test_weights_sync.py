@@ -408,3 +408,24 @@ def test_prefetch_gets_the_route_in_one_go_without_asking_sizes(bus, store, hist
     assert syncer.sync_once() == len(history) - 1 and identical(held, history[-1])
     assert http_server.requests == before
     assert syncer.stats.fetched_bytes == syncer.stats.prefetched_bytes == route.bytes
+
+
+def test_a_manifest_over_the_bus_limit_is_a_clear_error_before_any_blob(tmp_path) -> None:
+    """One entry per tensor: a model of many tensors (per-expert weights of a large MoE) can
+    outgrow the bus's record limit; the publisher says so, with the fix, and stores nothing
+    of that version (the producer's error would come later, on every restart the same)."""
+    from astraflow.core.bus import connect
+    from astraflow.weights.publisher import ManifestTooLargeError
+
+    small = connect(f"embedded://{tmp_path}/bus.db", max_message_bytes=20_000)
+    store = FileStore(tmp_path / "store")
+    many = {f"model.layers.{i}.mlp.experts.{j}.w": np.ones(4, np.float32)
+            for i in range(10) for j in range(20)}
+    pub = Publisher(small, run=RUN, policy=POLICY, store=store, dtype=None, background=False)
+    with pytest.raises(ManifestTooLargeError, match="200 tensors.*raise bus.max_message_bytes"):
+        pub.publish(many, 0)
+    assert not list((tmp_path / "store").rglob("*.afw"))
+    pub.publish({k: v for k, v in list(many.items())[:10]}, 1)  # a small one still goes
+    assert len(list((tmp_path / "store").rglob("*.afw"))) == 1
+    pub.close()
+    small.close()
