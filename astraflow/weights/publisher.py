@@ -37,7 +37,7 @@ from astraflow.weights.bits import bits_dict, blob_digest, digest
 from astraflow.weights.blob import CODEC, Bits, EncodedVersion, check_compatible, encode_version
 from astraflow.weights.codec import DEFAULT_LEVEL
 from astraflow.weights.follow import decode_manifest, read_new
-from astraflow.weights.store import WeightStore
+from astraflow.weights.store import StoreFullError, WeightStore
 
 log = logging.getLogger("astraflow.weights.publisher")
 
@@ -50,6 +50,7 @@ class PublishStats:
     deltas: int = 0
     bytes_written: int = 0
     dense_bytes: int = 0  # dense size of the published versions
+    skipped_full: int = 0  # versions not published because the store was full
 
 
 def manifest_for(enc: EncodedVersion, *, policy: str, uri: str) -> WeightManifest:
@@ -265,9 +266,18 @@ class Publisher:
         for enc, uri in zip(encs, uris, strict=True):
             manifests.append(manifest_for(enc, policy=self.policy, uri=uri))
             self._check_fits(manifests[-1])  # before any blob of the version is stored
-        for enc, uri in zip(encs, uris, strict=True):
-            self.store.put(uri, enc.blob)
-            self.stats.bytes_written += len(enc.blob)
+        try:
+            for enc, uri in zip(encs, uris, strict=True):
+                self.store.put(uri, enc.blob)
+                self.stats.bytes_written += len(enc.blob)
+        except StoreFullError as e:
+            # a counted drop, not a dead trainer: this version is not published (workers keep
+            # the one they hold) and the next one is encoded against the last published base,
+            # so it goes out once there is room again
+            self.stats.skipped_full += 1
+            log.error("version=%d not published (%d skipped so far): %s", version,
+                      self.stats.skipped_full, e)
+            return
         for m in manifests:
             send(self._producer, Output(self.topic, m, record_key("weights", m)))
         self._producer.flush()

@@ -15,6 +15,7 @@ memory) and can be given a deadline (a store that drips bytes does not hold the 
 from __future__ import annotations
 
 import contextlib
+import errno
 import http.client
 import os
 import re
@@ -32,6 +33,10 @@ MAX_PATH = 512
 
 class BlobNotFoundError(WeightStoreError):
     """The store has no blob at that path."""
+
+
+class StoreFullError(WeightStoreError):
+    """The store has no space left for a blob (ENOSPC or a quota)."""
 
 
 class UnsafePathError(WeightStoreError):
@@ -94,7 +99,15 @@ class FileStore:
         return p
 
     def put(self, path: str, data: bytes | memoryview) -> None:
-        write_atomic(self.local_path(path), data, fsync=self.fsync)
+        try:
+            write_atomic(self.local_path(path), data, fsync=self.fsync)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFullError(
+                    f"weight store {self.root} is full: no space left writing {path!r} "
+                    f"({len(data):,} bytes); free space there or point weights.store at a "
+                    "larger volume") from e
+            raise
 
     def open(self, path: str, offset: int = 0, *, deadline: float | None = None) -> BinaryIO:
         try:

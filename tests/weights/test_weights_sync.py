@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -429,3 +430,42 @@ def test_a_manifest_over_the_bus_limit_is_a_clear_error_before_any_blob(tmp_path
     assert len(list((tmp_path / "store").rglob("*.afw"))) == 1
     pub.close()
     small.close()
+
+
+def test_a_full_store_skips_versions_counted_and_the_chain_goes_on(bus, tmp_path) -> None:
+    """A store with no space left (a real 1 MiB tmpfs, filled): the version is not published
+    and counted, the trainer's publisher keeps going, and once there is room the next version
+    goes out against the last published base, so syncers stay exact."""
+    import subprocess
+
+    root = tmp_path / "store"
+    root.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root (mount -t tmpfs); this host refuses it")
+    try:
+        store = FileStore(root)
+        rng = np.random.default_rng(0)
+        w = {"w": rng.standard_normal(60_000).astype(np.float32)}  # ~240 KB a full
+        pub = Publisher(bus, run=RUN, policy=POLICY, store=store, dtype=None,
+                        background=False, full_every=100)
+        pub.publish(w, 1)
+        filler = root / "filler"
+        with open(filler, "wb") as f, contextlib.suppress(OSError):  # every byte left taken
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        w["w"] = w["w"] + 1.0  # a dense change: the delta needs room too
+        pub.publish(w, 2)
+        assert pub.stats.skipped_full == 1 and pub.stats.versions == 1
+        assert not [p for p in root.iterdir() if p.name.startswith(".")]  # no temp left
+        filler.unlink()
+        w["w"][:10] += 1.0
+        pub.publish(w, 3)
+        target = DictTarget({})
+        syncer = Syncer(bus, run=RUN, policy=POLICY, store=store, target=target)
+        assert syncer.sync_once(timeout=5) == 3
+        assert np.array_equal(target.tensors["w"], w["w"])
+        pub.close()
+    finally:
+        subprocess.run(["umount", str(root)], check=False)
