@@ -74,7 +74,8 @@ def items(draw: st.DrawFn, i: int) -> tuple[bytes, list[tuple[str, bytes]]]:
     elif kind == "shape":
         plain = msgspec.msgpack.decode(value)
         plain[draw(st.sampled_from(sorted(plain)))] = draw(
-            st.none() | st.integers() | st.text(max_size=4) | st.lists(st.integers(), max_size=2))
+            st.none() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=4)
+            | st.lists(st.integers(-5, 5), max_size=2))
         value = msgspec.msgpack.encode(plain)
     elif kind == "deep":
         value = value.replace(msgspec.msgpack.encode({"answer": i}),
