@@ -282,22 +282,23 @@ def versions_going_back(rows: Mapping[str, list[tuple[float, int, int, dict[str,
     return bad
 
 
-def trained_sequence(bus: Any, config: Any, policy: str) -> tuple[list[Any], str | None]:
-    """The batches the trainer of ``policy`` trained, in order: ``batches.<policy>`` below its
-    group's committed offset, each id once (its dedup); or a reason the order is unknown."""
+def trained_sequence(bus: Any, config: Any, policy: str, upto: Mapping[int, int]
+                     ) -> tuple[list[Any], str | None]:
+    """The batches the trainer of ``policy`` trained, in order: ``batches.<policy>`` below
+    ``upto`` (partition -> offset: its final checkpoint's), each id once (its dedup); or a
+    reason the order is unknown."""
     from astraflow.core.records import Batch
-    from astraflow.core.topics import group_name, topic_name
+    from astraflow.core.topics import topic_name
     from astraflow.run.accounting import read_topic
 
     topic = topic_name(config.run, "batches", policy)
-    committed = bus.committed(group_name(config.run, "trainer", policy=policy), topic)
     parts = {p for p, e in bus.describe_topic(topic).end_offsets.items() if e}
     if len(parts) > 1:
         return [], f"{topic} has records on {len(parts)} partitions: no single order"
     seen: set[str] = set()
     seq = []
     for part, off, b in sorted(read_topic(bus, topic, Batch), key=lambda r: (r[0], r[1])):
-        if off < committed.get(part, 0) and b.policy == policy and b.id not in seen:
+        if off < upto.get(part, 0) and b.policy == policy and b.id not in seen:
             seen.add(b.id)
             seq.append(b)
     return seq, None
@@ -319,13 +320,21 @@ def replay(bus: Any, config: Any, run_dir: Path, policy: str) -> dict[str, Any]:
     ck = newest_checkpoint(tc.checkpoint_root(run_dir, policy))
     if ck is None:
         return {"ok": False, "reason": "the trainer left no checkpoint"}
-    version = int(json.loads((ck / "meta.json").read_text())["version"])
-    seq, why = trained_sequence(bus, config, policy)
+    from astraflow.core.topics import group_name, topic_name
+
+    meta = json.loads((ck / "meta.json").read_text())
+    version = int(meta["version"])
+    topic = topic_name(config.run, "batches", policy)
+    # the checkpoint says what the weights hold; the group's commit follows it (it lags when
+    # the run stopped before a restarted trainer was given its partition back)
+    upto = {int(p): int(o) for p, o in meta["offsets"].get(topic, {}).items()}
+    committed = bus.committed(group_name(config.run, "trainer", policy=policy), topic)
+    seq, why = trained_sequence(bus, config, policy, upto)
     if why is not None:
         return {"ok": None, "reason": why}
-    if len(seq) < version:
-        return {"ok": False, "reason": f"checkpoint at version {version}, but only {len(seq)} "
-                                       "batches below the committed offset"}
+    if len(seq) != version:
+        return {"ok": False, "reason": f"checkpoint at version {version} holds offsets {upto} "
+                                       f"of {topic}: {len(seq)} distinct batches below them"}
     order = _logged_order(run_dir / f"trainer-{policy}.jsonl", seq[:version])
     engine = build_engine(tc, model_dir(config, policy, run_dir))
     step = step_function(tc.mode)
@@ -342,7 +351,8 @@ def replay(bus: Any, config: Any, run_dir: Path, policy: str) -> dict[str, Any]:
             "tensors": len(names), "tensors_differing": len(diff), "max_abs_diff": worst,
             "compared": "bitwise (torch.equal on every fp32 master tensor)",
             "replay_s": round(time.monotonic() - t0, 1), "logged_order_mismatches": order,
-            "checkpoint": str(ck)}
+            "checkpoint": str(ck), "checkpoint_offsets": upto,
+            "committed_offsets": dict(committed)}
 
 
 def _logged_order(path: Path, seq: Sequence[Any]) -> list[str]:

@@ -217,6 +217,8 @@ class Injector:
         """Inject one fault of ``kind`` now."""
         fault = Fault(id=len(self.faults), kind=kind, target="", t=self.clock())
         self.faults.append(fault)
+        if kind not in KILLS:  # who is there to be affected (a finished producer is not)
+            fault.details["live"] = sorted(self.live_roles())
         try:
             getattr(self, f"_{kind}")(fault)
         except (OSError, AstraflowError) as e:  # a fault that could not be made: logged

@@ -102,6 +102,8 @@ def _all_beat_again(f: Fault, beats: Sequence[Beat],
                     pids: Mapping[int, str]) -> float | None:
     end = f.end if f.end is not None else f.t
     active = {pids[b.pid] for b in beats if f.t - ACTIVE_S <= b.ts <= f.t and b.pid in pids}
+    if "live" in f.details:  # the roles whose process was alive when the fault began
+        active &= set(f.details["live"])
     worst = 0.0
     for role in sorted(active):
         mine = {pid for _, pid in history.get(role, ())}

@@ -1,0 +1,165 @@
+"""The chaos injector and bench/chaos.py's checks (docs/chaos.md).
+
+Fast tests: the seeded plan, role kinds, the recovery arithmetic, and that every check fails on
+the data it exists to catch (versions going back, an unexplained restart, a failed role, a
+batch trained out of the logged order). The slow one runs bench/chaos.py itself, reduced: the
+quickstart's dataflow on a tiny untrained model for ~45 s of RL on the embedded bus, with a
+rollout worker killed, a trainer or stage killed mid-checkpoint and right after one, a delta
+blob corrupted (and a worker forced through it), the run directory's disk filled (where a loop
+mount works) and the weight server's link cut (where Toxiproxy is installed); then every check
+must pass, the trainer's weights bit for bit those of a replay of its batches."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from astraflow.sim.chaos import Fault, blob_to_corrupt, flip_bytes, role_kind, schedule
+from astraflow.sim.recovery import Beat, recover, restarts, versions_backwards
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import chaos as bench  # noqa: E402
+
+
+def test_the_plan_is_seeded_and_covers_every_kind() -> None:
+    kinds = ["kill", "blob_corrupt", "disk_full"]
+    a = schedule(7, 6.0, 600, kinds, start_s=10, min_gap_s=2)
+    assert a == schedule(7, 6.0, 600, kinds, start_s=10, min_gap_s=2)
+    assert a != schedule(8, 6.0, 600, kinds, start_s=10, min_gap_s=2)
+    assert {k for _, k in a} == set(kinds)
+    times = [t for t, _ in a]
+    assert times == sorted(times) and times[0] >= 12 and times[-1] < 600
+    assert all(b - a >= 2 for a, b in zip(times, times[1:], strict=False))
+    with pytest.raises(Exception, match="unknown fault kinds"):
+        schedule(0, 1.0, 60, ["kill", "meteor"])
+
+
+def test_role_kinds() -> None:
+    pol = ["default", "solver"]
+    assert role_kind("rollout-3", pol) == "rollout"
+    assert role_kind("trainer-default", pol) == "trainer"
+    assert role_kind("policy-batch-solver", pol) == "policy-batch"
+    assert role_kind("policy-post", pol) == "policy-post"
+    assert role_kind("evaluator-team", pol) == "evaluator-team"
+
+
+def test_the_blob_corrupted_is_the_newest_delta_without_a_full(tmp_path: Path) -> None:
+    d = tmp_path / "default"
+    d.mkdir()
+    for name in ("v0000000001.full.aa.afw", "v0000000002.delta.bb.afw",
+                 "v0000000003.delta.cc.afw", "v0000000003.full.cc.afw"):
+        (d / name).write_bytes(bytes(range(256)) * 4)
+    blob = blob_to_corrupt([d])
+    assert blob is not None and blob.name == "v0000000002.delta.bb.afw"
+    before = blob.read_bytes()
+    offsets = flip_bytes(blob, random.Random(0), n=8)
+    after = blob.read_bytes()
+    assert [i for i in range(len(before)) if before[i] != after[i]] == offsets
+    assert all(i >= len(before) // 2 for i in offsets)
+
+
+def beat(ts: float, pid: int, role: str = "rollout", status: str = "running",
+         **gauges: float) -> Beat:
+    return Beat(ts, pid, role, status, gauges)
+
+
+def test_recovery_of_a_kill_and_of_a_lasting_fault() -> None:
+    history = {"rollout-0": [(0.0, 10), (100.5, 11)], "trainer-default": [(0.0, 20)]}
+    beats = [beat(90, 10), beat(95, 20, "trainer", step=5), beat(103, 11, status="starting"),
+             beat(104.2, 11, **{"weight_version": 5}), beat(110, 20, "trainer", step=6),
+             beat(130, 11), beat(131, 20, "trainer")]
+    kill = Fault(0, "kill", "rollout-0", 100.0, 100.0, {"pid": 10})
+    disk = Fault(1, "disk_full", "/x", 120.0, 125.0, {"live": ["rollout-0", "trainer-default"]})
+    recover([kill, disk], beats, history)
+    assert kill.details["new_pid"] == 11
+    assert kill.recovery_s == pytest.approx(4.2)  # the first *running* heartbeat
+    assert disk.recovery_s == pytest.approx(6.0)  # the slower of the two roles
+    # a role that stops heartbeating is not recovered: no number is made up
+    lost = Fault(2, "disk_full", "/x", 120.0, 125.0, {})
+    recover([lost], [b for b in beats if b.pid != 20 or b.ts < 125], history)
+    assert lost.recovery_s is None and lost.details["not_recovered"] == ["trainer-default"]
+
+
+def test_versions_going_back_are_found() -> None:
+    ok = [beat(1, 1, **{"weight_version.default": 1}), beat(2, 1, **{"weight_version.default": 3})]
+    assert versions_backwards(ok) == []
+    bad = [*ok, beat(3, 1, **{"weight_version.default": 2})]
+    assert versions_backwards(bad) == ["pid 1 policy default: 3 -> 2 at 3.0"]
+    rows = {"w": [(1.0, 0, 0, {"default": 2}), (2.0, 1, 0, {"default": 1})]}
+    assert bench.versions_going_back(rows) == ["w default: 2 -> 1"]
+    rows = {"w": [(1.0, 0, 5, {"default": 1}), (2.0, 0, 4, {"default": 1})]}
+    assert "out of created_at order" in bench.versions_going_back(rows)[0]
+
+
+def test_restarts_are_explained_or_flagged() -> None:
+    history = {"trainer-default": [(0.0, 1), (50.2, 2), (80.0, 3), (300.0, 4)]}
+    faults = [Fault(0, "kill_in_checkpoint", "trainer-default", 50.0, 50.0, {"pid": 1}),
+              Fault(1, "broker_restart", "broker", 70.0, 75.0, {})]
+    r = restarts(faults, history, ["default"])["trainer-default"]
+    assert r["injected"] == 1 and r["secondary"] == ["broker_restart at 80.0"]
+    assert r["unexplained"] == ["300.0"]
+    loops = bench.crash_loops({"failed_roles": ["rollout-1"],
+                               "roles": {"rollout-0": {"exit": -9}, "producer": {"exit": 0}}},
+                              {"trainer-default": r})
+    assert loops == ["rollout-1 failed (restarts exhausted)", "rollout-0 ended with exit -9",
+                     "trainer-default restarted with no fault to explain it at ['300.0']"]
+
+
+def test_the_replay_order_is_checked_against_the_trainers_log(tmp_path: Path) -> None:
+    log = tmp_path / "trainer-default.jsonl"
+    seq = [SimpleNamespace(id=i) for i in ("a", "b", "c")]
+    # step 2 trained twice (a crash after it, before a checkpoint): the last line counts
+    log.write_text("\n".join(json.dumps(r) for r in (
+        {"step": 1, "batch_id": "a"}, {"step": 2, "batch_id": "x"}, {"event": "start"},
+        {"step": 2, "batch_id": "b"}, {"step": 3, "batch_id": "c"})) + "\n{\"step\": 4, ")
+    assert bench._logged_order(log, seq) == []
+    assert bench._logged_order(log, [seq[0], seq[2], seq[1]]) == [
+        "step 2: log b replay c", "step 3: log c replay b"]
+
+
+REDUCED = ["--warm", "none", "--seconds", "50", "--bus", "embedded", "--hold", "3,4",
+           "--disk-mb", "768",
+           "--set", "data.batch_size=4", "--set", "producer.n_samples=4",
+           "--set", "launch.rollout_workers=1", "--set", "launch.evaluate=false",
+           "--set", "data.max_staleness=4",
+           "--set", "trainer.checkpoint_every=3", "--set", "weights.full_every=8",
+           # an untrained model scores 0: zero-advantage groups must still move the weights,
+           # else every version is the same and the replay compares nothing
+           "--set", "trainer.loss.entropy_coef=0.05",
+           "--set", "trainer.skip_zero_advantage_groups=false",
+           "--set", "trainer.optimizer.warmup_steps=0"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_reduced_chaos_bench_survives(tmp_path: Path) -> None:
+    from astraflow.sim.disk import can_mount
+    from astraflow.sim.wan import find_toxiproxy
+
+    plan = ["8:kill", "12:kill_in_checkpoint", "16:kill_after_checkpoint", "20:blob_corrupt"]
+    if can_mount() is None:
+        plan.append("25:disk_full")
+    if find_toxiproxy() is not None:
+        plan.append("30:link_cut")
+    out = tmp_path / "chaos"
+    code = bench.main([*REDUCED, "--out", str(out), "--startup", "0", "--plan", ",".join(plan)])
+    result = json.loads((out / "chaos.json").read_text())
+    failed = {k: c for k, c in result["checks"].items() if c["ok"] is False}
+    assert code == 0 and not failed, json.dumps(failed, indent=1, default=str)
+    faults = {f["kind"]: f for f in result["faults"]}
+    assert all(f["skipped"] is None for f in faults.values()), faults
+    killed = {f["details"]["role_kind"] for f in result["faults"] if "role_kind" in f["details"]}
+    assert len(killed) >= 2, killed  # kills of different role kinds
+    assert all(f["recovery_s"] is not None for f in faults.values()), faults
+    assert faults["blob_corrupt"]["details"]["detected"] >= 1
+    replay = result["checks"]["replay"]["default"]
+    assert replay["ok"] and replay["steps"] >= 5 and replay["tensors_differing"] == 0
+    acc = result["accounting"]
+    assert acc["produced"] > 0 and acc["unaccounted"] == 0 and acc["trained_twice"] == 0
