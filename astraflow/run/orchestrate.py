@@ -152,6 +152,10 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
     except KeyboardInterrupt:
         interrupted = True
         console.print("[yellow]interrupted: stopping every role[/]")
+    except BaseException:
+        # the roles run in sessions of their own: nothing stops them if this process dies
+        sup.stop()
+        raise
     if scaler is not None:
         scaler.close()
     codes = sup.stop()

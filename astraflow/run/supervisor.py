@@ -62,9 +62,10 @@ class RoleProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self._log is None:
             self._log = self.log_path.open("ab")
-        self._log.write(f"\n=== start {time.strftime('%H:%M:%S')} {' '.join(self.spec.argv)}\n"
-                        .encode())
-        self._log.flush()
+        with contextlib.suppress(OSError):  # a full disk: the banner is lost, the role starts
+            self._log.write(f"\n=== start {time.strftime('%H:%M:%S')} "
+                            f"{' '.join(self.spec.argv)}\n".encode())
+            self._log.flush()
         self.handled = False
         env = {**base_env, **self.spec.env}
         if self.spec.metrics_port is not None:
@@ -112,6 +113,7 @@ class Supervisor:
         self.events: list[str] = []
         self.failed: list[str] = []
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self._unwritten: set[str] = set()  # files whose last write failed (said once)
 
     def event(self, msg: str) -> None:
         self.events.append(f"{time.strftime('%H:%M:%S')} {msg}")
@@ -130,9 +132,23 @@ class Supervisor:
     def _write_pids(self) -> None:
         """``processes.json`` in the run directory: role → pid, for operators and tests."""
         pids = {n: r.proc.pid for n, r in self.roles.items() if r.proc is not None}
-        tmp = self.out / ".processes.json.tmp"
-        tmp.write_text(json.dumps(pids))
-        tmp.replace(self.out / "processes.json")
+        self._write_file("processes.json", json.dumps(pids))
+
+    def _write_file(self, name: str, text: str) -> None:
+        """Write ``name`` in the run directory atomically. A failure (the disk full) is said
+        once and the run goes on: these files are for operators, and raising here would kill
+        the supervisor in the middle of a restart, leaving every role running unattended."""
+        tmp = self.out / f".{name}.tmp"
+        try:
+            tmp.write_text(text)
+            tmp.replace(self.out / name)
+        except OSError as e:
+            if name not in self._unwritten:
+                self._unwritten.add(name)
+                self.event(f"{name} not written ({e}); the run goes on, retrying at the next "
+                           "change")
+            return
+        self._unwritten.discard(name)
 
     def _write_scrape_targets(self) -> None:
         """``prometheus-targets.json`` in the run directory, in Prometheus' file_sd format: one
@@ -144,9 +160,8 @@ class Supervisor:
                    for n, r in self.roles.items() if r.spec.metrics_port is not None]
         if not targets:
             return
-        tmp = self.out / ".prometheus-targets.json.tmp"
-        tmp.write_text(json.dumps(targets, indent=1))
-        tmp.replace(self.out / "prometheus-targets.json")  # atomic: Prometheus re-reads it
+        # atomic: Prometheus re-reads it
+        self._write_file("prometheus-targets.json", json.dumps(targets, indent=1))
 
     def check(self) -> bool:
         """Look at every process once: restart dead ones by their rule. True while the phase

@@ -80,3 +80,29 @@ def test_the_run_starts_its_evaluators_niced(tmp_path: Path) -> None:
     assert nice["evaluator-solver"] == nice["evaluator-team"] == cfg.launch.eval_nice == 10
     assert {n for n, v in nice.items() if v} == {"evaluator-solver", "evaluator-verifier",
                                                   "evaluator-team"}
+
+
+def test_a_full_disk_does_not_kill_the_supervisor(tmp_path: Path) -> None:
+    """processes.json cannot be written (the run directory's disk is full: bench/chaos.py
+    found `astraflow run` dying of ENOSPC here mid-restart, its roles left running with no
+    one to stop them): the restart still happens, the failure is said once, and the file is
+    written again once it can be."""
+    events: list[str] = []
+    sup = Supervisor(tmp_path, max_restarts=2, grace_s=5, on_event=events.append)
+    sup.start([RoleSpec("worker", py("import time\nwhile True: time.sleep(0.1)"))])
+    first = sup.roles["worker"].proc
+    assert first is not None
+    (tmp_path / ".processes.json.tmp").mkdir()  # every write of the file now fails (OSError)
+    os.kill(first.pid, signal.SIGKILL)
+    wait_for(lambda: (sup.check() or True) and sup.roles["worker"].restarts == 1)
+    second = sup.roles["worker"].proc
+    assert second is not None and second.pid != first.pid and second.poll() is None
+    assert sum("processes.json not written" in e for e in events) == 1, events
+    (tmp_path / ".processes.json.tmp").rmdir()
+    os.kill(second.pid, signal.SIGKILL)
+    wait_for(lambda: (sup.check() or True) and sup.roles["worker"].restarts == 2)
+    import json
+
+    assert json.loads((tmp_path / "processes.json").read_text())["worker"] == \
+        sup.roles["worker"].proc.pid  # type: ignore[union-attr]
+    sup.stop()
