@@ -4,8 +4,9 @@ makes one from the config.
 
 A call runs: route ``model`` to a policy (404 if none) → check the request (400) → render it to
 token ids → in a session, :func:`~astraflow.gateway.session.plan` where it continues → generate
-``n`` completions on the policy's engine (through rollout's batcher) → answer body → record
-the call (produced and flushed) → answer. Without a session nothing is recorded.
+``n`` completions on the policy's engine (through rollout's batcher, or the ``generate`` it
+was given) → answer body → record the call (produced and flushed) → answer. Without a session
+nothing is recorded.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,9 +74,15 @@ class CallSpec:
     role: Callable[[int], str] | None = None
 
 
+Generate = Callable[[str, GenRequest], Awaitable[GenResult]]
+"""``generate(policy, request)``: one generation on the policy's engine."""
+
+
 class Gateway:
     """Engines by policy (the ``model`` field routes to one), sessions in ``store`` (whose
-    ``retry_after_s`` every 429 carries)."""
+    ``retry_after_s`` every 429 carries). Generations go through a batcher per engine made at
+    :meth:`start`, or through ``generate`` when given: an engine already batched by someone
+    else (a rollout worker's batchers; two batchers must not share an engine)."""
 
     def __init__(self, engines: Mapping[str, Engine], store: SessionStore, *,
                  on_drift: str = "continue", aliases: Mapping[str, str] | None = None,
@@ -83,7 +90,8 @@ class Gateway:
                  max_n: int = 16, context_length: int | None = None,
                  tools_prompt: str = DEFAULT_TOOLS_PROMPT,
                  tool_result_format: str = "<result>{output}</result>",
-                 followers: Sequence[Any] = (), metrics: MetricsEmitter | None = None) -> None:
+                 followers: Sequence[Any] = (), metrics: MetricsEmitter | None = None,
+                 generate: Generate | None = None) -> None:
         if not engines:
             raise ConfigError("the gateway needs the engine of at least one policy")
         unknown = {a: p for a, p in (aliases or {}).items() if p not in engines}
@@ -104,14 +112,20 @@ class Gateway:
         self.metrics = metrics
         self.created = int(time.time())
         self.inflight = 0
+        self.generate = generate
+        # a session's own sampling defaults over ``sampling`` (set by whoever opened it)
+        self.session_sampling: dict[str, dict[str, Any]] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None  # the loop serving it, once started
         self._batchers: dict[str, Batcher] = {}
         self._ticker: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
         """Rebuild the open sessions from the bus, then start heartbeats."""
+        self.loop = asyncio.get_running_loop()
         await self.store.on_bus(self.store.rebuild)
-        self._batchers = {p: Batcher(e) for p, e in self.engines.items()}
+        if self.generate is None:
+            self._batchers = {p: Batcher(e) for p, e in self.engines.items()}
         if self.metrics is not None:
             self._ticker = asyncio.create_task(self._tick(), name="gateway-metrics")
 
@@ -147,6 +161,11 @@ class Gateway:
     @property
     def policies(self) -> list[str]:
         return list(self.engines)
+
+    def sampling_of(self, sid: str | None) -> dict[str, Any]:
+        """The sampling defaults of a call in session ``sid``."""
+        own = self.session_sampling.get(sid) if sid is not None else None
+        return self.sampling if own is None else {**self.sampling, **own}
 
     def policy_for(self, model: str | None) -> str:
         if model is None:
@@ -219,11 +238,14 @@ class Gateway:
                            self.store.retry_after_s)
         self.inflight += spec.n
         try:
-            batcher = self._batchers[spec.policy]
             req = spec.request(prompt)
             if req.max_new_tokens > room:  # capped to what the context has left
                 req = dataclasses.replace(req, max_new_tokens=room)
-            results = await asyncio.gather(*(batcher.generate(req) for _ in range(spec.n)))
+            if self.generate is not None:
+                gens = [self.generate(spec.policy, req) for _ in range(spec.n)]
+            else:
+                gens = [self._batchers[spec.policy].generate(req) for _ in range(spec.n)]
+            results = await asyncio.gather(*gens)
         except EngineError as e:
             self.count("engine_errors")
             raise GatewayError(500, f"generation failed: {e}", type="server_error",

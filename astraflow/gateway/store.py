@@ -9,6 +9,12 @@ remembered by id, so a late call to one is refused rather than opening a new ses
 
 All bus calls run on one thread of their own; sessions are touched on the event loop only,
 each under its own lock while an event of it is being recorded.
+
+**In memory** (``bus=None``): events are folded into the sessions and recorded nowhere, no
+Trajectory is produced, and a session stays open until its owner takes it
+(:meth:`SessionStore.take`). The ``openai_agent`` rollout workflow runs its gateway so: the
+worker turns the taken session into its episode's trajectories and produces, commits and
+drains them as it does any workflow's.
 """
 
 from __future__ import annotations
@@ -49,16 +55,18 @@ def check_session_id(sid: str) -> str:
 
 
 class SessionStore:
-    """Open sessions of one gateway, recorded on ``bus`` (run ``run``)."""
+    """Open sessions of one gateway, recorded on ``bus`` (run ``run``); ``bus=None``: in
+    memory (see the module docstring), the ids of the last ``idempotency_cache`` closed
+    sessions remembered."""
 
-    def __init__(self, bus: Bus, *, run: str, max_open_sessions: int = 256,
+    def __init__(self, bus: Bus | None, *, run: str = "", max_open_sessions: int = 256,
                  retry_after_s: int = 1, claims: BlobStore | None = None,
                  worker_id: str = "gateway", metrics: MetricsEmitter | None = None,
                  versions: Callable[[], Mapping[str, int]] = dict,
                  idempotency_cache: int = 4096) -> None:
         self.bus = bus
-        self.topic = topic_name(run, "gateway")
-        self.out_topic = topic_name(run, "trajectories")
+        self.topic = topic_name(run, "gateway") if bus is not None else ""
+        self.out_topic = topic_name(run, "trajectories") if bus is not None else ""
         self.max_open_sessions = max_open_sessions
         self.retry_after_s = retry_after_s
         self.claims = claims
@@ -72,6 +80,10 @@ class SessionStore:
         self._pending: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._loose: OrderedDict[str, bytes] = OrderedDict()  # keys of calls without a session
         self._loose_max = idempotency_cache
+        self._pool: ThreadPoolExecutor | None = None
+        self._producer: Any = None
+        if bus is None:
+            return
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="af-gateway-bus")
         for name in (self.topic, self.out_topic):  # usually made with the run's topics
             if name not in bus.list_topics():
@@ -86,7 +98,9 @@ class SessionStore:
     def rebuild(self) -> int:
         """Read the whole ``gateway`` topic and fold it into sessions (blocking; call before
         serving). Sessions ended and rewarded but not closed are closed now. Returns the
-        number of events read."""
+        number of events read (in memory: 0)."""
+        if self.bus is None:
+            return 0
         n = 0
         for msg in read_all(self.bus, self.topic, client_id=f"{self.worker_id}-rebuild"):
             self._take(msg)
@@ -175,13 +189,15 @@ class SessionStore:
         return ev
 
     async def _record(self, s: Session, ev: GatewayCall) -> None:
-        await self.on_bus(self._send, [Output(self.topic, ev, record_key("gateway", ev))])
+        if self.bus is not None:
+            await self.on_bus(self._send, [Output(self.topic, ev, record_key("gateway", ev))])
         s.apply(ev)
 
     async def finish(self, s: Session) -> int:
         """Produce ``s``'s trajectories when it has ended and has its reward, then close it;
-        returns how many (0: not yet). The caller holds ``lock(s.id)``."""
-        if not (s.ended and s.reward is not None) or s.done:
+        returns how many (0: not yet; in memory: never, :meth:`take` closes). The caller
+        holds ``lock(s.id)``."""
+        if not (s.ended and s.reward is not None) or s.done or self.bus is None:
             return 0
         outs, done = self._closing(s)
         await self.on_bus(self._send, outs)
@@ -205,12 +221,24 @@ class SessionStore:
         self.count("trajectories", n)
         return n
 
+    async def take(self, sid: str) -> Session:
+        """Close ``sid`` and hand over its session (its calls as recorded): once its calls in
+        flight are recorded, later ones get 409. For the owner of an in-memory session."""
+        s = self.get(sid)
+        async with self.lock(sid):
+            s.done = True
+            self._close(sid)
+        self.count("sessions_done")
+        return s
+
     def _close(self, sid: str) -> None:
         s = self.sessions.pop(sid, None)
         self._locks.pop(sid, None)
         if s is not None:
             keys = {k: v for k, v in s.keys.items() if len(v) < 4096}
             self.closed[sid] = (self.info(s), keys)
+            if self.bus is None and len(self.closed) > self._loose_max:
+                del self.closed[next(iter(self.closed))]
 
     def info(self, s: Session) -> dict[str, Any]:
         """What ``GET /sessions/{id}`` answers."""
@@ -245,7 +273,10 @@ class SessionStore:
         self._producer.flush()
 
     async def on_bus(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the store's bus thread (every bus call of the store runs there)."""
+        """``fn(*args)`` on the store's bus thread (every bus call of the store runs there);
+        in memory, here."""
+        if self._pool is None:
+            return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     # -- idempotency -------------------------------------------------------------------------------
@@ -285,6 +316,7 @@ class SessionStore:
             fut.set_result(None)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
-        self._producer.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._producer.close()
 
