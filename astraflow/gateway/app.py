@@ -67,21 +67,63 @@ def _streamed(model: type) -> dict[int | str, dict[str, Any]]:
 
 @dataclass
 class Meta:
-    """A call's session (``X-Session-Id``) and the metadata of a session it opens."""
+    """A call's session (``X-Session-Id``), the metadata of a session it opens, and its
+    ``Idempotency-Key``."""
 
     sid: str | None
     meta: dict[str, Any]
+    key: str | None = None
 
 
-def _meta(x_session_id: Annotated[str | None, Header(alias="X-Session-Id")] = None,
-          x_task_id: Annotated[str | None, Header(alias="X-Task-Id")] = None,
-          x_group_id: Annotated[str | None, Header(alias="X-Group-Id")] = None,
-          x_sample_index: Annotated[int | None, Header(alias="X-Sample-Index", ge=0)] = None,
-          x_group_size: Annotated[int | None, Header(alias="X-Group-Size", ge=1)] = None,
-          x_agent: Annotated[str | None, Header(alias="X-Agent")] = None) -> Meta:
-    meta = {"task_id": x_task_id, "group_id": x_group_id, "sample_index": x_sample_index,
-            "group_size": x_group_size, "agent": x_agent}
-    return Meta(None if x_session_id is None else check_session_id(x_session_id), meta)
+#: the headers of a call: (name, JSON schema, description)
+HEADERS: tuple[tuple[str, dict[str, Any], str], ...] = (
+    ("X-Session-Id", {"type": "string"}, "the session (instead of /sessions/{id}/v1)"),
+    ("X-Task-Id", {"type": "string"}, "a session's task (on its first call)"),
+    ("X-Group-Id", {"type": "string"}, "a session's group (on its first call)"),
+    ("X-Sample-Index", {"type": "integer", "minimum": 0}, "a session's sample index"),
+    ("X-Group-Size", {"type": "integer", "minimum": 1}, "a session's group size"),
+    ("X-Agent", {"type": "string"}, "a session's role"),
+    ("Idempotency-Key", {"type": "string", "maxLength": 256},
+     "a retry with the same key is answered the recorded response, recorded once"),
+)
+#: the headers documented on the routes that read them (:func:`_meta` reads them by hand)
+HEADER_DOCS = {"parameters": [{"name": n, "in": "header", "required": False, "schema": schema,
+                               "description": d} for n, schema, d in HEADERS]}
+
+
+def _invalid(name: str, kind: str, msg: str, value: str) -> RequestValidationError:
+    return RequestValidationError([{"type": kind, "loc": ("header", name), "msg": msg,
+                                    "input": value}])
+
+
+def _int_header(headers: Any, name: str, low: int) -> int | None:
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise _invalid(name, "int_parsing", "Input should be a valid integer, unable to parse "
+                       "string as an integer", raw) from None
+    if value < low:
+        raise _invalid(name, "greater_than_equal",
+                       f"Input should be greater than or equal to {low}", raw)
+    return value
+
+
+async def _meta(request: Request) -> Meta:
+    """The call's headers (:data:`HEADERS`), read in one go: FastAPI's per-header parameters
+    cost more than the rest of the request's routing (measured: bench/gateway.py)."""
+    h = request.headers
+    key = h.get("idempotency-key")
+    if key is not None and len(key) > 256:
+        raise _invalid("Idempotency-Key", "string_too_long",
+                       "String should have at most 256 characters", key)
+    sid = h.get("x-session-id")
+    meta = {"task_id": h.get("x-task-id"), "group_id": h.get("x-group-id"),
+            "sample_index": _int_header(h, "X-Sample-Index", 0),
+            "group_size": _int_header(h, "X-Group-Size", 1), "agent": h.get("x-agent")}
+    return Meta(None if sid is None else check_session_id(sid), meta, key)
 
 
 MetaDep = Annotated[Meta, Depends(_meta)]
@@ -115,11 +157,11 @@ def _answer(reply: Reply, stream: bool | None, chunks: Any, usage: bool) -> Resp
     return Response(reply.raw, media_type="application/json")
 
 
-def _sid_of_path(session_id: SessionPath) -> str:
+async def _sid_of_path(session_id: SessionPath) -> str:
     return check_session_id(session_id)
 
 
-def _sid_of_header(meta: MetaDep) -> str | None:
+async def _sid_of_header(meta: MetaDep) -> str | None:
     return meta.sid
 
 
@@ -133,17 +175,15 @@ def _v1(app: FastAPI, gw: Gateway, prefix: str, session: bool) -> None:
     tag = "session" if session else "v1"
     suffix = "_in_session" if session else ""
 
-    async def chat(body: ChatRequest, meta: MetaDep, sid: SidOfHeader,
-                   key: Key = None) -> Response:
-        spec = chat_spec(gw, body)
-        reply = await gw.call(spec, sid=sid, meta=meta.meta, key=key)
+    async def chat(body: ChatRequest, meta: MetaDep, sid: SidOfHeader) -> Response:
+        spec = chat_spec(gw, body, sid)
+        reply = await gw.call(spec, sid=sid, meta=meta.meta, key=meta.key)
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return _answer(reply, body.stream, chat_chunks, usage)
 
-    async def completions(body: CompletionRequest, meta: MetaDep, sid: SidOfHeader,
-                          key: Key = None) -> Response:
-        spec = completion_spec(gw, body)
-        reply = await gw.call(spec, sid=sid, meta=meta.meta, key=key)
+    async def completions(body: CompletionRequest, meta: MetaDep, sid: SidOfHeader) -> Response:
+        spec = completion_spec(gw, body, sid)
+        reply = await gw.call(spec, sid=sid, meta=meta.meta, key=meta.key)
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return _answer(reply, body.stream, completion_chunks, usage)
 
@@ -157,14 +197,16 @@ def _v1(app: FastAPI, gw: Gateway, prefix: str, session: bool) -> None:
     for fn in (chat, completions, models, model):  # the session: from the path, or a header
         fn.__annotations__["sid"] = SidOfPath if session else SidOfHeader
     errors = _errors(400, 404, 409, 429, 500)
-    app.post(f"{prefix}/chat/completions", tags=[tag], operation_id=f"chat{suffix}",
-             responses={**_streamed(ChatCompletion), **errors})(chat)
-    app.post(f"{prefix}/completions", tags=[tag], operation_id=f"completions{suffix}",
-             responses={**_streamed(Completion), **errors})(completions)
-    app.get(f"{prefix}/models", tags=[tag], operation_id=f"models{suffix}",
-            response_model=ModelList, responses=_errors(400))(models)
-    app.get(f"{prefix}/models/{{model}}", tags=[tag], operation_id=f"model{suffix}",
-            response_model=ModelCard, responses=_errors(400, 404))(model)
+    post = {"openapi_extra": HEADER_DOCS, "tags": [tag]}
+    get = {"openapi_extra": {} if session else HEADER_DOCS, "tags": [tag]}
+    app.post(f"{prefix}/chat/completions", operation_id=f"chat{suffix}",
+             responses={**_streamed(ChatCompletion), **errors}, **post)(chat)
+    app.post(f"{prefix}/completions", operation_id=f"completions{suffix}",
+             responses={**_streamed(Completion), **errors}, **post)(completions)
+    app.get(f"{prefix}/models", operation_id=f"models{suffix}", response_model=ModelList,
+            responses=_errors(400), **get)(models)
+    app.get(f"{prefix}/models/{{model}}", operation_id=f"model{suffix}",
+            response_model=ModelCard, responses=_errors(400, 404), **get)(model)
 
 
 def _card(gw: Gateway, name: str) -> dict[str, Any]:

@@ -11,12 +11,14 @@ at their neutral value only. Stop strings are trimmed from the text (OpenAI's be
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from astraflow.consumers.rollout.engines.base import GenRequest, GenResult
+from astraflow.core.records import ChatMessage
 from astraflow.gateway.errors import GatewayError, bad_request, unsupported
 from astraflow.gateway.messages import CLOSE, new_call_id, parse_calls, span_role, to_chat
 from astraflow.gateway.schemas import ChatRequest, CompletionRequest, Sampling
@@ -34,9 +36,10 @@ NEUTRAL = {"frequency_penalty": (0.0,), "presence_penalty": (0.0,), "top_k": (-1
            "min_p": (0.0,), "repetition_penalty": (1.0,)}
 
 
-def _sampling(gw: Gateway, req: Sampling, max_tokens: int | None
+def _sampling(gw: Gateway, req: Sampling, max_tokens: int | None, sid: str | None
               ) -> tuple[int, dict[str, Any], list[str]]:
-    """(n, the engine request's fields but the prompt, the client's stop strings)."""
+    """(n, the engine request's fields but the prompt, the client's stop strings); defaults:
+    session ``sid``'s."""
     for name, ok in NEUTRAL.items():
         value = getattr(req, name)
         if value is not None and value not in ok:
@@ -49,7 +52,7 @@ def _sampling(gw: Gateway, req: Sampling, max_tokens: int | None
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(not s for s in stops):
         raise bad_request("stop strings must not be empty", param="stop", code="invalid_value")
-    d = gw.sampling
+    d = gw.sampling_of(sid)
     fields = {"temperature": d["temperature"] if req.temperature is None else req.temperature,
               "top_p": d["top_p"] if req.top_p is None else req.top_p,
               "max_new_tokens": max_tokens or d["max_new_tokens"],
@@ -74,6 +77,15 @@ def _render(tokenizer: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
                           param="messages", code="invalid_prompt") from None
 
 
+@functools.lru_cache(maxsize=4096)
+def _rendered(tok: Any, messages: tuple[tuple[str, str, str | None], ...]) -> tuple[int, ...]:
+    """The token ids of a conversation's prompt, cached: an episode's first turn is the same
+    for every sample of its task (as rollout's Runtime caches them), and the chat template
+    costs more than the rest of a call."""
+    msgs = [ChatMessage(role=r, content=c, name=n) for r, c, n in messages]
+    return tuple(_render(tok, render_prompt, msgs)[1])
+
+
 def _tool_mode(req: ChatRequest) -> bool:
     """Whether the model may call tools (tools offered, tool_choice auto or absent)."""
     choice = req.tool_choice
@@ -83,10 +95,10 @@ def _tool_mode(req: ChatRequest) -> bool:
     return bool(req.tools) and choice != "none"
 
 
-def chat_spec(gw: Gateway, req: ChatRequest) -> CallSpec:
+def chat_spec(gw: Gateway, req: ChatRequest, sid: str | None = None) -> CallSpec:
     policy = gw.policy_for(req.model)
     tok = gw.engines[policy].tokenizer
-    n, fields, stops = _sampling(gw, req, req.max_completion_tokens or req.max_tokens)
+    n, fields, stops = _sampling(gw, req, req.max_completion_tokens or req.max_tokens, sid)
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs",
                           code="invalid_value")
@@ -96,7 +108,7 @@ def chat_spec(gw: Gateway, req: ChatRequest) -> CallSpec:
         fields["stop"] = (*fields["stop"], CLOSE)
     msgs, offset = to_chat(req.messages, tools=req.tools, tools_prompt=gw.tools_prompt,
                            result_format=gw.tool_result_format)
-    _, ids = _render(tok, render_prompt, msgs)
+    ids = list(_rendered(tok, tuple((m.role, m.content, m.name) for m in msgs)))
     gw.check_context(policy, ids)
     skip = req.skip_special_tokens is not False
     keep = bool(req.include_stop_str_in_output or req.no_stop_trim)
@@ -146,11 +158,11 @@ def chat_spec(gw: Gateway, req: ChatRequest) -> CallSpec:
                     n_messages=len(req.messages), appended=appended, role=role)
 
 
-def completion_spec(gw: Gateway, req: CompletionRequest) -> CallSpec:
+def completion_spec(gw: Gateway, req: CompletionRequest, sid: str | None = None) -> CallSpec:
     policy = gw.policy_for(req.model)
     engine = gw.engines[policy]
     tok = engine.tokenizer
-    n, fields, stops = _sampling(gw, req, req.max_tokens)
+    n, fields, stops = _sampling(gw, req, req.max_tokens, sid)
     if req.echo:
         raise unsupported("echo", req.echo, "false only")
     if req.suffix is not None:
