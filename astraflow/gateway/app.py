@@ -197,16 +197,16 @@ def _v1(app: FastAPI, gw: Gateway, prefix: str, session: bool) -> None:
     for fn in (chat, completions, models, model):  # the session: from the path, or a header
         fn.__annotations__["sid"] = SidOfPath if session else SidOfHeader
     errors = _errors(400, 404, 409, 429, 500)
-    post = {"openapi_extra": HEADER_DOCS, "tags": [tag]}
-    get = {"openapi_extra": {} if session else HEADER_DOCS, "tags": [tag]}
-    app.post(f"{prefix}/chat/completions", operation_id=f"chat{suffix}",
-             responses={**_streamed(ChatCompletion), **errors}, **post)(chat)
-    app.post(f"{prefix}/completions", operation_id=f"completions{suffix}",
-             responses={**_streamed(Completion), **errors}, **post)(completions)
-    app.get(f"{prefix}/models", operation_id=f"models{suffix}", response_model=ModelList,
-            responses=_errors(400), **get)(models)
-    app.get(f"{prefix}/models/{{model}}", operation_id=f"model{suffix}",
-            response_model=ModelCard, responses=_errors(400, 404), **get)(model)
+    read = {} if session else HEADER_DOCS  # the GET routes read the headers for X-Session-Id
+    app.post(f"{prefix}/chat/completions", tags=[tag], operation_id=f"chat{suffix}",
+             responses={**_streamed(ChatCompletion), **errors}, openapi_extra=HEADER_DOCS)(chat)
+    app.post(f"{prefix}/completions", tags=[tag], operation_id=f"completions{suffix}",
+             responses={**_streamed(Completion), **errors}, openapi_extra=HEADER_DOCS
+             )(completions)
+    app.get(f"{prefix}/models", tags=[tag], operation_id=f"models{suffix}",
+            response_model=ModelList, responses=_errors(400), openapi_extra=read)(models)
+    app.get(f"{prefix}/models/{{model}}", tags=[tag], operation_id=f"model{suffix}",
+            response_model=ModelCard, responses=_errors(400, 404), openapi_extra=read)(model)
 
 
 def _card(gw: Gateway, name: str) -> dict[str, Any]:

@@ -260,6 +260,7 @@ class SessionStore:
         return None if closed is None else closed[1].get(key)
 
     def _send(self, outs: list[Output]) -> None:
+        assert self.bus is not None  # recorded only on a bus
         for out in outs:
             try:
                 send(self._producer, out, claims=self.claims, limit=self.bus.max_message_bytes)
