@@ -129,8 +129,10 @@ async def _meta(request: Request) -> Meta:
 MetaDep = Annotated[Meta, Depends(_meta)]
 
 
-def create_app(gw: Gateway) -> FastAPI:
-    """The ASGI app over ``gw``; its lifespan starts it (rebuilding sessions) and closes it."""
+def create_app(gw: Gateway, *, token: str | None = None) -> FastAPI:
+    """The ASGI app over ``gw``; its lifespan starts it (rebuilding sessions) and closes it.
+    ``token``: every request but ``/health`` must carry it as a bearer token
+    (:mod:`astraflow.gateway.auth`)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -146,6 +148,10 @@ def create_app(gw: Gateway) -> FastAPI:
     for prefix, session in (("/v1", False), ("/sessions/{session_id}/v1", True)):
         _v1(app, gw, prefix, session)
     _sessions(app, gw)
+    if token is not None:
+        from astraflow.gateway.auth import BearerAuth
+
+        app.add_middleware(BearerAuth, token=token)
     return app
 
 

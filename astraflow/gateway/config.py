@@ -24,6 +24,9 @@ class GatewayConfig(Section):
 
     host: str = pydantic.Field("127.0.0.1", description="address to listen on")
     port: int = pydantic.Field(8000, ge=0, le=65535, description="port (0: any free port)")
+    token: str | None = pydantic.Field(
+        None, description="bearer token every request but /health must carry (the OpenAI "
+                          "SDK's api_key); default: $ASTRAFLOW_GATEWAY_TOKEN, else none")
     policies: list[str] | None = pydantic.Field(
         None, description="policies served (each a `model` name); default: rollout.policies, "
                           "else every policy of the run")

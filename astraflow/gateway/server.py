@@ -26,14 +26,14 @@ def _uvicorn() -> Any:
     return uvicorn
 
 
-def app_for(gateway: Any) -> Any:
-    """The ASGI app of ``gateway`` (:func:`astraflow.gateway.app.create_app`), or an error
-    that says how to install FastAPI."""
+def app_for(gateway: Any, *, token: str | None = None) -> Any:
+    """The ASGI app of ``gateway`` (:func:`astraflow.gateway.app.create_app`; ``token``: the
+    bearer token it requires), or an error that says how to install FastAPI."""
     try:
         from astraflow.gateway.app import create_app
     except ImportError as e:  # an optional dependency
         raise AstraflowError(f"the gateway needs {e.name}: {INSTALL_HINT}") from None
-    return create_app(gateway)
+    return create_app(gateway, token=token)
 
 
 def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8000,

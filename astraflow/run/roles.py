@@ -375,7 +375,12 @@ def serve_gateway(config: ExperimentConfig, out: str | Path = ".", *,
     try:
         gateway = build_gateway(config, out, bus=bus, policy=policy)
         try:
-            serve(app_for(gateway), host=host or config.gateway.host,
+            import os
+
+            from astraflow.gateway.auth import TOKEN_ENV
+
+            token = config.gateway.token or os.environ.get(TOKEN_ENV) or None
+            serve(app_for(gateway, token=token), host=host or config.gateway.host,
                   port=config.gateway.port if port is None else port)
         finally:
             for engine in gateway.engines.values():
