@@ -126,5 +126,6 @@ def load(path: str | Path, *, device: str = "cpu", dtype: Any = None) -> tuple[A
         raise ConfigError(f"model directory {p} has no config.json; build one with "
                           "astraflow.models.tiny.save() or give a Hugging Face model directory")
     tok = load_tokenizer(p) if _plain_tokenizer(p) else AutoTokenizer.from_pretrained(p)
-    model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or torch.float32).to(device)
+    model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or torch.float32,
+                                                 use_safetensors=True).to(device)
     return model, tok

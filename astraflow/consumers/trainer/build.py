@@ -77,7 +77,8 @@ def load_model(path: str | Path, device: torch.device) -> tuple[torch.nn.Module,
         raise ConfigError(f"model directory {p} has no config.json; set models.<policy>.path "
                           "to a Hugging Face model directory or models.<policy>.build to a "
                           "tiny model")
-    model = AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).to(device)
+    model = AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32,
+                                                 use_safetensors=True).to(device)
     pad = model.config.pad_token_id
     return model, int(pad) if pad is not None else 0
 
