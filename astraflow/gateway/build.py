@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from astraflow.consumers.rollout.config import SAMPLING_KEYS, RolloutConfig
 from astraflow.consumers.rollout.engines.base import Engine
-from astraflow.consumers.rollout.weights import WeightFollower
 from astraflow.core.errors import ConfigError
 from astraflow.core.metrics import MetricsEmitter, component_id
 from astraflow.gateway.config import GatewayConfig
@@ -51,8 +50,6 @@ def build_gateway(gc: GatewayConfig, rc: RolloutConfig, *, run: str, policies: S
     to rollout's :func:`~astraflow.consumers.rollout.service.build_engines` for the served
     policies; weights are followed when ``rollout.weights.enabled`` (``follow_weights``
     overrides) and an engine can take them."""
-    from astraflow.weights.config import build_syncer
-
     served = served_policies(gc, rc, policies, only)
     if engines is None:
         from astraflow.consumers.rollout.service import build_engines
@@ -66,16 +63,11 @@ def build_gateway(gc: GatewayConfig, rc: RolloutConfig, *, run: str, policies: S
                              interval=gc.metrics_interval)
     followers = []
     if rc.weights.enabled if follow_weights is None else follow_weights:
-        for policy, engine in engines.items():
-            target = engine.weight_target()
-            if target is None:
-                log.warning("policy=%s engine=%s takes no weight updates; its version stays "
-                            "at %d", policy, engine.name, engine.version)
-                continue
-            syncer = build_syncer(bus, weights, target, run=run, policy=policy,
-                                  worker=component, out=out)
-            followers.append(WeightFollower(syncer, engine=engine,
-                                            poll_interval=rc.weights.poll_interval).start())
+        from astraflow.consumers.rollout.service import build_followers
+
+        followers = [f.start() for f in build_followers(
+            engines, bus, weights, run=run, worker=component, out=out,
+            poll_interval=rc.weights.poll_interval)]
     store = SessionStore(bus, run=run, max_open_sessions=gc.max_open_sessions,
                          retry_after_s=gc.retry_after_s, claims=claims, worker_id=component,
                          metrics=metrics, idempotency_cache=gc.idempotency_cache,

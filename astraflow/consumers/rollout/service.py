@@ -31,6 +31,27 @@ if TYPE_CHECKING:
 log = logging.getLogger("astraflow.rollout")
 
 
+
+def build_followers(engines: Mapping[str, Engine], bus: Bus, weights: WeightsConfig, *, run: str,
+                    worker: str, out: str | Path = ".", poll_interval: float = 0.5
+                    ) -> list[WeightFollower]:
+    """A weight follower (not started) per engine that takes weight updates: what a rollout
+    worker and the gateway run to follow ``weights.<policy>``."""
+    from astraflow.weights.config import build_syncer
+
+    followers = []
+    for policy, engine in engines.items():
+        target = engine.weight_target()
+        if target is None:
+            log.warning("policy=%s engine=%s takes no weight updates; its version stays "
+                        "at %d", policy, engine.name, engine.version)
+            continue
+        syncer = build_syncer(bus, weights, target, run=run, policy=policy, worker=worker,
+                              out=out)
+        followers.append(WeightFollower(syncer, engine=engine, poll_interval=poll_interval))
+    return followers
+
+
 def build_engines(rc: RolloutConfig, *, policies: Sequence[str],
                   models: Mapping[str, ModelConfig], out: str | Path = ".") -> dict[str, Engine]:
     """One engine per hosted policy (``rc.policies``, default: every policy of the run,
@@ -65,7 +86,6 @@ def build_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
     either way they run at ``rc.engine.speed`` (:func:`~.engines.speed.slowed`).
     ``drain_max_staleness``: the run's staleness bounds (per policy), so that a draining
     worker releases the tasks its staleness filter would drop; None: it finishes all."""
-    from astraflow.weights.config import build_syncer
 
     out = Path(out)
     worker_id = worker_id or component_id("rollout")
@@ -82,18 +102,9 @@ def build_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
         default_workflow=rc.workflow.default,
         workflow_kwargs=rc.workflow.kwargs, engine_latency=rc.engine.latency,
         allow_workflow_paths=rc.workflow.allow_task_paths)
-    followers = []
-    if rc.weights.enabled:
-        for policy, engine in engines.items():
-            target = engine.weight_target()
-            if target is None:
-                log.warning("policy=%s engine=%s takes no weight updates; its version stays "
-                            "at %d", policy, engine.name, engine.version)
-                continue
-            syncer = build_syncer(bus, weights, target, run=run, policy=policy,
-                                  worker=worker_id, out=out)
-            followers.append(WeightFollower(syncer, engine=engine,
-                                            poll_interval=rc.weights.poll_interval))
+    followers = (build_followers(engines, bus, weights, run=run, worker=worker_id, out=out,
+                                 poll_interval=rc.weights.poll_interval)
+                 if rc.weights.enabled else [])
     return RolloutWorker(
         bus, runtime, run=run, worker_id=worker_id, group=rc.group_for(run), claims=claims,
         max_concurrent_episodes=rc.max_concurrent_episodes, episode_timeout=rc.episode_timeout,
