@@ -11,7 +11,9 @@ options, started by the first episode that needs it:
   workflow takes each episode's session and returns its drafts, and the worker produces,
   commits and drains them as it does any workflow's;
 * served by uvicorn on a thread of its own (its own event loop; calls cross to the worker's
-  loop with ``run_coroutine_threadsafe``), on 127.0.0.1 at a free port.
+  loop with ``run_coroutine_threadsafe``), on 127.0.0.1 at a free port, behind a bearer token
+  of its own (:attr:`LocalGateway.token`, the agents' ``api_key``): another process on the
+  host cannot put calls into an episode's session.
 
 It stops when its runtime is garbage collected or its worker's event loop has closed (checked
 when another starts), or on :meth:`LocalGateway.stop`.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -89,10 +92,11 @@ _CHECKED: dict[str, dict[str, Any]] = {}  # options as JSON -> their Gateway kwa
 class LocalGateway:
     """A started in-process gateway (see the module docstring); make one with :meth:`of`."""
 
-    def __init__(self, gw: Gateway, server: ServerThread, loop: asyncio.AbstractEventLoop
-                 ) -> None:
+    def __init__(self, gw: Gateway, server: ServerThread, loop: asyncio.AbstractEventLoop,
+                 token: str) -> None:
         self.gw = gw
         self.server = server
+        self.token = token
         self.loop = loop  # the worker's
         self.url = server.url
         self.pool = ThreadPoolExecutor(AGENT_THREADS, thread_name_prefix="af-agent")
@@ -164,9 +168,10 @@ async def _start(runtime: Runtime, kwargs: dict[str, Any]) -> LocalGateway:
     store = SessionStore(None, max_open_sessions=UNBOUNDED)
     gw = Gateway(runtime.engines, store, sampling=runtime.sampling, max_inflight=UNBOUNDED,
                  generate=bridge(runtime.batchers, loop), **kwargs)
-    server = await asyncio.to_thread(lambda: ServerThread(app_for(gw)).start())
+    token = secrets.token_urlsafe(32)
+    server = await asyncio.to_thread(lambda: ServerThread(app_for(gw, token=token)).start())
     log.info("agent gateway serving policies=%s at %s", ",".join(gw.policies), server.url)
-    return LocalGateway(gw, server, loop)
+    return LocalGateway(gw, server, loop, token)
 
 
 def _stop(entry: asyncio.Future[LocalGateway]) -> None:

@@ -7,18 +7,16 @@ about AstraFlow: the same function runs against any OpenAI-compatible endpoint
 (``episode(openai.OpenAI(), task)``).
 
 The check stands in for what a real agent checks with (a unit test, a calculator, a
-compiler): here it adds the two numbers of the question. The second user turn is
-``retry`` with ``{question}`` replaced: the tiny quickstart model's characters are digits and
-"+-*=" only, so the example config asks the question again; an instruction-following model
-would be told "That is not right. {question}".
+compiler): here it adds the two numbers of the question. The second user turn is ``retry``
+with ``{question}`` replaced: by default the question again, all the tiny quickstart model can
+read (digits and "+-*="); an instruction-following model would be told "That is not right.
+{question}".
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
-
-RETRY = "That is not right; give the final answer as a number. {question}"
 
 
 def check(question: str, answer: str) -> bool:
@@ -28,7 +26,7 @@ def check(question: str, answer: str) -> bool:
 
 
 def episode(client: Any, task: dict[str, Any], *, model: str = "default", tries: int = 2,
-            retry: str = RETRY) -> str:
+            retry: str = "{question}") -> str:
     """One episode of ``task`` (``task["prompt"]``: OpenAI chat messages); the final answer."""
     messages = list(task["prompt"])
     question = messages[-1]["content"]

@@ -144,12 +144,18 @@ def test_a_closed_session_refuses_late_calls(engine: Any) -> None:
         assert await local.open("late", {"task_id": "t"}) == "late.r1"  # taken: another id
         s = await local.take(sid)
         assert s.calls == {} and s.done
-        client = openai.AsyncOpenAI(base_url=local.base_url(sid), api_key="-", max_retries=0)
+        stranger = openai.AsyncOpenAI(base_url=local.base_url("late.r1"), api_key="-",
+                                      max_retries=0)
+        with pytest.raises(openai.AuthenticationError):  # only the workflow's clients get in
+            await stranger.chat.completions.create(model="default", messages=[
+                {"role": "user", "content": "hi"}])
+        client = openai.AsyncOpenAI(base_url=local.base_url(sid), api_key=local.token,
+                                    max_retries=0)
         with pytest.raises(openai.ConflictError) as e:
             await client.chat.completions.create(model="default", messages=[
                 {"role": "user", "content": "hi"}])
         assert e.value.body["code"] == "session_closed"
-        await local.take("late.r1")
+        assert (await local.take("late.r1")).calls == {}  # the stranger's call: not recorded
         await rt.close()
 
     asyncio.run(run())
@@ -172,3 +178,34 @@ def test_gateway_options_are_checked(engine: Any) -> None:
     (o,) = episodes(runtime(engine, "agent_helpers:two_turns",
                             gateway={"on_drift": "segment"}), [task(8)])
     assert o.error is None, o.error
+
+
+def test_the_evaluator_runs_the_agent_greedily(engine: Any) -> None:
+    """The evaluator's episodes (greedy_episodes: a Runtime of their own per evaluation, on an
+    event loop of their own) run the agent through a gateway of that runtime, greedily; the
+    gateway of a finished evaluation is stopped when the next one starts."""
+    import gc
+
+    from astraflow.consumers.episodes import greedy_episodes
+    from astraflow.gateway import local
+    from astraflow.producers.sources import TaskSpec
+
+    SAMPLED.clear()
+    specs = [TaskSpec(id=f"e{i}", prompt=[ChatMessage(role="user", content=f"{i}+1=")],
+                      reference={"answer": "x"}) for i in range(3)]
+    # the evaluator passes the agent no kwargs of its own: it returns its text (reward 0), not
+    # the 0.5 a worker would have it return
+    kwargs = {"agent": "agent_helpers:two_turns", "answer": 0.5}
+    first = greedy_episodes({"default": engine}, specs, workflow="openai_agent",
+                            workflow_kwargs=kwargs, max_new_tokens=4)
+    assert all(o.error is None and len(o.drafts) == 1 for o in first), [o.error for o in first]
+    assert all(o.drafts[0].reward == 0.0 for o in first)
+    again = dict(SAMPLED)
+    SAMPLED.clear()
+    second = greedy_episodes({"default": engine}, specs, workflow="openai_agent",
+                             workflow_kwargs=kwargs, max_new_tokens=4)
+    assert [o.drafts[0].token_ids for o in first] == [o.drafts[0].token_ids for o in second]
+    assert again == SAMPLED  # greedy: the same tokens both times
+    del first, second
+    gc.collect()  # the evaluations' runtimes: their gateways stop
+    assert local._RUNNING == {}

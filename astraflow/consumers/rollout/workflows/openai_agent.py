@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+import time
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -51,7 +52,6 @@ from astraflow.consumers.rollout.workflows.base import WORKFLOWS
 from astraflow.core.errors import AstraflowError
 from astraflow.core.records import Task
 
-API_KEY = "astraflow"  # the SDK wants one; the worker's gateway takes any
 AGENTS: Registry[Any] = Registry("agent")  # module paths resolved once
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:@-]")
 
@@ -106,21 +106,23 @@ async def openai_agent(ctx: EpisodeContext, task: Task, *, agent: str,
     # whole connection pool on every request); plain HTTP to 127.0.0.1: no SSL context to
     # load (16 ms a client), no proxy from the environment
     http = {"trust_env": False, "verify": False, "timeout": None}
+    start = time.monotonic()
     try:
         if inspect.iscoroutinefunction(fn):
             async with openai.DefaultAsyncHttpxClient(**http) as h:
-                client = openai.AsyncOpenAI(base_url=local.base_url(sid), api_key=API_KEY,
+                client = openai.AsyncOpenAI(base_url=local.base_url(sid), api_key=local.token,
                                             max_retries=0, http_client=h)
                 out = await fn(client, view, **kwargs)
         else:
             def play() -> Any:  # on an agent thread
                 with openai.DefaultHttpxClient(**http) as h:
-                    client = openai.OpenAI(base_url=local.base_url(sid), api_key=API_KEY,
+                    client = openai.OpenAI(base_url=local.base_url(sid), api_key=local.token,
                                            max_retries=0, http_client=h)
                     return fn(client, view, **kwargs)
 
             out = await asyncio.get_running_loop().run_in_executor(local.pool, play)
     finally:
+        ctx.timings["agent"] = time.monotonic() - start  # its calls' generations included
         session = await local.take(sid)
     ctx.count("gateway_calls", len(session.calls))
     ctx.count("gateway_drift", session.drift)
