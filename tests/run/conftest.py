@@ -1,0 +1,30 @@
+"""Fixtures of the end-to-end run tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def quickstart_warm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The quickstart's warm model: `astraflow run examples/quickstart.yaml`'s SFT warm-up (to
+    its band; ~110 s on 2 cores), then one RL step to end the run. Built once per session for
+    the tests that start RL from a warm model (``models.<policy>.path=...``,
+    ``models.<policy>.build=none``, ``launch.warmup.steps=0``)."""
+    out = tmp_path_factory.mktemp("quickstart-warm") / "run"
+    sets = ["trainer.max_steps=1", "launch.evaluate=false", "launch.timeout_s=300"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "astraflow.cli.app", "run", str(ROOT / "examples" /
+                                                             "quickstart.yaml"),
+         "--out", str(out), "--no-live", *[a for s in sets for a in ("--set", s)]],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    model = out / "models" / "default-warm"
+    assert (model / "config.json").exists(), proc.stdout[-4000:]
+    return model
