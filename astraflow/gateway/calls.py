@@ -125,11 +125,9 @@ def chat_spec(gw: Gateway, req: ChatRequest, sid: str | None = None) -> CallSpec
         return span_role(msgs[k + offset:]) if len(msgs) > k + offset else "other"
 
     def build(prompt: list[int], results: list[GenResult]) -> Built:
-        choices, all_pieces, hidden = [], [], []
-        for i, r in enumerate(results):
-            text = decode(tok, list(r.token_ids), skip_special=skip)
-            text = text if keep else trim_stop(text, stops)
-            hidden.append(hidden_tail(tok, r.token_ids, text, skip_special=skip))
+        texts, hidden = _texts(tok, results, stops, skip=skip, keep=keep)
+        choices, contents = [], []
+        for i, (r, text) in enumerate(zip(results, texts, strict=True)):
             calls = parse_calls(text, names) if tools else None
             content = text if calls is None else calls[0]
             message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -145,14 +143,10 @@ def chat_spec(gw: Gateway, req: ChatRequest, sid: str | None = None) -> CallSpec
             if req.logprobs:
                 choice["logprobs"] = {"content": chat_logprobs(tok, r.token_ids, r.logprobs,
                                                                req.top_logprobs or 0)}
-            if req.return_token_ids:
-                choice["token_ids"] = list(r.token_ids)
             choices.append(choice)
-            all_pieces.append(pieces(tok, r.token_ids, content, skip_special=skip))
-        body = _body("chat.completion", "chatcmpl", model, choices, prompt, results)
-        if req.return_token_ids:
-            body["prompt_token_ids"] = prompt
-        return Built(body, all_pieces, hidden)
+            contents.append(content)
+        return _built(req, tok, skip, ("chat.completion", "chatcmpl", model), prompt, results,
+                      choices, contents, hidden)
 
     return CallSpec("chat", policy, ids, n, _request(fields), build,
                     n_messages=len(req.messages), appended=appended, role=role)
@@ -188,27 +182,50 @@ def completion_spec(gw: Gateway, req: CompletionRequest, sid: str | None = None)
     model = req.model or policy
 
     def build(prompt: list[int], results: list[GenResult]) -> Built:
-        choices, all_pieces, hidden = [], [], []
-        for i, r in enumerate(results):
-            text = decode(tok, list(r.token_ids), skip_special=skip)
-            text = text if keep else trim_stop(text, stops)
-            hidden.append(hidden_tail(tok, r.token_ids, text, skip_special=skip))
+        texts, hidden = _texts(tok, results, stops, skip=skip, keep=keep)
+        choices = []
+        for i, (r, text) in enumerate(zip(results, texts, strict=True)):
             choice: dict[str, Any] = {"index": i, "text": text,
                                       "finish_reason": r.finish_reason, "logprobs": None}
             if req.logprobs is not None:
                 choice["logprobs"] = completion_logprobs(
                     tok, r.token_ids, r.logprobs, top=req.logprobs,
                     as_ids=bool(req.return_tokens_as_token_ids))
-            if req.return_token_ids:
-                choice["token_ids"] = list(r.token_ids)
             choices.append(choice)
-            all_pieces.append(pieces(tok, r.token_ids, text, skip_special=skip))
-        body = _body("text_completion", "cmpl", model, choices, prompt, results)
-        if req.return_token_ids:
-            body["prompt_token_ids"] = prompt
-        return Built(body, all_pieces, hidden)
+        return _built(req, tok, skip, ("text_completion", "cmpl", model), prompt, results,
+                      choices, texts, hidden)
 
     return CallSpec("completions", policy, ids, n, _request(fields), build)
+
+
+def _texts(tok: Any, results: Sequence[GenResult], stops: Sequence[str], *, skip: bool,
+           keep: bool) -> tuple[list[str], list[int]]:
+    """Each result's text (its stop string trimmed unless ``keep``) and how many of its
+    trailing tokens the text leaves out."""
+    texts, hidden = [], []
+    for r in results:
+        text = decode(tok, list(r.token_ids), skip_special=skip)
+        text = text if keep else trim_stop(text, stops)
+        texts.append(text)
+        hidden.append(hidden_tail(tok, r.token_ids, text, skip_special=skip))
+    return texts, hidden
+
+
+def _built(req: ChatRequest | CompletionRequest, tok: Any, skip: bool, kind: tuple[str, str, str],
+           prompt: list[int], results: Sequence[GenResult], choices: list[dict[str, Any]],
+           texts: Sequence[str], hidden: list[int]) -> Built:
+    """A route's answer: its ``choices`` (with their token ids when asked) in the body of
+    ``kind`` (object, id prefix, model), and for a stream each choice's text (``texts``) in
+    pieces, one per token."""
+    if req.return_token_ids:
+        for choice, r in zip(choices, results, strict=True):
+            choice["token_ids"] = list(r.token_ids)
+    body = _body(*kind, choices, prompt, results)
+    if req.return_token_ids:
+        body["prompt_token_ids"] = prompt
+    parts = [pieces(tok, r.token_ids, text, skip_special=skip)
+             for r, text in zip(results, texts, strict=True)] if req.stream else []
+    return Built(body, parts, hidden)
 
 
 def _body(obj: str, prefix: str, model: str, choices: list[dict[str, Any]],

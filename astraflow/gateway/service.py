@@ -280,13 +280,8 @@ class Gateway:
     async def reward(self, sid: str, reward: float, rewards: Mapping[str, float], *,
                      key: str | None) -> bytes:
         key = scoped("reward", key)
-        hit = self._closed_key(sid, key)
-        if hit is not None:
-            return hit
-        s = self.store.get(sid)
-        async with self.store.lock(sid):
-            if key and key in s.keys:
-                return s.keys[key]
+
+        async def record(s: Session) -> bytes:
             if s.reward is not None:
                 raise conflict(f"session {sid!r} already has its reward ({s.reward}); a "
                                "reward is given once", code="reward_already_set")
@@ -294,19 +289,15 @@ class Gateway:
                                        "done": s.ended})
             await self.store.record(s, kind="reward", reward=reward, rewards=dict(rewards),
                                     call_id=key or "", response=raw)
-            await self.store.finish(s)
-        return raw
+            return raw
+
+        return await self._keyed(sid, key, record)
 
     async def end(self, sid: str, reward: float | None, rewards: Mapping[str, float], *,
                   key: str | None) -> bytes:
         key = scoped("end", key)
-        hit = self._closed_key(sid, key)
-        if hit is not None:
-            return hit
-        s = self.store.get(sid)
-        async with self.store.lock(sid):
-            if key and key in s.keys:
-                return s.keys[key]
+
+        async def record(s: Session) -> bytes:
             if s.ended:
                 raise conflict(f"session {sid!r} has already ended", code="session_ended")
             if reward is not None:
@@ -317,11 +308,25 @@ class Gateway:
             raw = msgspec.json.encode({**self.store.info(s), "ended": True,
                                        "done": s.reward is not None})
             await self.store.record(s, kind="end", call_id=key or "", response=raw)
+            return raw
+
+        return await self._keyed(sid, key, record)
+
+    async def _keyed(self, sid: str, key: str | None,
+                     record: Callable[[Session], Awaitable[bytes]]) -> bytes:
+        """``record(session)`` under the session's lock, then its trajectories if it is done;
+        once per Idempotency-Key ``key``: a retry (also once the session is closed) is
+        answered the recorded response."""
+        hit = self.store.closed_key(sid, key) if key else None
+        if hit is not None:
+            return hit
+        s = self.store.get(sid)
+        async with self.store.lock(sid):
+            if key and key in s.keys:
+                return s.keys[key]
+            raw = await record(s)
             await self.store.finish(s)
         return raw
-
-    def _closed_key(self, sid: str, key: str | None) -> bytes | None:
-        return self.store.closed_key(sid, key) if key else None
 
 
 def scoped(route: str, key: str | None) -> str | None:
