@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from astraflow.core.bus.reader import OffsetRangeError
 from astraflow.core.bus.types import Bus, Message
 from astraflow.core.errors import BusError
 
@@ -49,7 +50,9 @@ def fetch(bus: Bus, topic: str, addresses: Iterable[tuple[int, int]], *,
     start = {p: (wanted[p][-1] if p in wanted else end) for p, end in ends.items()}
     try:
         reader = bus.reader(topic, start=start, client_id=client_id)
-    except BusError as e:  # a start before the first record still on the bus
+    except OffsetRangeError as e:  # a start before the first record still on the bus; any
+        # other BusError (the broker restarting) is the bus failing, raised as it is: calling
+        # it gone made the trainer dead-letter a whole batch for a moment's outage
         raise RecordGoneError(f"{topic}: some of {_fmt(_all(wanted))} are no longer on the "
                               f"bus ({e})") from e
     out: dict[tuple[int, int], Message] = {}

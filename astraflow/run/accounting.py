@@ -6,7 +6,8 @@ than trusting their counters). ``unaccounted`` must be 0 and ``trained_twice`` m
 A batch counts as trained by the trainer of policy ``q`` when it lies on ``batches.<q>``
 before the offset that trainer's consumer group committed (the trainer commits only what its
 newest checkpoint holds) and names ``q`` (``Batch.policy``; a trainer dead-letters a batch for
-another policy, so such a batch trained nothing). A batch id counts once per trainer, as the
+another policy, so such a batch trained nothing), and is not on the dead-letter topic (a batch
+whose records could not be fetched or decoded was consumed but trained nothing). A batch id counts once per trainer, as the
 trainer's own dedup window does. With several policies the result also has ``by_policy``
 (the same buckets per policy) and ``trained_by_wrong_trainer``: trajectories of policy ``p``
 trained by the trainer of another policy.
@@ -21,7 +22,15 @@ from typing import Any
 from astraflow.core.bus.reader import read_all
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import SchemaError
-from astraflow.core.records import Batch, GroupStats, Record, Trajectory, TrajectoryGroup, decode
+from astraflow.core.records import (
+    Batch,
+    DeadLetter,
+    GroupStats,
+    Record,
+    Trajectory,
+    TrajectoryGroup,
+    decode,
+)
 from astraflow.core.topics import group_name, topic_name
 
 CHECKS = ("produced", "unaccounted", "trained_twice", "trained_by_wrong_trainer")
@@ -39,12 +48,17 @@ def read_topic(bus: Bus, topic: str, kind: type[Record]) -> Iterator[tuple[int, 
             continue
 
 
-def trained_by(bus: Bus, config: Any) -> tuple[dict[str, list[str]], set[str]]:
+def trained_by(bus: Bus, config: Any) -> tuple[dict[str, list[str]], set[str], set[str]]:
     """Which trainers trained each trajectory (id → the policies of those trainers, one entry
-    per batch id that trained it), and the ids found in any batch (trained or not)."""
+    per batch id that trained it), the ids found in any batch (trained or not), and those of
+    batches a trainer dead-lettered."""
     run = config.run
     trainers: dict[str, list[str]] = defaultdict(list)
     batched: set[str] = set()
+    dead: set[str] = set()
+    # batches a trainer dead-lettered (their records gone, undecodable): consumed, not trained
+    dropped = {(d.topic, d.partition, d.offset)
+               for _, _, d in read_topic(bus, topic_name(run, "dlq"), DeadLetter)}
     for q in config.policies:
         topic = topic_name(run, "batches", q)
         consumed = bus.committed(group_name(run, "trainer", policy=q), topic)
@@ -52,18 +66,23 @@ def trained_by(bus: Bus, config: Any) -> tuple[dict[str, list[str]], set[str]]:
         for part, off, b in read_topic(bus, topic, Batch):
             ids = [i for g in b.groups if not g.replayed for i in g.ids()]
             batched.update(ids)
+            if (topic, part, off) in dropped:
+                dead.update(ids)
+                continue
             if off < consumed.get(part, 0) and b.policy == q and b.id not in seen:
                 seen.add(b.id)
                 for i in ids:
                     trainers[i].append(q)
-    return trainers, batched
+    return trainers, batched, dead
 
 
 def disposition(t: Trajectory, config: Any, *, trained: bool, batched: bool, grouped: bool,
-                stats: GroupStats | None) -> str:
+                stats: GroupStats | None, dead: bool = False) -> str:
     """The bucket of one trajectory (its group's stats: those of its policy's group)."""
     if trained:
         return "trained"
+    if dead:
+        return "dead-lettered with its batch by the trainer (see dlq)"
     if batched:
         return "in batches after the trainer stopped"
     if grouped:
@@ -101,7 +120,7 @@ def account(bus: Bus, config: Any) -> dict[str, Any]:
     for p in config.policies:
         for _, _, g in read_topic(bus, topic_name(run, "groups", p), TrajectoryGroup):
             grouped.update(g.ids())
-    trainers, batched = trained_by(bus, config)
+    trainers, batched, dead = trained_by(bus, config)
     out: Counter[str] = Counter()
     per: dict[str, Counter[str]] = {p: Counter() for p in config.policies}
     made: Counter[str] = Counter()  # per policy: produced, trained twice, by a wrong trainer
@@ -110,7 +129,8 @@ def account(bus: Bus, config: Any) -> dict[str, Any]:
     for tid, t in produced.items():
         by = trainers.get(tid, [])
         bucket = disposition(t, config, trained=bool(by), batched=tid in batched,
-                             grouped=tid in grouped, stats=stats.get((t.policy, t.agent, t.group_id)))
+                             grouped=tid in grouped, stats=stats.get((t.policy, t.agent, t.group_id)),
+                             dead=tid in dead)
         out[bucket] += 1
         per.setdefault(t.policy, Counter())[bucket] += 1
         made[t.policy] += 1

@@ -19,6 +19,12 @@ STARTS = ("earliest", "latest")
 Bounds = dict[int, tuple[int, int]]
 
 
+class OffsetRangeError(BusError):
+    """A reader was asked to start where the topic has no record: a partition it lacks, or an
+    offset outside the first record still on the bus .. the end. Unlike other BusErrors (the
+    bus unreachable or settling), asking again will not help."""
+
+
 def start_offsets(topic: str, start: ReaderStart, bounds: Bounds) -> dict[int, int]:
     """The offset a reader of ``topic`` reads first in each partition, for ``start``: a name in
     :data:`STARTS` or a mapping of partition to offset (partitions it leaves out start at the
@@ -37,7 +43,7 @@ def start_offsets(topic: str, start: ReaderStart, bounds: Bounds) -> dict[int, i
     problems = [problem for p, off in start.items()
                 if (problem := offset_problem(topic, p, off, bounds))]
     if problems:
-        raise BusError("; ".join(problems))
+        raise OffsetRangeError("; ".join(problems))
     return {**earliest, **start}
 
 
