@@ -364,9 +364,13 @@ class Injector:
     # -- weights -----------------------------------------------------------------------------
 
     def _blob_corrupt(self, fault: Fault) -> None:
-        blob = blob_to_corrupt(self.targets.weights)
+        after = max((f.details.get("version", 0) for f in self.faults
+                     if f.kind == "blob_corrupt" and f.skipped is None and f is not fault),
+                    default=0)
+        blob = blob_to_corrupt(self.targets.weights, after=after)
         if blob is None:
-            raise ChaosError(f"no delta weight blob under {[str(p) for p in self.targets.weights]}")
+            raise ChaosError(f"no delta weight blob past version {after} to corrupt (or none "
+                             f"behind a full snapshot yet) under {[str(p) for p in self.targets.weights]}")
         fault.target = str(blob)
         fault.details.update(version=blob_version(blob),
                              flipped=flip_bytes(blob, self.rng, n=16))
@@ -415,14 +419,22 @@ def blob_version(path: Path) -> int:
     return int(m.group(1)) if m else -1
 
 
-def blob_to_corrupt(dirs: Sequence[Path]) -> Path | None:
-    """The newest delta blob (``v<version>.delta.<hash>.afw``) of a version that has no full
-    snapshot: every route to that version or past it, until the next full snapshot, reads
-    it."""
+def blob_to_corrupt(dirs: Sequence[Path], *, after: int = 0) -> Path | None:
+    """The newest delta blob (``v<version>.delta.<hash>.afw``) of a version above ``after``
+    that has no full snapshot and is not the newest version (whose full may still be being
+    written): every route to that version or past it, until the next full snapshot, reads it.
+    None also while no full snapshot lies above ``after`` (a corruption at ``after`` is still
+    in every route: another one behind it would never be met)."""
     blobs = [(m, p) for d in dirs if Path(d).is_dir() for p in Path(d).iterdir()
              if (m := _BLOB.match(p.name))]
-    fulls = {(p.parent, m.group(1)) for m, p in blobs if m.group(2) == "full"}
-    deltas = [p for m, p in blobs if m.group(2) == "delta" and (p.parent, m.group(1)) not in fulls]
+    if not blobs:
+        return None
+    newest = max(int(m.group(1)) for m, _ in blobs)
+    fulls = {(p.parent, int(m.group(1))) for m, p in blobs if m.group(2) == "full"}
+    if after and not any(v > after for _, v in fulls):
+        return None
+    deltas = [p for m, p in blobs if m.group(2) == "delta" and after < int(m.group(1)) < newest
+              and (p.parent, int(m.group(1))) not in fulls]
     return max(deltas, key=blob_version, default=None)
 
 

@@ -54,10 +54,15 @@ def test_the_blob_corrupted_is_the_newest_delta_without_a_full(tmp_path: Path) -
     d = tmp_path / "default"
     d.mkdir()
     for name in ("v0000000001.full.aa.afw", "v0000000002.delta.bb.afw",
-                 "v0000000003.delta.cc.afw", "v0000000003.full.cc.afw"):
+                 "v0000000003.delta.cc.afw", "v0000000003.full.cc.afw",
+                 "v0000000004.delta.dd.afw"):  # the newest: its full may be on its way
         (d / name).write_bytes(bytes(range(256)) * 4)
     blob = blob_to_corrupt([d])
     assert blob is not None and blob.name == "v0000000002.delta.bb.afw"
+    # a corruption at 2 is passed only by the full at 3: nothing more to corrupt until a
+    # full lies above the last one corrupted
+    assert blob_to_corrupt([d], after=2) is None
+    assert blob_to_corrupt([d], after=3) is None
     before = blob.read_bytes()
     offsets = flip_bytes(blob, random.Random(0), n=8)
     after = blob.read_bytes()
