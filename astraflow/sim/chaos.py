@@ -435,7 +435,9 @@ def blob_to_corrupt(dirs: Sequence[Path], *, after: int = 0) -> Path | None:
         return None
     deltas = [p for m, p in blobs if m.group(2) == "delta" and after < int(m.group(1)) < newest
               and (p.parent, int(m.group(1))) not in fulls]
-    return max(deltas, key=blob_version, default=None)
+    # of a version's blobs, the newest: a restarted trainer publishes the versions after its
+    # checkpoint again, under new names, and workers follow the new manifests
+    return max(deltas, key=lambda p: (blob_version(p), p.stat().st_mtime_ns), default=None)
 
 
 def flip_bytes(path: Path, rng: random.Random, *, n: int = 16) -> list[int]:

@@ -134,7 +134,7 @@ REDUCED = ["--warm", "none", "--seconds", "50", "--bus", "embedded", "--hold", "
            "--set", "data.batch_size=4", "--set", "producer.n_samples=4",
            "--set", "launch.rollout_workers=1", "--set", "launch.evaluate=false",
            "--set", "data.max_staleness=4",
-           "--set", "trainer.checkpoint_every=3", "--set", "weights.full_every=8",
+           "--set", "trainer.checkpoint_every=3", "--set", "weights.full_every=20",
            # an untrained model scores 0: zero-advantage groups must still move the weights,
            # else every version is the same and the replay compares nothing
            "--set", "trainer.loss.entropy_coef=0.05",
@@ -148,11 +148,12 @@ def test_the_reduced_chaos_bench_survives(tmp_path: Path) -> None:
     from astraflow.sim.disk import can_mount
     from astraflow.sim.wan import find_toxiproxy
 
-    plan = ["8:kill", "12:kill_in_checkpoint", "16:kill_after_checkpoint", "20:blob_corrupt"]
+    plan = ["8:kill", "12:kill_in_checkpoint", "16:kill_after_checkpoint"]
+    if find_toxiproxy() is not None:
+        plan.append("20:link_cut")
     if can_mount() is None:
         plan.append("25:disk_full")
-    if find_toxiproxy() is not None:
-        plan.append("30:link_cut")
+    plan.append("30:blob_corrupt")  # last: a worker is held below it until the next full
     out = tmp_path / "chaos"
     code = bench.main([*REDUCED, "--out", str(out), "--startup", "0", "--plan", ",".join(plan)])
     result = json.loads((out / "chaos.json").read_text())
@@ -162,8 +163,13 @@ def test_the_reduced_chaos_bench_survives(tmp_path: Path) -> None:
     assert all(f["skipped"] is None for f in faults.values()), faults
     killed = {f["details"]["role_kind"] for f in result["faults"] if "role_kind" in f["details"]}
     assert len(killed) >= 2, killed  # kills of different role kinds
-    assert all(f["recovery_s"] is not None for f in faults.values()), faults
-    assert faults["blob_corrupt"]["details"]["detected"] >= 1
+    # the corrupted version is passed only at the next full snapshot, maybe after the run
+    assert all(f["recovery_s"] is not None for k, f in faults.items() if k != "blob_corrupt"), \
+        faults
+    blob = faults["blob_corrupt"]["details"]
+    # met and refused (heal lines), or passed over by a newer full snapshot before the
+    # restarted worker synced (then nothing read it): corruption_detected says which
+    assert blob["detected"] >= 1 or blob["superseded"], blob
     replay = result["checks"]["replay"]["default"]
     assert replay["ok"] and replay["steps"] >= 5 and replay["tensors_differing"] == 0
     acc = result["accounting"]
