@@ -78,6 +78,7 @@ class WeightServer(ThreadingHTTPServer):
         self.bytes_sent = 0  # blob bytes written to clients: this store's egress
         self.requests = 0  # GET and HEAD requests answered
         self.connections = 0  # connections open now
+        self.client_errors = 0  # connections that ended with the client gone (reset, pipe)
         self.refused = 0  # connections past the cap: answered 503 and closed
         self._count = threading.Lock()
         self._accept_failures = 0
@@ -85,6 +86,19 @@ class WeightServer(ThreadingHTTPServer):
             log.info("max_connections=%d lowered to %d by the descriptor limit (ulimit -n)",
                      max_connections, self.max_connections)
         super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-answer (a cut link, a worker killed) is routine: one
+        DEBUG line, not socketserver's traceback per connection; anything else is logged
+        with its traceback."""
+        import sys
+
+        err = sys.exc_info()[1]
+        if isinstance(err, ConnectionResetError | BrokenPipeError | TimeoutError):
+            log.debug("weight server: client %s went away: %s", client_address, err)
+            self.client_errors += 1
+            return
+        log.exception("weight server: error serving %s", client_address)
 
     def count(self, requests: int = 0, sent: int = 0) -> None:
         with self._count:
@@ -250,6 +264,7 @@ class _Handler(BaseHTTPRequestHandler):
                 remaining -= len(chunk)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             log.debug("client went away or stopped reading during %s", path)
+            self.server.client_errors += 1
             self.close_connection = True
 
 

@@ -194,3 +194,24 @@ def test_more_idle_sockets_than_descriptors_neither_spin_nor_starve(root: Path, 
             s.close()
         proc.kill()
         proc.wait()
+
+
+def test_a_client_gone_mid_answer_is_counted_without_a_traceback(
+        serve, root: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    (root / "p" / "big.afw").write_bytes(os.urandom(8 << 20))  # more than the socket buffers
+    srv = serve()
+    rst = b"\x01\x00\x00\x00\x00\x00\x00\x00"  # SO_LINGER 0: close() sends an RST
+    for _ in range(2):  # gone while the answer is written
+        s = connect(srv)
+        s.sendall(b"GET /p/big.afw HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.recv(1024)  # the answer has started
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, rst)
+        s.close()
+    s = connect(srv)  # gone in the middle of its request head
+    s.sendall(b"GET /p/big.afw HTTP/1.1\r\nHo")
+    time.sleep(0.2)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, rst)
+    s.close()
+    assert wait_for(lambda: srv.client_errors == 3, 10), srv.client_errors
+    assert "Traceback" not in capfd.readouterr().err
+    assert HttpStore(srv.url).read("p/blob.afw") == DATA  # still serving
