@@ -217,9 +217,18 @@ def follow(bus: Any, *, dlq: str, component: str, watch: VersionWatch,
 
     wait = 0.5 / max(1, len(syncers))
 
+    from astraflow.core.errors import BusError, WeightStoreError
+
     def tick() -> list[Any]:
         for policy, syncer in syncers.items():
-            watch.seen(policy, syncer.sync_once(timeout=wait))
+            try:
+                version = syncer.sync_once(timeout=wait)
+            except (BusError, WeightStoreError) as e:
+                # a cut link or a broker restart: the sync resumes at the next tick, rather
+                # than the evaluator exiting (and the supervisor restarting it from nothing)
+                log.warning("weight sync failed policy=%s (retried): %s", policy, e)
+                continue
+            watch.seen(policy, version)
         if watch.due():
             evaluate(watch.take())
         else:

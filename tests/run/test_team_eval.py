@@ -305,3 +305,58 @@ def test_team_evaluator_follows_each_policys_weights(tmp_path: Path, saying_no: 
         ev.close()
         pub.close()
         bus.close()
+
+
+def test_the_evaluator_outlives_a_failed_weight_sync(tmp_path) -> None:
+    """A weight download reset by a cut link is retried at the next tick, not the end of the
+    evaluator: a real syncer over a store that fails its first reads, on an embedded bus."""
+    import threading
+
+    import numpy as np
+
+    from astraflow.consumers.evaluator import VersionWatch, follow
+    from astraflow.core.bus import connect
+    from astraflow.core.errors import WeightStoreError
+    from astraflow.core.topics import run_topics
+    from astraflow.weights.http import HttpStore, make_server
+    from astraflow.weights.publisher import Publisher
+    from astraflow.weights.store import FileStore
+    from astraflow.weights.syncer import Syncer
+    from astraflow.weights.target import DictTarget
+
+    bus = connect(f"embedded://{tmp_path}/bus.db")
+    bus.create_topics(run_topics("ev", ["default"]))
+    store = FileStore(tmp_path / "store")
+    fails = {"left": 2}
+
+    class CutStore(HttpStore):
+        def _cut(self) -> None:
+            if fails["left"] > 0:
+                fails["left"] -= 1
+                raise WeightStoreError("connection reset by the link")
+
+        def open(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            self._cut()
+            return super().open(*args, **kwargs)
+
+        def read(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            self._cut()
+            return super().read(*args, **kwargs)
+
+    pub = Publisher(bus, run="ev", policy="default", store=store, dtype=None, background=False)
+    pub.publish({"w": np.ones(8, np.float32)}, 1)
+    srv = make_server(store.root)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
+    syncer = Syncer(bus, run="ev", policy="default", store=CutStore(srv.url),
+                    target=DictTarget({}))
+    evaluated: list[dict[str, int]] = []
+    follow(bus, dlq="af.ev.dlq", component="evaluator-test",
+           watch=VersionWatch(["default"], every=1), syncers={"default": syncer},
+           evaluate=evaluated.append, done=lambda: bool(evaluated), idle=lambda: None,
+           timeout=30, should_stop=lambda: False)
+    assert evaluated == [{"default": 1}] and fails["left"] == 0
+    srv.shutdown()
+    srv.server_close()
+    pub.close()
+    bus.close()
