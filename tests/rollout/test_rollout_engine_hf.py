@@ -95,9 +95,6 @@ def test_max_tokens_and_context_limit(engine: HFEngine) -> None:
     if len(r_long.token_ids) == 2:
         assert r_long.finish_reason == "length"
     assert r_full.token_ids == [] and r_full.finish_reason == "length"
-    assert r_full.error is None  # it fits, with no room left: a normal end
-    (over,) = engine.generate([GenRequest(tok("1" * 70)["input_ids"], max_new_tokens=5)])
-    assert over.token_ids == [] and "does not fit the model's context of 64" in over.error
 
 
 def test_stop_strings_match_across_tokens(ascii_tokenizer) -> None:

@@ -192,8 +192,6 @@ def test_context_limit_finishes_length(arith_dir: Path) -> None:
     short = engine.submit(GenRequest(tok("1+1=")["input_ids"], max_new_tokens=10))
     full = engine.submit(GenRequest(tok("1" * 63)["input_ids"], max_new_tokens=5))
     assert full.result(WAIT).token_ids == [] and full.result().finish_reason == "length"
-    over = engine.submit(GenRequest(tok("1" * 70)["input_ids"], max_new_tokens=5)).result(WAIT)
-    assert over.token_ids == [] and "does not fit the model's context" in (over.error or "")
     assert len(short.result(WAIT).token_ids) == 10
     wait_for(lambda: bool(late))
     r = late[0].result(WAIT)

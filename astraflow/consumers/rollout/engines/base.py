@@ -56,13 +56,6 @@ class GenResult:
     error: str | None = None
 
 
-def too_long(prompt_tokens: int, context: int) -> str:
-    """The error of a request whose prompt does not fit the model's context (its episode
-    fails, counted, rather than training on positions the model does not have)."""
-    return (f"prompt of {prompt_tokens} tokens does not fit the model's context of {context} "
-            "positions; shorten the task's prompt or use a model with a longer context")
-
-
 @runtime_checkable
 class Engine(Protocol):
     name: str

@@ -22,13 +22,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from astraflow.consumers.rollout.engines.base import (
-    ENGINES,
-    EngineError,
-    GenRequest,
-    GenResult,
-    too_long,
-)
+from astraflow.consumers.rollout.engines.base import ENGINES, EngineError, GenRequest, GenResult
 from astraflow.consumers.rollout.engines.sampling import StopChecker, eos_ids, sample
 from astraflow.consumers.rollout.engines.target import ModelTarget
 
@@ -221,10 +215,6 @@ class HFEngine:
         for i, r in enumerate(reqs):
             if not r.prompt_ids:
                 raise EngineError("empty prompt: a request needs at least one token")
-            if len(r.prompt_ids) > self.max_positions:  # the prompt itself does not fit
-                results[i] = GenResult([], [], [], "length", error=too_long(
-                    len(r.prompt_ids), self.max_positions))
-                continue
             limit = min(r.max_new_tokens, self.max_positions - len(r.prompt_ids))
             if limit <= 0:  # no room left in the context: nothing to generate
                 results[i] = GenResult([], [], [], "length")

@@ -30,7 +30,7 @@ from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
-from astraflow.consumers.rollout.engines.base import EngineError, GenRequest, GenResult, too_long
+from astraflow.consumers.rollout.engines.base import EngineError, GenRequest, GenResult
 from astraflow.consumers.rollout.engines.sampling import StopChecker, sample
 
 log = logging.getLogger("astraflow.rollout.hf")
@@ -137,10 +137,6 @@ class ContinuousDecoder:
         eng = self.engine
         if not req.prompt_ids:
             fut.set_exception(EngineError("empty prompt: a request needs at least one token"))
-            return fut
-        if len(req.prompt_ids) > eng.max_positions:  # the prompt itself does not fit
-            fut.set_result(GenResult([], [], [], "length",
-                                     error=too_long(len(req.prompt_ids), eng.max_positions)))
             return fut
         if min(req.max_new_tokens, eng.max_positions - len(req.prompt_ids)) <= 0:
             fut.set_result(GenResult([], [], [], "length"))  # no room left in the context
