@@ -61,10 +61,24 @@ def _check_unused(config: ExperimentConfig, bus: Any) -> None:
             "run directory")
 
 
+def _stop_on_signals() -> None:
+    """SIGINT and SIGTERM stop the run the same graceful way (KeyboardInterrupt: every role
+    stopped, the summary written), also when this process started with SIGINT ignored (nohup,
+    a background job of a script): otherwise SIGINT did nothing and SIGTERM ended this
+    process at once, leaving the roles, which run in sessions of their own, running."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
 def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
                    fresh: bool = True) -> int:
     from rich.console import Console
 
+    _stop_on_signals()
     console = Console()
     out = out.resolve()
     _prepare_out(out, fresh)
@@ -87,6 +101,9 @@ def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
             if rl is None:
                 return 1
         code = _rl_phase(rl, out, bus, sup, console, live=live, started=time.time())
+    except BaseException:
+        sup.stop()  # an interrupted warm-up, or an error: no role is left running unattended
+        raise
     finally:
         bus.close()
     return code

@@ -1,0 +1,66 @@
+"""`astraflow run` stops gracefully on SIGINT and on SIGTERM, also when it was started with
+SIGINT ignored (nohup, a background job of a script): every role stopped, the summary
+written. Before, SIGINT did nothing there and SIGTERM ended the orchestrator at once, leaving
+the roles (in sessions of their own) running unattended."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_every_role_and_writes_the_summary(tmp_path: Path, sig: int) -> None:
+    out = tmp_path / "run"
+    sets = ["launch.warmup.steps=0", "launch.evaluate=false", "launch.timeout_s=120",
+            "launch.stop_grace_s=10", f"run=sig{int(sig)}{os.getpid()}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "astraflow.cli.app", "run", str(ROOT / "examples" /
+                                                             "quickstart.yaml"),
+         "--out", str(out), "--no-live", *[a for s in sets for a in ("--set", s)]],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as under nohup
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.jsonl").exists() or not (out / "processes.json").exists():
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "the run started no role in time"
+            time.sleep(0.2)
+        pids = list(json.loads((out / "processes.json").read_text()).values())
+        time.sleep(2.0)  # the roles at work
+        proc.send_signal(sig)
+        text = proc.communicate(timeout=90)[0]
+        assert (out / "summary.json").exists(), text[-3000:]
+        assert "interrupted: stopping every role" in text, text[-3000:]
+        deadline = time.monotonic() + 15
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in pids if _alive(p)], "roles outlived the run"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in pids:
+            if _alive(p):
+                os.killpg(p, signal.SIGKILL)
