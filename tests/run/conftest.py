@@ -12,11 +12,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def quickstart_warm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quickstart's warm model: `astraflow run examples/quickstart.yaml`'s SFT warm-up (to
-    its band; ~110 s on 2 cores), then one RL step to end the run. Built once per session for
-    the tests that start RL from a warm model (``models.<policy>.path=...``,
-    ``models.<policy>.build=none``, ``launch.warmup.steps=0``)."""
+def quickstart_warmup(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run directory of `astraflow run examples/quickstart.yaml` with its SFT warm-up (to
+    its band; ~110 s on 2 cores) and one RL step to end the run. Run once per session:
+    test_quickstart_e2e checks its warm-up, and the tests that start RL from a warm model use
+    :func:`quickstart_warm`."""
     out = tmp_path_factory.mktemp("quickstart-warm") / "run"
     sets = ["trainer.max_steps=1", "launch.evaluate=false", "launch.timeout_s=300"]
     proc = subprocess.run(
@@ -25,6 +25,13 @@ def quickstart_warm(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "--out", str(out), "--no-live", *[a for s in sets for a in ("--set", s)]],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:]
-    model = out / "models" / "default-warm"
-    assert (model / "config.json").exists(), proc.stdout[-4000:]
-    return model
+    assert (out / "models" / "default-warm" / "config.json").exists(), proc.stdout[-4000:]
+    return out
+
+
+@pytest.fixture(scope="session")
+def quickstart_warm(quickstart_warmup: Path) -> Path:
+    """The quickstart's warm model (:func:`quickstart_warmup`), for the tests that start RL
+    from a warm model (``models.<policy>.path=...``, ``models.<policy>.build=none``,
+    ``launch.warmup.steps=0``)."""
+    return quickstart_warmup / "models" / "default-warm"

@@ -1,5 +1,7 @@
 """The main job end to end, through the real CLI: `astraflow run examples/quickstart.yaml`
-with a reduced budget, on the embedded bus (a rollout process SIGKILLed midway) and on Kafka."""
+with a reduced budget, on the embedded bus (a rollout process SIGKILLed midway) and on Kafka.
+The SFT warm-up runs once per session (the ``quickstart_warmup`` fixture: the same command, RL
+cut to one step); both RL runs here start from the model it landed on."""
 
 from __future__ import annotations
 
@@ -16,14 +18,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 # Reduced budget: the README's warm-up (SFT until held-out accuracy is inside the quickstart's
-# launch.warmup.target_accuracy), then 200 RL steps instead of 5 minutes (see `learned` for
-# what 200 steps do and do not reliably show).
+# launch.warmup.target_accuracy; the session's fixture), then 200 RL steps instead of 5 minutes
+# (see `learned` for what 200 steps do and do not reliably show).
 STEPS = 200
 BUDGET = [f"trainer.max_steps={STEPS}", "launch.eval_every=40", "launch.timeout_s=400"]
 
 
-def start_run(out: Path, *extra: str) -> subprocess.Popen[str]:
-    sets = [a for s in BUDGET for a in ("--set", s)]
+def start_run(out: Path, warmup: Path, *extra: str) -> subprocess.Popen[str]:
+    """The quickstart's RL phase from the warm model of the ``warmup`` run."""
+    warm = warmup / "models" / "default-warm"
+    sets = [a for s in [*BUDGET, f"models.default.path={warm}", "models.default.build=none",
+                        "launch.warmup.steps=0"] for a in ("--set", s)]
     return subprocess.Popen(
         [sys.executable, "-m", "astraflow.cli.app", "run", str(QUICKSTART), "--out", str(out),
          "--no-live", *sets, *extra], cwd=ROOT, stdout=subprocess.PIPE,
@@ -63,11 +68,6 @@ def check_run(out: Path, rc: int, output: str) -> dict:
     return summary
 
 
-#: the warm model of this module's embedded run, for the Kafka run to start RL from (the
-#: warm-up is the same code on either bus; this keeps CI minutes for the RL phase)
-WARM: dict[str, Path] = {}
-
-
 def rl_rewards(out: Path) -> list[float]:
     """The mean train reward of every RL step, in step order (the trainer's own log; the SFT
     warm-up's steps, batches ``<policy>-sft-<n>``, are left out; a step written twice by a
@@ -80,9 +80,26 @@ def rl_rewards(out: Path) -> list[float]:
     return [by_step[k] for k in sorted(by_step)]
 
 
-def learned(summary: dict, out: Path, *, warmed: bool = True) -> None:
+def landing(warmup: Path) -> tuple[float, tuple[float, float]]:
+    """The warm-up run's landing: (held-out accuracy at the check it stopped at, the band)."""
+    warm = json.loads((warmup / "summary.json").read_text())["warmup"]
+    landed = warm["policies"]["default"]
+    assert landed["outcome"] == "in_band", warm
+    low, high = warm["band"]
+    return landed["accuracy"], (low, high)
+
+
+def test_the_warm_up_lands_in_the_band(quickstart_warmup: Path) -> None:
+    accuracy, (low, high) = landing(quickstart_warmup)
+    assert low <= accuracy <= high
+    summary = json.loads((quickstart_warmup / "summary.json").read_text())
+    assert summary["failed_roles"] == [] and summary["trainer_steps"] == 1, summary
+
+
+def learned(out: Path, warmup: Path) -> None:
     """Both phases taught the model. The SFT warm-up: RL starts inside the configured band —
-    the evaluator's version 0 is the warm-up's landing check, on the same problems.
+    the evaluator's version 0 (the warm model) measures what the warm-up's landing check
+    measured, on the same problems.
 
     RL: the train reward (the objective GRPO climbs: 512 sampled completions a step) of the last
     50 steps is at least 0.02 above that of the first 25 (measured here over 200 steps: +0.047
@@ -101,19 +118,14 @@ def learned(summary: dict, out: Path, *, warmed: bool = True) -> None:
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
     assert (evals[-1] + evals[-2]) / 2 >= evals[0] - 0.08, evals
-    if not warmed:  # RL from an earlier run's warm model
-        return
-    warm = summary["warmup"]
-    low, high = warm["band"]
-    landed = warm["policies"]["default"]
-    assert landed["outcome"] == "in_band", warm
-    assert low <= evals[0] <= high and evals[0] == landed["accuracy"], (evals, landed)
+    assert evals[0] == landing(warmup)[0], evals
 
 
 @pytest.mark.slow
-def test_quickstart_runs_and_survives_a_killed_rollout_process(tmp_path: Path) -> None:
+def test_quickstart_runs_and_survives_a_killed_rollout_process(tmp_path: Path,
+                                                               quickstart_warmup: Path) -> None:
     out = tmp_path / "run"
-    proc = start_run(out)
+    proc = start_run(out, quickstart_warmup)
     killed = None
     deadline = time.monotonic() + 900
     while proc.poll() is None and time.monotonic() < deadline:
@@ -128,21 +140,17 @@ def test_quickstart_runs_and_survives_a_killed_rollout_process(tmp_path: Path) -
     rollout0 = summary["roles"]["rollout-0"]
     assert rollout0["restarts"] >= 1 and -signal.SIGKILL in rollout0["exit_codes"], rollout0
     assert "role rollout-0 died (exit -9); restarting" in output
-    learned(summary, out)
-    WARM["model"] = out / "models" / "default-warm"
+    learned(out, quickstart_warmup)
 
 
 @pytest.mark.slow
 @pytest.mark.kafka
-def test_the_same_experiment_on_kafka(tmp_path: Path, kafka_bootstrap: str) -> None:
+def test_the_same_experiment_on_kafka(tmp_path: Path, kafka_bootstrap: str,
+                                      quickstart_warmup: Path) -> None:
     out = tmp_path / "run"
-    warm = WARM.get("model")
-    from_warm = ["--set", f"models.default.path={warm}", "--set", "models.default.build=none",
-                 "--set", "launch.warmup.steps=0"] if warm is not None else []
-    proc = start_run(out, "--bus", f"kafka://{kafka_bootstrap}",
-                     "--set", f"run=qs{os.getpid()}",  # a fresh run (topics) on the shared broker
-                     *from_warm)
+    proc = start_run(out, quickstart_warmup, "--bus", f"kafka://{kafka_bootstrap}",
+                     "--set", f"run=qs{os.getpid()}")  # a fresh run (topics) on the shared broker
     output = proc.communicate(timeout=900)[0]
     summary = check_run(out, proc.returncode, output)
     assert all(r["restarts"] == 0 for r in summary["roles"].values()), summary["roles"]
-    learned(summary, out, warmed=warm is None)
+    learned(out, quickstart_warmup)
