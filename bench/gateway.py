@@ -4,10 +4,16 @@ engine called directly (the ceiling), at 1, 16 and 64 concurrent sessions.
     python bench/gateway.py                  # 1, 16, 64 sessions, 3 repeats, ~2-3 minutes
     python bench/gateway.py --quick          # fewer requests, 1 repeat
     python bench/gateway.py --record memory  # sessions recorded in memory only
+    python bench/gateway.py --model small --max-new-tokens 32 --requests 256  # ~5 minutes
 
-Both arms use the hf engine on the tiny arith model (built here, no download) behind one
-``Batcher`` (rollout's, the gateway's batching), the same prompt (``a+b=`` through the chat
-template) and the same sampling (temperature 1, ``--max-new-tokens``):
+Both arms use the hf engine on a model built here (no download) behind one ``Batcher``
+(rollout's, the gateway's batching), the same prompt (``a+b=`` through the chat template) and
+the same sampling (temperature 1, ``--max-new-tokens``). ``--model``: ``tiny`` is the
+quickstart's (0.5M parameters, 64 positions), whose 4-token completions cost the engine ~0.25
+ms each at 64 sessions, less than any Python HTTP stack takes to parse a request, so that arm
+measures the gateway's fixed cost per request; ``small`` (hidden 512, 4 layers, 13M parameters,
+256 positions) gives a completion an engine time nearer a real model's, where that fixed cost
+is what the gateway adds:
 
 * **direct**: ``--sessions`` coroutines, each awaiting ``batcher.generate`` ``--requests`` /
   sessions times in a row;
@@ -40,12 +46,20 @@ PROMPT = [{"role": "user", "content": "17+23="}]
 TURNS = 4  # calls per session
 
 
-def build_model(root: Path) -> Path:
+#: --model: build_model's sizes
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": {},
+    "small": {"hidden": 512, "layers": 4, "heads": 8, "intermediate": 2048,
+              "max_positions": 256},
+}
+
+
+def build_model(root: Path, size: str) -> Path:
     from astraflow.models.tiny import build_model as build
     from astraflow.models.tiny import build_tokenizer, save
 
     tok = build_tokenizer("arith")
-    return save(build(tok, seed=0), tok, root / "tiny-arith")
+    return save(build(tok, seed=0, **SIZES[size]), tok, root / f"{size}-arith")
 
 
 def summary(seconds: float, latencies: list[float]) -> dict[str, float]:
@@ -143,6 +157,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=512,
                     help="requests per measurement (at least 8 per session)")
     ap.add_argument("--max-new-tokens", type=int, default=4)
+    ap.add_argument("--model", choices=sorted(SIZES), default="tiny",
+                    help="the model's size (see the module's doc)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--record", choices=["memory", "bus"], nargs="+",
                     default=["memory", "bus"])
@@ -167,8 +183,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="af-bench-gateway-") as d:
         root = Path(d)
-        engine = build_engine("hf", model_path=build_model(root), threads=1,
+        engine = build_engine("hf", model_path=build_model(root, args.model), threads=1,
                               max_batch_size=256)
+        params = sum(p.numel() for p in engine.model.parameters()) / 1e6
         ids = render_prompt(engine.tokenizer, [ChatMessage(**m) for m in PROMPT])[1]
         bus = connect(f"embedded://{root}/bus.db") if "bus" in args.record else None
         served = {mode: Served(engine, bus if mode == "bus" else None) for mode in args.record}
@@ -210,7 +227,8 @@ def main() -> None:
             bus.close()
         engine.close()
 
-    print(f"# gateway bench: tiny arith model, hf engine (1 thread), temperature 1, max "
+    print(f"# gateway bench: {args.model} arith model ({params:.1f}M parameters), hf engine "
+          f"(1 thread), temperature 1, max "
           f"{args.max_new_tokens} new tokens, {args.requests} requests per measurement "
           f"(at least 8 per session), {'openai SDK' if args.sdk else 'httpx'} clients in a "
           f"process of their own, median of {args.repeats}\n")
