@@ -131,6 +131,18 @@ def through_gateway(url: str, tag: str, sessions: int, per: int, max_new: int, s
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def mean_batch(batcher: Any, before: tuple[int, int] | None = None
+               ) -> tuple[int, int] | float:
+    """The engine's mean batch since ``before`` (requests per batch; continuous: rows per
+    decoding step); without ``before``, the counts to pass as ``before`` later."""
+    decoder = getattr(batcher.engine, "decoder", None)
+    counts = ((decoder.row_steps, decoder.iterations) if decoder is not None
+              else (batcher.requests, batcher.batches))
+    if before is None:
+        return counts
+    return (counts[0] - before[0]) / max(1, counts[1] - before[1])
+
+
 class Served:
     """A gateway over ``engine`` served on a thread; its sessions in memory, or on ``bus``."""
 
@@ -157,6 +169,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=512,
                     help="requests per measurement (at least 8 per session)")
     ap.add_argument("--max-new-tokens", type=int, default=4)
+    ap.add_argument("--continuous", action="store_true",
+                    help="the hf engine batches continuously (rollout.engine.continuous), in "
+                         "both arms")
     ap.add_argument("--model", choices=sorted(SIZES), default="tiny",
                     help="the model's size (see the module's doc)")
     ap.add_argument("--repeats", type=int, default=3)
@@ -184,7 +199,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="af-bench-gateway-") as d:
         root = Path(d)
         engine = build_engine("hf", model_path=build_model(root, args.model), threads=1,
-                              max_batch_size=256)
+                              max_batch_size=256, continuous=args.continuous)
         params = sum(p.numel() for p in engine.model.parameters()) / 1e6
         ids = render_prompt(engine.tokenizer, [ChatMessage(**m) for m in PROMPT])[1]
         bus = connect(f"embedded://{root}/bus.db") if "bus" in args.record else None
@@ -195,18 +210,18 @@ def main() -> None:
         async def run_direct(sessions: int, per: int) -> dict[str, float]:
             batcher = Batcher(engine)
             try:
+                before = mean_batch(batcher)
                 out = await direct(batcher, ids, sessions, per, args.max_new_tokens)
-                return {**out, "batch": batcher.requests / max(1, batcher.batches)}
+                return {**out, "batch": mean_batch(batcher, before)}
             finally:
                 await batcher.close()
 
         def via(mode: str, tag: str, sessions: int, per: int) -> dict[str, float]:
             batcher = served[mode].gw._batchers["default"]
-            before = batcher.requests, batcher.batches
+            before = mean_batch(batcher)
             out = through_gateway(served[mode].srv.url, tag, sessions, per,
                                   args.max_new_tokens, args.sdk)
-            n, b = batcher.requests - before[0], batcher.batches - before[1]
-            return {**out, "batch": n / max(1, b)}
+            return {**out, "batch": mean_batch(batcher, before)}
 
         def measure(rep: int) -> None:
             for c in args.sessions:
@@ -228,7 +243,7 @@ def main() -> None:
         engine.close()
 
     print(f"# gateway bench: {args.model} arith model ({params:.1f}M parameters), hf engine "
-          f"(1 thread), temperature 1, max "
+          f"(1 thread{', continuous batching' if args.continuous else ''}), temperature 1, max "
           f"{args.max_new_tokens} new tokens, {args.requests} requests per measurement "
           f"(at least 8 per session), {'openai SDK' if args.sdk else 'httpx'} clients in a "
           f"process of their own, median of {args.repeats}\n")

@@ -32,6 +32,18 @@ def ascii_engine(ascii_dir: Path) -> Any:
 
 
 @pytest.fixture(scope="session")
+def ascii_continuous_engine(ascii_dir: Path) -> Iterator[Any]:
+    """The same model in an hf engine that batches continuously (requests join the running
+    batch between decoding steps): what `astraflow serve` runs with
+    ``rollout.engine.continuous: true``."""
+    from astraflow.consumers.rollout.engines import build_engine
+
+    engine = build_engine("hf", model_path=ascii_dir, threads=1, seed=3, continuous=True)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
 def ascii_tokenizer() -> Any:
     from astraflow.models.tiny import build_tokenizer
 

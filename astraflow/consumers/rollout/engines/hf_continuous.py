@@ -129,6 +129,7 @@ class ContinuousDecoder:
         self.iterations = 0  # scheduler iterations (boundaries)
         self.max_rows = 0  # most rows ever decoded together (tests, metrics)
         self.joins = 0  # newcomers merged into a batch that was already running
+        self.row_steps = 0  # rows summed over iterations (their mean: the mean batch)
         self.failures = 0  # steps whose forward failed (their rows failed)
 
     # -- the caller's side ---------------------------------------------------------------------
@@ -239,6 +240,7 @@ class ContinuousDecoder:
 
         eng = self.engine
         version = eng.version
+        self.row_steps += len(self.rows) + len(newcomers)
         logits_parts = []
         if self.rows:  # the running rows' decoding step
             self._att = torch.cat([self._att, torch.ones_like(self._att[:, :1])], dim=1)
