@@ -15,6 +15,10 @@ file system, and corrupts a published weight blob. Then it checks:
 
     python bench/chaos.py --warm runs/quickstart --seconds 420 --bus kafka --seed 1
     python bench/chaos.py --seconds 120 --bus embedded       # warm-up first, then chaos
+    python bench/chaos.py --config examples/solver_verifier.yaml --seconds 300 --bus kafka
+
+``--config``: another experiment than the quickstart, e.g. the solver + verifier team (every
+policy's trainer, batch stage and evaluator are killed too, and every trainer is replayed).
 
 Writes ``<out>/chaos.json`` (the fault log with recovery times, accounting, checks) and prints
 the "Faults survived" table (docs/chaos.md). Exit 1 when a check fails.
@@ -38,9 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from multimodel import ROOT, arm_config, make_warm, read_yaml, warm_models, write_yaml  # noqa: E402
 
+from astraflow.core.ports import free_ports  # noqa: E402
 from astraflow.sim.chaos import KINDS, Fault, Injector, Targets, schedule  # noqa: E402
 
-BASE = ROOT / "examples" / "quickstart.yaml"
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 LABELS = {
     "kill": "SIGKILL a random role (random moment)",
     "kill_in_checkpoint": "SIGKILL a trainer/stage while its checkpoint is written",
@@ -125,8 +130,8 @@ class Setup:
                 kinds.remove("broker_restart")
             listener = a.wan_listener
         else:
-            bind, advertised = _free_ports(2)
-            self.broker = LocalBroker(a.out / "kafka", port=_free_ports(1)[0],
+            bind, advertised = free_ports(2)
+            self.broker = LocalBroker(a.out / "kafka", port=free_ports(1)[0],
                                       extra_listeners={"CHAOS": (bind, f"127.0.0.1:{advertised}")})
             self.broker.start(timeout=120)
             self.direct_url = f"kafka://{self.broker.bootstrap}"
@@ -164,26 +169,14 @@ class Setup:
             keep = self.args.out / "kept"
             shutil.rmtree(keep, ignore_errors=True)
             keep.mkdir(parents=True)
-            for name in ("summary.json", "metrics.jsonl", "processes.json", "config-rl.yaml",
-                         "trainer-default.jsonl"):
+            for name in ("summary.json", "metrics.jsonl", "processes.json", "config-rl.yaml"):
                 if (self.run_dir / name).exists():
                     shutil.copy2(self.run_dir / name, keep / name)
+            for log in self.run_dir.glob("trainer-*.jsonl"):
+                shutil.copy2(log, keep / log.name)
             if (self.run_dir / "logs").exists():
                 shutil.copytree(self.run_dir / "logs", keep / "logs")
             self.disk.close()
-
-
-def _free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def targets(config: Any, run_dir: Path, setup: Setup) -> Targets:
@@ -558,9 +551,11 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--wan-listener", default=None, type=lambda s: (int(s.split(",")[0]),
                                                                   s.split(",")[1]),
                     help="BIND_PORT,ADVERTISED of that broker's extra listener to proxy")
+    ap.add_argument("--config", type=Path, default=QUICKSTART,
+                    help="the experiment run under faults (default: the quickstart)")
     ap.add_argument("--warm", type=Path, default=None,
-                    help="a finished run of the quickstart whose warm model to reuse; "
-                         "'none': RL from the model as built")
+                    help="a finished run of the experiment whose warm models to reuse; "
+                         "'none': RL from the models as built")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-chaos")
     ap.add_argument("--set", dest="sets", action="append", default=[],
                     help="config override (also for the warm-up)")
@@ -582,7 +577,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "faults.jsonl").unlink(missing_ok=True)
-    base = read_yaml(BASE)
+    base = read_yaml(args.config)
     if args.warm is not None and str(args.warm) == "none":
         from astraflow.core.config import apply_overrides
 
@@ -591,7 +586,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         warm = warm_models(args.warm or make_warm(base, args.sets, args.out))
         data = arm_config(base, args.sets, warm, seconds=args.seconds, latency=None,
-                          workflow="single_turn", latency_key="latency")
+                          workflow=base.get("rollout", {}).get("workflow", {}).get(
+                              "default", "single_turn"), latency_key="latency")
     from astraflow.core.config import apply_overrides
 
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]

@@ -15,6 +15,7 @@ import pytest
 
 from astraflow.core.broker import LocalBroker
 from astraflow.core.errors import BrokerError
+from astraflow.core.ports import free_ports
 
 EXTERNAL_KAFKA_ENV = "ASTRAFLOW_KAFKA_BOOTSTRAP"
 BACKENDS = ["embedded", pytest.param("kafka", marks=pytest.mark.kafka)]
@@ -47,7 +48,7 @@ def local_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loc
     # proxy; nothing listens on the advertised port otherwise, and nothing else uses it
     # and a SASL_PLAINTEXT listener (PLAIN, the users of SASL_USERS) for the tests that
     # check that security settings reach the Kafka clients
-    wan_bind, wan_proxy, sasl_port = _free_ports(3)
+    wan_bind, wan_proxy, sasl_port = free_ports(3)
     broker = LocalBroker(tmp_path_factory.mktemp("kafka-broker"),
                          extra_listeners={"WAN": (wan_bind, f"127.0.0.1:{wan_proxy}")},
                          sasl_port=sasl_port, sasl_users=SASL_USERS)
@@ -57,19 +58,6 @@ def local_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loc
         pytest.fail(f"could not start the local Kafka broker: {e}", pytrace=False)
     yield broker
     broker.stop()
-
-
-def _free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @pytest.fixture(scope="session")

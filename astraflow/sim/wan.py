@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -33,6 +32,7 @@ from urllib.parse import quote
 
 from astraflow.core.broker.jars import cache_dir, tail_text
 from astraflow.core.errors import AstraflowError
+from astraflow.core.ports import free_port
 
 log = logging.getLogger("astraflow.sim.wan")
 
@@ -229,12 +229,6 @@ class Proxy:
         self._api.call("DELETE", self._path)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Toxiproxy:
     """A ``toxiproxy-server`` child process and a client of its API, for a block::
 
@@ -279,7 +273,7 @@ class Toxiproxy:
         if not os.access(binary, os.X_OK):
             raise WanError(f"{binary} is not an executable file; {INSTALL_HINT}")
         for attempt in range(3):  # a free port can be taken before the server binds it
-            port = self.port or _free_port()
+            port = self.port or free_port()
             self._launch(binary, port)
             try:
                 self._wait_ready()

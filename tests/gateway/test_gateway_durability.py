@@ -18,6 +18,7 @@ import yaml
 from gateway_helpers import arrays, start
 
 from astraflow.core.bus import connect
+from astraflow.core.ports import free_port
 
 USER = [{"role": "user", "content": "Hello"}]
 
@@ -64,21 +65,13 @@ def test_a_new_gateway_ends_sessions_recorded_by_the_old_one(serve: Any, rule_en
         bus.close()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_sigkilled_serve_loses_no_answered_call(ascii_dir: Path, ascii_engine: Any,
                                                 tmp_path: Path) -> None:
     """``astraflow serve`` (the CLI, a real process) answers two turns and is killed with
     SIGKILL; a gateway over the same bus ends the session: both turns are in the trajectory,
     with the exact tokens the killed process sampled."""
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "exp.yaml"
     config.write_text(yaml.safe_dump({
         "run": "gw", "policies": ["default"],

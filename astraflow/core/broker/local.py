@@ -39,6 +39,7 @@ from astraflow.core.broker.jars import (
     tail_text,
 )
 from astraflow.core.errors import BrokerError
+from astraflow.core.ports import free_port
 
 log = logging.getLogger("astraflow.broker")
 
@@ -54,15 +55,6 @@ class BrokerStatus:
     bootstrap: str
     data_dir: Path
     log_file: Path
-
-
-def _free_port(exclude: int | None = None) -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port != exclude:
-            return int(port)
 
 
 def _port_free(port: int) -> bool:
@@ -116,9 +108,9 @@ class LocalBroker:
                  sasl_users: Mapping[str, str] | None = None) -> None:
         self.data_dir = Path(data_dir).expanduser().resolve()
         state = self._read_state()
-        self.port = int(port or state.get("port") or _free_port())
+        self.port = int(port or state.get("port") or free_port())
         self.controller_port = int(controller_port or state.get("controller_port")
-                                   or _free_port(exclude=self.port))
+                                   or free_port(exclude=self.port))
         if self.port == self.controller_port:
             raise BrokerError(f"port {self.port} given for both the broker and the controller")
         self.heap = heap
