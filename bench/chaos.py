@@ -364,22 +364,10 @@ def trajectories_by_address(bus: Any, run: str) -> dict[tuple[str, int, int], An
 
 def resolve_from(index: Mapping[tuple[str, int, int], Any], batch: Any) -> Any:
     """``batch`` with its references replaced by the trajectories of ``index``, as the
-    trainer's ``resolve`` builds it from the bus (same checks, same structure)."""
-    from astraflow.core.records import Batch, Group
+    trainer's ``resolve`` builds it from the bus (the same ``assemble``)."""
+    from astraflow.consumers.trainer.loop import assemble
 
-    groups = []
-    for g in batch.groups:
-        trajs = []
-        for r in g.refs:
-            t = index[(r.topic, r.partition, r.offset)]
-            if t.id != r.id:
-                raise SystemExit(f"batch {batch.id}: {r.topic}[{r.partition}]@{r.offset} holds "
-                                 f"{t.id}, the reference names {r.id}")
-            trajs.append(t)
-        groups.append(Group(group_id=g.group_id, task_id=g.task_id, replayed=g.replayed,
-                            trajectories=trajs or g.trajectories))
-    return Batch(id=batch.id, policy=batch.policy, seq=batch.seq, groups=groups,
-                 created_at=batch.created_at)
+    return assemble(batch, lambda topic, part, off: index[(topic, part, off)])
 
 
 def _logged_order(path: Path, seq: Sequence[Any]) -> list[str]:

@@ -363,8 +363,9 @@ class Trainer:
 
 def resolve(bus: Bus, batch: Batch, claims: BlobStore | None = None) -> Batch:
     """``batch`` with every group's referenced trajectories fetched from the bus (claim checks
-    resolved from ``claims``; copies kept as they are). Raises RecordGoneError when a referenced record is gone, SchemaError when
-    one does not decode or is not the trajectory its reference names."""
+    resolved from ``claims``; copies kept as they are). Raises RecordGoneError when a
+    referenced record is gone, SchemaError when one does not decode or is not the trajectory
+    its reference names."""
     by_topic: dict[str, list[tuple[int, int]]] = {}
     for g in batch.groups:
         for r in g.refs:
@@ -372,15 +373,22 @@ def resolve(bus: Bus, batch: Batch, claims: BlobStore | None = None) -> Batch:
     if not by_topic:
         return batch
     fetched = {topic: fetch(bus, topic, addresses) for topic, addresses in by_topic.items()}
+    return assemble(batch, lambda topic, part, off: decode(
+        unclaim(fetched[topic][(part, off)], claims).value, Trajectory))  # type: ignore[arg-type,return-value]
+
+
+def assemble(batch: Batch, trajectory: Callable[[str, int, int], Trajectory]) -> Batch:
+    """``batch`` with its references replaced by ``trajectory(topic, partition, offset)`` of
+    each (copies kept as they are); SchemaError when one is not the trajectory its reference
+    names. :func:`resolve` reads them from the bus; a replay may read them from an index."""
     groups = []
     for g in batch.groups:
         trajs = []
         for r in g.refs:
-            msg = unclaim(fetched[r.topic][(r.partition, r.offset)], claims)
-            t: Trajectory = decode(msg.value, Trajectory)  # type: ignore[assignment]
+            t = trajectory(r.topic, r.partition, r.offset)
             if t.id != r.id:
-                raise SchemaError(f"batch {batch.id!r}: {msg.origin} holds trajectory {t.id!r}, "
-                                  f"the reference names {r.id!r}")
+                raise SchemaError(f"batch {batch.id!r}: {r.topic}[{r.partition}]@{r.offset} "
+                                  f"holds trajectory {t.id!r}, the reference names {r.id!r}")
             trajs.append(t)
         groups.append(Group(group_id=g.group_id, task_id=g.task_id, replayed=g.replayed,
                             trajectories=trajs or g.trajectories))
