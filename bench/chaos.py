@@ -386,7 +386,22 @@ def _logged_order(path: Path, seq: Sequence[Any]) -> list[str]:
             if last.get(v + 1, b.id) != b.id]
 
 
-def detections(run_dir: Path, faults: Sequence[Fault]) -> None:
+def full_snapshots(bus: Any, config: Any) -> dict[str, list[tuple[int, float]]]:
+    """Per policy, every full snapshot published: (version, when), from the manifests on the
+    bus (the store prunes old blobs, the topic keeps them)."""
+    from astraflow.core.records import WeightManifest
+    from astraflow.core.topics import topic_name
+    from astraflow.run.accounting import read_topic
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for p in config.policies:
+        out[p] = sorted((m.version, m.created_at) for _, _, m in read_topic(
+            bus, topic_name(config.run, "weights", p), WeightManifest) if m.kind == "full")
+    return out
+
+
+def detections(run_dir: Path, faults: Sequence[Fault],
+               fulls: Mapping[str, Sequence[tuple[int, float]]]) -> None:
     """Each ``blob_corrupt`` fault's evidence in the role logs: the syncers' ``heal`` warnings
     naming the corrupted version, logged after the corruption (``details["detected"]``)."""
     import datetime
@@ -407,24 +422,18 @@ def detections(run_dir: Path, faults: Sequence[Fault]) -> None:
             f.details["detected"] = len(hits)
             f.details["detected_by"] = sorted({r for r, _ in hits})
             f.details["first_detection_s"] = min((d for _, d in hits), default=None)
-            f.details["superseded"] = superseded(f)
+            f.details["superseded"] = superseded(f, fulls.get(Path(f.target).parent.name, ()))
 
 
-def superseded(f: Fault) -> bool:
+def superseded(f: Fault, fulls: Sequence[tuple[int, float]]) -> bool:
     """Was the corrupted blob passed over rather than met: a full snapshot of a later version
-    was written before the worker restarted through it synced past the version (its route
-    then starts at that full and never reads the blob)?"""
-    import re
-
+    (``fulls``: its policy's, (version, published at)) was published before the worker
+    restarted through it synced past the version (its route then starts at that full and never
+    reads the blob)?"""
     if f.recovery_s is None:
         return False
     synced = f.t + f.recovery_s
-    blob = Path(f.target)
-    for p in blob.parent.glob("v*.full.*.afw"):
-        m = re.match(r"v(\d+)\.full\.", p.name)
-        if m and int(m.group(1)) > f.details.get("version", 0) and p.stat().st_mtime <= synced:
-            return True
-    return False
+    return any(v > f.details.get("version", 0) and at <= synced for v, at in fulls)
 
 
 def crash_loops(summary: Mapping[str, Any], causes: Mapping[str, Mapping[str, Any]]
@@ -449,7 +458,7 @@ def check(bus: Any, config: Any, run_dir: Path, injector: Injector, rc: int,
     acc = summary.get("accounting") or account(bus, config)
     beats = heartbeats(bus, config.run)
     recover(injector.faults, beats, injector.pid_history)
-    detections(run_dir, injector.faults)
+    detections(run_dir, injector.faults, full_snapshots(bus, config))
     causes = restarts(injector.faults, injector.pid_history, config.policies)
     back = versions_backwards(beats) + recorded_versions_backwards(bus, config.run)
     loops = crash_loops(summary, causes)
