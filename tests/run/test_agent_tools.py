@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from run_helpers import check_finished
 
 from astraflow.config import load_experiment
 from astraflow.consumers.episodes import episode_accuracy, greedy_episodes
@@ -133,13 +134,7 @@ def run_example(out: Path, *extra: str, steps: int = STEPS, timeout: float = 900
 def check_run(out: Path, rc: int, output: str, *, steps: int = STEPS) -> list[float]:
     """The run made ``steps`` steps, every trajectory accounted for (none lost, none trained
     twice), its evaluations ran the episode. Returns the evaluations."""
-    assert rc == 0, output[-4000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["failed_roles"] == [], summary["roles"]
-    assert summary["trainer_steps"] == steps
-    acc = summary["accounting"]
-    assert acc["unaccounted"] == 0 and acc["trained_twice"] == 0, acc
-    assert acc["trained"] == steps * 32 * 8, acc  # every batch: 32 groups × 8 episodes
+    check_finished(out, rc, output, steps=steps, per_step=32 * 8)  # 32 groups × 8 episodes
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     lines = [r for r in rows if "eval_accuracy" in r]
     assert {(r["kind"], r["eval_temperature"]) for r in lines} == {("episode", 1.0)}

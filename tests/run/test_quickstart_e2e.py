@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from run_helpers import check_finished, rl_rewards
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
@@ -47,13 +48,9 @@ def trainer_step(out: Path) -> int:
 
 
 def check_run(out: Path, rc: int, output: str) -> dict:
-    assert rc == 0, output[-4000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["failed_roles"] == [], summary["roles"]
-    assert summary["trainer_steps"] == STEPS
+    # every trained batch: 64 groups × 8 trajectories
+    summary = check_finished(out, rc, output, steps=STEPS, per_step=64 * 8)
     acc = summary["accounting"]
-    assert acc["unaccounted"] == 0 and acc["trained_twice"] == 0, acc
-    assert acc["trained"] == STEPS * 64 * 8  # every trained batch: 64 groups × 8 trajectories
     assert acc["produced"] == sum(v for k, v in acc.items()
                                   if k not in ("produced", "unaccounted", "trained_twice"))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -66,18 +63,6 @@ def check_run(out: Path, rc: int, output: str) -> dict:
     assert (out / "final" / "default" / "model.safetensors").exists()
     assert (out / "config.yaml").exists() and (out / "logs" / "trainer-default.log").exists()
     return summary
-
-
-def rl_rewards(out: Path) -> list[float]:
-    """The mean train reward of every RL step, in step order (the trainer's own log; the SFT
-    warm-up's steps, batches ``<policy>-sft-<n>``, are left out; a step written twice by a
-    restarted trainer counts once)."""
-    by_step: dict[int, float] = {}
-    for line in (out / "trainer-default.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if "reward_mean" in row and "-sft-" not in row["batch_id"]:
-            by_step[int(row["step"])] = float(row["reward_mean"])
-    return [by_step[k] for k in sorted(by_step)]
 
 
 def landing(warmup: Path) -> tuple[float, tuple[float, float]]:
