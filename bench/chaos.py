@@ -130,8 +130,8 @@ class Setup:
                 kinds.remove("broker_restart")
             listener = a.wan_listener
         else:
-            bind, advertised = free_ports(2)
-            self.broker = LocalBroker(a.out / "kafka", port=free_ports(1)[0],
+            bind, advertised, port = free_ports(3)  # three distinct ports
+            self.broker = LocalBroker(a.out / "kafka", port=port,
                                       extra_listeners={"CHAOS": (bind, f"127.0.0.1:{advertised}")})
             self.broker.start(timeout=120)
             self.direct_url = f"kafka://{self.broker.bootstrap}"
@@ -485,13 +485,12 @@ def check(bus: Any, config: Any, run_dir: Path, injector: Injector, rc: int,
 
 # -- the table -----------------------------------------------------------------------------------
 
-DEAD = "dead-lettered with its batch by the trainer (see dlq)"
-
-
 def lost(acc: Mapping[str, Any]) -> int:
     """Trajectories lost to training: unaccounted, or consumed by the trainer in a batch it
     dead-lettered (its records could not be fetched)."""
-    return int(acc.get("unaccounted", 0)) + int(acc.get(DEAD, 0))
+    from astraflow.run.accounting import DEAD_LETTERED
+
+    return int(acc.get("unaccounted", 0)) + int(acc.get(DEAD_LETTERED, 0))
 
 
 def fault_rows(faults: Sequence[Fault], acc: Mapping[str, Any]) -> list[dict[str, Any]]:

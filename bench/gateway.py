@@ -131,16 +131,18 @@ def through_gateway(url: str, tag: str, sessions: int, per: int, max_new: int, s
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def mean_batch(batcher: Any, before: tuple[int, int] | None = None
-               ) -> tuple[int, int] | float:
-    """The engine's mean batch since ``before`` (requests per batch; continuous: rows per
-    decoding step); without ``before``, the counts to pass as ``before`` later."""
+def batch_counts(batcher: Any) -> tuple[int, int]:
+    """(requests, batches) the engine has run so far; continuous: (rows, decoding steps)."""
     decoder = getattr(batcher.engine, "decoder", None)
-    counts = ((decoder.row_steps, decoder.iterations) if decoder is not None
-              else (batcher.requests, batcher.batches))
-    if before is None:
-        return counts
-    return (counts[0] - before[0]) / max(1, counts[1] - before[1])
+    if decoder is not None:
+        return decoder.row_steps, decoder.iterations
+    return batcher.requests, batcher.batches
+
+
+def mean_batch(batcher: Any, before: tuple[int, int]) -> float:
+    """The engine's mean batch since :func:`batch_counts` gave ``before``."""
+    rows, batches = batch_counts(batcher)
+    return (rows - before[0]) / max(1, batches - before[1])
 
 
 class Served:
@@ -210,7 +212,7 @@ def main() -> None:
         async def run_direct(sessions: int, per: int) -> dict[str, float]:
             batcher = Batcher(engine)
             try:
-                before = mean_batch(batcher)
+                before = batch_counts(batcher)
                 out = await direct(batcher, ids, sessions, per, args.max_new_tokens)
                 return {**out, "batch": mean_batch(batcher, before)}
             finally:
@@ -218,7 +220,7 @@ def main() -> None:
 
         def via(mode: str, tag: str, sessions: int, per: int) -> dict[str, float]:
             batcher = served[mode].gw._batchers["default"]
-            before = mean_batch(batcher)
+            before = batch_counts(batcher)
             out = through_gateway(served[mode].srv.url, tag, sessions, per,
                                   args.max_new_tokens, args.sdk)
             return {**out, "batch": mean_batch(batcher, before)}

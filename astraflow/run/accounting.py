@@ -7,8 +7,8 @@ A batch counts as trained by the trainer of policy ``q`` when it lies on ``batch
 before the offset that trainer's consumer group committed (the trainer commits only what its
 newest checkpoint holds) and names ``q`` (``Batch.policy``; a trainer dead-letters a batch for
 another policy, so such a batch trained nothing), and is not on the dead-letter topic (a batch
-whose records could not be fetched or decoded was consumed but trained nothing). A batch id counts once per trainer, as the
-trainer's own dedup window does. With several policies the result also has ``by_policy``
+whose records could not be fetched or decoded was consumed but trained nothing). A batch id
+counts once per trainer, as the trainer's own dedup window does. With several policies the result also has ``by_policy``
 (the same buckets per policy) and ``trained_by_wrong_trainer``: trajectories of policy ``p``
 trained by the trainer of another policy.
 """
@@ -34,6 +34,8 @@ from astraflow.core.records import (
 from astraflow.core.topics import group_name, topic_name
 
 CHECKS = ("produced", "unaccounted", "trained_twice", "trained_by_wrong_trainer")
+#: the bucket of trajectories consumed by a trainer in a batch it dead-lettered
+DEAD_LETTERED = "dead-lettered with its batch by the trainer (see dlq)"
 """Keys of :func:`account` that are not a disposition: every other int key is one, and they
 sum to ``produced`` (``by_policy`` is the per-policy breakdown)."""
 
@@ -82,7 +84,7 @@ def disposition(t: Trajectory, config: Any, *, trained: bool, batched: bool, gro
     if trained:
         return "trained"
     if dead:
-        return "dead-lettered with its batch by the trainer (see dlq)"
+        return DEAD_LETTERED
     if batched:
         return "in batches after the trainer stopped"
     if grouped:

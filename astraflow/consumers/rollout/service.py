@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("astraflow.rollout")
 
 
-
 def build_followers(engines: Mapping[str, Engine], bus: Bus, weights: WeightsConfig, *, run: str,
                     worker: str, out: str | Path = ".", poll_interval: float = 0.5
                     ) -> list[WeightFollower]:
@@ -86,7 +85,6 @@ def build_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
     either way they run at ``rc.engine.speed`` (:func:`~.engines.speed.slowed`).
     ``drain_max_staleness``: the run's staleness bounds (per policy), so that a draining
     worker releases the tasks its staleness filter would drop; None: it finishes all."""
-
     out = Path(out)
     worker_id = worker_id or component_id("rollout")
     for module in rc.workflow.modules:
