@@ -386,22 +386,25 @@ def _logged_order(path: Path, seq: Sequence[Any]) -> list[str]:
             if last.get(v + 1, b.id) != b.id]
 
 
-def full_snapshots(bus: Any, config: Any) -> dict[str, list[tuple[int, float]]]:
-    """Per policy, every full snapshot published: (version, when), from the manifests on the
-    bus (the store prunes old blobs, the topic keeps them)."""
+#: a published manifest as :func:`superseded` reads it: (version, kind, when, blob file name)
+Published = tuple[int, str, float, str]
+
+
+def published(bus: Any, config: Any) -> dict[str, list[Published]]:
+    """Per policy, every manifest published, from the bus (the store prunes old blobs, the
+    topic keeps them)."""
     from astraflow.core.records import WeightManifest
     from astraflow.core.topics import topic_name
     from astraflow.run.accounting import read_topic
 
-    out: dict[str, list[tuple[int, float]]] = {}
-    for p in config.policies:
-        out[p] = sorted((m.version, m.created_at) for _, _, m in read_topic(
-            bus, topic_name(config.run, "weights", p), WeightManifest) if m.kind == "full")
-    return out
+    return {p: [(m.version, m.kind, m.created_at, Path(m.tensors[0].uri).name)
+                for _, _, m in read_topic(bus, topic_name(config.run, "weights", p),
+                                          WeightManifest)]
+            for p in config.policies}
 
 
 def detections(run_dir: Path, faults: Sequence[Fault],
-               fulls: Mapping[str, Sequence[tuple[int, float]]]) -> None:
+               manifests: Mapping[str, Sequence[Published]]) -> None:
     """Each ``blob_corrupt`` fault's evidence in the role logs: the syncers' ``heal`` warnings
     naming the corrupted version, logged after the corruption (``details["detected"]``)."""
     import datetime
@@ -422,18 +425,24 @@ def detections(run_dir: Path, faults: Sequence[Fault],
             f.details["detected"] = len(hits)
             f.details["detected_by"] = sorted({r for r, _ in hits})
             f.details["first_detection_s"] = min((d for _, d in hits), default=None)
-            f.details["superseded"] = superseded(f, fulls.get(Path(f.target).parent.name, ()))
+            f.details["superseded"] = superseded(
+                f, manifests.get(Path(f.target).parent.name, ()))
 
 
-def superseded(f: Fault, fulls: Sequence[tuple[int, float]]) -> bool:
-    """Was the corrupted blob passed over rather than met: a full snapshot of a later version
-    (``fulls``: its policy's, (version, published at)) was published before the worker
-    restarted through it synced past the version (its route then starts at that full and never
-    reads the blob)?"""
+def superseded(f: Fault, manifests: Sequence[Published]) -> bool:
+    """Was the corrupted blob passed over rather than met: before the worker restarted through
+    it synced past its version, was there published (``manifests``: its policy's) a full
+    snapshot of a later version (routes then start at that full), or the same version again
+    under another name (a trainer restarted from a checkpoint before it; routes take the later
+    manifest)? Then no route reads the blob."""
     if f.recovery_s is None:
         return False
     synced = f.t + f.recovery_s
-    return any(v > f.details.get("version", 0) and at <= synced for v, at in fulls)
+    version, name = f.details.get("version", 0), Path(f.target).name
+    mine = min((at for _, _, at, uri in manifests if uri == name), default=None)
+    return any(at <= synced and ((kind == "full" and v > version) or (
+        v == version and kind == "delta" and uri != name and mine is not None and at > mine))
+        for v, kind, at, uri in manifests)
 
 
 def crash_loops(summary: Mapping[str, Any], causes: Mapping[str, Mapping[str, Any]]
@@ -458,7 +467,7 @@ def check(bus: Any, config: Any, run_dir: Path, injector: Injector, rc: int,
     acc = summary.get("accounting") or account(bus, config)
     beats = heartbeats(bus, config.run)
     recover(injector.faults, beats, injector.pid_history)
-    detections(run_dir, injector.faults, full_snapshots(bus, config))
+    detections(run_dir, injector.faults, published(bus, config))
     causes = restarts(injector.faults, injector.pid_history, config.policies)
     back = versions_backwards(beats) + recorded_versions_backwards(bus, config.run)
     loops = crash_loops(summary, causes)
