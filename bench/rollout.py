@@ -111,6 +111,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--continuous", action="store_true",
                     help="the hf engine's continuous batching (rollout.engine.continuous)")
+    ap.add_argument("--process", action="store_true",
+                    help="the worker's engine decodes in a process of its own "
+                         "(rollout.engine.process); the ceiling stays the in-process engine")
     args = ap.parse_args()
     if args.quick:
         args.tasks, args.repeats = 64, 2
@@ -122,14 +125,19 @@ def main() -> None:
         root = Path(d)
         engine = build_engine("hf", model_path=build_model(root), threads=args.threads,
                               max_batch_size=args.batch, continuous=args.continuous)
+        worker_engine = (build_engine("hf", model_path=root / "tiny-arith", threads=args.threads,
+                                      max_batch_size=args.batch, process=True)
+                         if args.process else engine)
         task_list = tasks(args.tasks, args.samples)
         ceiling(engine, task_list[:16], args.batch, args.max_new_tokens)  # warm-up
+        ceiling(worker_engine, task_list[:16], args.batch, args.max_new_tokens)
         rows: dict[str, list[tuple[float, float]]] = {"ceiling": [], "worker": []}
         batches = []
         for _ in range(args.repeats):  # interleaved, so drifts hit both sides alike
             s, e, k = ceiling(engine, task_list, args.batch, args.max_new_tokens)
             rows["ceiling"].append((e / s, k / s))
-            s, e, k, mb = worker_run(engine, task_list, concurrency, args.max_new_tokens, root)
+            s, e, k, mb = worker_run(worker_engine, task_list, concurrency,
+                                     args.max_new_tokens, root)
             rows["worker"].append((e / s, k / s))
             batches.append(mb)
     med = {name: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v))

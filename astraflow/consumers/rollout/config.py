@@ -58,6 +58,11 @@ class EngineConfig(Section):
         False, description="hf: continuous batching (iteration-level scheduling): a request "
                            "joins the running batch at the next decoding step instead of "
                            "waiting for the batch to finish (episodes back from a tool call)")
+    process: bool = pydantic.Field(
+        False, description="hf on the CPU, static batching: decode in a process of its own, "
+        "on weights shared with the worker's process, so that the worker's Python (episodes, "
+        "records, the bus) does not take turns with the engine's under one interpreter lock "
+        "(bench/rollout.py measures it); weight updates still land between decoding steps")
     latency: Any = pydantic.Field(
         None, description="emulated extra seconds per generate request, waited before the "
         "request reaches the engine without holding a core (a latency spec: a number, or "

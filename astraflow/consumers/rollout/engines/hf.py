@@ -278,4 +278,19 @@ class HFEngine:
         return results  # type: ignore[return-value]
 
 
-ENGINES.add("hf", HFEngine)
+def build(model_path: str | Path | None = None, *, process: bool = False, **kwargs: Any) -> Any:
+    """The ``hf`` engine factory: in-process, or with ``process`` (``rollout.engine.process``)
+    decoding in a process of its own (:mod:`~.hf_process`)."""
+    if not process:
+        return HFEngine(model_path, **kwargs)
+    if kwargs.get("continuous"):
+        raise EngineError("rollout.engine.process and rollout.engine.continuous do not go "
+                          "together: the continuous engine schedules itself in-process")
+    if model_path is None:
+        raise EngineError("rollout.engine.process needs a model directory (model_path)")
+    from astraflow.consumers.rollout.engines.hf_process import ProcessEngine
+
+    return ProcessEngine(model_path, **kwargs)
+
+
+ENGINES.add("hf", build)

@@ -1,0 +1,420 @@
+"""The ``hf`` engine in a process of its own (``rollout.engine.process: true``).
+
+Why: on a CPU the tiny models' forward passes are Python-bound, and the rollout worker's own
+Python (episodes, records, the bus) shares one interpreter lock with them, so every
+microsecond the worker spends is a microsecond the engine does not decode
+(``bench/rollout.py``: 0.65-0.74x the bare engine in-process). Run apart, the engine decodes on
+one core while the worker's event loop works on another, as a GPU engine does beside its host
+process (vLLM runs its engine core in its own process for the same reason).
+
+How:
+
+* **Weights in shared memory.** The worker process loads the model, copies every tensor of
+  its state dict into one anonymous shared-memory file (``memfd``) and points the parameters
+  at it. The engine process loads the same model directory and points its parameters at the
+  same memory. The weight syncer writes into the worker's parameters as for the in-process
+  engine (:class:`~.target.ModelTarget`); the engine process sees the bytes at once.
+* **Updates between decoding steps.** A second small shared file holds the policy version and
+  two byte-range locks. The engine process holds the *step* lock during each decoding step and
+  passes a *turnstile* before taking it; :meth:`ProcessEngine.update_weights` takes the
+  turnstile (no new step starts), then the step lock (the running step ends), runs the
+  syncer's update, writes the new version, and lets decoding go on. So, as in-process, an
+  update lands between two steps and every token records the version that produced it.
+* **Requests and results** go over two pipes as msgpack frames (no pickle): a batch of
+  :class:`~.base.GenRequest` out, its :class:`~.base.GenResult` s back.
+* **A crashed engine process** fails the batch it was running (its episodes fail and are
+  counted, as for any engine error) and is started again on the next batch, on the weights
+  and version in shared memory.
+
+Static batching on a CPU only: a continuous engine schedules itself in its own thread already,
+and a GPU engine's weights live in device memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import mmap
+import os
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
+
+import msgspec
+
+from astraflow.consumers.rollout.engines.base import EngineError, GenRequest, GenResult
+from astraflow.consumers.rollout.engines.target import ModelTarget
+
+log = logging.getLogger("astraflow.rollout.hf_process")
+
+T = TypeVar("T")
+ALIGN = 64
+CTL_BYTES = 64  # int64 version at 0 (-1: none yet), int64 steps run at 16; lock bytes
+TURN, STEP = 8, 9  # at TURN and STEP
+START_TIMEOUT = 120.0
+
+
+class Call(msgspec.Struct, frozen=True):
+    """Worker -> engine process: one batch."""
+
+    requests: list[GenRequest]
+
+
+class Reply(msgspec.Struct, frozen=True):
+    """Engine process -> worker: the batch's results, or why it failed (the first reply,
+    with neither, says the process is ready)."""
+
+    results: list[GenResult] | None = None
+    error: str | None = None
+
+
+# -- shared weights ------------------------------------------------------------------------------
+def layout(model: Any) -> list[dict[str, Any]]:
+    """Where each distinct tensor of ``model.state_dict()`` lies in the shared file (tied
+    tensors once, under their first name)."""
+    entries, seen, offset = [], set(), 0
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        nbytes = t.numel() * t.element_size()
+        entries.append({"name": name, "dtype": str(t.dtype).removeprefix("torch."),
+                        "shape": list(t.shape), "offset": offset, "nbytes": nbytes})
+        offset += -(-nbytes // ALIGN) * ALIGN
+    return entries
+
+
+def _views(model: Any, buf: mmap.mmap, entries: list[dict[str, Any]], *, copy: bool) -> None:
+    """Point each tensor of ``entries`` at its place in ``buf`` (copying its values there
+    first when ``copy``); refuses a model whose tensors differ from ``entries``."""
+    import torch
+
+    tensors = model.state_dict(keep_vars=True)
+    for e in entries:
+        t = tensors.get(e["name"])
+        if t is None or list(t.shape) != e["shape"] or str(t.dtype).removeprefix(
+                "torch.") != e["dtype"]:
+            raise EngineError(f"the engine process's model differs from the worker's at tensor "
+                              f"{e['name']!r} (worker: {e['dtype']} {e['shape']}, engine "
+                              f"process: {None if t is None else (t.dtype, list(t.shape))})")
+        if e["nbytes"] == 0:
+            continue
+        view = torch.frombuffer(buf, dtype=getattr(torch, e["dtype"]),
+                                count=t.numel(), offset=e["offset"]).view(t.shape)
+        with torch.no_grad():
+            if copy:
+                view.copy_(t.detach())
+            t.data = view
+
+
+def share(model: Any) -> tuple[int, mmap.mmap, list[dict[str, Any]]]:
+    """Move ``model``'s tensors into a new shared-memory file: (its fd, its map, the layout)."""
+    entries = layout(model)
+    size = max(sum(-(-e["nbytes"] // ALIGN) * ALIGN for e in entries), ALIGN)
+    fd = os.memfd_create("astraflow-weights", 0)
+    os.ftruncate(fd, size)
+    buf = mmap.mmap(fd, size)
+    _views(model, buf, entries, copy=True)
+    return fd, buf, entries
+
+
+def attach(model: Any, fd: int, entries: list[dict[str, Any]]) -> mmap.mmap:
+    """Point ``model``'s tensors at the shared file ``fd`` laid out as ``entries``."""
+    buf = mmap.mmap(fd, os.fstat(fd).st_size)
+    _views(model, buf, entries, copy=False)
+    return buf
+
+
+# -- the version and the step locks --------------------------------------------------------------
+class Control:
+    """The shared version word and the two byte-range locks (POSIX record locks: held per
+    process, so the worker's and the engine process's are exclusive of each other)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = mmap.mmap(fd, CTL_BYTES)
+
+    @classmethod
+    def create(cls, version: int | None) -> Control:
+        fd = os.memfd_create("astraflow-engine-ctl", 0)
+        os.ftruncate(fd, CTL_BYTES)
+        ctl = cls(fd)
+        ctl.version = version
+        return ctl
+
+    @property
+    def version(self) -> int | None:
+        (v,) = struct.unpack_from("<q", self.buf, 0)
+        return None if v < 0 else int(v)
+
+    @version.setter
+    def version(self, v: int | None) -> None:
+        struct.pack_into("<q", self.buf, 0, -1 if v is None else v)
+
+    @property
+    def steps(self) -> int:
+        """Decoding steps the engine process has begun (it counts them as it goes)."""
+        return int(struct.unpack_from("<q", self.buf, 16)[0])
+
+    def count_step(self) -> None:
+        struct.pack_into("<q", self.buf, 16, self.steps + 1)
+
+    def _lock(self, byte: int) -> None:
+        fcntl.lockf(self.fd, fcntl.LOCK_EX, 1, byte)
+
+    def _unlock(self, byte: int) -> None:
+        fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, byte)
+
+    # the worker's side
+    def pause(self) -> None:
+        """Return once no decoding step runs, and keep the next from starting."""
+        self._lock(TURN)
+        try:
+            self._lock(STEP)
+        except BaseException:
+            self._unlock(TURN)
+            raise
+
+    def resume(self) -> None:
+        self._unlock(STEP)
+        self._unlock(TURN)
+
+    # the engine process's side
+    def enter(self) -> None:
+        """Before a decoding step: wait out an update in progress, then hold the step."""
+        self._lock(TURN)
+        self._unlock(TURN)
+        self._lock(STEP)
+        self.count_step()
+
+    def leave(self) -> None:
+        self._unlock(STEP)
+
+
+# -- frames ----------------------------------------------------------------------------------------
+def write_frame(f: BinaryIO, data: bytes) -> None:
+    f.write(struct.pack("<I", len(data)) + data)
+    f.flush()
+
+
+def read_frame(f: BinaryIO) -> bytes | None:
+    """The next frame, or None at the end of the stream (the other side is gone)."""
+    head = f.read(4)
+    if len(head) < 4:
+        return None
+    (n,) = struct.unpack("<I", head)
+    data = f.read(n)
+    return data if len(data) == n else None
+
+
+# -- the worker's side -----------------------------------------------------------------------------
+class ProcessEngine:
+    """An :class:`~.base.Engine`: the ``hf`` engine's decoding in a child process on weights
+    shared with this one. See the module docstring."""
+
+    name = "hf"
+    continuous = False
+
+    def __init__(self, model_path: str | Path, *, device: str = "cpu", dtype: str = "float32",
+                 max_batch_size: int = 64, threads: int | None = None, seed: int = 0,
+                 initial_version: int = 0, **_: Any) -> None:
+        import torch
+
+        if device != "cpu":
+            raise EngineError(f"rollout.engine.process runs the hf engine on the CPU only "
+                              f"(device is {device!r}); on a GPU the engine's forward does not "
+                              "hold the interpreter, so run it in-process")
+        if dtype == "auto":
+            raise EngineError("rollout.engine.process needs an explicit rollout.engine.dtype "
+                              "(float32, bfloat16 or float16), not auto")
+        from astraflow.models.tiny import load
+
+        torch.set_num_threads(1)  # this side only applies weights
+        model, self.tokenizer = load(model_path, device="cpu", dtype=getattr(torch, dtype))
+        self.model = model.eval()
+        self._weights_fd, self._weights, self._layout = share(self.model)
+        self.target = ModelTarget(self.model)
+        self.initial_version = initial_version
+        self.max_batch_size = max_batch_size
+        self.restarts = 0  # times the engine process was started again after it died
+        self._ctl = Control.create(None)
+        self._args = {"model_path": str(model_path), "dtype": dtype, "threads": threads,
+                      "seed": seed, "max_batch_size": max_batch_size,
+                      "initial_version": initial_version, "layout": self._layout}
+        self._enc = msgspec.msgpack.Encoder()
+        self._dec = msgspec.msgpack.Decoder(Reply)
+        self._calls = threading.Lock()
+        self._updates = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._send: BinaryIO | None = None
+        self._recv: BinaryIO | None = None
+        self._closed = False
+        self._start()
+
+    # -- the child process ------------------------------------------------------------------------
+    def _start(self) -> None:
+        req_r, req_w = os.pipe()
+        res_r, res_w = os.pipe()
+        args = dict(self._args, seed=self._args["seed"] + self.restarts, fds=[
+            req_r, res_w, self._weights_fd, self._ctl.fd])
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", __name__, json.dumps(args)],
+                pass_fds=(req_r, res_w, self._weights_fd, self._ctl.fd),
+                stdin=subprocess.DEVNULL)
+        finally:
+            os.close(req_r)
+            os.close(res_w)
+        self._send = os.fdopen(req_w, "wb")
+        self._recv = os.fdopen(res_r, "rb")
+        reply = self._reply()
+        if reply is None:
+            code = self._proc.wait()
+            raise EngineError(f"the hf engine process exited with code {code} while starting "
+                              "(its error is in this process's stderr above)")
+        log.info("hf engine process %d ready (restart %d)", self._proc.pid, self.restarts)
+
+    def _reply(self) -> Reply | None:
+        assert self._recv is not None
+        frame = read_frame(self._recv)
+        return None if frame is None else self._dec.decode(frame)
+
+    def _stop_child(self) -> int | None:
+        for f in (self._send, self._recv):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+        self._send = self._recv = None
+        if self._proc is None:
+            return None
+        try:
+            code = self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            code = self._proc.wait()
+        self._proc = None
+        return code
+
+    # -- the protocol -----------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        v = self.target.version
+        return self.initial_version if v is None else v
+
+    @property
+    def steps(self) -> int:
+        """Decoding steps (forward passes) the engine process has begun, across restarts."""
+        return self._ctl.steps
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def weight_target(self) -> ModelTarget:
+        return self.target
+
+    def update_weights(self, fn: Callable[[], T]) -> T:
+        with self._updates:
+            self._ctl.pause()
+            try:
+                result = fn()
+                self._ctl.version = self.target.version
+            finally:
+                self._ctl.resume()
+        return result
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        with self._calls:
+            if self._closed:
+                raise EngineError("the hf engine is closed")
+            if self._proc is None:
+                self.restarts += 1
+                self._start()
+            assert self._send is not None
+            try:
+                write_frame(self._send, self._enc.encode(Call(list(requests))))
+                reply = self._reply()
+            except (BrokenPipeError, ConnectionResetError, ValueError):
+                reply = None
+            if reply is None:
+                code = self._stop_child()
+                log.error("the hf engine process exited with code %s mid-batch; its %d "
+                          "requests fail, and it starts again for the next batch", code,
+                          len(requests))
+                raise EngineError(f"the hf engine process exited with code {code}")
+            if reply.error is not None:
+                raise EngineError(reply.error)
+            assert reply.results is not None
+            return reply.results
+
+    def close(self) -> None:
+        with self._calls:
+            self._closed = True
+            self._stop_child()
+
+
+# -- the engine process ----------------------------------------------------------------------------
+class _StepGate:
+    """The in-process engine's StepGate, held across processes: a step runs between
+    :meth:`Control.enter` and :meth:`Control.leave`."""
+
+    def __init__(self, ctl: Control) -> None:
+        self.ctl = ctl
+
+    def acquire(self) -> None:
+        self.ctl.enter()
+
+    def boundary(self) -> None:
+        self.ctl.leave()
+        self.ctl.enter()
+
+    def release(self) -> None:
+        self.ctl.leave()
+
+
+def main(argv: Sequence[str]) -> int:
+    """The engine process: load, attach to the shared weights, say ready, serve batches until
+    the worker closes the pipe."""
+    import torch
+
+    from astraflow.consumers.rollout.engines.hf import HFEngine
+    from astraflow.models.tiny import load
+
+    args = json.loads(argv[0])
+    req_r, res_w, weights_fd, ctl_fd = args["fds"]
+    if args["threads"] is not None:
+        torch.set_num_threads(args["threads"])
+    model, tok = load(args["model_path"], device="cpu", dtype=getattr(torch, args["dtype"]))
+    attach(model, weights_fd, args["layout"])
+    ctl = Control(ctl_fd)
+
+    class Engine(HFEngine):
+        @property
+        def version(self) -> int:
+            v = ctl.version
+            return self.initial_version if v is None else v
+
+    engine = Engine(model=model, tokenizer=tok, max_batch_size=args["max_batch_size"],
+                    seed=args["seed"], initial_version=args["initial_version"])
+    engine.gate = _StepGate(ctl)  # type: ignore[assignment]
+    enc, dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(Call)
+    with os.fdopen(req_r, "rb") as recv, os.fdopen(res_w, "wb") as send:
+        write_frame(send, enc.encode(Reply()))
+        while (frame := read_frame(recv)) is not None:
+            call = dec.decode(frame)
+            try:
+                reply = Reply(results=engine.generate(call.requests))
+            except Exception as e:  # noqa: BLE001 - the batch fails, the process serves on
+                reply = Reply(error=f"{type(e).__name__}: {e}")
+            write_frame(send, enc.encode(reply))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
