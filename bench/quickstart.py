@@ -3,8 +3,9 @@ the trainer's wait ratio, for 1 vs 2 rollout processes, embedded vs Kafka, again
 synchronous single-process baseline (bench/sync_loop.py: generate, then train, alternating)
 started from the same warm model in the same run.
 
-    python bench/quickstart.py                          # all five, threshold 0.45, 300 s each
+    python bench/quickstart.py    # embedded-2, embedded-1, kafka-2, kafka-1, sync; 0.45; 300 s each
     python bench/quickstart.py --only embedded-2 sync   # a subset
+    python bench/quickstart.py --only embedded-1 embedded-1p sync   # 1p: rollout.engine.process
     python bench/quickstart.py --threshold 0.35 --seconds 240 --out runs/bench-quickstart
 
 The first pipeline run does the SFT warm-up; every other run (and the baseline) starts RL
@@ -35,12 +36,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-PIPELINES = {  # name: (rollout workers, bus)
-    "embedded-2": (2, "embedded"),
-    "embedded-1": (1, "embedded"),
-    "kafka-2": (2, "kafka"),
-    "kafka-1": (1, "kafka"),
+PIPELINES = {  # name: (rollout workers, bus, engine in a process of its own)
+    "embedded-2": (2, "embedded", False),
+    "embedded-1": (1, "embedded", False),
+    "embedded-2p": (2, "embedded", True),
+    "embedded-1p": (1, "embedded", True),
+    "kafka-2": (2, "kafka", False),
+    "kafka-1": (1, "kafka", False),
 }
+DEFAULT = ["embedded-2", "embedded-1", "kafka-2", "kafka-1"]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -60,12 +64,25 @@ def time_to_threshold(rows: list[dict[str, Any]], threshold: float) -> float | N
     return min(reached) if reached else hit["elapsed"]
 
 
+def steps_per_s(rows: list[dict[str, Any]]) -> float | None:
+    """The trainer's steps per second over its reports of the RL phase."""
+    steps = [r for r in rows if "wait_ratio" in r and "eval_accuracy" not in r]
+    if len(steps) < 2 or steps[-1]["elapsed"] <= steps[0]["elapsed"]:
+        return None
+    return round((steps[-1]["step"] - steps[0]["step"])
+                 / (steps[-1]["elapsed"] - steps[0]["elapsed"]), 2)
+
+
 def run_pipeline(name: str, config: Path, out: Path, *, workers: int, bus: str,
-                 threshold: float, seconds: float, warm: Path | None) -> dict[str, Any]:
+                 threshold: float, seconds: float, warm: Path | None,
+                 process: bool = False, seed: int | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "astraflow.cli.app", "run", str(config), "--out", str(out),
            "--no-live", "--set", f"launch.rollout_workers={workers}",
+           "--set", f"rollout.engine.process={str(process).lower()}",
            "--set", f"launch.stop_at_accuracy={threshold}",
            "--set", f"launch.timeout_s={seconds}"]
+    if seed is not None:  # the trainer's and the engines' seeds
+        cmd += ["--set", f"trainer.seed={seed}", "--set", f"rollout.engine.seed={seed}"]
     if bus != "embedded":  # a run name of its own: the broker outlives each run
         cmd += ["--bus", bus, "--set", f"run=bench-{name}-{os.getpid()}"]
     if warm is not None:
@@ -80,6 +97,7 @@ def run_pipeline(name: str, config: Path, out: Path, *, workers: int, bus: str,
         out / "summary.json").exists() else {}
     evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
     result = {"name": name, "exit": code, "wall_s": round(time.monotonic() - t0, 1),
+              "budget_s": seconds, "steps_per_s": steps_per_s(rows),
               "time_to_threshold_s": time_to_threshold(rows, threshold),
               "wait_ratio": summary.get("wait_ratio_mean"),
               "episodes_per_s": summary.get("episodes_per_s_mean"),
@@ -91,16 +109,19 @@ def run_pipeline(name: str, config: Path, out: Path, *, workers: int, bus: str,
     return result
 
 
-def run_baseline(run_dir: Path, *, threshold: float, seconds: float, every: int
-                 ) -> dict[str, Any]:
+def run_baseline(run_dir: Path, *, threshold: float, seconds: float, every: int,
+                 seed: int | None = None) -> dict[str, Any]:
     from sync_loop import run_sync
 
-    print(f"[sync] baseline from {run_dir / 'models'}", flush=True)
+    print(f"[sync] baseline from {run_dir / 'models'}, seed {seed}", flush=True)
     curve = run_sync(run_dir, seconds=seconds, every=every, threshold=threshold,
-                     threads=os.cpu_count() or 1, log=lambda s: print(f"[sync] {s}", flush=True))
+                     threads=os.cpu_count() or 1, seed=seed,
+                     log=lambda s: print(f"[sync] {s}", flush=True))
     hit = next((p for p in curve if p["eval_accuracy"] >= threshold), None)
     steps = curve[-1]["step"]
     return {"name": "sync", "exit": 0, "time_to_threshold_s": hit["time"] if hit else None,
+            "budget_s": seconds,
+            "steps_per_s": round(steps / curve[-1]["time"], 2) if curve[-1]["time"] else None,
             "wait_ratio": None, "steps": steps,
             "episodes_per_s": None, "eval_first": curve[0]["eval_accuracy"],
             "eval_best": max(p["eval_accuracy"] for p in curve), "curve": curve}
@@ -117,11 +138,13 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=None,
                     help=f"subset of {', '.join([*PIPELINES, 'sync'])}")
     ap.add_argument("--kafka", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run every arm this many times, interleaved, and report medians")
     ap.add_argument("--warm", type=Path, default=None,
                     help="start every run from this earlier run directory's warm model "
                          "(<dir>/models/default-warm) instead of warming up")
     args = ap.parse_args()
-    names = args.only or [*PIPELINES, "sync"]
+    names = args.only or [*DEFAULT, "sync"]
     if not args.kafka:
         names = [n for n in names if not n.startswith("kafka")]
     unknown = set(names) - {*PIPELINES, "sync"}
@@ -132,53 +155,96 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     warm_dir: Path | None = args.warm  # the run whose warm model everything starts from
     try:
-        for name in [n for n in PIPELINES if n in names]:
-            workers, bus = PIPELINES[name]
-            if bus == "kafka":
-                if broker is None:
-                    from astraflow.core.broker import LocalBroker
-                    from astraflow.core.broker.jars import fetch_jars
+        for rep in range(args.repeats):  # interleaved, so that drifts hit every arm alike
+            suffix = f"-r{rep + 1}" if args.repeats > 1 else ""
+            for name in [n for n in PIPELINES if n in names]:
+                workers, bus, process = PIPELINES[name]
+                if bus == "kafka":
+                    if broker is None:
+                        from astraflow.core.broker import LocalBroker
+                        from astraflow.core.broker.jars import fetch_jars
 
-                    fetch_jars()
-                    broker = LocalBroker(args.out / "kafka")
-                    broker.start(timeout=120)
-                bus = f"kafka://{broker.bootstrap}"
-            warm = warm_dir / "models" / "default-warm" if warm_dir else None
-            res = run_pipeline(name, args.config, args.out / name, workers=workers, bus=bus,
-                               threshold=args.threshold, seconds=args.seconds, warm=warm)
-            results.append(res)
-            if warm_dir is None and (args.out / name / "models" / "default-warm").exists():
-                warm_dir = args.out / name
-        if "sync" in names:
-            if warm_dir is None:  # only the baseline asked for: make the warm model first
-                res = run_pipeline("warmup", args.config, args.out / "warmup", workers=1,
-                                   bus="embedded", threshold=1.0, seconds=1.0, warm=None)
-                warm_dir = args.out / "warmup"
-            results.append(run_baseline(warm_dir, threshold=args.threshold,
-                                        seconds=args.seconds, every=args.every))
+                        fetch_jars()
+                        broker = LocalBroker(args.out / "kafka")
+                        broker.start(timeout=120)
+                    bus = f"kafka://{broker.bootstrap}"
+                warm = warm_dir / "models" / "default-warm" if warm_dir else None
+                out = args.out / f"{name}{suffix}"
+                res = run_pipeline(f"{name}{suffix}", args.config, out, workers=workers,
+                                   bus=bus, threshold=args.threshold, seconds=args.seconds,
+                                   warm=warm, process=process,
+                                   seed=None if rep == 0 else rep)
+                results.append(dict(res, arm=name, repeat=rep))
+                if warm_dir is None and (out / "models" / "default-warm").exists():
+                    warm_dir = out
+            if "sync" in names:
+                if warm_dir is None:  # only the baseline asked for: make the warm model first
+                    run_pipeline("warmup", args.config, args.out / "warmup", workers=1,
+                                 bus="embedded", threshold=1.0, seconds=1.0, warm=None)
+                    warm_dir = args.out / "warmup"
+                # a seed per repeat: one seed is one draw of a noisy learning curve
+                res = run_baseline(warm_dir, threshold=args.threshold, seconds=args.seconds,
+                                   every=args.every, seed=None if rep == 0 else rep)
+                results.append(dict(res, name=f"sync{suffix}", arm="sync", repeat=rep))
     finally:
         if broker is not None:
             broker.stop()
-    sync = next((r for r in results if r["name"] == "sync"), None)
-    for r in results:
+    for r in results:  # against the baseline of the same repeat
+        sync = next((b for b in results if b["arm"] == "sync" and b["repeat"] == r["repeat"]),
+                    None)
         if sync and r is not sync and r["time_to_threshold_s"] and sync["time_to_threshold_s"]:
             r["async_advantage"] = round(sync["time_to_threshold_s"] / r["time_to_threshold_s"],
                                          2)
+    arms = summarise(results) if args.repeats > 1 else []
     (args.out / "bench.json").write_text(json.dumps(
-        {"threshold": args.threshold, "seconds": args.seconds, "results": results}, indent=1))
+        {"threshold": args.threshold, "seconds": args.seconds, "repeats": args.repeats,
+         "results": results, "arms": arms}, indent=1))
     print(f"\nthreshold {args.threshold} held-out accuracy, RL budget {args.seconds:.0f} s "
           f"each, from the same warm model")
-    print(f"{'run':<12}{'to threshold s':>16}{'wait ratio':>12}{'episodes/s':>12}"
-          f"{'steps':>8}{'first':>8}{'best':>8}{'advantage':>11}")
-    def f(v: Any, spec: str = ".2f") -> str:
-        return "-" if v is None else format(v, spec)
-
+    print(f"{'run':<15}{'to threshold s':>16}{'wait ratio':>12}{'episodes/s':>12}"
+          f"{'steps':>8}{'steps/s':>9}{'first':>8}{'best':>8}{'advantage':>11}")
     for r in results:
-        print(f"{r['name']:<12}{f(r['time_to_threshold_s'], '.1f'):>16}"
-              f"{f(r['wait_ratio']):>12}{f(r['episodes_per_s'], '.0f'):>12}"
-              f"{f(r['steps'], '.0f'):>8}{f(r['eval_first'], '.3f'):>8}"
-              f"{f(r['eval_best'], '.3f'):>8}{f(r.get('async_advantage')):>11}")
+        print(f"{r['name']:<15}{fmt(r['time_to_threshold_s'], '.1f'):>16}"
+              f"{fmt(r['wait_ratio']):>12}{fmt(r['episodes_per_s'], '.0f'):>12}"
+              f"{fmt(r['steps'], '.0f'):>8}{fmt(r.get('steps_per_s')):>9}"
+              f"{fmt(r['eval_first'], '.3f'):>8}"
+              f"{fmt(r['eval_best'], '.3f'):>8}{fmt(r.get('async_advantage')):>11}")
+    if arms:
+        print(f"\nover {args.repeats} repeats (median; a run that missed the threshold counts "
+              f"as the budget, {args.seconds:.0f} s)")
+        print(f"{'arm':<15}{'to threshold s':>16}{'steps/s':>9}{'sync / this':>13}"
+              f"{'paired ratios':>28}")
+        for a in arms:
+            print(f"{a['arm']:<15}{fmt(a['time_to_threshold_s'], '.1f'):>16}"
+                  f"{fmt(a['steps_per_s']):>9}{fmt(a.get('advantage')):>13}"
+                  f"{' '.join(fmt(x) for x in a.get('paired', [])):>28}")
     return 0 if all(r["exit"] == 0 for r in results) else 1
+
+
+def fmt(v: Any, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def summarise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per arm over the repeats: median time to threshold (a miss counts as the budget),
+    median steps/s, the ratio of the baseline's median to the arm's, and the paired ratios."""
+    import statistics
+
+    budget = max((r.get("budget_s") or 0.0) for r in results) or None
+    out = []
+    for arm in dict.fromkeys(r["arm"] for r in results):
+        runs = [r for r in results if r["arm"] == arm]
+        times = [r["time_to_threshold_s"] or budget for r in runs]
+        rates = [r["steps_per_s"] for r in runs if r.get("steps_per_s")]
+        out.append({"arm": arm, "time_to_threshold_s": statistics.median(
+            t for t in times if t is not None) if any(times) else None,
+            "steps_per_s": round(statistics.median(rates), 2) if rates else None,
+            "paired": [r["async_advantage"] for r in runs if "async_advantage" in r]})
+    sync = next((a for a in out if a["arm"] == "sync"), None)
+    for a in out:
+        if sync and a is not sync and a["time_to_threshold_s"] and sync["time_to_threshold_s"]:
+            a["advantage"] = round(sync["time_to_threshold_s"] / a["time_to_threshold_s"], 2)
+    return out
 
 
 if __name__ == "__main__":

@@ -70,20 +70,24 @@ def sample_groups(model: Any, tok: Any, specs: list[Any], *, n: int, temperature
 
 def run_sync(run_dir: Path, *, policy: str = "default", seconds: float = 300.0,
              max_steps: int | None = None, every: int = 25, threshold: float | None = None,
-             threads: int = 2, log: Any = print) -> list[dict[str, float]]:
+             threads: int = 2, seed: int | None = None,
+             log: Any = print) -> list[dict[str, float]]:
     """The loop; returns the evaluation points ``{step, time, eval_accuracy}`` (time in
     training seconds, evaluation excluded). Stops at ``seconds``, ``max_steps`` or when
-    the accuracy reaches ``threshold``."""
+    the accuracy reaches ``threshold``. ``seed``: of the problems drawn and the sampling
+    (default: the run's seed), so that repeats draw different learning curves."""
     torch.set_num_threads(threads)
     cfg = load_experiment(run_dir / "config-rl.yaml")
     mdir = run_dir / "models" / f"{policy}-warm"
-    engine = build_engine(cfg.trainer, mdir)
+    engine = build_engine(cfg.trainer, mdir)  # seeds torch with the trainer's seed
+    seed = cfg.seed if seed is None else seed
+    torch.manual_seed(seed)
     model = engine.model
     _, tok = load(mdir)
     reward = build_reward(cfg.rollout.reward)
     test = held_out(cfg.producer, cfg.launch.eval_problems)
     train = [s for s, _ in arithmetic(cfg.producer.arithmetic)]
-    rng = random.Random(cfg.seed)
+    rng = random.Random(seed)
     engine_cfg = cfg.rollout.engine
 
     def point(step: int, clock: float) -> dict[str, float]:
@@ -125,11 +129,13 @@ def main() -> None:
     ap.add_argument("--threshold", type=float, default=None,
                     help="stop once held-out accuracy reaches this")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=None, help="default: the run's seed")
     ap.add_argument("--json", type=Path, default=None, help="write the curve here")
     args = ap.parse_args()
     curve = run_sync(args.run_dir, policy=args.policy, seconds=args.seconds,
                      max_steps=args.steps, every=args.every, threshold=args.threshold,
-                     threads=args.threads, log=lambda s: print(s, flush=True))
+                     threads=args.threads, seed=args.seed,
+                     log=lambda s: print(s, flush=True))
     if args.json:
         args.json.write_text(json.dumps(curve, indent=1))
 

@@ -404,15 +404,18 @@ def main(argv: Sequence[str]) -> int:
                     seed=args["seed"], initial_version=args["initial_version"])
     engine.gate = _StepGate(ctl)  # type: ignore[assignment]
     enc, dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(Call)
-    with os.fdopen(req_r, "rb") as recv, os.fdopen(res_w, "wb") as send:
-        write_frame(send, enc.encode(Reply()))
-        while (frame := read_frame(recv)) is not None:
-            call = dec.decode(frame)
-            try:
-                reply = Reply(results=engine.generate(call.requests))
-            except Exception as e:  # noqa: BLE001 - the batch fails, the process serves on
-                reply = Reply(error=f"{type(e).__name__}: {e}")
-            write_frame(send, enc.encode(reply))
+    try:
+        with os.fdopen(req_r, "rb") as recv, os.fdopen(res_w, "wb") as send:
+            write_frame(send, enc.encode(Reply()))
+            while (frame := read_frame(recv)) is not None:
+                call = dec.decode(frame)
+                try:
+                    reply = Reply(results=engine.generate(call.requests))
+                except Exception as e:  # noqa: BLE001 - the batch fails, the process serves on
+                    reply = Reply(error=f"{type(e).__name__}: {e}")
+                write_frame(send, enc.encode(reply))
+    except BrokenPipeError:  # the worker is gone (mid-batch): nobody to answer
+        pass
     return 0
 
 
