@@ -11,6 +11,8 @@ tokens) and the same batch size:
 * **ceiling**: ``engine.generate`` on batches of ``--batch`` requests in a loop (with
   ``--continuous``, the engine batches itself: the same calls, each request joining the
   running batch);
+* **engine process** (``--process``): the worker's engine, decoding in a process of its own
+  (``rollout.engine.process``), called directly the same way, one batch at a time;
 * **worker**: ``RolloutWorker`` on the embedded bus: tasks are on ``tasks`` before it starts;
   it consumes them, runs ``single_turn`` (tokenize, generate through the async batcher,
   exact-match reward), produces Trajectory records, flushes and commits, then drains. Its
@@ -132,10 +134,15 @@ def main() -> None:
         ceiling(engine, task_list[:16], args.batch, args.max_new_tokens)  # warm-up
         ceiling(worker_engine, task_list[:16], args.batch, args.max_new_tokens)
         rows: dict[str, list[tuple[float, float]]] = {"ceiling": [], "worker": []}
+        if args.process:
+            rows["engine process"] = []
         batches = []
         for _ in range(args.repeats):  # interleaved, so drifts hit both sides alike
             s, e, k = ceiling(engine, task_list, args.batch, args.max_new_tokens)
             rows["ceiling"].append((e / s, k / s))
+            if args.process:  # the engine process called directly, one batch at a time
+                s, e, k = ceiling(worker_engine, task_list, args.batch, args.max_new_tokens)
+                rows["engine process"].append((e / s, k / s))
             s, e, k, mb = worker_run(worker_engine, task_list, concurrency,
                                      args.max_new_tokens, root)
             rows["worker"].append((e / s, k / s))
@@ -154,8 +161,14 @@ def main() -> None:
         print(f"| {name} | {eps:,.0f} | {tps:,.0f} |")
     print(f"| worker / ceiling | {med['worker'][0] / med['ceiling'][0]:.2f} | "
           f"{med['worker'][1] / med['ceiling'][1]:.2f} |")
+    if "engine process" in med:
+        proc = med["engine process"]
+        print(f"| worker / engine process | {med['worker'][0] / proc[0]:.2f} | "
+              f"{med['worker'][1] / proc[1]:.2f} |")
     print(f"\nworker mean batch size: {statistics.median(batches):.1f} (ceiling: {args.batch})")
     engine.close()
+    if worker_engine is not engine:
+        worker_engine.close()
 
 
 if __name__ == "__main__":

@@ -86,3 +86,65 @@ def test_engine_latency_config_is_checked_at_load() -> None:
     assert EngineConfig(latency={"type": "lognormal", "p50": 0.1, "p99": 1.0}).latency
     with pytest.raises(ValueError, match="rollout.engine.latency"):
         EngineConfig(latency={"type": "lognormal", "p50": 2.0})
+
+
+class Held:
+    """A batched engine that takes two batches at once (``pipeline_depth`` 2) and runs each
+    until the test releases it; it records what it was handed, in order."""
+
+    name = "held"
+    max_batch_size = 4
+    continuous = False
+    pipeline_depth = 2
+
+    def __init__(self) -> None:
+        import threading
+
+        self.handed: list[list[int]] = []
+        self.release = threading.Semaphore(0)
+        self.lock = threading.Lock()
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        with self.lock:
+            self.handed.append([r.prompt_ids[0] for r in requests])
+        self.release.acquire()
+        return [GenResult(list(r.prompt_ids), [-1.0], [0], "stop") for r in requests]
+
+
+def test_a_pipelined_engine_gets_a_second_batch_only_when_full() -> None:
+    """Two batches in the engine at most; while it is busy a second goes to it only once
+    full, so batches stay full; the rest goes when it is idle."""
+    engine = Held()
+
+    async def until(cond: object, what: str) -> None:
+        for _ in range(500):
+            if cond():  # type: ignore[operator]
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(what)
+
+    async def main() -> list[object]:
+        b = Batcher(engine)
+        try:
+            first = [asyncio.ensure_future(b.generate(GenRequest([p]))) for p in range(6)]
+            await until(lambda: len(engine.handed) == 1, "the first batch")
+            await asyncio.sleep(0.1)
+            assert engine.handed == [[0, 1, 2, 3]]  # [4, 5] wait: not a full batch
+            more = [asyncio.ensure_future(b.generate(GenRequest([p]))) for p in range(6, 10)]
+            await until(lambda: len(engine.handed) == 2, "a full second batch")
+            assert engine.handed[1] == [4, 5, 6, 7]
+            await asyncio.sleep(0.1)
+            assert len(engine.handed) == 2  # never three at once
+            engine.release.release()  # the first ends: [8, 9] still not full, one is running
+            await asyncio.sleep(0.1)
+            assert len(engine.handed) == 2
+            engine.release.release()  # idle now: the rest goes
+            await until(lambda: len(engine.handed) == 3, "the rest")
+            assert engine.handed[2] == [8, 9]
+            engine.release.release()
+            return await asyncio.gather(*first, *more)
+        finally:
+            await b.close()
+
+    results = asyncio.run(main())
+    assert [r.token_ids for r in results] == [[p] for p in range(10)]  # type: ignore[attr-defined]

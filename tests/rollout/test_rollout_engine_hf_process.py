@@ -95,6 +95,24 @@ def test_same_tokens_and_logprobs_as_the_engine_in_process(engine: ProcessEngine
     assert engine.generate([GenRequest(prompts(tok)[0], max_new_tokens=2)])[0].token_ids
 
 
+def test_batches_sent_at_once_come_back_to_their_callers(engine: ProcessEngine,
+                                                        arith_dir: Path) -> None:
+    """``pipeline_depth`` 2: the batcher may hand over a second batch while one decodes; each
+    caller gets its own batch's results (greedy: as the in-process engine's)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    assert engine.pipeline_depth == 2
+    inproc = build_engine("hf", model_path=arith_dir, threads=1, seed=1)
+    tok = engine.tokenizer
+    batches = [[GenRequest(tok(f"{a}+{b}=")["input_ids"], max_new_tokens=5, temperature=0.0)
+                for b in range(a, a + 16)] for a in range(8)]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(engine.generate, batches))
+    for batch, results in zip(batches, got, strict=True):
+        want = inproc.generate(batch)
+        assert [r.token_ids for r in results] == [w.token_ids for w in want]
+
+
 def test_an_update_lands_between_two_steps_of_the_engine_process(
         engine: ProcessEngine, arith_dir: Path) -> None:
     """Greedy decoding of the untrained model runs to the context limit (57 steps). The update

@@ -3,7 +3,11 @@
 Episodes ``await batcher.generate(request)``. One loop per engine takes every request pending
 (up to ``max_batch_size``), runs :meth:`Engine.generate` on them in the engine's own thread and
 resolves each episode's future. While a batch runs, the event loop keeps collecting the next
-one, which is what gives throughput on a CPU. Engines that batch themselves (``continuous``)
+one, which is what gives throughput on a CPU. An engine with ``pipeline_depth`` > 1 (the ``hf``
+engine in a process of its own) takes up to that many batches at once and runs them one after
+the other, so it starts the next as soon as one ends instead of waiting for the worker to hand
+it over; a second batch goes to it only once full (or when it is idle), so batches stay full.
+Engines that batch themselves (``continuous``)
 get each request on its own call instead, up to ``max_batch_size`` at once; those that offer
 ``submit(request) -> concurrent.futures.Future`` (the continuous ``hf`` engine) are awaited on
 that future directly, with no thread per request, and queue the request themselves.
@@ -35,11 +39,13 @@ class Batcher:
         self.max_batch_size = max_batch_size or engine.max_batch_size
         self.continuous = bool(getattr(engine, "continuous", False))
         self._submit = getattr(engine, "submit", None) if self.continuous else None
-        workers = self.max_batch_size if self.continuous else 1
+        self.depth = 1 if self.continuous else max(1, int(getattr(engine, "pipeline_depth", 1)))
+        workers = self.max_batch_size if self.continuous else self.depth
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix=f"af-engine-{engine.name}")
         self._queue: list[tuple[GenRequest, asyncio.Future[GenResult]]] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()  # batches handed to the engine
         self._slots: asyncio.Semaphore | None = None
         self.batches = 0
         self.requests = 0
@@ -79,42 +85,56 @@ class Batcher:
         self.tokens += sum(len(r.token_ids) for r in results)
 
     async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
         assert self._wake is not None
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._queue:
+            while self._queue and len(self._running) < self.depth:
                 # drop requests whose episode was cancelled while they waited
                 self._queue = [(r, f) for r, f in self._queue if not f.done()]
+                if self._running and len(self._queue) < self.max_batch_size:
+                    break  # the engine is busy: a second batch goes only once full
                 batch, self._queue = (self._queue[:self.max_batch_size],
                                       self._queue[self.max_batch_size:])
                 if not batch:
                     break
-                try:
-                    results = await loop.run_in_executor(
-                        self._pool, self.engine.generate, [r for r, _ in batch])
-                except Exception as e:  # noqa: BLE001 - the episodes fail, the worker goes on
-                    log.warning("engine=%s batch of %d failed: %s", self.engine.name, len(batch), e)
-                    for _, f in batch:
-                        if not f.done():
-                            f.set_exception(e)
-                    continue
-                self._count(len(batch), results)
-                for (_, f), res in zip(batch, results, strict=True):
-                    if f.done():
-                        continue
-                    if res.error is not None:  # this request alone failed
-                        f.set_exception(EngineError(res.error))
-                    else:
-                        f.set_result(res)
+                task = asyncio.create_task(self._run(batch))
+                self._running.add(task)
+
+    async def _run(self, batch: list[tuple[GenRequest, asyncio.Future[GenResult]]]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            results = await loop.run_in_executor(
+                self._pool, self.engine.generate, [r for r, _ in batch])
+        except Exception as e:  # noqa: BLE001 - the episodes fail, the worker goes on
+            log.warning("engine=%s batch of %d failed: %s", self.engine.name, len(batch), e)
+            self._done()
+            for _, f in batch:
+                if not f.done():
+                    f.set_exception(e)
+            return
+        self._done()  # first: the next batch is handed over before these episodes go on
+        self._count(len(batch), results)
+        for (_, f), res in zip(batch, results, strict=True):
+            if f.done():
+                continue
+            if res.error is not None:  # this request alone failed
+                f.set_exception(EngineError(res.error))
+            else:
+                f.set_result(res)
+
+    def _done(self) -> None:
+        self._running.discard(asyncio.current_task())  # type: ignore[arg-type]
+        assert self._wake is not None
+        self._wake.set()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in [t for t in (self._task, *self._running) if t is not None]:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
+        self._task = None
+        self._running.clear()
         for _, f in self._queue:
             if not f.done():
                 f.cancel()

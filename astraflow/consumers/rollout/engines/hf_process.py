@@ -42,7 +42,9 @@ import struct
 import subprocess
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
@@ -220,6 +222,7 @@ class ProcessEngine:
 
     name = "hf"
     continuous = False
+    pipeline_depth = 2  # the next batch waits in the engine process while one decodes
 
     def __init__(self, model_path: str | Path, *, device: str = "cpu", dtype: str = "float32",
                  max_batch_size: int = 64, threads: int | None = None, seed: int = 0,
@@ -244,62 +247,74 @@ class ProcessEngine:
         self.max_batch_size = max_batch_size
         self.restarts = 0  # times the engine process was started again after it died
         self._ctl = Control.create(None)
-        self._args = {"model_path": str(model_path), "dtype": dtype, "threads": threads,
-                      "seed": seed, "max_batch_size": max_batch_size,
-                      "initial_version": initial_version, "layout": self._layout}
+        self.seed = seed  # of the first engine process; each restart takes the next
+        self._args: dict[str, Any] = {
+            "model_path": str(model_path), "dtype": dtype, "threads": threads,
+            "max_batch_size": max_batch_size, "initial_version": initial_version,
+            "layout": self._layout}
         self._enc = msgspec.msgpack.Encoder()
         self._dec = msgspec.msgpack.Decoder(Reply)
-        self._calls = threading.Lock()
+        self._lock = threading.Lock()  # the child, its pipes and the order of the batches sent
         self._updates = threading.Lock()
+        self._waiting: deque[Future[list[GenResult]]] = deque()  # sent, not answered: in order
         self._proc: subprocess.Popen[bytes] | None = None
         self._send: BinaryIO | None = None
-        self._recv: BinaryIO | None = None
+        self._reader: threading.Thread | None = None
         self._closed = False
         self._start()
 
     # -- the child process ------------------------------------------------------------------------
     def _start(self) -> None:
+        """Start the engine process and its reader thread (under ``_lock``, or in __init__)."""
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
-        args = dict(self._args, seed=self._args["seed"] + self.restarts, fds=[
+        args = dict(self._args, seed=self.seed + self.restarts, fds=[
             req_r, res_w, self._weights_fd, self._ctl.fd])
         try:
-            self._proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-m", __name__, json.dumps(args)],
                 pass_fds=(req_r, res_w, self._weights_fd, self._ctl.fd),
                 stdin=subprocess.DEVNULL)
         finally:
             os.close(req_r)
             os.close(res_w)
-        self._send = os.fdopen(req_w, "wb")
-        self._recv = os.fdopen(res_r, "rb")
-        reply = self._reply()
-        if reply is None:
-            code = self._proc.wait()
-            raise EngineError(f"the hf engine process exited with code {code} while starting "
-                              "(its error is in this process's stderr above)")
-        log.info("hf engine process %d ready (restart %d)", self._proc.pid, self.restarts)
+        send, recv = os.fdopen(req_w, "wb"), os.fdopen(res_r, "rb")
+        if read_frame(recv) is None:  # it says it is ready, or dies
+            send.close()
+            recv.close()
+            raise EngineError(f"the hf engine process exited with code {proc.wait()} while "
+                              "starting (its error is in this process's stderr above)")
+        self._proc, self._send = proc, send
+        self._reader = threading.Thread(target=self._read, args=(proc, recv), daemon=True,
+                                        name=f"af-engine-process-{proc.pid}")
+        self._reader.start()
+        log.info("hf engine process %d ready (restart %d)", proc.pid, self.restarts)
 
-    def _reply(self) -> Reply | None:
-        assert self._recv is not None
-        frame = read_frame(self._recv)
-        return None if frame is None else self._dec.decode(frame)
-
-    def _stop_child(self) -> int | None:
-        for f in (self._send, self._recv):
-            if f is not None:
-                with contextlib.suppress(OSError):
-                    f.close()
-        self._send = self._recv = None
-        if self._proc is None:
-            return None
-        try:
-            code = self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            code = self._proc.wait()
-        self._proc = None
-        return code
+    def _read(self, proc: subprocess.Popen[bytes], recv: BinaryIO) -> None:
+        """The reader thread of one engine process: its replies, in the order of the batches;
+        at its end (closed, or died) every batch still waiting fails."""
+        with recv:
+            while (frame := read_frame(recv)) is not None:
+                reply = self._dec.decode(frame)
+                fut = self._waiting.popleft()
+                if reply.error is not None:
+                    fut.set_exception(EngineError(reply.error))
+                else:
+                    fut.set_result(reply.results or [])
+        code = proc.wait()
+        with self._lock:
+            if self._proc is proc:
+                self._proc = None
+                if self._send is not None:
+                    with contextlib.suppress(OSError):
+                        self._send.close()
+                    self._send = None
+            lost, self._waiting = list(self._waiting), deque()
+        if lost or not self._closed:
+            log.error("the hf engine process exited with code %s; %d batches in it fail, and "
+                      "it starts again for the next batch", code, len(lost))
+        for fut in lost:
+            fut.set_exception(EngineError(f"the hf engine process exited with code {code}"))
 
     # -- the protocol -----------------------------------------------------------------------------
     @property
@@ -330,33 +345,37 @@ class ProcessEngine:
         return result
 
     def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        with self._calls:
+        """Send a batch and wait for its results; callable from several threads at once (up
+        to ``pipeline_depth`` batches queue in the engine process, run in the order sent)."""
+        fut: Future[list[GenResult]] = Future()
+        with self._lock:
             if self._closed:
                 raise EngineError("the hf engine is closed")
             if self._proc is None:
                 self.restarts += 1
                 self._start()
             assert self._send is not None
-            try:
+            self._waiting.append(fut)
+            # if the process is gone, its reader fails this batch with the exit code
+            with contextlib.suppress(OSError, ValueError):
                 write_frame(self._send, self._enc.encode(Call(list(requests))))
-                reply = self._reply()
-            except (BrokenPipeError, ConnectionResetError, ValueError):
-                reply = None
-            if reply is None:
-                code = self._stop_child()
-                log.error("the hf engine process exited with code %s mid-batch; its %d "
-                          "requests fail, and it starts again for the next batch", code,
-                          len(requests))
-                raise EngineError(f"the hf engine process exited with code {code}")
-            if reply.error is not None:
-                raise EngineError(reply.error)
-            assert reply.results is not None
-            return reply.results
+        return fut.result()
 
     def close(self) -> None:
-        with self._calls:
+        with self._lock:
             self._closed = True
-            self._stop_child()
+            proc, send, reader = self._proc, self._send, self._reader
+            self._send = None
+        if send is not None:  # end of requests: the engine process exits
+            with contextlib.suppress(OSError):
+                send.close()
+        if proc is not None:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if reader is not None:
+            reader.join(timeout=10)
 
 
 # -- the engine process ----------------------------------------------------------------------------
