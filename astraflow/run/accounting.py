@@ -8,9 +8,9 @@ before the offset that trainer's consumer group committed (the trainer commits o
 newest checkpoint holds) and names ``q`` (``Batch.policy``; a trainer dead-letters a batch for
 another policy, so such a batch trained nothing), and is not on the dead-letter topic (a batch
 whose records could not be fetched or decoded was consumed but trained nothing). A batch id
-counts once per trainer, as the trainer's own dedup window does. With several policies the result also has ``by_policy``
-(the same buckets per policy) and ``trained_by_wrong_trainer``: trajectories of policy ``p``
-trained by the trainer of another policy.
+counts once per trainer, as the trainer's own dedup window does. With several policies the
+result also has ``by_policy`` (the same buckets per policy) and ``trained_by_wrong_trainer``:
+trajectories of policy ``p`` trained by the trainer of another policy.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from astraflow.core.records import (
 from astraflow.core.topics import group_name, topic_name
 
 CHECKS = ("produced", "unaccounted", "trained_twice", "trained_by_wrong_trainer")
-#: the bucket of trajectories consumed by a trainer in a batch it dead-lettered
-DEAD_LETTERED = "dead-lettered with its batch by the trainer (see dlq)"
 """Keys of :func:`account` that are not a disposition: every other int key is one, and they
 sum to ``produced`` (``by_policy`` is the per-policy breakdown)."""
+#: the bucket of trajectories consumed by a trainer in a batch it dead-lettered
+DEAD_LETTERED = "dead-lettered with its batch by the trainer (see dlq)"
 
 
 def read_topic(bus: Bus, topic: str, kind: type[Record]) -> Iterator[tuple[int, int, Any]]:

@@ -26,22 +26,11 @@ from astraflow.core.bus import Bus
 from astraflow.core.records import Trajectory, unpack
 from astraflow.core.topics import topic_name
 from astraflow.run.roles import build_worker
+from astraflow.sim.chaos import alive
 from astraflow.weights.publisher import Publisher
 from astraflow.weights.store import FileStore
 
 TOL = 1e-4
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (exited, not yet reaped) counts as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture

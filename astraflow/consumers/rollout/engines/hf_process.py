@@ -22,8 +22,8 @@ How:
   update lands between two steps and every token records the version that produced it.
 * **Requests and results** go over two pipes as msgpack frames (no pickle): a batch of
   :class:`~.base.GenRequest` out, its :class:`~.base.GenResult` s back.
-* **A crashed engine process** fails the batch it was running (its episodes fail and are
-  counted, as for any engine error) and is started again on the next batch, on the weights
+* **A crashed engine process** fails the batches it held (their episodes fail and are
+  counted, as for any engine error) and is started again for the next batch, on the weights
   and version in shared memory.
 
 Static batching on a CPU only: a continuous engine schedules itself in its own thread already,
@@ -59,7 +59,6 @@ T = TypeVar("T")
 ALIGN = 64
 CTL_BYTES = 64  # int64 version at 0 (-1: none yet), int64 steps run at 16; lock bytes
 TURN, STEP = 8, 9  # at TURN and STEP
-START_TIMEOUT = 120.0
 
 
 class Call(msgspec.Struct, frozen=True):
