@@ -1,7 +1,7 @@
 """The tool-using example (examples/agent_tools.yaml): its SFT demonstrations are laid out token
 for token as the ``multi_turn_tools`` workflow lays out an episode (the tool's output masked
 out of the loss), its evaluation runs the episode (tool called for real), and the example
-learns end to end through the real CLI on the embedded bus, and runs on Kafka."""
+learns end to end through the real CLI on the embedded bus and on Kafka."""
 
 from __future__ import annotations
 
@@ -105,8 +105,8 @@ def test_a_sampled_evaluation_is_refused_where_answers_are_greedy() -> None:
 # from the band's ~0.27, accuracy stays flat for ~40 steps, then rises: at steps 70 and 80,
 # five runs measured 0.435/0.45, 0.39/0.435, 0.45/0.46, 0.465/0.47 and 0.415/0.515 (at 60
 # steps one test run's last two evaluations were 0.265 and 0.45: too close to call). The Kafka
-# run starts RL from the embedded run's warm model (the warm-up is the same code on either bus;
-# this keeps CI minutes for the RL phase).
+# run starts its 80 RL steps from the embedded run's warm model (the warm-up is the same code
+# on either bus; this keeps CI minutes for the RL phase).
 #
 # RL on this 0.53M-parameter model has short collapses: the policy tips over on one character
 # of its 23-character tool call and recovers within a few steps. Measured in one Kafka run
@@ -120,9 +120,8 @@ STEPS = 80
 MARGIN = 0.10  # the mean of the best two of the last three evaluations at least this far up
 
 
-def run_example(out: Path, *extra: str, steps: int = STEPS, timeout: float = 900
-                ) -> tuple[int, str]:
-    sets = [f"trainer.max_steps={steps}", "launch.eval_every=10", "launch.timeout_s=400",
+def run_example(out: Path, *extra: str, timeout: float = 900) -> tuple[int, str]:
+    sets = [f"trainer.max_steps={STEPS}", "launch.eval_every=10", "launch.timeout_s=400",
             "launch.eval_problems=200"]
     proc = subprocess.run(
         [sys.executable, "-m", "astraflow.cli.app", "run", str(EXAMPLE), "--out", str(out),
@@ -131,10 +130,10 @@ def run_example(out: Path, *extra: str, steps: int = STEPS, timeout: float = 900
     return proc.returncode, proc.stdout
 
 
-def check_run(out: Path, rc: int, output: str, *, steps: int = STEPS) -> list[float]:
-    """The run made ``steps`` steps, every trajectory accounted for (none lost, none trained
+def check_run(out: Path, rc: int, output: str) -> list[float]:
+    """The run made STEPS steps, every trajectory accounted for (none lost, none trained
     twice), its evaluations ran the episode. Returns the evaluations."""
-    check_finished(out, rc, output, steps=steps, per_step=32 * 8)  # 32 groups × 8 episodes
+    check_finished(out, rc, output, steps=STEPS, per_step=32 * 8)  # 32 groups × 8 episodes
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     lines = [r for r in rows if "eval_accuracy" in r]
     assert {(r["kind"], r["eval_temperature"]) for r in lines} == {("episode", 1.0)}
@@ -166,23 +165,20 @@ def test_the_agent_learns_on_the_embedded_bus(embedded: tuple[Path, int, str]) -
     assert low <= evals[0] <= high
 
 
-#: the Kafka run's RL steps: the dataflow on Kafka (episodes waiting on the tool across a
-#: partitioned, committed bus), not learning again (the trainer is the same code on either bus,
-#: and learning on Kafka is checked by the quickstart's Kafka run)
-KAFKA_STEPS = 30
-
-
 @pytest.mark.slow
 @pytest.mark.kafka
-@pytest.mark.timeout(900)  # ~1 min; with the embedded run first when run alone
-def test_the_agent_runs_on_kafka(tmp_path: Path, kafka_bootstrap: str,
-                                 embedded: tuple[Path, int, str]) -> None:
+@pytest.mark.timeout(900)  # ~1.5 min; with the embedded run first when run alone
+def test_the_agent_learns_on_kafka(tmp_path: Path, kafka_bootstrap: str,
+                                   embedded: tuple[Path, int, str]) -> None:
+    """The same RL phase on the real broker: episodes waiting on the tool across a partitioned,
+    committed bus, and the same margin over the same STEPS."""
     warm = embedded[0] / "models" / "default-warm"
     assert (warm / "config.json").exists(), embedded[2][-3000:]
     out = tmp_path / "run"
-    evals = check_run(out, *run_example(
+    rc, output = run_example(
         out, "--bus", f"kafka://{kafka_bootstrap}", "--set", f"run=at{os.getpid()}",
         "--set", f"models.default.path={warm}", "--set", "models.default.build=none",
-        "--set", "launch.warmup.steps=0", steps=KAFKA_STEPS), steps=KAFKA_STEPS)
+        "--set", "launch.warmup.steps=0")
+    evals = check_learned(out, rc, output)
     # the evaluator's version 0 is the embedded run's: the same warm model, problems and seed
     assert evals[0] == check_run(*embedded)[0], evals
