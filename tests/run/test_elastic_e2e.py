@@ -24,10 +24,12 @@ QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 @pytest.mark.timeout(400)
 def test_the_scaler_grows_and_shrinks_the_pool_and_nothing_is_lost(tmp_path: Path) -> None:
     sets = [
-        "launch.warmup.steps=0", "launch.evaluate=false", "launch.timeout_s=100",
+        "launch.warmup.steps=0", "launch.evaluate=false", "launch.timeout_s=80",
         "launch.rollout_workers=1",
-        # 35 s of slow requests, then fast ones, from about when RL starts
-        "rollout.engine.latency={type: phases, phases: [[2.0, 35], [0.2, 60]], "
+        # 35 s of slow requests, then fast ones, from about when RL starts (measured in one
+        # run: up at 9 s, the two scale-downs 48 s and 61 s after the slow phase began, the
+        # pool at its minimum from then on; the run stops at 80 s)
+        "rollout.engine.latency={type: phases, phases: [[2.0, 35], [0.2, 45]], "
         f"start: {time.time() + 5:.0f}}}",
         "rollout.max_concurrent_episodes=384", "rollout.engine.max_batch_size=384",
         "trainer.micro_batch_tokens=16", "trainer.skip_zero_advantage_groups=false",
