@@ -51,7 +51,7 @@ def test_config_show_prints_the_resolved_config_with_overrides() -> None:
                   "--set", "trainer.max_steps=7")
     assert r.returncode == 0, r.stderr
     shown = r.stdout
-    assert "max_steps: 7" in shown and "rollout_workers: 2" in shown
+    assert "max_steps: 7" in shown and "rollout_workers: 1" in shown
 
 
 def test_generated_reference_is_current() -> None:
