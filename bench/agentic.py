@@ -5,6 +5,8 @@ synchronous loop on the same model, task, tool and latency (issue 14), in one in
     python bench/agentic.py --ratios 1 10 40         # the curve of the ratio against the tail
     python bench/agentic.py --warm runs/agent-tools  # reuse that run's warm model
     python bench/agentic.py --seconds 60 --only sync
+    python bench/agentic.py --repeats 3                # interleaved; medians, per-step means
+    python bench/agentic.py --from A/agentic.json B/agentic.json   # summarise earlier runs
 
 The task is examples/agent_tools.yaml: ``a*b=`` for two-digit a, b; the model calls
 ``<tool>mul(a,b)</tool>``, the tool answers after a latency drawn per call (p50 0.05 s and p99
@@ -27,6 +29,14 @@ no latency: the evaluator's ``episode`` kind) against steps and time; **time to 
 (default: the warm model's accuracy + --gain). The ratios are sync over pipeline (> 1: the
 pipeline is faster). Results: ``<out>/agentic.json`` and a markdown table. Timing noise on
 2-core machines is large: compare within one invocation, and repeat.
+
+**Accuracy per trainer step**, over several runs of each arm (``--repeats``, or ``--from`` the
+``agentic.json`` of earlier invocations): each run's evaluations at steps 10, 20, … up to the
+last step every run reached (at most --per-step-until) are averaged (the pipeline evaluates
+every 10 versions, the loop every --every steps; both at those), and so are its training
+rewards over the same steps; the summary gives their mean ± standard error over the runs,
+the pipeline's difference to the loop (± its standard error), median time and steps to the
+target, and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -122,6 +132,93 @@ def mean_accuracy(curve: Sequence[Mapping[str, float]], last: int) -> float | No
     return sum(points) / len(points) if points else None
 
 
+def steps_to(curve: Sequence[Mapping[str, float]], target: float | None) -> int | None:
+    """The first evaluated step at or above ``target``."""
+    return next((int(c["step"]) for c in curve if target is not None and c["step"] > 0
+                 and c["accuracy"] >= target), None)
+
+
+def train_rewards(res: Mapping[str, Any]) -> list[float]:
+    """Mean training reward of each trainer step (the rows of either arm)."""
+    rows = res.get("rows") or []
+    if isinstance(rows, Mapping):  # the pipeline's: by policy
+        rows = next(iter(rows.values()), [])
+    return [r["reward_mean"] if "reward_mean" in r else r.get("default_reward", 0.0)
+            for r in rows]
+
+
+def arm_kind(name: str) -> str:
+    """``pipeline-40#2`` -> ``pipeline-40``: the arm without its repeat."""
+    return name.split("#", 1)[0]
+
+
+def per_step(runs: Sequence[tuple[str, Mapping[str, Any]]], target: float | None,
+             until: int = 60) -> tuple[str, list[dict[str, Any]]]:
+    """Accuracy per trainer step and time to target over the runs of each arm kind; see the
+    module docstring. ``runs``: (arm name, its result)."""
+    import statistics
+
+    def mean_se(xs: Sequence[float]) -> tuple[float | None, float | None]:
+        if not xs:
+            return None, None
+        se = statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else None
+        return statistics.fmean(xs), se
+
+    grid = list(range(10, until + 1, 10))
+    kinds: dict[str, dict[str, Any]] = {}
+    for name, r in runs:
+        k = kinds.setdefault(arm_kind(name), {"acc": [], "reward": [], "time": [], "steps": [],
+                                              "s_step": []})
+        curve = r.get("curve") or []
+        if grid and curve and curve[-1]["step"] >= grid[-1]:  # shorter runs: time only
+            k["acc"].append(statistics.fmean(at_step(r["curve"], g) or 0.0 for g in grid))
+            rew = train_rewards(r)[:grid[-1]]
+            if rew:
+                k["reward"].append(statistics.fmean(rew))
+        k["time"].append(r.get("time_to_target_s"))
+        k["steps"].append(steps_to(curve, target))
+        k["s_step"].append(r.get("s_per_iter"))
+    rows = []
+    for kind, k in kinds.items():
+        acc, acc_se = mean_se(k["acc"])
+        rew, rew_se = mean_se(k["reward"])
+        times = [t for t in k["time"] if t is not None]
+        steps = [s for s in k["steps"] if s is not None]
+        rows.append({"arm": kind, "runs": len(k["acc"]), "acc": acc, "acc_se": acc_se,
+                     "acc_runs": k["acc"], "reward": rew, "reward_se": rew_se,
+                     "time": statistics.median(times) if times else None,
+                     "times": k["time"], "reached": f"{len(times)}/{len(k['time'])}",
+                     "steps": statistics.median(steps) if steps else None,
+                     "s_step": statistics.median(s for s in k["s_step"] if s)})
+    sync = {r["arm"].split("-", 1)[1]: r for r in rows if r["arm"].startswith("sync-")}
+    for r in rows:
+        base = sync.get(r["arm"].split("-", 1)[1])
+        if base is None or base is r or r["acc"] is None or base["acc"] is None:
+            continue
+        r["acc_diff"] = r["acc"] - base["acc"]
+        ses = [x for x in (r["acc_se"], base["acc_se"]) if x is not None]
+        r["acc_diff_se"] = sum(x * x for x in ses) ** 0.5 if len(ses) == 2 else None
+        if r["time"] and base["time"]:
+            r["time_ratio"] = base["time"] / r["time"]
+    steps_label = f"{grid[0]}–{grid[-1]}" if grid else "-"
+
+    def pm(v: float | None, se: float | None) -> str:
+        return f(v) + ("" if se is None else f" ± {se:.3f}")
+
+    lines = [f"| arm | runs (to step {grid[-1] if grid else '-'}) | s/step (median) | time to {f(target, '.2f')} (s, median; each) | "
+             f"steps to it (median) | mean accuracy, steps {steps_label} | its difference "
+             f"to the loop | mean train reward, same steps | sync / this time |",
+             "|" + "---|" * 9]
+    for r in rows:
+        each = ", ".join(f(t, ".1f") for t in r["times"])
+        lines.append(
+            f"| {r['arm']} | {len(r['times'])} ({r['runs']}) | {f(r['s_step'], '.3f')} | {f(r['time'], '.1f')} "
+            f"({each}; reached {r['reached']}) | {f(r['steps'], '.0f')} | "
+            f"{pm(r['acc'], r['acc_se'])} | {pm(r.get('acc_diff'), r.get('acc_diff_se'))} | "
+            f"{pm(r['reward'], r['reward_se'])} | {f(r.get('time_ratio'), '.2f')} |")
+    return "\n".join(lines), rows
+
+
 def report(results: Mapping[str, Mapping[str, Any]], ratios: Sequence[float],
            target: float | None) -> tuple[str, list[dict[str, Any]]]:
     done = {k: r for k, r in results.items() if r.get("iterations")}
@@ -136,14 +233,21 @@ def report(results: Mapping[str, Mapping[str, Any]], ratios: Sequence[float],
             f"{r.get('iterations', '-')} | {f(curve[0]['accuracy'] if curve else None)} → "
             f"{f(curve[-1]['accuracy'] if curve else None)} | {f(at_step(curve, common))} | "
             f"{f(mean_accuracy(curve, common))} | {f(r.get('time_to_target_s'), '.1f')} |")
+    import statistics
+
+    def median(kind: str, key: str) -> float | None:
+        """The median of ``key`` over the runs of an arm kind (one run: its value)."""
+        xs = [r[key] for n, r in results.items() if arm_kind(n) == kind and r.get(key)]
+        return statistics.median(xs) if xs else None
+
     rows = []
     for ratio in ratios:
-        p, s = results.get(f"pipeline-{ratio:g}", {}), results.get(f"sync-{ratio:g}", {})
         row: dict[str, Any] = {"ratio": ratio}
-        if p.get("s_per_iter") and s.get("s_per_iter"):
-            row["step_time_ratio"] = round(s["s_per_iter"] / p["s_per_iter"], 2)
-        if p.get("time_to_target_s") and s.get("time_to_target_s"):
-            row["time_to_target_ratio"] = round(s["time_to_target_s"] / p["time_to_target_s"], 2)
+        for key, out in (("s_per_iter", "step_time_ratio"),
+                         ("time_to_target_s", "time_to_target_ratio")):
+            p, s = median(f"pipeline-{ratio:g}", key), median(f"sync-{ratio:g}", key)
+            if p and s:
+                row[out] = round(s / p, 2)
         rows.append(row)
     lines += ["", "| p99/p50 | sync / pipeline s/step | sync / pipeline time to target |",
               "|---|---|---|"]
@@ -202,7 +306,18 @@ def main() -> int:
                     help="config override for every arm (and the warm-up)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="sync: torch threads")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run every arm this many times, interleaved (arms named NAME#K)")
+    ap.add_argument("--per-step-until", type=int, default=60,
+                    help="accuracy per step: average the evaluations up to this step")
+    ap.add_argument("--from", dest="sources", nargs="+", default=None,
+                    metavar="FILE[:ARM,...]",
+                    help="run nothing: summarise the agentic.json of earlier invocations "
+                         "(their arms pooled by name, or only the arms named after ':'; the "
+                         "first one's target)")
     args = ap.parse_args()
+    if args.sources:
+        return main_from(args.sources, until=args.per_step_until)
     kinds = args.only or ["pipeline", "sync"]
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -224,42 +339,70 @@ def main() -> int:
         target = round(start + args.gain, 3)
         print(f"warm accuracy {start:.3f}; target {target:.3f}", flush=True)
     results: dict[str, dict[str, Any]] = {}
-    for ratio in args.ratios:
+    for rep, ratio, kind in ((r, ratio, kind) for r in range(args.repeats)
+                             for ratio in args.ratios for kind in kinds):
         lat = latency(ratio)
-        for kind in kinds:
-            name = f"{kind}-{ratio:g}"
-            t0 = time.monotonic()
-            print(f"[{name}] tool latency {lat}", flush=True)
-            if kind == "pipeline":
-                data = arm_config(base, args.sets, warm, seconds=args.seconds + args.startup,
-                                  tool_latency=lat)
-                path = write_yaml(data, args.out / f"{name}.yaml")
-                res = run_pipeline(name, path, args.out / name, target=target)
-            else:
-                data = arm_config(base, args.sets, warm, seconds=args.seconds, tool_latency=lat)
-                cfg = ExperimentConfig.model_validate(data)
-                res = run_lockstep(cfg, warm, seconds=args.seconds, every=args.every,
-                                   target=target, threads=args.threads, final_eval=False,
-                                   loop_class=SyncLoop,
-                                   log=lambda s, n=name: print(f"  [{n}] {s}", flush=True))
-                res["curve"] = res.pop("solver_curve")
-                res.pop("system_curve", None)
-            res["ratio"] = ratio
-            results[name] = res
-            print(f"[{name}] done in {time.monotonic() - t0:.0f} s: s/step "
-                  f"{f(res.get('s_per_iter'), '.3f')}, steps {res.get('iterations')}, "
-                  f"time to target {f(res.get('time_to_target_s'), '.1f')}", flush=True)
-            (args.out / "agentic.json").write_text(json.dumps(
-                {"target": target, "results": results}, indent=1, default=str))
+        name = f"{kind}-{ratio:g}" + (f"#{rep + 1}" if args.repeats > 1 else "")
+        t0 = time.monotonic()
+        print(f"[{name}] tool latency {lat}", flush=True)
+        if kind == "pipeline":
+            data = arm_config(base, args.sets, warm, seconds=args.seconds + args.startup,
+                              tool_latency=lat)
+            path = write_yaml(data, args.out / f"{name}.yaml")
+            res = run_pipeline(name, path, args.out / name, target=target)
+        else:
+            data = arm_config(base, args.sets, warm, seconds=args.seconds, tool_latency=lat)
+            cfg = ExperimentConfig.model_validate(data)
+            res = run_lockstep(cfg, warm, seconds=args.seconds, every=args.every,
+                               target=target, threads=args.threads, final_eval=False,
+                               loop_class=SyncLoop,
+                               log=lambda s, n=name: print(f"  [{n}] {s}", flush=True))
+            res["curve"] = res.pop("solver_curve")
+            res.pop("system_curve", None)
+        res["ratio"] = ratio
+        results[name] = res
+        print(f"[{name}] done in {time.monotonic() - t0:.0f} s: s/step "
+              f"{f(res.get('s_per_iter'), '.3f')}, steps {res.get('iterations')}, "
+              f"time to target {f(res.get('time_to_target_s'), '.1f')}", flush=True)
+        (args.out / "agentic.json").write_text(json.dumps(
+            {"target": target, "results": results}, indent=1, default=str))
     table, rows = report(results, args.ratios, target)
+    steps_table, steps_rows = per_step(list(results.items()), target, args.per_step_until)
     (args.out / "agentic.json").write_text(json.dumps(
-        {"target": target, "results": results, "ratios": rows}, indent=1, default=str))
+        {"target": target, "results": results, "ratios": rows, "per_step": steps_rows},
+        indent=1, default=str))
     print(table)
+    print(f"\n{steps_table}")
     png = plot(rows, args.out / "ratio.png")
     if png is not None:
         print(f"ratio curve: {png}")
     print(f"\n{len(results)} arms in {time.monotonic() - started:.0f} s; results: "
           f"{args.out / 'agentic.json'}")
+    return 0
+
+
+def main_from(sources: Sequence[str], *, until: int) -> int:
+    """``--from``: the per-step summary over the arms of earlier invocations' agentic.json
+    (``FILE:ARM,ARM`` takes only those arms; an arm name met again is numbered on:
+    ``pipeline-40#2``)."""
+    runs: list[tuple[str, Mapping[str, Any]]] = []
+    target = None
+    for source in sources:
+        file, _, arms = source.partition(":")
+        path = Path(file)
+        data = json.loads(path.read_text())
+        if arms:
+            data["results"] = {n: r for n, r in data["results"].items()
+                               if n in arms.split(",")}
+        target = data.get("target") if target is None else target
+        if data.get("target") != target:
+            print(f"{path}: target {data.get('target')}, not {target}: its times to target "
+                  "are to another threshold", file=sys.stderr)
+        for name, res in data["results"].items():
+            seen = sum(arm_kind(n) == arm_kind(name) for n, _ in runs)
+            runs.append((f"{arm_kind(name)}#{seen + 1}", res))
+    table, _ = per_step(runs, target, until)
+    print(table)
     return 0
 
 
