@@ -68,15 +68,18 @@ def plot_run(metrics: Path, out_dir: Path) -> list[Path]:
     lines = curves(rows)
     for x, label in (("step", "trainer step"), ("elapsed", "seconds since start")):
         fig, ax = plt.subplots(figsize=(7, 4))
+        drawn = 0
         for key, name, rs, marked in lines:
             xs, ys = _series(rs, key, x)
             if xs:
                 ax.plot(xs, ys, marker="o" if marked else None, ms=3, label=name)
+                drawn += 1
         ax.set_xlabel(label if x == "elapsed" else
                       f"{label} (evaluations: weight version; team: the solver's)")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize="small")
+        if drawn:  # a run stopped before its first step has nothing to label
+            ax.legend(loc="lower right", fontsize="small")
         ax.set_title(f"reward and accuracy vs {label}")
         path = out_dir / f"reward_accuracy_vs_{x}.png"
         fig.tight_layout()

@@ -83,3 +83,15 @@ def test_collectors_each_see_every_snapshot_and_join_no_group(tmp_path: Path) ->
         assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,), table
     conn.close()
     bus.close()
+
+
+def test_a_run_without_steps_plots_without_warnings(tmp_path: Path) -> None:
+    """A run stopped before its first trainer step (a warm-up only) still gets its four plots,
+    with no legend over nothing (matplotlib warns about one)."""
+    import warnings
+
+    (tmp_path / "metrics.jsonl").write_text("")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pngs = plot_run(tmp_path / "metrics.jsonl", tmp_path / "plots")
+    assert len(pngs) == 4
