@@ -58,9 +58,12 @@ def open_bus(url: str, out: str | Path = ".", *, options: Mapping[str, str] | No
     as for :func:`connect`, then ``topics`` (name -> partitions, e.g. from
     :func:`astraflow.core.topics.run_topics`) created, idempotently, so that any role may
     start first."""
+    from urllib.parse import quote
+
     from astraflow.core.paths import expand
 
-    bus = connect(expand(url, out=out), config=options)
+    # the run directory goes into a URL: '#', '?' or '%' in its name must not end the path
+    bus = connect(expand(url, out=quote(str(Path(out).resolve()), safe="/")), config=options)
     if topics:
         try:
             bus.create_topics(dict(topics))

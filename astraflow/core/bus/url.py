@@ -1,11 +1,14 @@
 """Bus URLs: ``embedded:///abs/path/bus.db``, ``embedded://rel/path.db``,
-``kafka://host:port[,host:port][?client.setting=value&...]``."""
+``kafka://host:port[,host:port][?client.setting=value&...]``.
+
+An embedded path is percent-decoded, as a URL's path is: a directory named ``a#1`` is
+``embedded:///runs/a%231/bus.db`` (``{out}`` in a run's bus URL is encoded so)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from astraflow.core.errors import BusURLError
 
@@ -28,7 +31,11 @@ def parse_url(url: str) -> BusURL:
             "embedded:///path/to/bus.db, kafka://host:port[,host:port]")
     options = dict(parse_qsl(parts.query, keep_blank_values=True))
     if parts.scheme == "embedded":
-        raw = parts.netloc + parts.path
+        if parts.fragment or url.endswith("#"):
+            raise BusURLError(
+                f"embedded bus URL {url!r}: '#' starts a URL fragment, so the file path would "
+                "end before it; write it as %23 (paths in bus URLs are percent-decoded)")
+        raw = unquote(parts.netloc + parts.path)
         if not raw:
             raise BusURLError(f"embedded bus URL {url!r} has no file path; "
                               "e.g. embedded:///tmp/run/bus.db")
