@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -148,8 +149,8 @@ def train_rewards(res: Mapping[str, Any]) -> list[float]:
 
 
 def arm_kind(name: str) -> str:
-    """``pipeline-40#2`` -> ``pipeline-40``: the arm without its repeat."""
-    return name.split("#", 1)[0]
+    """``pipeline-40-r2`` -> ``pipeline-40``: the arm without its repeat."""
+    return re.sub(r"-r\d+$", "", name)
 
 
 def per_step(runs: Sequence[tuple[str, Mapping[str, Any]]], target: float | None,
@@ -307,7 +308,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="sync: torch threads")
     ap.add_argument("--repeats", type=int, default=1,
-                    help="run every arm this many times, interleaved (arms named NAME#K)")
+                    help="run every arm this many times, interleaved (arms named NAME-rK)")
     ap.add_argument("--per-step-until", type=int, default=60,
                     help="accuracy per step: average the evaluations up to this step")
     ap.add_argument("--from", dest="sources", nargs="+", default=None,
@@ -342,7 +343,7 @@ def main() -> int:
     for rep, ratio, kind in ((r, ratio, kind) for r in range(args.repeats)
                              for ratio in args.ratios for kind in kinds):
         lat = latency(ratio)
-        name = f"{kind}-{ratio:g}" + (f"#{rep + 1}" if args.repeats > 1 else "")
+        name = f"{kind}-{ratio:g}" + (f"-r{rep + 1}" if args.repeats > 1 else "")
         t0 = time.monotonic()
         print(f"[{name}] tool latency {lat}", flush=True)
         if kind == "pipeline":
@@ -384,7 +385,7 @@ def main() -> int:
 def main_from(sources: Sequence[str], *, until: int) -> int:
     """``--from``: the per-step summary over the arms of earlier invocations' agentic.json
     (``FILE:ARM,ARM`` takes only those arms; an arm name met again is numbered on:
-    ``pipeline-40#2``)."""
+    ``pipeline-40-r2``)."""
     runs: list[tuple[str, Mapping[str, Any]]] = []
     target = None
     for source in sources:
@@ -400,7 +401,7 @@ def main_from(sources: Sequence[str], *, until: int) -> int:
                   "are to another threshold", file=sys.stderr)
         for name, res in data["results"].items():
             seen = sum(arm_kind(n) == arm_kind(name) for n, _ in runs)
-            runs.append((f"{arm_kind(name)}#{seen + 1}", res))
+            runs.append((f"{arm_kind(name)}-r{seen + 1}", res))
     table, _ = per_step(runs, target, until)
     print(table)
     return 0

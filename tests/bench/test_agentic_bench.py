@@ -36,16 +36,16 @@ def test_per_step_means_and_the_difference_to_the_loop() -> None:
     # evaluations at 10 and 20 (the grid up to 20); the pipeline evaluates every 10, the loop
     # every 5 (its step-15 point is off the grid)
     runs = [
-        ("pipeline-40#1", run({10: 0.3, 20: 0.5, 30: 0.6}, time=50.0, s_step=1.0,
+        ("pipeline-40-r1", run({10: 0.3, 20: 0.5, 30: 0.6}, time=50.0, s_step=1.0,
                               rewards=[0.1] * 20, pipeline=True)),
-        ("pipeline-40#2", run({10: 0.4, 20: 0.6}, time=70.0, s_step=1.2,
+        ("pipeline-40-r2", run({10: 0.4, 20: 0.6}, time=70.0, s_step=1.2,
                               rewards=[0.3] * 20, pipeline=True)),
-        ("sync-40#1", run({5: 0.9, 10: 0.4, 15: 0.9, 20: 0.6}, time=200.0, s_step=5.0,
+        ("sync-40-r1", run({5: 0.9, 10: 0.4, 15: 0.9, 20: 0.6}, time=200.0, s_step=5.0,
                           rewards=[0.2] * 20, pipeline=False)),
-        ("sync-40#2", run({5: 0.9, 10: 0.5, 15: 0.9, 20: 0.7}, time=None, s_step=5.0,
+        ("sync-40-r2", run({5: 0.9, 10: 0.5, 15: 0.9, 20: 0.7}, time=None, s_step=5.0,
                           rewards=[0.4] * 20, pipeline=False)),
         # too short for the grid: its time counts, its accuracy does not
-        ("sync-40#3", run({5: 0.9, 10: 0.9}, time=None, s_step=4.0, rewards=[0.9] * 10,
+        ("sync-40-r3", run({5: 0.9, 10: 0.9}, time=None, s_step=4.0, rewards=[0.9] * 10,
                           pipeline=False)),
     ]
     table, rows = agentic.per_step(runs, target=0.5, until=20)
