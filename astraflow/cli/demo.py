@@ -91,7 +91,7 @@ def demo(
     from rich.live import Live
     from rich.table import Table
 
-    from astraflow.core.bus import connect
+    from astraflow.core.bus import connect, embedded_url
     from astraflow.core.records import ChatMessage, Task, Trajectory, decode
     from astraflow.core.stream import Output, send
     from astraflow.core.topics import group_name, record_key, topic_name
@@ -100,7 +100,7 @@ def demo(
     if bus is None:
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
-        bus = f"embedded://{out.resolve()}/bus.db"
+        bus = embedded_url(out.resolve() / "bus.db")
     run = f"demo-{uuid.uuid4().hex[:6]}"
     b = connect(bus)
     b.create_topics(_topics(run))

@@ -22,7 +22,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from astraflow.core.bus import connect
+from astraflow.core.bus import connect, embedded_url
 from astraflow.core.bus.reader import read_all
 from astraflow.core.errors import ConfigError, SchemaError
 from astraflow.core.records import Trajectory, decode, unpack
@@ -112,7 +112,7 @@ def load_run(run_dir: Path | str, *, run: str | None = None,
     if not db.is_file():
         raise ReplayError(f"{where} has no bus.db: not a run directory made by `astraflow run` "
                           f"(expected {db})")
-    bus = connect(f"embedded://{db.resolve()}")
+    bus = connect(embedded_url(db.resolve()))
     by_episode: dict[tuple[str, int], list[Trajectory]] = defaultdict(list)
     first: dict[str, float] = {}
     skipped = 0

@@ -36,3 +36,17 @@ def test_a_run_directory_with_url_characters_holds_its_own_bus(tmp_path: Path,
         bus.close()
     assert (out / "bus.db").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+@pytest.mark.parametrize("name", ["a#1", "b?x=1", "c%41", "plain"])
+def test_embedded_url_round_trips_a_path(tmp_path: Path, name: str) -> None:
+    from astraflow.core.bus import connect, embedded_url
+
+    path = tmp_path / name / "bus.db"
+    assert parse_url(embedded_url(path)).path == path
+    bus = connect(embedded_url(path))
+    try:
+        assert parse_url(bus.url).path == path  # type: ignore[attr-defined]
+    finally:
+        bus.close()
+    assert path.exists()

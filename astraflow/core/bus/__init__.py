@@ -22,11 +22,11 @@ from astraflow.core.bus.types import (
     Producer,
     TopicInfo,
 )
-from astraflow.core.bus.url import BusURL, parse_url
+from astraflow.core.bus.url import BusURL, embedded_url, parse_url, url_path
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES", "Bus", "BusURL", "Consumer", "Headers", "Message", "Producer",
-    "TopicInfo", "connect", "open_bus", "parse_url",
+    "TopicInfo", "connect", "embedded_url", "open_bus", "parse_url", "url_path",
 ]
 
 
@@ -58,12 +58,10 @@ def open_bus(url: str, out: str | Path = ".", *, options: Mapping[str, str] | No
     as for :func:`connect`, then ``topics`` (name -> partitions, e.g. from
     :func:`astraflow.core.topics.run_topics`) created, idempotently, so that any role may
     start first."""
-    from urllib.parse import quote
-
     from astraflow.core.paths import expand
 
     # the run directory goes into a URL: '#', '?' or '%' in its name must not end the path
-    bus = connect(expand(url, out=quote(str(Path(out).resolve()), safe="/")), config=options)
+    bus = connect(expand(url, out=url_path(Path(out).resolve())), config=options)
     if topics:
         try:
             bus.create_topics(dict(topics))

@@ -64,6 +64,7 @@ from astraflow.core.bus.embedded_reader import EmbeddedReader
 from astraflow.core.bus.partitioner import partition_for
 from astraflow.core.bus.reader import start_offsets
 from astraflow.core.bus.types import Headers, ReaderStart, RebalanceCallback, TopicInfo
+from astraflow.core.bus.url import embedded_url
 from astraflow.core.errors import BusError, RecordTooLargeError, TopicError
 
 __all__ = ["EmbeddedBus", "EmbeddedConsumer", "EmbeddedProducer", "EmbeddedReader"]
@@ -97,7 +98,7 @@ class EmbeddedBus:
                            f"valid: synchronous ({' | '.join(SYNCHRONOUS)})")
         self.synchronous = check_synchronous(options.get("synchronous", "normal"))
         self.path = Path(path).expanduser().absolute()
-        self.url = f"embedded://{self.path}"
+        self.url = embedded_url(self.path)
         self.max_message_bytes = max_message_bytes
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._pid = os.getpid()

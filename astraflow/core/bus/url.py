@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from astraflow.core.errors import BusURLError
 
@@ -21,6 +21,17 @@ class BusURL:
     path: Path | None = None  # embedded
     bootstrap: str = ""  # kafka: "host:port,host:port"
     options: dict[str, str] = field(default_factory=dict)
+
+
+def url_path(path: str | Path) -> str:
+    """A file path as it goes into a bus URL: percent-encoded, so that '#', '?' and '%' in it
+    stay part of the path (:func:`parse_url` decodes it)."""
+    return quote(str(path), safe="/")
+
+
+def embedded_url(path: str | Path) -> str:
+    """The URL of the embedded bus in the file ``path``."""
+    return f"embedded://{url_path(path)}"
 
 
 def parse_url(url: str) -> BusURL:
