@@ -31,12 +31,12 @@ pipeline is faster). Results: ``<out>/agentic.json`` and a markdown table. Timin
 2-core machines is large: compare within one invocation, and repeat.
 
 **Accuracy per trainer step**, over several runs of each arm (``--repeats``, or ``--from`` the
-``agentic.json`` of earlier invocations): each run's evaluations at steps 10, 20, … up to the
-last step every run reached (at most --per-step-until) are averaged (the pipeline evaluates
-every 10 versions, the loop every --every steps; both at those), and so are its training
-rewards over the same steps; the summary gives their mean ± standard error over the runs,
-the pipeline's difference to the loop (± its standard error), median time and steps to the
-target, and the ratio of the medians.
+``agentic.json`` of earlier invocations): each run's evaluations at steps 10, 20, …,
+--per-step-until are averaged (the pipeline evaluates every 10 versions, the loop every
+--every steps; both at those; a run that stopped before that step counts in the times only),
+and so are its training rewards over the same steps; the summary gives their mean ±
+standard error over the runs, the pipeline's difference to the loop (± its standard error),
+median time and steps to the target, and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -157,7 +158,6 @@ def per_step(runs: Sequence[tuple[str, Mapping[str, Any]]], target: float | None
              until: int = 60) -> tuple[str, list[dict[str, Any]]]:
     """Accuracy per trainer step and time to target over the runs of each arm kind; see the
     module docstring. ``runs``: (arm name, its result)."""
-    import statistics
 
     def mean_se(xs: Sequence[float]) -> tuple[float | None, float | None]:
         if not xs:
@@ -172,7 +172,7 @@ def per_step(runs: Sequence[tuple[str, Mapping[str, Any]]], target: float | None
                                               "s_step": []})
         curve = r.get("curve") or []
         if grid and curve and curve[-1]["step"] >= grid[-1]:  # shorter runs: time only
-            k["acc"].append(statistics.fmean(at_step(r["curve"], g) or 0.0 for g in grid))
+            k["acc"].append(statistics.fmean(at_step(curve, g) or 0.0 for g in grid))
             rew = train_rewards(r)[:grid[-1]]
             if rew:
                 k["reward"].append(statistics.fmean(rew))
@@ -185,12 +185,13 @@ def per_step(runs: Sequence[tuple[str, Mapping[str, Any]]], target: float | None
         rew, rew_se = mean_se(k["reward"])
         times = [t for t in k["time"] if t is not None]
         steps = [s for s in k["steps"] if s is not None]
+        rates = [s for s in k["s_step"] if s]
         rows.append({"arm": kind, "runs": len(k["acc"]), "acc": acc, "acc_se": acc_se,
                      "acc_runs": k["acc"], "reward": rew, "reward_se": rew_se,
                      "time": statistics.median(times) if times else None,
                      "times": k["time"], "reached": f"{len(times)}/{len(k['time'])}",
                      "steps": statistics.median(steps) if steps else None,
-                     "s_step": statistics.median(s for s in k["s_step"] if s)})
+                     "s_step": statistics.median(rates) if rates else None})
     sync = {r["arm"].split("-", 1)[1]: r for r in rows if r["arm"].startswith("sync-")}
     for r in rows:
         base = sync.get(r["arm"].split("-", 1)[1])
@@ -206,15 +207,16 @@ def per_step(runs: Sequence[tuple[str, Mapping[str, Any]]], target: float | None
     def pm(v: float | None, se: float | None) -> str:
         return f(v) + ("" if se is None else f" ± {se:.3f}")
 
-    lines = [f"| arm | runs (to step {grid[-1] if grid else '-'}) | s/step (median) | time to {f(target, '.2f')} (s, median; each) | "
-             f"steps to it (median) | mean accuracy, steps {steps_label} | its difference "
-             f"to the loop | mean train reward, same steps | sync / this time |",
+    lines = [f"| arm | runs (to step {grid[-1] if grid else '-'}) | s/step (median) | "
+             f"time to {f(target, '.2f')} (s, median; each) | steps to it (median) | "
+             f"mean accuracy, steps {steps_label} | its difference to the loop | "
+             f"mean train reward, same steps | sync / this time |",
              "|" + "---|" * 9]
     for r in rows:
         each = ", ".join(f(t, ".1f") for t in r["times"])
         lines.append(
-            f"| {r['arm']} | {len(r['times'])} ({r['runs']}) | {f(r['s_step'], '.3f')} | {f(r['time'], '.1f')} "
-            f"({each}; reached {r['reached']}) | {f(r['steps'], '.0f')} | "
+            f"| {r['arm']} | {len(r['times'])} ({r['runs']}) | {f(r['s_step'], '.3f')} | "
+            f"{f(r['time'], '.1f')} ({each}; reached {r['reached']}) | {f(r['steps'], '.0f')} | "
             f"{pm(r['acc'], r['acc_se'])} | {pm(r.get('acc_diff'), r.get('acc_diff_se'))} | "
             f"{pm(r['reward'], r['reward_se'])} | {f(r.get('time_ratio'), '.2f')} |")
     return "\n".join(lines), rows
@@ -234,7 +236,6 @@ def report(results: Mapping[str, Mapping[str, Any]], ratios: Sequence[float],
             f"{r.get('iterations', '-')} | {f(curve[0]['accuracy'] if curve else None)} → "
             f"{f(curve[-1]['accuracy'] if curve else None)} | {f(at_step(curve, common))} | "
             f"{f(mean_accuracy(curve, common))} | {f(r.get('time_to_target_s'), '.1f')} |")
-    import statistics
 
     def median(kind: str, key: str) -> float | None:
         """The median of ``key`` over the runs of an arm kind (one run: its value)."""
