@@ -23,6 +23,10 @@ same warm model (the example's SFT warm-up, run once here unless --warm).
   concurrently on an in-process hf engine, trains only when the last one has finished (the
   slowest tool wait of 256 episodes bounds every step), one ``rl_step``, weights into the
   engine. Evaluation every --every steps, off its clock.
+* ``delayed<D>-<ratio>`` (with ``--sync-delay D``): the same loop, but each step trains on the
+  episodes generated D versions earlier (the first step generates D + 1 batches): the
+  pipeline's staleness without the pipeline (same loss, its behaviour weights correcting), to
+  tell what staleness itself costs per step from what the pipeline's mechanics cost.
 
 Measured per arm: s/step; held-out accuracy (the episode run greedily, tool called for real,
 no latency: the evaluator's ``episode`` kind) against steps and time; **time to --target**
@@ -301,7 +305,10 @@ def main() -> int:
     ap.add_argument("--target", type=float, default=None)
     ap.add_argument("--gain", type=float, default=0.15,
                     help="without --target: the target is this much above the warm model")
-    ap.add_argument("--only", nargs="*", choices=["pipeline", "sync"], default=None)
+    ap.add_argument("--only", nargs="*", choices=["pipeline", "sync", "delayed"], default=None)
+    ap.add_argument("--sync-delay", type=int, default=0,
+                    help="add the arm delayed<D>-<ratio>: the synchronous loop trained on the "
+                         "episodes of D versions earlier (staleness without the pipeline)")
     ap.add_argument("--warm", type=Path, default=None,
                     help="start from the model RL started from in this finished run")
     ap.add_argument("--set", dest="sets", action="append", default=[],
@@ -320,7 +327,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.sources:
         return main_from(args.sources, until=args.per_step_until)
-    kinds = args.only or ["pipeline", "sync"]
+    kinds = args.only or ["pipeline", "sync"] + (["delayed"] if args.sync_delay else [])
+    if "delayed" in kinds and args.sync_delay < 1:
+        ap.error("the delayed arm needs --sync-delay D (D >= 1)")
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     base = read_yaml(args.config)
@@ -344,7 +353,8 @@ def main() -> int:
     for rep, ratio, kind in ((r, ratio, kind) for r in range(args.repeats)
                              for ratio in args.ratios for kind in kinds):
         lat = latency(ratio)
-        name = f"{kind}-{ratio:g}" + (f"-r{rep + 1}" if args.repeats > 1 else "")
+        label = f"delayed{args.sync_delay}" if kind == "delayed" else kind
+        name = f"{label}-{ratio:g}" + (f"-r{rep + 1}" if args.repeats > 1 else "")
         t0 = time.monotonic()
         print(f"[{name}] tool latency {lat}", flush=True)
         if kind == "pipeline":
@@ -358,6 +368,7 @@ def main() -> int:
             res = run_lockstep(cfg, warm, seconds=args.seconds, every=args.every,
                                target=target, threads=args.threads, final_eval=False,
                                loop_class=SyncLoop,
+                               delay=args.sync_delay if kind == "delayed" else 0,
                                log=lambda s, n=name: print(f"  [{n}] {s}", flush=True))
             res["curve"] = res.pop("solver_curve")
             res.pop("system_curve", None)

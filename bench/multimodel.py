@@ -49,7 +49,7 @@ import os
 import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,6 +221,10 @@ class Lockstep:
     steps: int = 0
     #: the trajectories of the last step by policy (what its rl_step trained on)
     trained: dict[str, list[Any]] = field(default_factory=dict)
+    #: train each step on the episodes generated ``delay`` versions earlier (staleness
+    #: ``delay`` without the pipeline: the same loss, its behaviour weights correcting); the
+    #: first step generates ``delay + 1`` batches
+    delay: int = 0
 
     def __post_init__(self) -> None:
         from astraflow.consumers.rollout.runtime import Runtime
@@ -243,6 +247,7 @@ class Lockstep:
         self.tasks: Iterator[Any] = tasks(cfg.producer)
         self.batch = {p: cfg.data.batch_size_of(p) for p in cfg.policies}
         self._loop = asyncio.new_event_loop()
+        self._pending: deque[list[tuple[tuple[Any, int], Any]]] = deque()
 
     def close(self) -> None:
         self._loop.run_until_complete(self.runtime.close())
@@ -255,8 +260,10 @@ class Lockstep:
 
         t0 = time.perf_counter()
         n_tasks = max(self.batch.values())
-        todo = [next(self.tasks) for _ in range(n_tasks)]
-        outs = self._loop.run_until_complete(self._episodes(todo))
+        while len(self._pending) <= self.delay:
+            todo = [next(self.tasks) for _ in range(n_tasks)]
+            self._pending.append(self._loop.run_until_complete(self._episodes(todo)))
+        outs = self._pending.popleft()
         t1 = time.perf_counter()
         groups: dict[str, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
         for (task, index), out in outs:
@@ -271,6 +278,9 @@ class Lockstep:
                                        groups=keep), self.versions[p])
             self.versions[p] += 1
             row[f"{p}_reward"] = round(float(m.get("reward_mean", 0.0)), 4)
+            for k in ("behav_weight_max", "staleness_mean", "groups_zero_adv"):
+                if k in m:
+                    row[f"{p}_{k}"] = round(float(m[k]), 4)
         t2 = time.perf_counter()
         for p in self.trainers:
             self.sync(p)
@@ -347,11 +357,12 @@ def run_lockstep(cfg: Any, models: Mapping[str, Path], *, seconds: float,
                  max_steps: int | None = None, every: int = 10, target: float | None = None,
                  threads: int = 2, final_eval: bool = True,
                  log: Callable[[str], None] = print,
-                 loop_class: type[Lockstep] | None = None) -> dict[str, Any]:
+                 loop_class: type[Lockstep] | None = None, delay: int = 0) -> dict[str, Any]:
     """The baseline for ``seconds`` of its clock (evaluation off the clock) or ``max_steps``
     iterations. Returns its per-step rows, solver accuracy curve and final measures.
-    ``loop_class``: a :class:`Lockstep` measuring other accuracies (bench/agentic.py's)."""
-    loop = (loop_class or Lockstep)(cfg, models, threads=threads)
+    ``loop_class``: a :class:`Lockstep` measuring other accuracies (bench/agentic.py's);
+    ``delay``: :attr:`Lockstep.delay`."""
+    loop = (loop_class or Lockstep)(cfg, models, threads=threads, delay=delay)
     try:
         curve = [{"step": 0, "time": 0.0, **loop.accuracy()}]
         rows: list[dict[str, float]] = []

@@ -47,6 +47,9 @@ def test_per_step_means_and_the_difference_to_the_loop() -> None:
         # too short for the grid: its time counts, its accuracy does not
         ("sync-40-r3", run({5: 0.9, 10: 0.9}, time=None, s_step=4.0, rewards=[0.9] * 10,
                           pipeline=False)),
+        # the loop trained on older batches (--sync-delay): compared with the loop too
+        ("delayed2-40", run({10: 0.35, 20: 0.55}, time=250.0, s_step=5.0,
+                            rewards=[0.2] * 20, pipeline=False)),
     ]
     table, rows = agentic.per_step(runs, target=0.5, until=20)
     arms = by_arm(rows)
@@ -63,6 +66,9 @@ def test_per_step_means_and_the_difference_to_the_loop() -> None:
     assert p["steps"] == 20 and s["steps"] == 5
     assert "steps 10–20" in table and "| pipeline-40 | 2 (2) |" in table
     assert "| sync-40 | 3 (2) |" in table
+    d = arms["delayed2-40"]
+    assert d["acc_diff"] == pytest.approx(-0.1) and d["acc_diff_se"] is None  # one run
+    assert d["time_ratio"] == pytest.approx(200.0 / 250.0)
 
 
 def test_from_pools_result_files_and_takes_only_named_arms(

@@ -77,6 +77,34 @@ def test_lockstep_trains_both_policies_and_versions_advance(setup) -> None:
         loop.close()
 
 
+def generated_by(trajectories: list[Any]) -> set[int]:
+    """The versions that generated the trained (loss-mask 1) tokens."""
+    out: set[int] = set()
+    for t in trajectories:
+        mask = unpack(t.loss_mask, "u1").tolist()
+        out |= {v for v, m in zip(unpack(t.versions, "<i4").tolist(), mask, strict=True) if m}
+    return out
+
+
+def test_a_delayed_lockstep_trains_on_episodes_of_delay_versions_earlier(setup) -> None:
+    cfg, models = setup
+    loop = Lockstep(cfg, models, threads=1, delay=2)
+    try:
+        made: list[set[int]] = []
+        for step in range(4):
+            row = loop.step()
+            assert loop.versions == {"solver": step + 1, "verifier": step + 1}
+            # the first step generates delay + 1 batches at version 0; each later one a batch
+            # at the current version, and trains on the batch of two versions earlier
+            assert len(loop._pending) == 2
+            made.append(generated_by(loop.trained["solver"]))
+            assert generated_by(loop.trained["verifier"]) == made[-1]
+            assert row["solver_staleness_mean"] == step - max(0, step - 2)
+        assert made == [{0}, {0}, {0}, {1}]
+    finally:
+        loop.close()
+
+
 def test_run_lockstep_reports_steps_curve_and_final_measures(setup) -> None:
     cfg, models = setup
     res = run_lockstep(cfg, models, seconds=math.inf, max_steps=2, every=1, threads=1,
