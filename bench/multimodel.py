@@ -231,6 +231,8 @@ class Lockstep:
         from astraflow.consumers.trainer.build import build_engine
         from astraflow.producers.producer import tasks
 
+        if self.delay < 0:
+            raise ValueError(f"delay must be >= 0 versions, got {self.delay}")
         cfg = self.cfg
         self.engines = hf_engines(cfg, self.models, threads=self.threads)
         self.trainers = {p: build_engine(cfg.trainer_for(p), self.models[p])

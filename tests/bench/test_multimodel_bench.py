@@ -103,6 +103,8 @@ def test_a_delayed_lockstep_trains_on_episodes_of_delay_versions_earlier(setup) 
         assert made == [{0}, {0}, {0}, {1}]
     finally:
         loop.close()
+    with pytest.raises(ValueError, match="delay must be >= 0"):
+        Lockstep(cfg, models, threads=1, delay=-1)
 
 
 def test_run_lockstep_reports_steps_curve_and_final_measures(setup) -> None:

@@ -222,7 +222,10 @@ def term(*_):
     sys.exit(0)
 signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore" else term)
 print(f"child {n} up", flush=True)
-open(os.path.join(d, f"started-{n}"), "w").write(str(os.getpid()))
+# written whole, then renamed: the test sees the file only once the pid is in it
+with open(os.path.join(d, f".started-{n}"), "w") as f:
+    f.write(str(os.getpid()))
+os.replace(os.path.join(d, f".started-{n}"), os.path.join(d, f"started-{n}"))
 if mode == "crash":
     sys.exit(3)
 while True:
