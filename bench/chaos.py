@@ -432,17 +432,23 @@ def detections(run_dir: Path, faults: Sequence[Fault],
 def superseded(f: Fault, manifests: Sequence[Published]) -> bool:
     """Was the corrupted blob passed over rather than met: before the worker restarted through
     it synced past its version, was there published (``manifests``: its policy's) a full
-    snapshot of a later version (routes then start at that full), or the same version again
-    under another name (a trainer restarted from a checkpoint before it; routes take the later
-    manifest)? Then no route reads the blob."""
+    snapshot of a later version (routes then start at that full), or a new chain past it — a
+    trainer restarted from a checkpoint at or below its version republished from there (a
+    manifest of a version <= it, after it) and reached its version (a manifest >= it, after it;
+    the same version under another name, or a later one when the restarted publisher coalesced
+    versions: routes take the later manifests, so they follow the new chain)? Then no route
+    reads the blob."""
     if f.recovery_s is None:
         return False
     synced = f.t + f.recovery_s
     version, name = f.details.get("version", 0), Path(f.target).name
     mine = min((at for _, _, at, uri in manifests if uri == name), default=None)
-    return any(at <= synced and ((kind == "full" and v > version) or (
-        v == version and kind == "delta" and uri != name and mine is not None and at > mine))
-        for v, kind, at, uri in manifests)
+    if any(at <= synced and kind == "full" and v > version for v, kind, at, _ in manifests):
+        return True
+    if mine is None:
+        return False
+    later = [(v, at) for v, _, at, uri in manifests if uri != name and mine < at <= synced]
+    return any(v <= version for v, _ in later) and any(v >= version for v, _ in later)
 
 
 def crash_loops(summary: Mapping[str, Any], causes: Mapping[str, Mapping[str, Any]]

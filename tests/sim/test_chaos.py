@@ -129,6 +129,32 @@ def test_the_replay_order_is_checked_against_the_trainers_log(tmp_path: Path) ->
         "step 2: log b replay c", "step 3: log c replay b"]
 
 
+def test_a_corrupted_blob_is_superseded_only_when_no_route_can_reach_it() -> None:
+    # v62's blob (published at t=5) corrupted at t=8, the restarted worker synced by t=13
+    blob = "v0000000062.delta.old.afw"
+    fault = Fault(id=5, kind="blob_corrupt", target=f"/w/default/{blob}", t=8.0,
+                  details={"version": 62}, recovery_s=5.0)
+    old = [(60, "full", 1.0, "v60.full"), (61, "delta", 4.0, "v61.old"), (62, "delta", 5.0, blob)]
+    assert not bench.superseded(fault, old)
+    # the old chain going on past it: routes still read it
+    assert not bench.superseded(fault, [*old, (63, "delta", 9.0, "v63.old")])
+    # a full of a later version before the sync: routes start there
+    assert bench.superseded(fault, [*old, (80, "full", 12.0, "v80.full")])
+    assert not bench.superseded(fault, [*old, (80, "full", 14.0, "v80.full")])  # too late
+    # a trainer restarted from v60 republished v61 and v62 under new names
+    assert bench.superseded(fault, [*old, (61, "delta", 8.8, "v61.new"),
+                                    (62, "delta", 8.9, "v62.new")])
+    # ... or coalesced 62..67 into 68: the new chain passes the version without a v62
+    assert bench.superseded(fault, [*old, (61, "delta", 8.8, "v61.new"),
+                                    (68, "delta", 8.9, "v68.new")])
+    # a republish that has not reached v62 by the sync: the worker may still read the blob
+    assert not bench.superseded(fault, [*old, (61, "delta", 8.8, "v61.new"),
+                                        (68, "delta", 13.5, "v68.new")])
+    # no recovery measured: nothing to say
+    assert not bench.superseded(Fault(id=5, kind="blob_corrupt", target=f"/w/{blob}", t=8.0,
+                                      details={"version": 62}), old)
+
+
 REDUCED = ["--warm", "none", "--seconds", "50", "--bus", "embedded", "--hold", "3,4",
            "--disk-mb", "768",
            "--set", "data.batch_size=4", "--set", "producer.n_samples=4",
