@@ -24,7 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
-from astraflow.core.bus import connect
+from astraflow.core.bus import connect, embedded_url
 
 STAMP = struct.Struct("<d")
 
@@ -171,7 +171,7 @@ def main() -> None:
                 "astraflow kafka": lambda n=n, size=size, pace=0.0: run_bus(
                     f"kafka://{bootstrap}", n, size, pace),
                 "astraflow embedded": lambda n=n, size=size, pace=0.0: run_bus(
-                    f"embedded://{tmp.name}/bench-{size}.db", n, size, pace),
+                    embedded_url(Path(tmp.name) / f"bench-{size}.db"), n, size, pace),
             }
             for fn in runs.values():  # warm-up: connections, idempotent producer id, JIT
                 fn(200, size, 0.0)

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from astraflow.consumers.trainer.loop import resolve
-from astraflow.core.bus import connect
+from astraflow.core.bus import connect, embedded_url
 from astraflow.core.bus.reader import read_all
 from astraflow.core.bus.types import Bus
 from astraflow.core.records import (
@@ -134,7 +134,7 @@ def main() -> None:
     ap.add_argument("--no-kafka", action="store_true")
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
-    rows = [bench("embedded", f"embedded://{tmp.name}/bench.db", args)]
+    rows = [bench("embedded", embedded_url(Path(tmp.name) / "bench.db"), args)]
     if not args.no_kafka:
         from astraflow.core.broker import kafka_bootstrap
 

@@ -194,7 +194,7 @@ def main() -> None:
 
     from astraflow.consumers.rollout.batcher import Batcher
     from astraflow.consumers.rollout.engines import build_engine
-    from astraflow.core.bus import connect
+    from astraflow.core.bus import connect, embedded_url
     from astraflow.core.records import ChatMessage
     from astraflow.models.prompt import render_prompt
 
@@ -204,7 +204,7 @@ def main() -> None:
                               max_batch_size=256, continuous=args.continuous)
         params = sum(p.numel() for p in engine.model.parameters()) / 1e6
         ids = render_prompt(engine.tokenizer, [ChatMessage(**m) for m in PROMPT])[1]
-        bus = connect(f"embedded://{root}/bus.db") if "bus" in args.record else None
+        bus = connect(embedded_url(Path(root) / "bus.db")) if "bus" in args.record else None
         served = {mode: Served(engine, bus if mode == "bus" else None) for mode in args.record}
         arms = ["direct", *(f"gateway ({m})" for m in args.record)]
         rows: dict[tuple[int, str], list[dict[str, float]]] = {}

@@ -32,6 +32,7 @@ import uuid
 from pathlib import Path
 
 from astraflow.config import ExperimentConfig, open_bus
+from astraflow.core.bus import embedded_url
 from astraflow.core.bus.types import Bus
 from astraflow.core.records import (
     Trajectory,
@@ -191,7 +192,7 @@ def main() -> None:
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
     root = Path(tmp.name)
-    rows = bench(f"embedded://{root}/bus.db", "embedded", args, root)
+    rows = bench(embedded_url(Path(root) / "bus.db"), "embedded", args, root)
     if not args.no_kafka:
         from astraflow.core.broker import kafka_bootstrap
 

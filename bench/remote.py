@@ -264,7 +264,7 @@ def egress(run_dir: Path, workers: int, mirror: bool, versions: int, tmp: Path
     to ``workers`` syncers, each caught up after every version; bytes the trainer's server
     sent per version."""
     from astraflow.config import load_experiment, open_bus
-    from astraflow.core.bus import connect
+    from astraflow.core.bus import connect, embedded_url
     from astraflow.core.records import WeightManifest
     from astraflow.core.stream import Output, send
     from astraflow.core.topics import record_key, topic_name
@@ -286,7 +286,7 @@ def egress(run_dir: Path, workers: int, mirror: bool, versions: int, tmp: Path
     keep = sorted({m.version for m in manifests})[:versions]
     manifests = [m for m in manifests if m.version in keep]
     tmp.mkdir(parents=True, exist_ok=True)
-    bus = connect(f"embedded://{tmp}/bus.db")
+    bus = connect(embedded_url(Path(tmp) / "bus.db"))
     topic = topic_name("egress", "weights", "default")
     bus.create_topics({topic: 1})
     producer = bus.producer()

@@ -73,12 +73,12 @@ def worker_run(engine: Any, task_list: list[Any], concurrency: int, max_new: int
     """(seconds, episodes, generated tokens, mean batch) of one worker on the embedded bus."""
     from astraflow.consumers.rollout.runtime import Runtime
     from astraflow.consumers.rollout.worker import RolloutWorker
-    from astraflow.core.bus import connect
+    from astraflow.core.bus import connect, embedded_url
     from astraflow.core.records import encode, schema_header
     from astraflow.core.topics import run_topics, topic_name
 
     run = f"bench{time.monotonic_ns() % 10**9}"
-    bus = connect(f"embedded://{root}/{run}.db")
+    bus = connect(embedded_url(Path(root) / f"{run}.db"))
     bus.create_topics(run_topics(run, ["default"]))
     p = bus.producer()
     for t in task_list:

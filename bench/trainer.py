@@ -41,6 +41,7 @@ from astraflow.consumers.trainer.build import build_engine  # noqa: E402
 from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState  # noqa: E402
 from astraflow.consumers.trainer.config import TrainerConfig  # noqa: E402
 from astraflow.consumers.trainer.rl import rl_step  # noqa: E402
+from astraflow.core.bus import embedded_url  # noqa: E402
 from astraflow.core.records import Batch, Group  # noqa: E402
 from astraflow.models.tiny import build_model, build_tokenizer, save  # noqa: E402
 from astraflow.run.roles import build_trainer  # noqa: E402
@@ -116,7 +117,7 @@ def part1(model_dir: Path, repeats: int) -> None:
 
 def part2(model_dir: Path, steps: int, tmp: Path) -> None:
     cfg = ExperimentConfig.model_validate({
-        "run": "bench", "bus": {"url": f"embedded://{tmp}/bus.db"},
+        "run": "bench", "bus": {"url": embedded_url(Path(tmp) / "bus.db")},
         "models": {"default": {"path": str(model_dir)}},
         "trainer": {"checkpoint_every": 10, "max_steps": steps, "poll_timeout_s": 0.05,
                     "micro_batch_tokens": 16384}})
