@@ -44,6 +44,15 @@ def weights(model: Any) -> dict[str, Any]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def generated_by(trajectories: list[Any]) -> set[int]:
+    """The versions that generated the trained (loss-mask 1) tokens."""
+    out: set[int] = set()
+    for t in trajectories:
+        mask = unpack(t.loss_mask, "u1").tolist()
+        out |= {v for v, m in zip(unpack(t.versions, "<i4").tolist(), mask, strict=True) if m}
+    return out
+
+
 def test_lockstep_trains_both_policies_and_versions_advance(setup) -> None:
     import torch
 
@@ -66,24 +75,12 @@ def test_lockstep_trains_both_policies_and_versions_advance(setup) -> None:
             trained = loop.trained[p]
             assert len(trained) == 3 * 2 and {t.policy for t in trained} == {p}
             for t in trained:
-                mask = unpack(t.loss_mask, "u1").tolist()
-                gen = {v for v, m in zip(unpack(t.versions, "<i4").tolist(), mask, strict=True)
-                       if m}
-                assert gen == {2}, (p, t.id, gen)
+                assert generated_by([t]) == {2}, (p, t.id, generated_by([t]))
         assert [r["step"] for r in rows] == [1, 2, 3]
         assert all(r["failed"] == 0 and r["latency_max_s"] <= 0.01 for r in rows)
         assert all(r["step_s"] >= r["rollout_s"] + r["train_s"] for r in rows)
     finally:
         loop.close()
-
-
-def generated_by(trajectories: list[Any]) -> set[int]:
-    """The versions that generated the trained (loss-mask 1) tokens."""
-    out: set[int] = set()
-    for t in trajectories:
-        mask = unpack(t.loss_mask, "u1").tolist()
-        out |= {v for v, m in zip(unpack(t.versions, "<i4").tolist(), mask, strict=True) if m}
-    return out
 
 
 def test_a_delayed_lockstep_trains_on_episodes_of_delay_versions_earlier(setup) -> None:
