@@ -72,14 +72,13 @@ def read_yaml(path: Path) -> dict[str, Any]:
 def warm_models(run_dir: Path) -> dict[str, Path]:
     """The model directory of each policy RL started from in ``run_dir`` (its config-rl.yaml:
     the warm-up's exports, or the models as built when there was no warm-up)."""
-    from astraflow.config import load_experiment, model_dir
+    from astraflow.core.errors import ConfigError
+    from astraflow.run.warmup import start_models
 
-    path = run_dir / "config-rl.yaml"
-    if not path.exists():
-        raise SystemExit(f"{run_dir} has no config-rl.yaml: not a finished `astraflow run` "
-                         "directory (its warm-up never ended?)")
-    cfg = load_experiment(path)
-    return {p: model_dir(cfg, p, run_dir).resolve() for p in cfg.policies}
+    try:
+        return start_models(run_dir)
+    except ConfigError as e:
+        raise SystemExit(str(e)) from None
 
 
 def arm_config(base: Path | Mapping[str, Any], overrides: Sequence[str],
@@ -116,27 +115,34 @@ def write_yaml(data: Mapping[str, Any], path: Path) -> Path:
     return path
 
 
-def astraflow_run(config: Path, out: Path, log: Path, sets: Sequence[str] = ()) -> int:
+def astraflow_run(config: Path, out: Path, log: Path, sets: Sequence[str] = (),
+                  flags: Sequence[str] = ()) -> int:
     cmd = [sys.executable, "-m", "astraflow.cli.app", "run", str(config), "--out", str(out),
-           "--no-live", *[a for s in sets for a in ("--set", s)]]
-    print(f"  $ astraflow run {config} --out {out} {' '.join(f'--set {s}' for s in sets)}",
-          flush=True)
+           "--no-live", *flags, *[a for s in sets for a in ("--set", s)]]
+    print(f"  $ astraflow run {config} --out {out} {' '.join(flags)} "
+          f"{' '.join(f'--set {s}' for s in sets)}", flush=True)
     with open(log, "w") as fh:
         return subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT).returncode
 
 
 def make_warm(config: Mapping[str, Any], overrides: Sequence[str], out: Path) -> Path:
-    """Run the config's warm-up once (RL stopped after a second); its run directory."""
+    """Run the config's warm-up once (`astraflow run --warmup-only`; without a warm-up,
+    launch.warmup.steps 0, a run of one second leaves the models as built); its run
+    directory."""
     import copy
 
     from astraflow.core.config import apply_overrides
 
     run_dir = out / "warmup"
-    data = apply_overrides(copy.deepcopy(dict(config)), [
-        *overrides, "launch.timeout_s=1", "launch.stop_at_accuracy=null", "launch.evaluate=false"])
+    data = apply_overrides(copy.deepcopy(dict(config)), overrides)
+    warms = data.get("launch", {}).get("warmup", {}).get("steps", 0) > 0
+    if not warms:
+        data = apply_overrides(data, ["launch.timeout_s=1", "launch.stop_at_accuracy=null",
+                                      "launch.evaluate=false"])
     cfg = write_yaml(data, out / "warmup.yaml")
     t0 = time.monotonic()
-    code = astraflow_run(cfg, run_dir, out / "warmup.log")
+    code = astraflow_run(cfg, run_dir, out / "warmup.log",
+                         flags=["--warmup-only"] if warms else [])
     print(f"[warmup] exit {code} in {time.monotonic() - t0:.0f} s", flush=True)
     if not (run_dir / "config-rl.yaml").exists():
         raise SystemExit(f"the warm-up run left no config-rl.yaml; see {out / 'warmup.log'}")

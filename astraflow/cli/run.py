@@ -19,6 +19,12 @@ def run(
     = None,
     live: Annotated[bool, typer.Option(help="Show the live view.")] = True,
     fresh: Annotated[bool, typer.Option(help="Delete the run directory first.")] = True,
+    warm: Annotated[Path | None, typer.Option(
+        help="Start RL from the models of this run directory (one whose warm-up ended: "
+             "--warmup-only or a whole run), skipping the warm-up.")] = None,
+    warmup_only: Annotated[bool, typer.Option(
+        "--warmup-only", help="Run the SFT warm-up alone and stop; start RL from it later "
+                              "with --warm.")] = False,
 ) -> None:
     """Launch the producer, rollout workers, policy stages, trainer(s) and evaluator(s) as
     separate processes, supervise them, stop when the trainers reach their step budget (or on
@@ -27,13 +33,22 @@ def run(
     from astraflow.config import load_experiment
     from astraflow.core.errors import AstraflowError
     from astraflow.run.orchestrate import run_experiment
+    from astraflow.run.warmup import from_warm
 
     sets = with_env_bus(overrides)
     if bus is not None and bus != "embedded":
         sets.append(f"bus.url={bus}")
     try:
         cfg = load_experiment(config, sets)
-        code = run_experiment(cfg, out or Path("runs") / cfg.run, live=live, fresh=fresh)
+        out = out or Path("runs") / cfg.run
+        if warm is not None:
+            if warmup_only:
+                raise fail("--warm and --warmup-only: give one (--warm skips the warm-up)")
+            if fresh and warm.resolve().is_relative_to(out.resolve()):
+                raise fail(f"--warm {warm} lies in the run directory {out}, which a fresh run "
+                           "deletes first: give another --out (or --no-fresh)")
+            cfg = from_warm(cfg, warm)
+        code = run_experiment(cfg, out, live=live, fresh=fresh, warmup_only=warmup_only)
     except AstraflowError as e:
         raise fail(str(e)) from None
     raise typer.Exit(code)

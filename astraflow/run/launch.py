@@ -12,6 +12,8 @@ from astraflow.core.config import dump
 from astraflow.run.scaling import initial_workers
 from astraflow.run.supervisor import RoleSpec, cli
 
+RL_CONFIG = "config-rl.yaml"  # in a run directory: the RL phase's config
+
 
 def write_config(config: ExperimentConfig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.config import ExperimentConfig, create_run_topics, model_dir, open_bus
-from astraflow.core.errors import AstraflowError, BusError
+from astraflow.core.errors import AstraflowError, BusError, ConfigError
 from astraflow.core.topics import run_topics
 from astraflow.run.launch import (
+    RL_CONFIG,
     export_model,
     newest_checkpoint,
     rl_roles,
@@ -75,9 +76,15 @@ def _stop_on_signals() -> None:
 
 
 def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
-                   fresh: bool = True) -> int:
+                   fresh: bool = True, warmup_only: bool = False) -> int:
+    """The whole run; with ``warmup_only``, the warm-up alone: its models, ``warmup.json``,
+    ``config-rl.yaml`` (what RL would start from: ``astraflow run --warm``) and
+    ``summary.json``. The exit code: 0, or 1 when a role failed or the warm-up missed."""
     from rich.console import Console
 
+    if warmup_only and config.launch.warmup.steps <= 0:
+        raise ConfigError("--warmup-only: launch.warmup.steps is 0, so this config has no "
+                          "warm-up to run")
     _stop_on_signals()
     console = Console()
     out = out.resolve()
@@ -100,6 +107,8 @@ def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
             rl = _warmup(config, out, bus, sup, console, fresh=fresh)
             if rl is None:
                 return 1
+        if warmup_only:
+            return _warmup_only_done(rl, out, console)
         code = _rl_phase(rl, out, bus, sup, console, live=live, started=time.time())
     except BaseException:
         sup.stop()  # an interrupted warm-up, or an error: no role is left running unattended
@@ -121,6 +130,22 @@ def _warmup(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, cons
     return run_warmup(config, out, bus, sup, console)
 
 
+def _warmup_only_done(rl: ExperimentConfig, out: Path, console: Any) -> int:
+    """``--warmup-only``: write where RL would start (``config-rl.yaml``) and the summary,
+    and say how to start RL from it."""
+    from astraflow.run.warmup import RESULT
+
+    write_config(rl, out / RL_CONFIG)
+    result = {"warmup_only": True, "warmup": json.loads((out / RESULT).read_text())}
+    (out / "summary.json").write_text(json.dumps(result, indent=2))
+    for p, w in result["warmup"].get("policies", {}).items():
+        acc = "" if w.get("accuracy") is None else f"{w['accuracy']:.3f} at "
+        console.print(f"warm-up {p}: {acc}step {w.get('step')} ({w.get('outcome')})")
+    console.print(f"warm-up only: RL not started. Start it from these models with\n"
+                  f"  astraflow run CONFIG --warm {out}", highlight=False)
+    return 0
+
+
 def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, console: Any,
               *, live: bool, started: float) -> int:
     from rich.live import Live
@@ -131,7 +156,7 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
     from astraflow.run.plots import plot_run, summary
     from astraflow.run.view import render
 
-    path = write_config(config, out / "config-rl.yaml")
+    path = write_config(config, out / RL_CONFIG)
     col = Collector(bus, config.run, jsonl=out / "metrics.jsonl", policies=config.policies)
     sup.start(rl_roles(config, path, out))
     scaler = _scaler(config, bus, sup, path, out)

@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from astraflow.config import ExperimentConfig, create_run_topics, model_dir
+from astraflow.config import ExperimentConfig, create_run_topics, load_experiment, model_dir
 from astraflow.core.errors import ConfigError
 from astraflow.run.launch import (
+    RL_CONFIG,
     export_model,
     newest_checkpoint,
     produce_demonstrations,
@@ -491,6 +492,42 @@ def _fixed(config: ExperimentConfig, warm: ExperimentConfig, path: Path, out: Pa
                            for p in config.policies}}
     (out / RESULT).write_text(json.dumps(result, indent=2))
     console.print(f"SFT warm-up done: {steps} steps; RL starts from {out / 'models'}")
+    return ExperimentConfig.model_validate(data)
+
+
+def start_models(run_dir: Path) -> dict[str, Path]:
+    """The model directory each policy's RL phase started from (or starts from) in
+    ``run_dir``, a directory of `astraflow run` whose warm-up ended (``--warmup-only`` or a
+    whole run): its ``config-rl.yaml`` names the warm-up's exports, or the models as built for
+    a policy that had no warm-up. Refused with the reason when ``run_dir`` is no such
+    directory or a model is gone."""
+    path = run_dir / RL_CONFIG
+    if not path.is_file():
+        raise ConfigError(f"--warm {run_dir}: no {RL_CONFIG} there, so no warm-up ended in it "
+                          "(make one with `astraflow run CONFIG --warmup-only --out DIR`)")
+    cfg = load_experiment(path)
+    models = {p: model_dir(cfg, p, run_dir).resolve() for p in cfg.policies}
+    gone = [f"--warm {run_dir}: the model of policy {p!r} is gone ({m} has no config.json)"
+            for p, m in models.items() if not (m / "config.json").is_file()]
+    if gone:
+        raise ConfigError(gone)
+    return models
+
+
+def from_warm(config: ExperimentConfig, run_dir: Path) -> ExperimentConfig:
+    """``config`` with every policy starting RL from ``run_dir``'s models
+    (:func:`start_models`) and no warm-up of its own (`astraflow run --warm`). ``run_dir``
+    may hold more policies than ``config`` (the solver of a solver + verifier run); a policy
+    of ``config`` that it lacks is refused."""
+    models = start_models(run_dir)
+    absent = [p for p in config.policies if p not in models]
+    if absent:
+        raise ConfigError([f"--warm {run_dir}: no model of policy {p!r} there (its policies: "
+                           f"{', '.join(models)})" for p in absent])
+    data = config.model_dump()
+    for p in config.policies:
+        data.setdefault("models", {})[p] = {"path": str(models[p]), "build": "none"}
+    data["launch"]["warmup"]["steps"] = 0
     return ExperimentConfig.model_validate(data)
 
 

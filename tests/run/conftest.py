@@ -13,19 +13,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def quickstart_warmup(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The run directory of `astraflow run examples/quickstart.yaml` with its SFT warm-up (to
-    its band; ~110 s on 2 cores) and one RL step to end the run. Run once per session:
-    test_quickstart_e2e checks its warm-up, and the tests that start RL from a warm model use
-    :func:`quickstart_warm`."""
+    """The run directory of `astraflow run examples/quickstart.yaml --warmup-only` (its SFT
+    warm-up to its band, ~50 s on 2 cores, and no RL). Run once per session:
+    test_quickstart_e2e checks its warm-up and starts RL from it with ``--warm``; other tests
+    that start RL from a warm model use :func:`quickstart_warm`."""
     out = tmp_path_factory.mktemp("quickstart-warm") / "run"
-    sets = ["trainer.max_steps=1", "launch.evaluate=false", "launch.timeout_s=300"]
     proc = subprocess.run(
         [sys.executable, "-m", "astraflow.cli.app", "run", str(ROOT / "examples" /
                                                              "quickstart.yaml"),
-         "--out", str(out), "--no-live", *[a for s in sets for a in ("--set", s)]],
+         "--out", str(out), "--no-live", "--warmup-only"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert (out / "models" / "default-warm" / "config.json").exists(), proc.stdout[-4000:]
+    assert f"astraflow run CONFIG --warm {out}" in " ".join(proc.stdout.split()), proc.stdout
     return out
 
 

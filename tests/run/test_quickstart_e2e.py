@@ -1,7 +1,7 @@
 """The main job end to end, through the real CLI: `astraflow run examples/quickstart.yaml`
 with a reduced budget, on the embedded bus (a rollout process SIGKILLed midway) and on Kafka.
-The SFT warm-up runs once per session (the ``quickstart_warmup`` fixture: the same command, RL
-cut to one step); both RL runs here start from the model it landed on."""
+The SFT warm-up runs once per session (the ``quickstart_warmup`` fixture: the same command with
+``--warmup-only``); both RL runs here start from the model it landed on (``--warm``)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from run_helpers import check_finished, rl_rewards
 
+from astraflow.run.warmup import start_models
+
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 # Reduced budget: the README's warm-up (SFT until held-out accuracy is inside the quickstart's
@@ -26,13 +28,11 @@ BUDGET = [f"trainer.max_steps={STEPS}", "launch.eval_every=40", "launch.timeout_
 
 
 def start_run(out: Path, warmup: Path, *extra: str) -> subprocess.Popen[str]:
-    """The quickstart's RL phase from the warm model of the ``warmup`` run."""
-    warm = warmup / "models" / "default-warm"
-    sets = [a for s in [*BUDGET, f"models.default.path={warm}", "models.default.build=none",
-                        "launch.warmup.steps=0"] for a in ("--set", s)]
+    """The quickstart's RL phase from the warm model of the ``warmup`` run (``--warm``)."""
+    sets = [a for s in BUDGET for a in ("--set", s)]
     return subprocess.Popen(
         [sys.executable, "-m", "astraflow.cli.app", "run", str(QUICKSTART), "--out", str(out),
-         "--no-live", *sets, *extra], cwd=ROOT, stdout=subprocess.PIPE,
+         "--no-live", "--warm", str(warmup), *sets, *extra], cwd=ROOT, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
 
 
@@ -78,7 +78,11 @@ def test_the_warm_up_lands_in_the_band(quickstart_warmup: Path) -> None:
     accuracy, (low, high) = landing(quickstart_warmup)
     assert low <= accuracy <= high
     summary = json.loads((quickstart_warmup / "summary.json").read_text())
-    assert summary["failed_roles"] == [] and summary["trainer_steps"] == 1, summary
+    assert summary["warmup_only"] is True and "trainer_steps" not in summary, summary
+    # --warmup-only started no RL role, and says where RL would start (what --warm reads)
+    assert not (quickstart_warmup / "logs" / "trainer-default.log").exists()
+    warm = quickstart_warmup / "models" / "default-warm"
+    assert start_models(quickstart_warmup) == {"default": warm.resolve()}
 
 
 def learned(out: Path, warmup: Path) -> None:
