@@ -10,7 +10,9 @@ import pytest
 
 from astraflow.consumers.scaler.sim_table import (
     REFERENCE,
+    demand_params,
     format_table,
+    growth,
     reference_arms,
     reference_params,
     scale,
@@ -176,3 +178,28 @@ def test_reference_calibration_lands_near_the_paper() -> None:
 def test_simulate_table_rejects_an_unknown_scenario() -> None:
     with pytest.raises(ValueError, match="valid: reference"):
         simulate_table("nope")
+
+
+def test_growth_curve_bends_the_length_and_keeps_its_ends() -> None:
+    linear, late = growth(4.0, 1.0, 5), growth(4.0, 1.0, 5, curve=2.0)
+    assert linear == ((0.0, 1.0), (0.25, 1.75), (0.5, 2.5), (0.75, 3.25), (1.0, 4.0))
+    assert late[0] == (0.0, 1.0) and late[-1] == (1.0, 4.0)
+    assert late[2] == (0.5, 1.75)  # 1 + 3 · 0.5²: slower at first
+    assert growth(4.0, 1.65) == reference_params().rollout_growth
+
+
+def test_demand_params_gives_the_asked_need_and_trainer_compute() -> None:
+    p = demand_params(need_start=4.0, need_end=12.0, curve=2.0, slots=2, trainer_hours=20.0)
+    assert p.need(0.0) == pytest.approx(4.0) and p.need(1.0) == pytest.approx(12.0)
+    assert p.need(0.5) < (4.0 + 12.0) / 2  # the length grows late, so does the need
+    n = 10_000  # the trainer's compute: steps × train_s × the mean of train_growth
+    mean = sum(at(p.train_growth, (i + 0.5) / n) for i in range(n)) / n
+    assert p.steps * p.train_s * mean / 3600 == pytest.approx(20.0, rel=2e-3)
+    assert p.slots == 2 and p.batch_groups == reference_params().batch_groups
+    # the reference scenario, given by its demand (4.75 -> 11.70 workers), is the same run
+    ref = reference_params()
+    same = demand_params(need_start=ref.need(0), need_end=ref.need(1))
+    assert same.train_s == pytest.approx(ref.train_s, rel=5e-3)
+    assert same.need(0.5) == pytest.approx(ref.need(0.5), rel=1e-3)
+    with pytest.raises(ValueError, match="length_growth > 1"):
+        demand_params(need_start=4.0, need_end=12.0, length_growth=1.0)

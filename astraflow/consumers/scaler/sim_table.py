@@ -37,11 +37,13 @@ REFERENCE: dict[str, tuple[float, float, float, float]] = {
 }
 
 
-def growth(length_growth: float, exponent: float, points: int = 11) -> tuple[
-        tuple[float, float], ...]:
-    """A schedule ``(length at progress p) ** exponent`` for a length growing linearly from
-    1 to ``length_growth`` over the run."""
-    return tuple((i / (points - 1), (1 + (length_growth - 1) * i / (points - 1)) ** exponent)
+def growth(length_growth: float, exponent: float, points: int = 11, curve: float = 1.0
+           ) -> tuple[tuple[float, float], ...]:
+    """A schedule ``(length at progress p) ** exponent`` for a length growing from 1 to
+    ``length_growth`` over the run as ``1 + (length_growth - 1) · p ** curve`` (``curve`` 1:
+    linearly; above 1 slowly at first)."""
+    return tuple((i / (points - 1),
+                  (1 + (length_growth - 1) * (i / (points - 1)) ** curve) ** exponent)
                  for i in range(points))
 
 
@@ -55,6 +57,29 @@ def reference_params(*, length_growth: float = 4.0, rollout_exponent: float = 1.
                      train_growth=growth(length_growth, 1.0),
                      rollout_growth=growth(length_growth, rollout_exponent))
     return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def demand_params(*, need_start: float, need_end: float, length_growth: float = 4.0,
+                  curve: float = 1.0, group_sigma: float = 0.5, slots: int = 4,
+                  trainer_hours: float = 23.45, steps: int = 300,
+                  **overrides: object) -> SimParams:
+    """The reference-shaped run given by its demand instead of its step and group times: the
+    pool that keeps the trainer fed goes from ``need_start`` to ``need_end`` workers as the
+    length grows ``length_growth``-fold (shape ``curve``, see :func:`growth`), and the
+    trainer computes ``trainer_hours`` in all. ``train_s``, ``group_s`` and the rollout
+    exponent follow (``bench/elastic_fit.py`` fits these to the paper's three rows)."""
+    if need_start <= 0 or need_end <= 0 or length_growth <= 1:
+        raise ValueError("need_start and need_end must be > 0 and length_growth > 1")
+    n = 1000  # the mean length over the run, for the trainer's total compute
+    mean_length = sum(1 + (length_growth - 1) * ((i + 0.5) / n) ** curve for i in range(n)) / n
+    train_s = trainer_hours * 3600 / (steps * mean_length)
+    exponent = 1 + math.log(need_end / need_start) / math.log(length_growth)
+    base = reference_params(steps=steps)
+    return replace(base, train_s=train_s, group_sigma=group_sigma, slots=slots,
+                   group_s=need_start * slots * train_s / base.batch_groups,
+                   train_growth=growth(length_growth, 1.0, 21, curve),
+                   rollout_growth=growth(length_growth, exponent, 21, curve),
+                   **overrides)  # type: ignore[arg-type]
 
 
 SCENARIOS = {"reference": reference_params}
