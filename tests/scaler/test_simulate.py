@@ -10,6 +10,7 @@ import pytest
 
 from astraflow.consumers.scaler.sim_table import (
     REFERENCE,
+    Row,
     demand_params,
     format_table,
     growth,
@@ -17,6 +18,7 @@ from astraflow.consumers.scaler.sim_table import (
     reference_params,
     scale,
     simulate_table,
+    target_line,
 )
 from astraflow.consumers.scaler.simulate import (
     FLAT,
@@ -203,3 +205,16 @@ def test_demand_params_gives_the_asked_need_and_trainer_compute() -> None:
     assert same.need(0.5) == pytest.approx(ref.need(0.5), rel=1e-3)
     with pytest.raises(ValueError, match="length_growth > 1"):
         demand_params(need_start=4.0, need_end=12.0, length_growth=1.0)
+
+
+def test_target_line_takes_the_cheapest_auto_arm_within_the_wait() -> None:
+    def row(label: str, wait: float, vs: float) -> Row:
+        return Row(label=label, wait=wait, wait_time=wait, wall_h=1.0, rollout_h=1.0,
+                   trainer_h=1.0, total_h=1.0 + vs, mean_pool=1.0, actions=0.0, seeds=1,
+                   vs_best_fixed=vs)
+
+    rows = [row("fixed 6", 0.3, 0.0), row("auto a", 0.04, -0.12), row("auto b", 0.06, -0.20)]
+    assert target_line(rows).endswith("NOT met; best auto: auto a, -12.0% at 4.0%")
+    rows.append(row("auto c", 0.05, -0.14))
+    assert target_line(rows).endswith(": met; best auto: auto c, -14.0% at 5.0%")
+    assert target_line(rows[:1]).endswith("NOT met; no auto arm within 5% wait")

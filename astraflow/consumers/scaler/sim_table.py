@@ -182,3 +182,18 @@ def format_table(rows: Sequence[Row], reference: dict[str, tuple[float, float, f
             f"{cell(r.total_h, 3, '{:.1f}')} | {r.vs_best_fixed:+.1%} | "
             f"{r.mean_pool:.2f} | {r.actions:.1f} |")
     return "\n".join(lines)
+
+
+def target_line(rows: Sequence[Row], saving: float = 0.13, max_wait: float = 0.05) -> str:
+    """Issue 15's target checked on ``rows``: the cheapest auto arm within ``max_wait``
+    trainer wait (reports) against ``saving`` fewer total GPU-hours than the best fixed
+    pool."""
+    autos = [r for r in rows if r.label.startswith("auto") and r.wait <= max_wait]
+    head = (f"target (>= {saving:.0%} fewer total GPU-h than the best fixed pool at "
+            f"<= {max_wait:.0%} wait): ")
+    if not autos:
+        return head + f"NOT met; no auto arm within {max_wait:.0%} wait"
+    best = min(autos, key=lambda r: r.total_h)
+    met = "met" if best.vs_best_fixed <= -saving else "NOT met"
+    return (head + f"{met}; best auto: {best.label}, {best.vs_best_fixed:+.1%} at "
+            f"{best.wait:.1%}")
