@@ -36,6 +36,7 @@ from typing import Any
 
 from astraflow.config import ExperimentConfig, create_run_topics, load_experiment, model_dir
 from astraflow.core.errors import ConfigError
+from astraflow.core.paths import expand
 from astraflow.run.launch import (
     RL_CONFIG,
     export_model,
@@ -506,7 +507,9 @@ def start_models(run_dir: Path) -> dict[str, Path]:
         raise ConfigError(f"--warm {run_dir}: no {RL_CONFIG} there, so no warm-up ended in it "
                           "(make one with `astraflow run CONFIG --warmup-only --out DIR`)")
     cfg = load_experiment(path)
-    models = {p: model_dir(cfg, p, run_dir).resolve() for p in cfg.policies}
+    # where each model is, not model_dir(): that would build a tiny model that is gone
+    models = {p: Path(expand(cfg.model(p).path, out=run_dir, policy=p)).resolve()
+              for p in cfg.policies}
     gone = [f"--warm {run_dir}: the model of policy {p!r} is gone ({m} has no config.json)"
             for p, m in models.items() if not (m / "config.json").is_file()]
     if gone:

@@ -4,6 +4,7 @@ real warm-up and RL started from it, is tests/run/test_quickstart_e2e.py."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,11 @@ def test_from_warm_starts_every_policy_from_the_runs_models(tmp_path: Path) -> N
 def test_a_policy_without_a_warm_up_starts_from_the_model_as_built(tmp_path: Path) -> None:
     run = warm_run(tmp_path, {"default": None})
     assert start_models(run) == {"default": (run / "models" / "default").resolve()}
+    # gone, it is refused, not built anew in the other run's directory
+    shutil.rmtree(run / "models" / "default")
+    with pytest.raises(ConfigError, match="the model of policy 'default' is gone"):
+        start_models(run)
+    assert not (run / "models" / "default").exists()
 
 
 def test_a_run_with_more_policies_serves_a_config_with_fewer(tmp_path: Path) -> None:
