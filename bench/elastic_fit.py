@@ -31,6 +31,7 @@ from astraflow.consumers.scaler.sim_table import (
     simulate_table,
     target_line,
 )
+from astraflow.consumers.scaler.simulate import SimParams
 
 # (name, lower bound, upper bound, start) of each fitted parameter
 PARAMS = [("need_start", 2.0, 6.5, 4.75), ("need_end", 10.0, 13.0, 11.7),
@@ -51,7 +52,7 @@ def loss(values: Sequence[float], slots: int) -> float:
     return total
 
 
-def params(values: Sequence[float], slots: int):  # type: ignore[no-untyped-def]
+def params(values: Sequence[float], slots: int) -> SimParams:
     return demand_params(slots=slots, **dict(zip([p[0] for p in PARAMS], clip(values),
                                                  strict=True)))
 

@@ -139,11 +139,16 @@ def _warmup_only_done(rl: ExperimentConfig, out: Path, console: Any) -> int:
     result = {"warmup_only": True, "warmup": json.loads((out / RESULT).read_text())}
     (out / "summary.json").write_text(json.dumps(result, indent=2))
     for p, w in result["warmup"].get("policies", {}).items():
-        acc = "" if w.get("accuracy") is None else f"{w['accuracy']:.3f} at "
-        console.print(f"warm-up {p}: {acc}step {w.get('step')} ({w.get('outcome')})")
+        console.print(f"warm-up {p}: {_landing(w)}")
     console.print(f"warm-up only: RL not started. Start it from these models with\n"
                   f"  astraflow run CONFIG --warm {out}", highlight=False)
     return 0
+
+
+def _landing(w: dict[str, Any]) -> str:
+    """Where a policy's warm-up stopped (its entry of ``warmup.json``), in a few words."""
+    acc = "" if w.get("accuracy") is None else f"{w['accuracy']:.3f} at "
+    return f"{acc}step {w.get('step')} ({w.get('outcome')})"
 
 
 def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, console: Any,
@@ -356,8 +361,7 @@ def _finish(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, cons
                       "/".join("-" if s[k] is None else f"{s[k]:.3f}"
                                for k in ("first", "last", "best")))
     for p, w in result.get("warmup", {}).get("policies", {}).items():
-        acc = "" if w.get("accuracy") is None else f"{w['accuracy']:.3f} at "
-        table.add_row(f"warm-up {p}", f"{acc}step {w.get('step')} ({w.get('outcome')})")
+        table.add_row(f"warm-up {p}", _landing(w))
     for k, v in result["accounting"].items():
         if k != "by_policy":
             table.add_row(f"trajectories: {k}", str(v))

@@ -70,8 +70,7 @@ def demand_params(*, need_start: float, need_end: float, length_growth: float = 
     exponent follow (``bench/elastic_fit.py`` fits these to the paper's three rows)."""
     if need_start <= 0 or need_end <= 0 or length_growth <= 1:
         raise ValueError("need_start and need_end must be > 0 and length_growth > 1")
-    n = 1000  # the mean length over the run, for the trainer's total compute
-    mean_length = sum(1 + (length_growth - 1) * ((i + 0.5) / n) ** curve for i in range(n)) / n
+    mean_length = 1 + (length_growth - 1) / (curve + 1)  # over the run: the trainer's compute
     train_s = trainer_hours * 3600 / (steps * mean_length)
     exponent = 1 + math.log(need_end / need_start) / math.log(length_growth)
     base = reference_params(steps=steps)
