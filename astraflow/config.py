@@ -92,6 +92,13 @@ class WarmupConfig(Section):
         4, ge=0, description="a solver_verifier team's solver also learns the retry protocol: "
                              "one retry demonstration (a rejected answer, the verifier's text, "
                              "the right answer) per N problems; 0: none")
+    verifier_work: Literal["sum", "columns", "none"] = pydantic.Field(
+        "sum", description="a solver_verifier team's verifier: what its demonstrations write "
+                           "before the verdict line. sum: its own answer (\"46\\nno\"); "
+                           "columns: an addition's column sums, units first, then its own "
+                           "answer (\"2+9=11\\n1+3+1=5\\n51\\nno\"; producer.arithmetic.ops "
+                           "[\"+\"] only; give the verifier room: role_sampling.verifier."
+                           "max_new_tokens); none: the verdict alone")
     policies: dict[str, PolicyWarmupConfig] = pydantic.Field(
         default_factory=dict, description="per policy: its own target_accuracy, lr, steps "
                                           "(e.g. verifier: {target_accuracy: [0.6, 0.75]})")
@@ -390,6 +397,20 @@ class ExperimentConfig(Section):
                 f"the role with rollout.workflow.kwargs.{workflow}.policies.{role}"),
                 loc=loc, input=policy))
         _refuse(errors)
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _verifier_work(self) -> ExperimentConfig:
+        """Column work is an addition's: refused at load time for other operators."""
+        if self.launch.warmup.verifier_work != "columns":
+            return self
+        ops = self.producer.arithmetic.ops
+        if self.producer.source != "arithmetic" or set(ops) != {"+"}:
+            _refuse([InitErrorDetails(type=_error(
+                "columns_need_addition", "verifier_work columns writes an addition's column "
+                f"sums: it needs producer.source arithmetic with ops ['+'] (here "
+                f"{self.producer.source!r}, ops {list(ops)}); use sum or none"),
+                loc=("launch", "warmup", "verifier_work"), input="columns")])
         return self
 
     @pydantic.model_validator(mode="after")

@@ -53,3 +53,13 @@ def test_a_bad_verifier_latency_is_refused_at_load_time() -> None:
     (problem,) = refused(
         "rollout.workflow.kwargs.solver_verifier.verifier_latency={dist: lognormal}")
     assert "kwargs.solver_verifier.verifier_latency" in problem and "'type'" in problem
+
+
+def test_columns_work_needs_an_addition_task() -> None:
+    (problem,) = refused("launch.warmup.verifier_work=columns",
+                         "producer.arithmetic.ops=['*']")
+    assert "launch.warmup.verifier_work: verifier_work columns writes an addition's column " \
+           "sums" in problem and "ops ['*']" in problem
+    cols = load_experiment(ROOT / "examples" / "solver_verifier_columns.yaml")
+    assert cols.launch.warmup.verifier_work == "columns"
+    assert load_experiment(TEAM).launch.warmup.verifier_work == "sum"

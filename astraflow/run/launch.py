@@ -128,7 +128,8 @@ def produce_demonstrations(config: ExperimentConfig, warm: ExperimentConfig, pol
     extra: Any = iter(())
     role = config.role_of(policy)
     if role == "verifier":
-        specs = claim_specs(specs, prompt=verifier_turn(config)[0], seed=config.seed)
+        specs = claim_specs(specs, prompt=verifier_turn(config)[0], seed=config.seed,
+                            work=config.launch.warmup.verifier_work)
     elif role == "solver" and config.team_workflow() == "solver_verifier" \
             and config.launch.warmup.retry_every:
         specs = list(specs)
@@ -181,7 +182,7 @@ def tool_demonstrations(config: ExperimentConfig, tokenizer: Any, specs: list[An
 def retry_demonstrations(config: ExperimentConfig, tokenizer: Any, specs: list[Any]) -> Any:
     """A solver's retry demonstrations over ``specs`` (see :func:`produce_demonstrations`):
     the feedback is the workflow's retry prompt around the text a right verifier writes for a
-    wrong claim (with the claims' ``show_work``: its own sum, then the reject word)."""
+    wrong claim (its work in ``launch.warmup.verifier_work``, then the reject word)."""
     import random
 
     from astraflow.consumers.rollout.workflows.solver_verifier import RETRY_PROMPT
@@ -194,7 +195,8 @@ def retry_demonstrations(config: ExperimentConfig, tokenizer: Any, specs: list[A
     rng = random.Random(config.seed + 1)
     for spec in specs:
         right = str(spec.reference["answer"])
-        wrong_claim = list(claim_specs([spec], prompt=prompt))[1]
+        wrong_claim = list(claim_specs([spec], prompt=prompt,
+                                       work=config.launch.warmup.verifier_work))[1]
         feedback = template.format(verdict=wrong_claim.reference["answer"],
                                    problem=problem_of(spec))
         yield retry_demonstration(tokenizer, spec, first=wrong_answer(right, rng),

@@ -429,3 +429,20 @@ def test_verdict_and_work_rewards_the_verifiers_own_answer(ascii_tokenizer) -> N
                     {"solver": 0, "verifier": 0})
     (out,) = run(rt, [(task("solver_verifier"), 0)])
     assert by_policy(out)["verifier"].rewards["work_answer"] == -1.0
+
+
+def test_the_work_answer_is_the_line_before_the_verdict(ascii_tokenizer) -> None:
+    # a verifier that writes column sums first ("3+2=5", its own answer "5", then "no"): the
+    # line before the verdict is its answer, scored as the solver's is; the retry sees it all
+    for work, expected in (("3+2=5\n5\nno", 1.0), ("3+2=5\n6\nno", 0.0),
+                           ("3+2=5\n0+0+0=0\n5\nno", 1.0)):
+        rt, _ = runtime(ascii_tokenizer, {"solver": ["6", "5"], "verifier": [work]},
+                        {"solver": 0, "verifier": 0}, workflow_kwargs={"solver_verifier": {
+                            "rewards": {"verifier": "verdict_and_work"},
+                            "retry_prompt": "{verdict}\n{problem}"}})
+        (out,) = run(rt, [(task("solver_verifier"), 0)])
+        d = by_policy(out)
+        assert d["verifier"].rewards["work_answer"] == expected
+        assert generated(ascii_tokenizer, d["solver"]) == ["6", "5"]
+        feedback = ascii_tokenizer.decode(d["solver"].token_ids, skip_special_tokens=True)
+        assert f"{work}\n2+3=" in feedback

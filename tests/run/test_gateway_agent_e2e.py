@@ -36,7 +36,11 @@ BUDGET = [f"trainer.max_steps={STEPS}", f"data.batch_size={GROUPS}",
 # test takes 78-93 s here after the warm-up (118 s with the host's load average at 10); the
 # warm-up fixture 66-117 s, once per session. It fails without learning: on operands 0..99
 # the same kind of budget measured +0.000, and at lr 1e-3 the reward collapsed to ~0.
-MARGIN = 0.04
+# One fresh-clone CI run with other work on the cores measured +0.038 (0.173 -> 0.211, 102 s):
+# the margin is 0.03, three standard errors of the difference of two 25-step means (3,200
+# episodes each, reward ~0.2: SE ~0.007 each, ~0.010 the difference), so a run that does not
+# learn fails it (~0.1% false pass) and a slow learner under load does not.
+MARGIN = 0.03
 
 
 def run_example(out: Path, warm: Path) -> tuple[int, str, float]:

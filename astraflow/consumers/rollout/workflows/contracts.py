@@ -52,7 +52,7 @@ class Outcome:
     # how often judged answers are right lately (this worker's running rate, before this
     # episode); None: not tracked. verdict_balanced weighs each class by it.
     right_rate: float | None = None
-    # reward of the verifier's own answer (the first line of a verifier that shows its work,
+    # reward of the verifier's own answer (the line before the verdict of one that shows its work,
     # scored like the solver's); None: it wrote one line only, or no verifier
     work: float | None = None
 
@@ -137,7 +137,7 @@ RULES: dict[str, Rule] = {
         "everything)", needs=frozenset({"verdict"})),
     "verdict_and_work": Rule(
         _verdict_and_work, "mean of verdict_balanced and the reward of the verifier's own "
-        "answer (the first line of its work, scored as the solver's answer is): a process "
+        "answer (the line before its verdict, scored as the solver's answer is): a process "
         "reward for a verifier that computes before it judges, so its work is trained on the "
         "reference and cannot drift to copying the claim", needs=frozenset({"verdict", "work"})),
     "picked": Rule(_picked, "reward of the picked candidate (0 for an unclear pick)",

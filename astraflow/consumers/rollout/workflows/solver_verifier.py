@@ -41,8 +41,9 @@ Trajectories: one for the solver (both its turns), one for the verifier; their r
 from the workflow's reward contract (default: solver ``final``, verifier ``verdict_correct``;
 override with ``rewards``). Components: ``first_answer`` (reward before any retry),
 ``retried``, ``approved`` (1/0/-1 for unclear), ``final_answer``, ``work_answer`` (the reward of
-the verifier's first line when it wrote more than one: its own answer; -1 when it did not); the
-rule ``verdict_and_work`` rewards the verifier on it too.
+the verifier's line before its last one when it wrote more than one: its own answer, after any
+work that leads to it, e.g. column sums; -1 when it wrote one line); the rule
+``verdict_and_work`` rewards the verifier on it too.
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True
         ctx.count("verdict_unclear")
     judged = (await ctx.reward(first.text)).value
     lines = [line for line in judgement.text.splitlines() if line.strip()]
-    work = (await ctx.reward(lines[0])).value if len(lines) > 1 else None
+    work = (await ctx.reward(lines[-2])).value if len(lines) > 1 else None
 
     final = judged
     retried = verdict is False and retry
