@@ -87,13 +87,15 @@ def test_the_solvers_retry_demonstrations_carry_the_configured_work() -> None:
 
     root = Path(__file__).resolve().parents[2]
     tok = build_tokenizer("team")
-    for example, work in (("solver_verifier.yaml", "46\nno\n"),
-                          ("solver_verifier_columns.yaml", "4+2=6\n1+3+0=4\n46\nno\n")):
+    # the example's retry prompt: the verifier's text and the problem again; the columns one:
+    # the verifier's text alone
+    for example, feedback in (("solver_verifier.yaml", "46\nno\n14+32="),
+                              ("solver_verifier_columns.yaml", "4+2=6\n1+3+0=4\n46\nno\n")):
         cfg = load_experiment(root / "examples" / example)
         (demo,) = retry_demonstrations(cfg, tok, [spec(14, 32)])
         ids, mask = unpack(demo.token_ids, "<i4").tolist(), unpack(demo.loss_mask, "u1").tolist()
         text = tok.decode(ids, skip_special_tokens=True)
-        # the first (wrong) answer, the verifier's text and the problem again, then the answer
-        assert text.startswith("14+32=") and text.endswith(f"{work}14+32=46")
+        # the first (wrong) answer, the feedback, then the answer
+        assert text.startswith("14+32=") and text.endswith(f"{feedback}46")
         taught = [t for t, m in zip(ids, mask, strict=True) if m]
         assert tok.decode(taught, skip_special_tokens=True) == "46"
