@@ -82,21 +82,20 @@ def batch(tok: Any, problems: list[tuple[int, int]], order: str) -> tuple[Any, A
 
 
 def accuracy(model: Any, tok: Any, test: list[tuple[int, int]], order: str) -> float:
-    import torch
+    """Greedy held-out accuracy, generated as the project's evaluator generates (left-padded,
+    100 problems a batch): the last line written against the sum's."""
+    from astraflow.consumers.evaluator import greedy_texts
+    from astraflow.core.records import ChatMessage
+    from astraflow.producers.sources import TaskSpec
 
+    specs = [TaskSpec(id=f"{a}+{b}", prompt=[ChatMessage(role="user", content=f"{a}+{b}=")],
+                      reference={}) for a, b in test]
     model.eval()
-    right = 0
-    with torch.no_grad():
-        for k in range(0, len(test), 100):
-            chunk = test[k:k + 100]
-            x = tok([f"{a}+{b}=" for a, b in chunk], return_tensors="pt", padding=True)
-            out = model.generate(**x, max_new_tokens=len(target(99, 99, order)) + 1,
-                                 do_sample=False,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-            for (a, b), o in zip(chunk, out[:, x["input_ids"].shape[1]:], strict=True):
-                wrote = answer_of(tok.decode(o, skip_special_tokens=True))
-                right += wrote == answer_of(target(a, b, order))
+    texts = greedy_texts(model, tok, specs, max_new_tokens=len(target(99, 99, order)) + 1,
+                         batch_size=100)
     model.train()
+    right = sum(answer_of(t) == answer_of(target(a, b, order))
+                for (a, b), t in zip(test, texts, strict=True))
     return right / len(test)
 
 
