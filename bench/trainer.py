@@ -77,7 +77,7 @@ def plain_step(model: Any, opt: Any, batch: Batch) -> None:
     logits = model(input_ids=mb.input_ids).logits[:, :-1].float()
     logp = torch.log_softmax(logits, -1).gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
     ratio = torch.exp(logp - mb.behav)
-    adv = mb.adv.unsqueeze(-1)
+    adv = mb.adv  # per token
     loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
     loss = (loss * mb.mask).sum() / mb.mask.sum()
     loss.backward()

@@ -178,6 +178,13 @@ class Trajectory(Record, tag="Trajectory", kw_only=True):
     spans: list[TurnSpan] = []  # absent: one prompt span and one completion span implied
     reward: float = 0.0
     rewards: dict[str, float] = {}  # named reward components; absent: only ``reward``
+    # One reward per assistant turn (the ``spans`` of role "assistant", in order), when the
+    # workflow scores its turns apart (a solver's first answer by itself, its retry by the
+    # final answer). The trainer then normalises each turn within the group among the members
+    # that have it, and gives every token its turn's advantage (tokens before the first
+    # assistant span take the first turn's, others the turn they follow). ``reward`` stays the
+    # trajectory's scalar (statistics, filters). Absent ([]): every turn gets ``reward``.
+    turn_rewards: list[float] = []
     finish_reason: Literal["stop", "length", "error", "timeout", "aborted"] = "stop"
     error: str | None = None  # set when finish_reason == "error"
     worker_id: str = ""
@@ -201,6 +208,11 @@ class Trajectory(Record, tag="Trajectory", kw_only=True):
             if len(getattr(self, name)) != n * size:
                 raise SchemaError(f"{name} has {len(getattr(self, name)) // size} entries, "
                                  f"token_ids has {n}; every per-token array must align")
+        if self.turn_rewards:
+            turns = sum(s.role == "assistant" for s in self.spans)
+            if len(self.turn_rewards) != turns:
+                raise SchemaError(f"turn_rewards has {len(self.turn_rewards)} entries, spans "
+                                  f"have {turns} assistant turns; one reward per turn")
 
 
 class GroupStats(Record, tag="GroupStats", kw_only=True):

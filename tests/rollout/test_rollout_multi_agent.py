@@ -446,3 +446,21 @@ def test_the_work_answer_is_the_line_before_the_verdict(ascii_tokenizer) -> None
         assert generated(ascii_tokenizer, d["solver"]) == ["6", "5"]
         feedback = ascii_tokenizer.decode(d["solver"].token_ids, skip_special_tokens=True)
         assert f"{work}\n2+3=" in feedback
+
+
+def test_turn_rewards_score_the_first_answer_and_the_retry_apart(ascii_tokenizer) -> None:
+    kwargs = {"solver_verifier": {"turn_rewards": True, "rewards": {"solver": "first_and_final"}}}
+    rt, _ = runtime(ascii_tokenizer, {"solver": ["6", "5", "5"],
+                                      "verifier": ["VERDICT: reject", "VERDICT: approve"]},
+                    {"solver": 3, "verifier": 1}, workflow_kwargs=kwargs)
+    retried, approved = run(rt, [(task("solver_verifier"), 0), (task("solver_verifier"), 1)])
+    solver = by_policy(retried)["solver"]
+    # the wrong first answer is scored 0, the right retry 1; the scalar reward is the contract's
+    assert solver.turn_rewards == [0.0, 1.0] and solver.reward == 0.5
+    assert by_policy(approved)["solver"].turn_rewards == [1.0]  # one turn, one reward
+    assert by_policy(retried)["verifier"].turn_rewards == []  # the verifier's turn is one
+    # off by default
+    rt, _ = runtime(ascii_tokenizer, {"solver": ["6", "5"], "verifier": ["VERDICT: reject"]},
+                    {"solver": 3, "verifier": 1})
+    (out,) = run(rt, [(task("solver_verifier"), 0)])
+    assert by_policy(out)["solver"].turn_rewards == []

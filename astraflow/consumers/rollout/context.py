@@ -67,6 +67,7 @@ class Draft:
     finish_reason: str = "stop"
     error: str | None = None
     agent: str = ""  # the workflow role that produced it (Trajectory.agent); "": single role
+    turn_rewards: list[float] = field(default_factory=list)  # Trajectory.turn_rewards
 
 
 @dataclass
@@ -159,9 +160,11 @@ class Conversation:
 
     def finish(self, reward: float | Score = 0.0, *, rewards: Mapping[str, float] | None = None,
                finish_reason: str | None = None, error: str | None = None,
-               agent: str | None = None) -> Draft:
+               agent: str | None = None,
+               turn_rewards: Sequence[float] | None = None) -> Draft:
         """The trajectory of this conversation with its reward; ``agent`` (default: the
-        conversation's) is the role it is trained as."""
+        conversation's) is the role it is trained as; ``turn_rewards``: one reward per
+        assistant turn, to train each turn on its own (``Trajectory.turn_rewards``)."""
         comps = dict(reward.components) if isinstance(reward, Score) else {}
         comps.update(rewards or {})
         return Draft(policy=self.policy, token_ids=list(self.token_ids),
@@ -169,7 +172,8 @@ class Conversation:
                      versions=list(self.versions), prompt_len=self.prompt_len,
                      spans=list(self.spans), reward=float(reward), rewards=comps,
                      finish_reason=finish_reason or self.finish_reason, error=error,
-                     agent=self.agent if agent is None else agent)
+                     agent=self.agent if agent is None else agent,
+                     turn_rewards=[float(r) for r in turn_rewards or ()])
 
 
 class EpisodeContext:

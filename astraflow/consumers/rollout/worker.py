@@ -423,7 +423,7 @@ class RolloutWorker:
                     group_size=task.n_samples, token_ids=pack_i32(d.token_ids),
                     loss_mask=pack_u8(d.loss_mask), logprobs=pack_f32(d.logprobs),
                     versions=pack_i32(d.versions), prompt_len=d.prompt_len, spans=d.spans,
-                    reward=d.reward, rewards=d.rewards,
+                    reward=d.reward, rewards=d.rewards, turn_rewards=d.turn_rewards,
                     finish_reason=d.finish_reason,  # type: ignore[arg-type]
                     error=None if d.error is None else d.error[:MAX_ERROR_CHARS],
                     worker_id=self.worker_id, version_vector=vector,

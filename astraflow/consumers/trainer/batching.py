@@ -9,6 +9,12 @@ token its weight ω (see :func:`~astraflow.consumers.trainer.losses.token_weight
 with those global counts: the micro-batch losses add up to the loss of the whole batch, and
 skipping zero-advantage groups changes nothing but the time it takes.
 
+Turns scored apart: where a group's trajectories carry ``turn_rewards`` (one reward per
+assistant turn, e.g. a solver's first answer scored by itself and its retry by the final
+answer), each turn is normalised within the group among the members that have that turn
+(:func:`turn_advantages`) and every token gets its turn's advantage: ``MicroBatch.adv`` is per
+token.
+
 Alignment: logits at position t - 1 predict token t, so every per-token array is shifted by
 one (``targets = ids[1:]``, ``mask = loss_mask[1:]``, ...). A loss-mask bit on token 0 has no
 prediction and is ignored. Sequences are cut after their last loss token (what follows cannot
@@ -17,14 +23,15 @@ change the loss of a causal model) and right-padded.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from astraflow.consumers.trainer.advantages import batch_advantages, zero_groups
+from astraflow.consumers.trainer.advantages import batch_advantages, group_advantages
 from astraflow.consumers.trainer.losses import token_weights
-from astraflow.core.records import Batch, unpack
+from astraflow.core.records import Batch, Trajectory, unpack
 
 
 @dataclass
@@ -35,8 +42,11 @@ class Seq:
     loss_mask: np.ndarray  # uint8 [n]
     logprobs: np.ndarray  # float32 [n], behaviour
     versions: np.ndarray  # int32 [n]
-    advantage: float
+    advantage: float  # the sequence's (its first turn's, where its turns are scored apart)
     reward: float
+    # per token [n], where the trajectory's turns have their own rewards
+    # (``Trajectory.turn_rewards``); None: every token has ``advantage``
+    token_adv: np.ndarray | None = None
 
     @property
     def length(self) -> int:
@@ -62,7 +72,7 @@ class MicroBatch:
     mask: torch.Tensor  # [b, L-1] bool
     behav: torch.Tensor  # [b, L-1] float32 behaviour logprobs
     versions: torch.Tensor  # [b, L-1] int32
-    adv: torch.Tensor  # [b] float32
+    adv: torch.Tensor  # [b, L-1] float32, each token's advantage
     weights: torch.Tensor  # [b, L-1] float32, token weights with the batch's global counts
 
     @property
@@ -77,14 +87,26 @@ def prepare(batch: Batch, *, advantages: bool = True, std_norm: bool = True,
     groups = [[t.reward for t in g.trajectories] for g in batch.groups]
     advs = (batch_advantages(groups, std_norm=std_norm, eps=adv_eps) if advantages
             else [torch.zeros(len(g)) for g in groups])
-    zeros = zero_groups(advs) if advantages else [False] * len(groups)
+    # groups whose members score their turns apart: one advantage per member and turn
+    turned = [turn_advantages(g.trajectories, std_norm=std_norm, eps=adv_eps)
+              if advantages and any(t.turn_rewards for t in g.trajectories) else None
+              for g in batch.groups]
+    zeros = ([bool((a == 0).all()) if per is None else all(not p.any() for p in per)
+              for a, per in zip(advs, turned, strict=True)] if advantages
+             else [False] * len(groups))
     seqs: list[Seq] = []
     n_tokens = n_seqs = longest = 0
     skipped = 0
-    for g, adv, is_zero in zip(batch.groups, advs, zeros, strict=True):
+    flat_advs: list[torch.Tensor] = []
+    for g, adv, per, is_zero in zip(batch.groups, advs, turned, zeros, strict=True):
         drop = skip_zero and is_zero
         skipped += drop
-        for t, a in zip(g.trajectories, adv.tolist(), strict=True):
+        if per is not None:
+            adv = torch.tensor([float(p[0]) for p in per])
+            flat_advs.append(torch.from_numpy(np.concatenate(per)))
+        else:
+            flat_advs.append(adv)
+        for i, (t, a) in enumerate(zip(g.trajectories, adv.tolist(), strict=True)):
             mask = unpack(t.loss_mask, "u1").copy()
             mask[:1] = 0
             count = int(mask.sum())
@@ -94,11 +116,13 @@ def prepare(batch: Batch, *, advantages: bool = True, std_norm: bool = True,
             if drop or count == 0:
                 continue
             end = int(np.flatnonzero(mask)[-1]) + 1
+            token_adv = None if per is None else per[i][turn_of_tokens(t)][:end]
             seqs.append(Seq(unpack(t.token_ids, "<i4")[:end], mask[:end],
                             unpack(t.logprobs, "<f4")[:end], unpack(t.versions, "<i4")[:end],
-                            float(a), float(t.reward)))
+                            float(a), float(t.reward), token_adv))
     rewards = torch.tensor([r for g in groups for r in g], dtype=torch.float64)
-    flat = torch.cat(advs).double() if advs else torch.zeros(0, dtype=torch.float64)
+    flat = (torch.cat(flat_advs).double() if flat_advs
+            else torch.zeros(0, dtype=torch.float64))
     stats = {
         "groups": float(len(groups)),
         "trajectories": float(rewards.numel()),
@@ -113,6 +137,39 @@ def prepare(batch: Batch, *, advantages: bool = True, std_norm: bool = True,
         "adv_min": float(flat.min()) if flat.numel() else 0.0,
     }
     return Prepared(seqs, n_tokens, n_seqs, longest, stats)
+
+
+def _turns(t: Trajectory) -> int:
+    return sum(s.role == "assistant" for s in t.spans)
+
+
+def turn_advantages(members: Sequence[Trajectory], *, std_norm: bool = True,
+                    eps: float = 1e-6) -> list[np.ndarray]:
+    """Per member of one group, one advantage per assistant turn (float32 [turns], at least
+    one entry): turn k is normalised among the members that have a k-th turn, by
+    :func:`~astraflow.consumers.trainer.advantages.group_advantages` (a turn only one member
+    reached has advantage 0). A member without ``turn_rewards`` has ``reward`` on every
+    turn."""
+    rewards = [list(t.turn_rewards) or [t.reward] * max(1, _turns(t)) for t in members]
+    out = [np.zeros(len(r), dtype=np.float32) for r in rewards]
+    for k in range(max((len(r) for r in rewards), default=0)):
+        having = [i for i, r in enumerate(rewards) if len(r) > k]
+        adv = group_advantages(torch.tensor([rewards[i][k] for i in having],
+                                            dtype=torch.float64), std_norm=std_norm, eps=eps)
+        for i, a in zip(having, adv.tolist(), strict=True):
+            out[i][k] = a
+    return out
+
+
+def turn_of_tokens(t: Trajectory) -> np.ndarray:
+    """Each token's turn index (int [n]): the number of assistant spans starting at or before
+    it, less one, at least 0 (tokens before the first assistant span belong to turn 0)."""
+    starts = np.array([s.start for s in t.spans if s.role == "assistant"], dtype=np.int64)
+    n = len(t.token_ids) // 4
+    if starts.size == 0:
+        return np.zeros(n, dtype=np.int64)
+    index = np.searchsorted(starts, np.arange(n), side="right") - 1
+    return np.maximum(index, 0)
 
 
 def pack(lengths: list[int], token_budget: int) -> list[list[int]]:
@@ -149,6 +206,7 @@ def micro_batches(prep: Prepared, *, token_budget: int, aggregation: str = "toke
         mask = np.zeros((len(seqs), width), dtype=bool)
         behav = np.zeros((len(seqs), width), dtype=np.float32)
         vers = np.full((len(seqs), width), -1, dtype=np.int32)
+        adv = np.zeros((len(seqs), width), dtype=np.float32)
         for row, s in enumerate(seqs):
             n = s.length
             ids[row, :n] = s.token_ids
@@ -156,6 +214,7 @@ def micro_batches(prep: Prepared, *, token_budget: int, aggregation: str = "toke
             mask[row, :n] = s.loss_mask.astype(bool)
             behav[row, :n] = s.logprobs
             vers[row, :n] = s.versions
+            adv[row, :n] = s.advantage if s.token_adv is None else s.token_adv
         t_mask = torch.from_numpy(mask[:, 1:])
         weights = token_weights(t_mask, aggregation, n_tokens=prep.n_tokens,
                                 n_seqs=prep.n_seqs,
@@ -166,6 +225,6 @@ def micro_batches(prep: Prepared, *, token_budget: int, aggregation: str = "toke
             targets=input_ids[:, 1:].to(device), mask=t_mask.to(device),
             behav=torch.from_numpy(behav[:, 1:]).to(device),
             versions=torch.from_numpy(vers[:, 1:]).to(device),
-            adv=torch.tensor([s.advantage for s in seqs], dtype=torch.float32).to(device),
+            adv=torch.from_numpy(adv[:, 1:]).to(device),
             weights=weights.float().to(device)))
     return result

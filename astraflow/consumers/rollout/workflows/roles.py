@@ -60,11 +60,13 @@ def sampling_for(role: str, shared: Mapping[str, Any],
 
 
 def finish_role(ctx: EpisodeContext, contract: RewardContract, role: str, conv: Conversation,
-                outcome: Outcome, components: Mapping[str, float] | None = None) -> Draft:
+                outcome: Outcome, components: Mapping[str, float] | None = None, *,
+                turn_rewards: Sequence[float] | None = None) -> Draft:
     """``conv``'s trajectory with ``role``'s contract reward, as role ``role``
     (``Trajectory.agent``: the assembler groups and normalises each role apart, even when one
     policy plays two); the reward is also shown to the degenerate-contract check under the
-    task's group."""
+    task's group. ``turn_rewards``: one reward per assistant turn of ``conv``, to train each
+    turn on its own (the trajectory's reward stays the contract's)."""
     if ctx.roles.get(role, conv.policy) != conv.policy:
         raise WorkflowError(f"workflow {contract.workflow!r} finished a conversation of policy "
                             f"{conv.policy!r} as role {role!r}, which policy "
@@ -73,4 +75,4 @@ def finish_role(ctx: EpisodeContext, contract: RewardContract, role: str, conv: 
     CHECK.observe(contract.workflow, role, ctx.task.resolved_group_id(), ctx.task.n_samples,
                   ctx.sample_index, reward)
     return conv.finish(reward, rewards={**(components or {}), "final_answer": outcome.final},
-                       agent=role)
+                       agent=role, turn_rewards=turn_rewards)

@@ -15,6 +15,13 @@ The episode (roles ``solver`` and ``verifier``, each a policy; see ``policies``)
 ``train_verifier_work: false`` trains only the last line of the verifier's turn (its verdict);
 the work before it (a verifier that writes its own answer first) stays as context, untrained.
 
+``turn_rewards: true`` scores the solver's two turns apart (``Trajectory.turn_rewards``): its
+first answer by that answer's own reward, its retry by the final answer's. The trainer
+normalises each turn within the group among the members that have it (the retry against the
+other retries of that problem) and gives each token its turn's advantage, so the first answer
+learns to be right and the retry learns to use the verdict, neither drowning the other. The
+trajectory's scalar ``reward`` is still the contract's (statistics, filters).
+
 ``train_retry: false`` keeps the retry in the solver's trajectory as context only (masked 0):
 with one scalar reward per trajectory, the first answer and the retry share one advantage, and
 a retry whose success comes from the verifier's text (a verifier that writes its own answer)
@@ -118,7 +125,8 @@ def _mask_before_last_line(conv: Any, ids: list[int]) -> None:
 
 @WORKFLOWS.register(NAME)
 async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True,
-                          train_retry: bool = True, train_verifier_work: bool = True,
+                          train_retry: bool = True, turn_rewards: bool = False,
+                          train_verifier_work: bool = True,
                           verifier_prompt: str = VERIFIER_PROMPT,
                           retry_prompt: str = RETRY_PROMPT, correct_threshold: float = 0.5,
                           policies: Mapping[str, str] | None = None,
@@ -172,7 +180,9 @@ async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True
                       right_rate=rate, work=work)
     approved = -1.0 if verdict is None else float(verdict)
     return [finish_role(ctx, contract, "solver", solver, outcome,
-                        {"first_answer": judged, "retried": float(retried)}),
+                        {"first_answer": judged, "retried": float(retried)},
+                        turn_rewards=((judged, final) if retried else (judged,))
+                        if turn_rewards else None),
             finish_role(ctx, contract, "verifier", verifier, outcome,
                         {"approved": approved, "judged_answer": judged,
                          "work_answer": -1.0 if work is None else work})]
