@@ -327,8 +327,8 @@ class Lockstep:
             sample_index=index, group_size=task.n_samples, token_ids=pack_i32(d.token_ids),
             loss_mask=pack_u8(d.loss_mask), logprobs=pack_f32(d.logprobs),
             versions=pack_i32(d.versions), prompt_len=d.prompt_len, spans=d.spans,
-            reward=d.reward, rewards=d.rewards, finish_reason=d.finish_reason,
-            worker_id="lockstep", version_vector=vector,
+            reward=d.reward, rewards=d.rewards, turn_rewards=d.turn_rewards,
+            finish_reason=d.finish_reason, worker_id="lockstep", version_vector=vector,
             **({"agent": getattr(d, "agent", "")} if roles else {}))
             for d in out.drafts if d.error is None and d.finish_reason not in ("error", "timeout")]
 
@@ -488,6 +488,13 @@ def at_step(curve: Sequence[Mapping[str, float]], step: int) -> float | None:
     return before[-1]["accuracy"] if before else None
 
 
+def mean_upto(curve: Sequence[Mapping[str, float]], step: int) -> float | None:
+    """The mean of the accuracies measured at steps 1..``step`` (per step, over the run, not
+    one evaluation: the arms evaluate at different steps, each a sample of 500 problems)."""
+    points = [c["accuracy"] for c in curve if 1 <= c["step"] <= step]
+    return sum(points) / len(points) if points else None
+
+
 def f(v: Any, spec: str = ".3f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -496,9 +503,10 @@ def report(results: Mapping[str, Mapping[str, Any]], *, target: float | None) ->
     done = {k: r for k, r in results.items() if r.get("iterations")}
     common = min((r["iterations"] for r in done.values()), default=0)
     head = (f"| arm | s/iter | iterations | solver acc start → end | solver / system acc @ "
-            f"step {common} | time to solver {f(target, '.2f')} (s) | final solver | "
-            "final verifier | final system |")
-    lines = [head, "|" + "---|" * 9]
+            f"step {common} | mean of evaluations at steps 1–{common}: solver / system | "
+            f"time to solver {f(target, '.2f')} (s) | final solver | final verifier | "
+            "final system |")
+    lines = [head, "|" + "---|" * 10]
     for name, r in results.items():
         curve = r.get("solver_curve") or []
         fin = r.get("final", {})
@@ -507,6 +515,8 @@ def report(results: Mapping[str, Mapping[str, Any]], *, target: float | None) ->
             f"{f(curve[0]['accuracy'] if curve else None)} → "
             f"{f(curve[-1]['accuracy'] if curve else None)} | {f(at_step(curve, common))} / "
             f"{f(at_step(r.get('system_curve') or [], common))} | "
+            f"{f(mean_upto(curve, common))} / "
+            f"{f(mean_upto(r.get('system_curve') or [], common))} | "
             f"{f(r.get('time_to_target_s'), '.1f')} | {f(fin.get('solver_accuracy'))} | "
             f"{f(fin.get('verifier_accuracy'))} | {f(fin.get('system_accuracy'))} |")
     lines.append("")

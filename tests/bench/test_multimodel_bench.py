@@ -145,3 +145,26 @@ def test_pipeline_iteration_time_is_the_slower_policy_over_common_steps(tmp_path
     assert [c["accuracy"] for c in res["verifier_curve"]] == [0.6]
     assert res["system_curve"] == [{"step": 1, "time": 12.0, "accuracy": 0.3}]
     assert res["time_to_target_s"] == pytest.approx(14.0)  # the solver made version 4 at t=14
+
+
+def test_the_lockstep_keeps_turn_rewards(tmp_path: Path) -> None:
+    """With ``turn_rewards`` on (examples/solver_verifier_columns.yaml), the lockstep trains on
+    the same per-turn rewards as the pipeline's worker records."""
+    sets = [*SMALL, "rollout.workflow.kwargs.solver_verifier.turn_rewards=true"]
+    built = ExperimentConfig.model_validate(arm_config(
+        EXAMPLE, sets, {}, seconds=1.0, latency=None) | {
+        "models": {p: {"path": str(tmp_path / p), "build": "tiny-team", "seed": i}
+                   for i, p in enumerate(("solver", "verifier"))}})
+    models = {p: model_dir(built, p, tmp_path) for p in built.policies}
+    cfg = ExperimentConfig.model_validate(arm_config(EXAMPLE, sets, models, seconds=1.0,
+                                                     latency=None))
+    loop = Lockstep(cfg, models, threads=1)
+    try:
+        loop.step()
+        solver = loop.trained["solver"]
+        assert solver and all(
+            len(t.turn_rewards) == sum(s.role == "assistant" for s in t.spans) >= 1
+            and t.turn_rewards[0] == t.rewards["first_answer"] for t in solver)
+        assert all(t.turn_rewards == [] for t in loop.trained["verifier"])
+    finally:
+        loop.close()
