@@ -27,5 +27,19 @@ if ! command -v toxiproxy-server >/dev/null && [ -z "${ASTRAFLOW_TOXIPROXY:-}" ]
   bash "$ROOT/scripts/install-toxiproxy.sh" || echo "warning: Toxiproxy could not be built, so the" \
       "emulated-WAN tests will skip (see the output above; retry: scripts/install-toxiproxy.sh)" >&2
 fi
-echo "==> running the tests (all but gpu-marked ones)"
-exec python -m pytest -m "not gpu" "$@"
+if [ "$#" -gt 0 ]; then
+  echo "==> running the tests (all but gpu-marked ones): pytest -m 'not gpu' $*"
+  exec python -m pytest -m "not gpu" "$@"
+fi
+# The whole suite (CI): the quick tests (not slow, no broker) in two processes, then the slow
+# and Kafka ones in one. The quick ones mostly wait (sockets, subprocesses, timeouts), so two
+# at a time nearly halve their wall time on two cores; the slow ones are training runs that
+# use every core, and the Kafka ones share the session's one broker.
+echo "==> running the quick tests (not slow, not kafka, not gpu) in two processes"
+quick=0
+python -m pytest -m "not gpu and not slow and not kafka" -n 2 || quick=$?
+echo "==> running the slow and Kafka tests (not gpu)"
+rest=0
+python -m pytest -m "not gpu and (slow or kafka)" || rest=$?
+echo "==> quick tests: exit $quick; slow and Kafka tests: exit $rest"
+[ "$quick" = 0 ] && [ "$rest" = 0 ]

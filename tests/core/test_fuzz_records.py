@@ -83,7 +83,8 @@ def _of(t: mi.Type) -> st.SearchStrategy[Any]:
 def structs(draw: st.DrawFn, cls: type[msgspec.Struct]) -> msgspec.Struct:
     """A valid instance of ``cls``: each field drawn from its type, optional ones sometimes
     left at their default; the cross-field rules of the records are kept (a trajectory's
-    per-token arrays align, a group has refs or trajectories, not both)."""
+    per-token arrays align, its turn rewards match its assistant spans, a group has refs or
+    trajectories, not both)."""
     kwargs: dict[str, Any] = {}
     for f in mi.type_info(cls).fields:  # type: ignore[attr-defined]
         if f.name == "v" or (not f.required and draw(st.booleans())):
@@ -94,6 +95,10 @@ def structs(draw: st.DrawFn, cls: type[msgspec.Struct]) -> msgspec.Struct:
         for name, width in (("token_ids", 4), ("loss_mask", 1), ("logprobs", 4),
                             ("versions", 4)):
             kwargs[name] = draw(st.binary(min_size=n * width, max_size=n * width))
+        if kwargs.get("turn_rewards"):  # one per assistant span
+            turns = sum(s.role == "assistant" for s in kwargs.get("spans", []))
+            kwargs["turn_rewards"] = draw(st.lists(st.floats(allow_nan=False), min_size=turns,
+                                                   max_size=turns))
     if kwargs.get("refs") and kwargs.get("trajectories"):
         kwargs[draw(st.sampled_from(["refs", "trajectories"]))] = []
     return cls(**kwargs)

@@ -74,6 +74,7 @@ def landing(warmup: Path) -> tuple[float, tuple[float, float]]:
     return landed["accuracy"], (low, high)
 
 
+@pytest.mark.slow  # the session's quickstart warm-up (~60 s)
 def test_the_warm_up_lands_in_the_band(quickstart_warmup: Path) -> None:
     accuracy, (low, high) = landing(quickstart_warmup)
     assert low <= accuracy <= high
