@@ -22,7 +22,15 @@ from astraflow.consumers.rollout.worker import too_large
 from astraflow.consumers.rollout.workflows import WORKFLOWS
 from astraflow.consumers.rollout.workflows.contracts import CHECK
 from astraflow.consumers.rollout.workflows.roles import role_policies
-from astraflow.core.records import ChatMessage, Task, Trajectory, pack_f32, pack_i32, pack_u8
+from astraflow.core.records import (
+    ChatMessage,
+    Task,
+    Trajectory,
+    TurnSpan,
+    pack_f32,
+    pack_i32,
+    pack_u8,
+)
 from astraflow.core.topics import topic_name
 from astraflow.run.roles import build_worker
 
@@ -149,8 +157,11 @@ def test_too_large_keeps_the_role_and_the_version_vector() -> None:
                      token_ids=pack_i32([1, 2, 3]), loss_mask=pack_u8([0, 1, 1]),
                      logprobs=pack_f32([0, -1, -1]), versions=pack_i32([-1, 5, 5]),
                      prompt_len=1, reward=1.0, worker_id="w", version_vector={"default": 5,
-                                                                             "solver": 2})
+                                                                             "solver": 2},
+                     spans=[TurnSpan(start=0, end=1, role="prompt"),
+                            TurnSpan(start=1, end=3, role="assistant")], turn_rewards=[1.0])
     small = too_large(rec, ValueError("record of 9 bytes"))
+    assert small.spans == [] and small.turn_rewards == []  # no turns left, no turn rewards
     assert (small.id, small.group_id, small.policy, small.agent, small.sample_index,
             small.group_size, small.version_vector, small.worker_id) == (
         rec.id, rec.group_id, "default", "verifier", 3, 4, {"default": 5, "solver": 2}, "w")

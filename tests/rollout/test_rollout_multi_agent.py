@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from rollout_helpers import ScriptedEngine
 
-from astraflow.consumers.rollout.context import Draft, WorkflowError
+from astraflow.consumers.rollout.context import Draft, EpisodeContext, WorkflowError
 from astraflow.consumers.rollout.runtime import EpisodeOutcome, Runtime, run_episode
 from astraflow.consumers.rollout.workflows.contracts import (
     CHECK,
@@ -464,3 +464,32 @@ def test_turn_rewards_score_the_first_answer_and_the_retry_apart(ascii_tokenizer
                     {"solver": 3, "verifier": 1})
     (out,) = run(rt, [(task("solver_verifier"), 0)])
     assert by_policy(out)["solver"].turn_rewards == []
+
+
+def test_a_retry_that_returned_no_tokens_has_no_turn_reward(ascii_tokenizer) -> None:
+    """A generation with no tokens (the context full) makes no turn: the solver's turn rewards
+    follow the turns it has, so its record still builds."""
+    engines = {"solver": ScriptedEngine(ascii_tokenizer, ["6", ""], version=1, eos=False),
+               "verifier": ScriptedEngine(ascii_tokenizer, ["VERDICT: reject"], version=1)}
+    rt = Runtime.create(engines, reward="exact_match", sampling={"max_new_tokens": 200},
+                        workflow_kwargs={"solver_verifier": {"turn_rewards": True}})
+    (out,) = run(rt, [(task("solver_verifier"), 0)])
+    solver = by_policy(out)["solver"]
+    assert generated(ascii_tokenizer, solver) == ["6"] and solver.turn_rewards == [0.0]
+    assert solver.rewards["retried"] == 1.0
+
+
+def test_a_turn_reward_count_that_misses_the_turns_is_a_workflow_error(ascii_tokenizer) -> None:
+    rt, _ = runtime(ascii_tokenizer, {"solver": ["5"]}, {"solver": 0})
+
+    async def go() -> None:
+        ctx = EpisodeContext(rt, task("solver_verifier"), 0)
+        conv = ctx.conversation(None, policy="solver")
+        await conv.generate()
+        with pytest.raises(WorkflowError, match="turn_rewards has 2 entries but the "
+                                                "conversation has 1 assistant turns"):
+            conv.finish(1.0, turn_rewards=[1.0, 0.0])
+        assert conv.finish(1.0, turn_rewards=[1.0]).turn_rewards == [1.0]
+        await rt.close()
+
+    asyncio.run(go())

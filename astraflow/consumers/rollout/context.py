@@ -167,6 +167,12 @@ class Conversation:
         assistant turn, to train each turn on its own (``Trajectory.turn_rewards``)."""
         comps = dict(reward.components) if isinstance(reward, Score) else {}
         comps.update(rewards or {})
+        turns = sum(s.role == "assistant" for s in self.spans)
+        if turn_rewards and len(turn_rewards) != turns:
+            raise WorkflowError(
+                f"turn_rewards has {len(turn_rewards)} entries but the conversation has {turns} "
+                "assistant turns (a generation that returned no tokens makes no turn); give "
+                "one reward per turn")
         return Draft(policy=self.policy, token_ids=list(self.token_ids),
                      loss_mask=list(self.loss_mask), logprobs=list(self.logprobs),
                      versions=list(self.versions), prompt_len=self.prompt_len,

@@ -67,7 +67,7 @@ def too_large(rec: Trajectory, error: Exception) -> Trajectory:
     its group still hears of the sample, as the right role, under the right versions."""
     return msgspec.structs.replace(
         rec, token_ids=b"", loss_mask=b"", logprobs=b"", versions=b"", prompt_len=0,
-        spans=[], reward=0.0, rewards={}, finish_reason="error",
+        spans=[], reward=0.0, rewards={}, turn_rewards=[], finish_reason="error",
         error=f"trajectory too large for the bus: {error}"[:MAX_ERROR_CHARS])
 
 

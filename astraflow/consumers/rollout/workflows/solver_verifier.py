@@ -162,6 +162,7 @@ async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True
     work = (await ctx.reward(lines[-2])).value if len(lines) > 1 else None
 
     final = judged
+    turns = [(first, judged)]  # each solver generation and its turn's reward
     retried = verdict is False and retry
     if retried:
         ctx.count("verifier_retries")
@@ -169,6 +170,7 @@ async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True
             verdict=judgement.text, problem=problem_text(task))))
         second = await solver.generate(**sampling_for("solver", sampling, role_sampling))
         final = (await ctx.reward(second.text)).value
+        turns.append((second, final))
         if not train_retry:  # the retry stays in the trajectory as context, masked 0
             n = len(second.token_ids)
             solver.loss_mask[-n:] = [0] * n
@@ -181,7 +183,7 @@ async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True
     approved = -1.0 if verdict is None else float(verdict)
     return [finish_role(ctx, contract, "solver", solver, outcome,
                         {"first_answer": judged, "retried": float(retried)},
-                        turn_rewards=((judged, final) if retried else (judged,))
+                        turn_rewards=[r for g, r in turns if g.token_ids]
                         if turn_rewards else None),
             finish_role(ctx, contract, "verifier", verifier, outcome,
                         {"approved": approved, "judged_answer": judged,
