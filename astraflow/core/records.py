@@ -149,6 +149,11 @@ class TurnSpan(msgspec.Struct, kw_only=True, array_like=False):
     role: str  # "prompt", "assistant", "tool", "user", ...
 
 
+def assistant_turns(spans: Sequence[TurnSpan]) -> int:
+    """How many assistant turns ``spans`` hold (what ``Trajectory.turn_rewards`` counts)."""
+    return sum(s.role == "assistant" for s in spans)
+
+
 class Trajectory(Record, tag="Trajectory", kw_only=True):
     """One episode's tokens for one policy. Key: ``group_id``. Rollout → assembler.
 
@@ -209,7 +214,7 @@ class Trajectory(Record, tag="Trajectory", kw_only=True):
                 raise SchemaError(f"{name} has {len(getattr(self, name)) // size} entries, "
                                  f"token_ids has {n}; every per-token array must align")
         if self.turn_rewards:
-            turns = sum(s.role == "assistant" for s in self.spans)
+            turns = assistant_turns(self.spans)
             if len(self.turn_rewards) != turns:
                 raise SchemaError(f"turn_rewards has {len(self.turn_rewards)} entries, spans "
                                   f"have {turns} assistant turns; one reward per turn")

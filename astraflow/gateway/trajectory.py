@@ -76,7 +76,8 @@ def trajectories(s: Session, *, worker_id: str = "", version_vector: Mapping[str
             sample_index=s.sample_index, group_size=s.group_size,
             token_ids=pack_i32(d.token_ids), loss_mask=pack_u8(d.loss_mask),
             logprobs=pack_f32(d.logprobs), versions=pack_i32(d.versions),
-            prompt_len=d.prompt_len, spans=d.spans, reward=d.reward, rewards=d.rewards, turn_rewards=d.turn_rewards,
+            prompt_len=d.prompt_len, spans=d.spans, reward=d.reward, rewards=d.rewards,
+            turn_rewards=d.turn_rewards,
             finish_reason=d.finish_reason,  # type: ignore[arg-type]
             worker_id=worker_id, version_vector=dict(version_vector or {}),
             timings={"total": max(0.0, time.time() - s.opened_at)}))

@@ -54,6 +54,7 @@ def test_each_turn_is_normalised_among_the_members_that_have_it() -> None:
     # a member without turn rewards has its reward on every turn
     plain = trajectory(IDS[:5], 3, reward=1.0, tid="p")
     assert turn_advantages([plain, member("b", [0.0])], std_norm=False)[0].tolist() == [0.5]
+    assert turn_of_tokens(plain).tolist() == [0, 0, 0, 0, 0]  # no spans: all turn 0
 
 
 def test_every_token_carries_its_turns_advantage() -> None:

@@ -25,7 +25,7 @@ from astraflow.consumers.rollout.engines.base import GenRequest, GenResult
 from astraflow.consumers.rollout.rewards.base import Score, score
 from astraflow.consumers.rollout.tools import ToolResult, call_tool
 from astraflow.core.errors import AstraflowError
-from astraflow.core.records import ChatMessage, Task, TurnSpan
+from astraflow.core.records import ChatMessage, Task, TurnSpan, assistant_turns
 from astraflow.models.prompt import appended_text, decode, encode
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ class Conversation:
         assistant turn, to train each turn on its own (``Trajectory.turn_rewards``)."""
         comps = dict(reward.components) if isinstance(reward, Score) else {}
         comps.update(rewards or {})
-        turns = sum(s.role == "assistant" for s in self.spans)
+        turns = assistant_turns(self.spans)
         if turn_rewards and len(turn_rewards) != turns:
             raise WorkflowError(
                 f"turn_rewards has {len(turn_rewards)} entries but the conversation has {turns} "

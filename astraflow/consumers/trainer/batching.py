@@ -31,7 +31,7 @@ import torch
 
 from astraflow.consumers.trainer.advantages import batch_advantages, group_advantages
 from astraflow.consumers.trainer.losses import token_weights
-from astraflow.core.records import Batch, Trajectory, unpack
+from astraflow.core.records import Batch, Trajectory, assistant_turns, unpack
 
 
 @dataclass
@@ -139,10 +139,6 @@ def prepare(batch: Batch, *, advantages: bool = True, std_norm: bool = True,
     return Prepared(seqs, n_tokens, n_seqs, longest, stats)
 
 
-def _turns(t: Trajectory) -> int:
-    return sum(s.role == "assistant" for s in t.spans)
-
-
 def turn_advantages(members: Sequence[Trajectory], *, std_norm: bool = True,
                     eps: float = 1e-6) -> list[np.ndarray]:
     """Per member of one group, one advantage per assistant turn (float32 [turns], at least
@@ -150,7 +146,7 @@ def turn_advantages(members: Sequence[Trajectory], *, std_norm: bool = True,
     :func:`~astraflow.consumers.trainer.advantages.group_advantages` (a turn only one member
     reached has advantage 0). A member without ``turn_rewards`` has ``reward`` on every
     turn."""
-    rewards = [list(t.turn_rewards) or [t.reward] * max(1, _turns(t)) for t in members]
+    rewards = [list(t.turn_rewards) or [t.reward] * max(1, assistant_turns(t.spans)) for t in members]
     out = [np.zeros(len(r), dtype=np.float32) for r in rewards]
     for k in range(max((len(r) for r in rewards), default=0)):
         having = [i for i, r in enumerate(rewards) if len(r) > k]
@@ -165,11 +161,8 @@ def turn_of_tokens(t: Trajectory) -> np.ndarray:
     """Each token's turn index (int [n]): the number of assistant spans starting at or before
     it, less one, at least 0 (tokens before the first assistant span belong to turn 0)."""
     starts = np.array([s.start for s in t.spans if s.role == "assistant"], dtype=np.int64)
-    n = len(t.token_ids) // 4
-    if starts.size == 0:
-        return np.zeros(n, dtype=np.int64)
-    index = np.searchsorted(starts, np.arange(n), side="right") - 1
-    return np.maximum(index, 0)
+    index = np.searchsorted(starts, np.arange(len(t.token_ids) // 4), side="right") - 1
+    return np.maximum(index, 0)  # no assistant span: every token is turn 0
 
 
 def pack(lengths: list[int], token_budget: int) -> list[list[int]]:
