@@ -325,6 +325,7 @@ def test_the_worker_runs_its_engines_at_the_configured_speed_and_reports_it(
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a ratio of episodes/s
 def test_a_worker_at_30_percent_makes_about_30_percent_of_the_episodes(
         tmp_path: Path, arith_dir: Path) -> None:
     """The worker as a whole (its own Python is not slowed): episodes/s at speed 0.3 over the

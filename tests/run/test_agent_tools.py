@@ -27,6 +27,9 @@ from astraflow.run.roles import evaluation_kind
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "agent_tools.yaml"
+# the Kafka run starts from the embedded run's warm model (the module's fixture): one process of
+# scripts/test.sh's two runs both (pytest-xdist --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("agent-tools")
 
 
 def tool_user(wrong: int = 0) -> Callable[[str], str]:

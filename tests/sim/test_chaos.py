@@ -3,7 +3,7 @@
 Fast tests: the seeded plan, role kinds, the recovery arithmetic, and that every check fails on
 the data it exists to catch (versions going back, an unexplained restart, a failed role, a
 batch trained out of the logged order). The slow one runs bench/chaos.py itself, reduced: the
-quickstart's dataflow on a tiny untrained model for ~45 s of RL on the embedded bus, with a
+quickstart's dataflow on a tiny untrained model for 60 s of RL on the embedded bus, with a
 rollout worker killed, a trainer or stage killed mid-checkpoint and right after one, a delta
 blob corrupted (and a worker forced through it), the run directory's disk filled (where a loop
 mount works) and the weight server's link cut (where Toxiproxy is installed); then every check
@@ -155,7 +155,7 @@ def test_a_corrupted_blob_is_superseded_only_when_no_route_can_reach_it() -> Non
                                       details={"version": 62}), old)
 
 
-REDUCED = ["--warm", "none", "--seconds", "50", "--bus", "embedded", "--hold", "3,4",
+REDUCED = ["--warm", "none", "--seconds", "60", "--bus", "embedded", "--hold", "3,4",
            "--disk-mb", "768",
            "--set", "data.batch_size=4", "--set", "producer.n_samples=4",
            "--set", "launch.rollout_workers=1", "--set", "launch.evaluate=false",
@@ -169,6 +169,7 @@ REDUCED = ["--warm", "none", "--seconds", "50", "--bus", "embedded", "--hold", "
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # its faults are timed by the wall clock
 @pytest.mark.timeout(240)
 def test_the_reduced_chaos_bench_survives(tmp_path: Path) -> None:
     from astraflow.sim.disk import can_mount
@@ -179,7 +180,11 @@ def test_the_reduced_chaos_bench_survives(tmp_path: Path) -> None:
         plan.append("20:link_cut")
     if can_mount() is None:
         plan.append("25:disk_full")
-    plan.append("30:blob_corrupt")  # last: a worker is held below it until the next full
+    # last: a worker is held below it until the next full. The run goes on 30 s after it, for
+    # the worker killed with it to restart and sync through it (with 20 s, one CI run on a
+    # slow host ended with it neither detected nor passed over; a sync that had not happened
+    # yet is the likely cause, not confirmed: its files were gone)
+    plan.append("30:blob_corrupt")
     out = tmp_path / "chaos"
     code = bench.main([*REDUCED, "--out", str(out), "--startup", "0", "--plan", ",".join(plan)])
     result = json.loads((out / "chaos.json").read_text())

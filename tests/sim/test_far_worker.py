@@ -55,6 +55,7 @@ def config(tmp: Path, run: str, model: Path, bus: str, weights_url: str | None) 
 
 
 @pytest.mark.kafka
+@pytest.mark.alone  # a rate over an emulated slow link
 @pytest.mark.timeout(240)
 def test_a_far_worker_keeps_producing_within_the_staleness_bound(
         tmp_path: Path, wan_kafka: tuple, toxiproxy: Toxiproxy) -> None:
