@@ -151,6 +151,41 @@ def test_hand_computed_values() -> None:
         math.exp(-0.5) + 0.5 - 1)
 
 
+def test_sequence_level_behaviour_weight_is_the_product_over_the_loss_tokens() -> None:
+    # one step per batch: prox = logp, so each token's weight is exp(logp - behav)
+    logp = t([[-1.0, -0.5, -0.2, -3.0], [-0.1, -0.1, 0.0, 0.0]])
+    behav = t([[-1.2, -0.9, -0.1, -0.0], [-0.4, -0.1, 0.0, 0.0]])
+    mask = t([[1, 1, 1, 0], [1, 1, 0, 0]])  # the last token of row 0 is not the policy's
+    adv = t([1.0, -1.0])
+    seq = LossSpec(behaviour_level="sequence", behaviour_cap=None)
+    out = policy_loss(logp, behav, adv, mask, seq)
+    w0 = math.exp(0.2 + 0.4 - 0.1)  # row 0's three loss tokens; the masked one counts not
+    w1 = math.exp(0.3)
+    assert out.stats["behav_weight_sum"] == pytest.approx(3 * w0 + 2 * w1)
+    # token-mean of -A·w: the objective's value at ratio 1
+    assert out.loss.item() == pytest.approx((-3 * w0 + 2 * w1) / 5)
+    tok = policy_loss(logp, behav, adv, mask, LossSpec(behaviour_cap=None))
+    assert tok.stats["behav_weight_sum"] == pytest.approx(
+        math.exp(0.2) + math.exp(0.4) + math.exp(-0.1) + math.exp(0.3) + 1.0)
+    # capped as a whole: clip to the cap, or drop the sequence
+    clip = policy_loss(logp, behav, adv, mask,
+                       LossSpec(behaviour_level="sequence", behaviour_cap=1.5))
+    assert clip.stats["behav_weight_sum"] == pytest.approx(3 * 1.5 + 2 * w1)
+    assert clip.stats["capped"] == 3.0
+    drop = policy_loss(logp, behav, adv, mask, LossSpec(behaviour_level="sequence",
+                                                        behaviour_cap=1.5,
+                                                        behaviour_cap_mode="mask"))
+    assert drop.loss.item() == pytest.approx(2 * w1 / 5)
+    # a long sequence whose product overflows float64 gives a finite, capped weight
+    n = 2000
+    far = policy_loss(torch.zeros(1, n, dtype=torch.float64), t([[-1.0] * n]), t([1.0]),
+                      torch.ones(1, n, dtype=torch.float64),
+                      LossSpec(behaviour_level="sequence", behaviour_cap=5.0))
+    assert far.stats["behav_weight_max"] == 5.0 and math.isfinite(far.loss.item())
+    with pytest.raises(ValueError, match="behaviour_level"):
+        LossSpec(behaviour_level="episode")
+
+
 def test_token_weights_of_microbatches_add_up() -> None:
     mask = t(MASK)
     for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):

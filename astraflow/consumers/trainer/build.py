@@ -41,7 +41,7 @@ def loss_spec(tc: TrainerConfig) -> LossSpec:
                     dual_clip=lc.dual_clip, kl=lc.kl, kl_coef=lc.kl_coef,
                     entropy_coef=lc.entropy_coef, decoupled=lc.decoupled,
                     behaviour_cap=lc.behaviour_cap, behaviour_cap_mode=lc.behaviour_cap_mode,
-                    norm_length=lc.norm_length)
+                    behaviour_level=lc.behaviour_level, norm_length=lc.norm_length)
 
 
 def seed_everything(seed: int) -> None:

@@ -92,6 +92,11 @@ class LossConfig(Section):
     behaviour_cap_mode: Literal["clip", "mask"] = pydantic.Field(
         "clip", description="clip: weight = min(w, cap) (truncated IS); mask: tokens with "
                             "w > cap get weight 0 (AReaL)")
+    behaviour_level: Literal["token", "sequence"] = pydantic.Field(
+        "token", description="token: each token's own π_prox/π_behav; sequence: every token of "
+                             "a sequence gets the product over its loss tokens (the whole "
+                             "sequence's ratio, which also weighs the prefixes an older policy "
+                             "led to), capped by behaviour_cap")
     temperature: float = pydantic.Field(
         1.0, gt=0, description="sampling temperature of the rollout: logits are divided by it "
                                "before log-softmax so ratios compare like with like")

@@ -7,6 +7,8 @@ token's, where the trajectory's turns are scored apart)::
 
     r   = π_θ / π_prox                                    (decoupled = true)
     w   = π_prox / π_behav, capped (clip: min(w, cap); mask: 0 where w > cap), no gradient
+          (behaviour_level = sequence: w_it = Π_t' π_prox/π_behav over sequence i's loss
+          tokens, the same for all of them, then capped)
     r   = π_θ / π_behav,   w = 1                          (decoupled = false)
     pg  = w · max(-A·r, -A·clip(r, 1 - eps_low, 1 + eps_high))
     pg  = min(pg, -c·A)  where A < 0                      (dual_clip = c)
@@ -44,6 +46,7 @@ class LossSpec:
     decoupled: bool = True
     behaviour_cap: float | None = None
     behaviour_cap_mode: str = "clip"
+    behaviour_level: str = "token"
     norm_length: int | None = None
 
     def __post_init__(self) -> None:
@@ -55,6 +58,9 @@ class LossSpec:
         if self.behaviour_cap_mode not in ("clip", "mask"):
             raise ValueError(f"unknown behaviour_cap_mode {self.behaviour_cap_mode!r}; "
                              "valid: clip, mask")
+        if self.behaviour_level not in ("token", "sequence"):
+            raise ValueError(f"unknown behaviour_level {self.behaviour_level!r}; valid: "
+                             "token, sequence")
         if self.dual_clip is not None and self.dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
 
@@ -149,7 +155,9 @@ def policy_loss(logp: torch.Tensor, behav: torch.Tensor, adv: torch.Tensor,
     if spec.decoupled:
         base = (logp.detach() if prox is None else prox.to(logp.dtype))
         log_w = torch.where(keep, base - behav, zero)
-        bw = torch.exp(log_w)
+        if spec.behaviour_level == "sequence":
+            log_w = torch.where(keep, log_w.sum(-1, keepdim=True).expand_as(log_w), zero)
+        bw = torch.exp(log_w.clamp(max=60.0))  # a product of many ratios may overflow
         capped = torch.zeros_like(keep)
         if spec.behaviour_cap is not None:
             capped = keep & (bw > spec.behaviour_cap)
