@@ -146,7 +146,8 @@ def turn_advantages(members: Sequence[Trajectory], *, std_norm: bool = True,
     :func:`~astraflow.consumers.trainer.advantages.group_advantages` (a turn only one member
     reached has advantage 0). A member without ``turn_rewards`` has ``reward`` on every
     turn."""
-    rewards = [list(t.turn_rewards) or [t.reward] * max(1, assistant_turns(t.spans)) for t in members]
+    rewards = [list(t.turn_rewards) or [t.reward] * max(1, assistant_turns(t.spans))
+               for t in members]
     out = [np.zeros(len(r), dtype=np.float32) for r in rewards]
     for k in range(max((len(r) for r in rewards), default=0)):
         having = [i for i, r in enumerate(rewards) if len(r) > k]
