@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+from hangwatch import pytest_runtest_protocol  # noqa: F401  (the CI's hard per-test limit)
 
 from astraflow.core.broker import LocalBroker
 from astraflow.core.errors import BrokerError
