@@ -28,17 +28,17 @@ if ! command -v toxiproxy-server >/dev/null && [ -z "${ASTRAFLOW_TOXIPROXY:-}" ]
       "emulated-WAN tests will skip (see the output above; retry: scripts/install-toxiproxy.sh)" >&2
 fi
 # A test that outlives its pytest-timeout limit by 120 s (stuck where that limit's signal
-# cannot reach) leaves the stacks of its process here and the process exits (tests/hangwatch.py);
-# show_hangs prints them.
+# cannot reach) leaves the stacks of its process here and the process exits; on SIGUSR1 every
+# test process writes its stacks here too (tests/hangwatch.py). show_hangs prints them.
 export ASTRAFLOW_TEST_HANG_DIR="${ASTRAFLOW_TEST_HANG_DIR:-$(mktemp -d -t astraflow-hangs.XXXXXX)}"
 show_hangs() {
   local f
-  for f in "$ASTRAFLOW_TEST_HANG_DIR"/hang-*.txt; do
+  for f in "$ASTRAFLOW_TEST_HANG_DIR"/hang-*.txt "$ASTRAFLOW_TEST_HANG_DIR"/stacks-*.txt; do
     [ -s "$f" ] || continue
-    echo "==> a test process hung and was ended; its stacks ($f):"
+    echo "==> a test process did not end in time ($f):"
     cat "$f"
-    rm -f "$f"
   done
+  rm -f "$ASTRAFLOW_TEST_HANG_DIR"/hang-*.txt "$ASTRAFLOW_TEST_HANG_DIR"/stacks-*.txt
 }
 if [ "$#" -gt 0 ]; then
   echo "==> running the tests (all but gpu-marked ones): pytest -m 'not gpu' $*"
@@ -58,19 +58,20 @@ fi
 #  3. the tests marked `alone` (timed phases, rates over a slow link) one at a time, with
 #     nothing else on the machine.
 # Each part also has a wall-clock bound (`timeout`, several times what it takes here) behind
-# the per-test limits, so that whatever hangs, the run ends and reports.
+# the per-test limits, so that whatever hangs, the run ends and reports: SIGUSR1 first (the
+# test processes write their stacks), SIGKILL 30 s later.
 echo "==> running the quick tests (not slow, not kafka, not gpu) in two processes"
 quick=0
-timeout -k 30 900 python -m pytest -m "not gpu and not slow and not kafka" -n 2 || quick=$?
+timeout -s USR1 -k 30 900 python -m pytest -m "not gpu and not slow and not kafka" -n 2 || quick=$?
 show_hangs
 echo "==> running the slow and Kafka tests (not gpu, not alone) in two processes"
 slow=0
-timeout -k 30 2400 python -m pytest -m "not gpu and (slow or kafka) and not alone" -n 2 \
+timeout -s USR1 -k 30 2400 python -m pytest -m "not gpu and (slow or kafka) and not alone" -n 2 \
   --dist loadgroup -v || slow=$?
 show_hangs
 echo "==> running the tests that measure wall-clock behaviour, alone"
 alone=0
-timeout -k 30 900 python -m pytest -m "not gpu and alone" -v || alone=$?
+timeout -s USR1 -k 30 900 python -m pytest -m "not gpu and alone" -v || alone=$?
 show_hangs
 echo "==> quick tests: exit $quick; slow and Kafka tests: exit $slow; alone: exit $alone"
 [ "$quick" = 0 ] && [ "$slow" = 0 ] && [ "$alone" = 0 ]
