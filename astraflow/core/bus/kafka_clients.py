@@ -6,6 +6,7 @@ so confluent-kafka is needed only by those who use the Kafka bus.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -269,9 +270,19 @@ class KafkaProducer:
         raise BusError(f"{count} record(s) were not delivered to {self._bus.bootstrap}: {first}")
 
     def close(self) -> None:
+        """Flush (every record acknowledged, or its failure raised), then close. Where the
+        flush did not end (interrupted: a signal, a stop), the records still queued are purged
+        first: librdkafka's close would wait for them up to ``message.timeout.ms`` (5 min by
+        default) inside C code that no signal reaches."""
+        flushed = False
         try:
             self.flush()
+            flushed = True
         finally:
+            if not flushed:
+                with contextlib.suppress(Exception):
+                    self._p.purge()
+                    self._p.poll(0)
             close = getattr(self._p, "close", None)  # confluent-kafka >= 2.13
             if close is not None:
                 close()
