@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from run_helpers import run_astraflow
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,14 +17,12 @@ def quickstart_warmup(tmp_path_factory: pytest.TempPathFactory) -> Path:
     test_quickstart_e2e checks its warm-up and starts RL from it with ``--warm``; other tests
     that start RL from a warm model use :func:`quickstart_warm`."""
     out = tmp_path_factory.mktemp("quickstart-warm") / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "astraflow.cli.app", "run", str(ROOT / "examples" /
-                                                             "quickstart.yaml"),
-         "--out", str(out), "--no-live", "--warmup-only"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    assert (out / "models" / "default-warm" / "config.json").exists(), proc.stdout[-4000:]
-    assert f"astraflow run CONFIG --warm {out}" in " ".join(proc.stdout.split()), proc.stdout
+    rc, output = run_astraflow(
+        ["run", str(ROOT / "examples" / "quickstart.yaml"), "--out", str(out), "--no-live",
+         "--warmup-only"], out, timeout=900)
+    assert rc == 0, output[-4000:]
+    assert (out / "models" / "default-warm" / "config.json").exists(), output[-4000:]
+    assert f"astraflow run CONFIG --warm {out}" in " ".join(output.split()), output
     return out
 
 

@@ -1,11 +1,68 @@
-"""Checks shared by the end-to-end run tests: a run of `astraflow run` that finished, and its
-trainer's rewards."""
+"""Shared by the end-to-end run tests: launching `astraflow run` so that nothing outlives the
+test, the checks of a run that finished, and its trainer's rewards."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+STOP_GRACE_S = 60.0
+
+
+@contextlib.contextmanager
+def launched(args: Sequence[str], out: Path, *,
+             env: Mapping[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """``python -m astraflow.cli.app *args``, a run writing to ``out``, with its output in a file
+    beside ``out`` (no pipe that fills while nobody reads it). Yields the process and that
+    file. However the block is left (the test's own timeout included), a run still going is
+    stopped: SIGINT (it stops every role), then after STOP_GRACE_S a SIGKILL to it and to each
+    role's process group (roles run in sessions of their own, processes.json)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log_path = out.parent / f"{out.name}-output.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "astraflow.cli.app", *args], cwd=ROOT,
+                                stdout=log, stderr=subprocess.STDOUT, text=True,
+                                env=None if env is None else dict(env))
+        try:
+            yield proc, log_path
+        finally:
+            if proc.poll() is None:
+                stop_run(proc, out)
+
+
+def stop_run(proc: subprocess.Popen[str], out: Path) -> None:
+    """Stop a run still going (see :func:`launched`)."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(STOP_GRACE_S)
+        return
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(30)
+    pids = out / "processes.json"
+    with contextlib.suppress(OSError, ValueError):
+        for pid in json.loads(pids.read_text()).values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(pid), signal.SIGKILL)
+
+
+def run_astraflow(args: Sequence[str], out: Path, *, timeout: float,
+                  env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """Run ``astraflow *args`` (a run writing to ``out``) to its end, within ``timeout`` seconds
+    (else ``subprocess.TimeoutExpired``, the run stopped as :func:`launched` stops it).
+    Returns its exit code and output."""
+    with launched(args, out, env=env) as (proc, log):
+        rc = proc.wait(timeout)
+        return rc, log.read_text()
 
 
 def check_finished(out: Path, rc: int, output: str, *, steps: int,

@@ -8,14 +8,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from run_helpers import check_finished
+from run_helpers import check_finished, run_astraflow
 
 from astraflow.config import load_experiment
 from astraflow.consumers.episodes import episode_accuracy, greedy_episodes
@@ -127,11 +125,8 @@ MARGIN = 0.10  # the mean of the best two of the last three evaluations at least
 def run_example(out: Path, *extra: str, timeout: float = 900) -> tuple[int, str]:
     sets = [f"trainer.max_steps={STEPS}", f"launch.eval_every={EVERY}", "launch.timeout_s=400",
             "launch.eval_problems=200"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "astraflow.cli.app", "run", str(EXAMPLE), "--out", str(out),
-         "--no-live", *[a for s in sets for a in ("--set", s)], *extra], cwd=ROOT,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    return proc.returncode, proc.stdout
+    return run_astraflow(["run", str(EXAMPLE), "--out", str(out), "--no-live",
+                          *[a for s in sets for a in ("--set", s)], *extra], out, timeout=timeout)
 
 
 def check_run(out: Path, rc: int, output: str) -> list[float]:

@@ -6,13 +6,11 @@ trajectory for the rest of the dataflow."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from run_helpers import check_finished, rl_rewards
+from run_helpers import check_finished, rl_rewards, run_astraflow
 
 from astraflow.core.bus import connect
 from astraflow.core.bus.reader import read_all
@@ -47,11 +45,9 @@ def run_example(out: Path, warm: Path) -> tuple[int, str, float]:
     sets = [*BUDGET, f"models.default.path={warm}", "models.default.build=none",
             "launch.warmup.steps=0"]
     start = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "astraflow.cli.app", "run", str(EXAMPLE), "--out", str(out),
-         "--no-live", *[a for s in sets for a in ("--set", s)]], cwd=ROOT,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
-    return proc.returncode, proc.stdout, time.monotonic() - start
+    rc, output = run_astraflow(["run", str(EXAMPLE), "--out", str(out), "--no-live",
+                                *[a for s in sets for a in ("--set", s)]], out, timeout=600)
+    return rc, output, time.monotonic() - start
 
 
 def check_trajectory(t: Trajectory, tok: object) -> None:

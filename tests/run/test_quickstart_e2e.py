@@ -8,13 +8,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from run_helpers import check_finished, rl_rewards
+from run_helpers import check_finished, launched, rl_rewards, run_astraflow
 
 from astraflow.run.warmup import start_models
 
@@ -27,13 +25,11 @@ STEPS = 150
 BUDGET = [f"trainer.max_steps={STEPS}", "launch.eval_every=40", "launch.timeout_s=400"]
 
 
-def start_run(out: Path, warmup: Path, *extra: str) -> subprocess.Popen[str]:
+def run_args(out: Path, warmup: Path, *extra: str) -> list[str]:
     """The quickstart's RL phase from the warm model of the ``warmup`` run (``--warm``)."""
     sets = [a for s in BUDGET for a in ("--set", s)]
-    return subprocess.Popen(
-        [sys.executable, "-m", "astraflow.cli.app", "run", str(QUICKSTART), "--out", str(out),
-         "--no-live", "--warm", str(warmup), *sets, *extra], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
+    return ["run", str(QUICKSTART), "--out", str(out), "--no-live", "--warm", str(warmup),
+            *sets, *extra]
 
 
 def trainer_step(out: Path) -> int:
@@ -117,16 +113,17 @@ def learned(out: Path, warmup: Path) -> None:
 def test_quickstart_runs_and_survives_a_killed_rollout_process(tmp_path: Path,
                                                                quickstart_warmup: Path) -> None:
     out = tmp_path / "run"
-    proc = start_run(out, quickstart_warmup)
     killed = None
-    deadline = time.monotonic() + 900
-    while proc.poll() is None and time.monotonic() < deadline:
-        if killed is None and trainer_step(out) >= 20:
-            pids = json.loads((out / "processes.json").read_text())
-            killed = pids["rollout-0"]
-            os.kill(killed, signal.SIGKILL)
-        time.sleep(0.5)
-    output = proc.communicate(timeout=60)[0]
+    with launched(run_args(out, quickstart_warmup), out) as (proc, log):
+        deadline = time.monotonic() + 900
+        while proc.poll() is None and time.monotonic() < deadline:
+            if killed is None and trainer_step(out) >= 20:
+                pids = json.loads((out / "processes.json").read_text())
+                killed = pids["rollout-0"]
+                os.kill(killed, signal.SIGKILL)
+            time.sleep(0.5)
+        proc.wait(60)
+    output = log.read_text()
     assert killed is not None, "the run ended before the kill"
     summary = check_run(out, proc.returncode, output)
     rollout0 = summary["roles"]["rollout-0"]
@@ -140,9 +137,10 @@ def test_quickstart_runs_and_survives_a_killed_rollout_process(tmp_path: Path,
 def test_the_same_experiment_on_kafka(tmp_path: Path, kafka_bootstrap: str,
                                       quickstart_warmup: Path) -> None:
     out = tmp_path / "run"
-    proc = start_run(out, quickstart_warmup, "--bus", f"kafka://{kafka_bootstrap}",
-                     "--set", f"run=qs{os.getpid()}")  # a fresh run (topics) on the shared broker
-    output = proc.communicate(timeout=900)[0]
-    summary = check_run(out, proc.returncode, output)
+    rc, output = run_astraflow(
+        run_args(out, quickstart_warmup, "--bus", f"kafka://{kafka_bootstrap}",
+                 "--set", f"run=qs{os.getpid()}"),  # a fresh run (topics) on the shared broker
+        out, timeout=900)
+    summary = check_run(out, rc, output)
     assert all(r["restarts"] == 0 for r in summary["roles"].values()), summary["roles"]
     learned(out, quickstart_warmup)
