@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from astraflow.core.metrics import PORT_ENV
+from astraflow.run.orphan import launcher_env
 
 log = logging.getLogger("astraflow.run")
 
@@ -112,7 +113,8 @@ class Supervisor:
         self.roles: dict[str, RoleProcess] = {}
         self.events: list[str] = []
         self.failed: list[str] = []
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # launcher_env: a role stops itself if this process dies without stopping it (orphan.py)
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **launcher_env()}
         self._unwritten: set[str] = set()  # files whose last write failed (said once)
 
     def event(self, msg: str) -> None:

@@ -47,6 +47,7 @@ def kbus(kafka_bootstrap: str) -> Iterator[KafkaBus]:
     bus.close()
 
 
+@pytest.mark.timeout(600)  # its waits add up past the default 300 s on a busy host
 def test_broker_restart_mid_stream_loses_no_record(local_kafka_broker: LocalBroker,
                                                    caplog: pytest.LogCaptureFixture) -> None:
     """The broker restarts while a producer and a consumer run. The contract (types.py): every
@@ -99,18 +100,28 @@ def test_broker_restart_mid_stream_loses_no_record(local_kafka_broker: LocalBrok
             commit(batch)
         assert not failures, failures
 
+    restart_failed: list[BaseException] = []
+
+    def restart_broker() -> None:
+        try:
+            local_kafka_broker.restart(timeout=120)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            restart_failed.append(e)
+
     producer = threading.Thread(target=produce_forever, daemon=True)
     producer.start()
+    restart: threading.Thread | None = None
     try:
         wait_until(lambda: len(durable) >= 100 and len(seen) >= 50, 30, "records before",
                    tick=pump)
         phase[0] = "during"
         pid_before = local_kafka_broker.status().pid
-        restart = threading.Thread(target=local_kafka_broker.restart)
+        restart = threading.Thread(target=restart_broker, daemon=True)
         restart.start()
         while restart.is_alive():
             pump()
         restart.join()
+        assert not restart_failed, restart_failed
         assert local_kafka_broker.status().pid not in (None, pid_before), "a new JVM runs"
         phase[0] = "after"
         n_after_restart = len(durable)
@@ -134,6 +145,11 @@ def test_broker_restart_mid_stream_loses_no_record(local_kafka_broker: LocalBrok
     finally:
         stop.set()
         c.close()
+        # the session's later Kafka tests need the broker: never leave it down
+        if restart is not None:
+            restart.join(150)
+        if not local_kafka_broker.status().running:
+            local_kafka_broker.start(timeout=120)
     lost = set(durable) - set(seen)
     duplicates = sum(n - 1 for n in seen.values())
     phases = Counter(phase_of[r] for r in durable)

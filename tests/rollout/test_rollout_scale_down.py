@@ -6,6 +6,7 @@ twice; on both bus backends, in-process and as a process stopped by a real SIGTE
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -230,7 +231,8 @@ def test_sigterm_scale_down_of_a_worker_process_loses_nothing(
         for name, p in procs.items():
             if p.poll() is None:
                 p.kill()
-                print(name, p.communicate()[0])  # shown when the test failed
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    print(name, p.communicate(timeout=30)[0])  # shown when the test failed
 
 
 # -- a staleness bound: the stale tasks are released, the fresh ones finished ------------------

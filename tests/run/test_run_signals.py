@@ -35,12 +35,13 @@ def test_a_signal_stops_every_role_and_writes_the_summary(tmp_path: Path, sig: i
     out = tmp_path / "run"
     sets = ["launch.warmup.steps=0", "launch.evaluate=false", "launch.timeout_s=120",
             "launch.stop_grace_s=10", f"run=sig{int(sig)}{os.getpid()}"]
+    # SIGINT ignored, as under nohup: set by a shell before exec (a preexec_fn would run
+    # Python in a fork of this many-threaded process, which can deadlock before the exec)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "astraflow.cli.app", "run", str(ROOT / "examples" /
-                                                             "quickstart.yaml"),
+        ["sh", "-c", 'trap "" INT; exec "$@"', "sh", sys.executable, "-m", "astraflow.cli.app",
+         "run", str(ROOT / "examples" / "quickstart.yaml"),
          "--out", str(out), "--no-live", *[a for s in sets for a in ("--set", s)]],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as under nohup
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pids: list[int] = []
     try:
         deadline = time.monotonic() + 120
@@ -62,5 +63,43 @@ def test_a_signal_stops_every_role_and_writes_the_summary(tmp_path: Path, sig: i
         if proc.poll() is None:
             proc.kill()
         for p in pids:
+            if _alive(p):
+                os.killpg(p, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_roles_stop_themselves_when_the_run_is_killed(tmp_path: Path) -> None:
+    """SIGKILL leaves `astraflow run` no chance to stop its roles: each role sees its launcher
+    gone and stops itself (astraflow/run/orphan.py), through its own SIGTERM handling."""
+    out = tmp_path / "run"
+    sets = ["launch.warmup.steps=0", "launch.evaluate=false", "launch.timeout_s=120",
+            f"run=orphan{os.getpid()}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "astraflow.cli.app", "run", str(ROOT / "examples" /
+                                                             "quickstart.yaml"),
+         "--out", str(out), "--no-live", *[a for s in sets for a in ("--set", s)]],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids: dict[str, int] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.jsonl").exists() or not (out / "processes.json").exists():
+            assert proc.poll() is None, "the run ended before its roles were at work"
+            assert time.monotonic() < deadline, "the run started no role in time"
+            time.sleep(0.2)
+        pids = json.loads((out / "processes.json").read_text())
+        time.sleep(2.0)  # the roles at work
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 60
+        while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [r for r, p in pids.items() if _alive(p)], "roles outlived the killed run"
+        for role in pids:  # each said why it stopped
+            log = (out / "logs" / f"{role}.log").read_text()
+            assert "the launcher of this role (astraflow run, pid" in log, (role, log[-2000:])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in pids.values():
             if _alive(p):
                 os.killpg(p, signal.SIGKILL)
