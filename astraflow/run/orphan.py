@@ -44,9 +44,8 @@ def stop_when_orphaned(poll_s: float = POLL_S) -> threading.Thread | None:
         log.warning("%s=%r is not a process id; not watching the launcher", LAUNCHER_PID_ENV,
                     raw)
         return None
-    if os.getppid() != launcher:  # already gone, or not its child: nothing to wait for
-        if not _alive(launcher):
-            _stop(launcher)
+    if os.getppid() != launcher:  # the launcher died while this role started (the variable is
+        _stop(launcher)           # set by the launcher alone, for its own children)
         return None
 
     def watch() -> None:
@@ -59,16 +58,6 @@ def stop_when_orphaned(poll_s: float = POLL_S) -> threading.Thread | None:
     thread = threading.Thread(target=watch, name="launcher-watch", daemon=True)
     thread.start()
     return thread
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _stop(launcher: int) -> None:

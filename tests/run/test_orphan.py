@@ -106,3 +106,17 @@ def test_a_role_started_by_hand_is_left_alone(tmp_path: Path) -> None:
         launcher.kill()
         if not _ended(role):
             os.kill(role, signal.SIGKILL)
+
+
+def test_a_role_whose_launcher_died_while_it_started_stops_at_once(tmp_path: Path) -> None:
+    """The variable names a process that is not (any more) this role's parent."""
+    role = subprocess.Popen([sys.executable, "-c", ROLE, str(tmp_path)],
+                            env={**os.environ, LAUNCHER_PID_ENV: "1"},
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = role.communicate(timeout=60)
+    finally:
+        role.kill()
+    assert role.returncode == 0 and (tmp_path / "stopped").exists(), err
+    assert not (tmp_path / "started").exists()
+    assert "the launcher of this role (astraflow run, pid 1) is gone" in err
