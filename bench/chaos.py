@@ -489,7 +489,12 @@ def check(bus: Any, config: Any, run_dir: Path, injector: Injector, rc: int,
                        **{k: acc.get(k) for k in ("produced", "unaccounted", "trained_twice")}},
         "versions_monotonic": {"ok": not back, "violations": back[:20]},
         "no_crash_loop": {"ok": not loops, "problems": loops},
-        "corruption_detected": {"ok": not undetected, "undetected_faults": undetected},
+        "corruption_detected": {
+            "ok": not undetected, "undetected_faults": undetected,
+            # what each such fault's restarted worker did (for the reader of a failure)
+            "their_details": {f.id: {k: f.details.get(k) for k in (
+                "version", "new_pid", "beats_after", "last_beat", "superseded")}
+                | {"recovery_s": f.recovery_s} for f in injector.faults if f.id in undetected}},
         "replay": {"ok": all(r.get("ok") is not False for r in replays.values())
                    and not any(r.get("logged_order_mismatches") for r in replays.values()),
                    **replays},

@@ -89,6 +89,12 @@ def recover(faults: Sequence[Fault], beats: Sequence[Beat],
             f.recovery_s = None if at is None else round(at - f.t, 3)
             f.details["recovered_by"] = (f"the restarted {role} reporting weight version >= "
                                          f"{v}")
+            if at is None:  # what the restarted process did report: for the reader of a failure
+                mine = [b for b in beats if b.pid == new and b.ts >= f.t]
+                f.details["beats_after"] = len(mine)
+                f.details["last_beat"] = None if not mine else {
+                    "after_s": round(mine[-1].ts - f.t, 3), "status": mine[-1].status,
+                    "weight_version": mine[-1].gauges.get("weight_version")}
         elif f.target.startswith("weights"):
             f.recovery_s = _weights_caught_up(f, beats, pids)
             f.details["recovered_by"] = "every rollout worker at the trainer's version"
