@@ -10,8 +10,8 @@ prints the files after each part, so a hang reads as a failure with its stacks i
 CI run that never ends.
 
 Each test process (pytest-xdist's controller too) also writes its stacks on SIGUSR1, to
-``stacks-PID.txt`` there, and goes on: scripts/test.sh's wall-clock bound on each part sends it before killing,
-so even a run stuck between tests says where.
+``stacks-PID.txt`` there, and goes on: scripts/test.sh's wall-clock bound on each part sends
+it before killing, so even a run stuck between tests says where.
 
 Off where ``ASTRAFLOW_TEST_HANG_DIR`` is unset (a developer's plain pytest run). tests/conftest.py
 loads it; ``ASTRAFLOW_TEST_HANG_GRACE_S`` sets the grace (default 120 s).

@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,7 @@ STOP_GRACE_S = 60.0
 
 
 @contextlib.contextmanager
-def launched(args: Sequence[str], out: Path, *,
-             env: Mapping[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+def launched(args: Sequence[str], out: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
     """``python -m astraflow.cli.app *args``, a run writing to ``out``, with its output in a file
     beside ``out`` (no pipe that fills while nobody reads it). Yields the process and that
     file. However the block is left (the test's own timeout included), a run still going is
@@ -29,8 +28,7 @@ def launched(args: Sequence[str], out: Path, *,
     log_path = out.parent / f"{out.name}-output.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "astraflow.cli.app", *args], cwd=ROOT,
-                                stdout=log, stderr=subprocess.STDOUT, text=True,
-                                env=None if env is None else dict(env))
+                                stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
             yield proc, log_path
         finally:
@@ -55,12 +53,11 @@ def stop_run(proc: subprocess.Popen[str], out: Path) -> None:
                 os.killpg(int(pid), signal.SIGKILL)
 
 
-def run_astraflow(args: Sequence[str], out: Path, *, timeout: float,
-                  env: Mapping[str, str] | None = None) -> tuple[int, str]:
+def run_astraflow(args: Sequence[str], out: Path, *, timeout: float) -> tuple[int, str]:
     """Run ``astraflow *args`` (a run writing to ``out``) to its end, within ``timeout`` seconds
     (else ``subprocess.TimeoutExpired``, the run stopped as :func:`launched` stops it).
     Returns its exit code and output."""
-    with launched(args, out, env=env) as (proc, log):
+    with launched(args, out) as (proc, log):
         rc = proc.wait(timeout)
         return rc, log.read_text()
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from astraflow.run.orphan import LAUNCHER_PID_ENV
+from astraflow.sim.chaos import alive
 
 # a role: watches its launcher, says on SIGTERM that it stopped, starts a child of its own
 # (which must not inherit the watch) and writes that child's view of the variable
@@ -58,21 +59,10 @@ def _launch(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], int]:
     return launcher, role
 
 
-def _ended(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:  # a zombie has ended (its new parent may not have reaped it yet)
-        return "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return True
-
-
 def _gone(pid: int, within: float) -> bool:
     """Whether ``pid`` has ended, or ends within ``within`` seconds."""
     deadline = time.monotonic() + within
-    while not _ended(pid):
+    while alive(pid):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
@@ -91,7 +81,7 @@ def test_a_role_stops_itself_once_its_launcher_is_killed(tmp_path: Path) -> None
         assert (tmp_path / "stopped").read_text() == str(role)  # through its SIGTERM handler
     finally:
         launcher.kill()
-        if not _ended(role):
+        if alive(role):
             os.kill(role, signal.SIGKILL)
 
 
@@ -104,7 +94,7 @@ def test_a_role_started_by_hand_is_left_alone(tmp_path: Path) -> None:
         assert not (tmp_path / "stopped").exists()
     finally:
         launcher.kill()
-        if not _ended(role):
+        if alive(role):
             os.kill(role, signal.SIGKILL)
 
 

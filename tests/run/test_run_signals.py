@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from run_helpers import launched
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,32 +75,28 @@ def test_roles_stop_themselves_when_the_run_is_killed(tmp_path: Path) -> None:
     out = tmp_path / "run"
     sets = ["launch.warmup.steps=0", "launch.evaluate=false", "launch.timeout_s=120",
             f"run=orphan{os.getpid()}"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "astraflow.cli.app", "run", str(ROOT / "examples" /
-                                                             "quickstart.yaml"),
-         "--out", str(out), "--no-live", *[a for s in sets for a in ("--set", s)]],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = ["run", str(ROOT / "examples" / "quickstart.yaml"), "--out", str(out), "--no-live",
+            *[a for s in sets for a in ("--set", s)]]
     pids: dict[str, int] = {}
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "metrics.jsonl").exists() or not (out / "processes.json").exists():
-            assert proc.poll() is None, "the run ended before its roles were at work"
-            assert time.monotonic() < deadline, "the run started no role in time"
-            time.sleep(0.2)
-        pids = json.loads((out / "processes.json").read_text())
-        time.sleep(2.0)  # the roles at work
-        proc.kill()
-        proc.wait(10)
-        deadline = time.monotonic() + 60
-        while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [r for r, p in pids.items() if _alive(p)], "roles outlived the killed run"
-        for role in pids:  # each said why it stopped
-            log = (out / "logs" / f"{role}.log").read_text()
-            assert "the launcher of this role (astraflow run, pid" in log, (role, log[-2000:])
-    finally:
-        if proc.poll() is None:
+    with launched(args, out) as (proc, _log):
+        try:
+            deadline = time.monotonic() + 120
+            while not (out / "metrics.jsonl").exists() or not (out / "processes.json").exists():
+                assert proc.poll() is None, "the run ended before its roles were at work"
+                assert time.monotonic() < deadline, "the run started no role in time"
+                time.sleep(0.2)
+            pids = json.loads((out / "processes.json").read_text())
+            time.sleep(2.0)  # the roles at work
             proc.kill()
-        for p in pids.values():
-            if _alive(p):
-                os.killpg(p, signal.SIGKILL)
+            proc.wait(10)
+            deadline = time.monotonic() + 60
+            while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not [r for r, p in pids.items() if _alive(p)], "roles outlived the killed run"
+            for role in pids:  # each said why it stopped
+                log = (out / "logs" / f"{role}.log").read_text()
+                assert "the launcher of this role (astraflow run, pid" in log, (role, log[-2000:])
+        finally:
+            for p in pids.values():
+                if _alive(p):
+                    os.killpg(p, signal.SIGKILL)
