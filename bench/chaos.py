@@ -451,6 +451,17 @@ def superseded(f: Fault, manifests: Sequence[Published]) -> bool:
     return any(v <= version for v, _ in later) and any(v >= version for v, _ in later)
 
 
+def last_start(run_dir: Path, role: str | None, lines: int = 15) -> list[str]:
+    """The last ``lines`` lines ``role``'s log holds since its last start (the supervisor
+    writes ``=== start`` before each): what a restarted process said, for the reader of a
+    failed check (the run's disk is gone by then)."""
+    log = run_dir / "logs" / f"{role}.log"
+    if role is None or not log.exists():
+        return []
+    text = log.read_text(errors="replace").rsplit("=== start", 1)[-1]
+    return [line[:300] for line in text.splitlines()[-lines:]]
+
+
 def crash_loops(summary: Mapping[str, Any], causes: Mapping[str, Mapping[str, Any]]
                 ) -> list[str]:
     bad = [f"{r} failed (restarts exhausted)" for r in summary.get("failed_roles", [])]
@@ -473,7 +484,8 @@ def check(bus: Any, config: Any, run_dir: Path, injector: Injector, rc: int,
     acc = summary.get("accounting") or account(bus, config)
     beats = heartbeats(bus, config.run)
     recover(injector.faults, beats, injector.pid_history)
-    detections(run_dir, injector.faults, published(bus, config))
+    manifests = published(bus, config)
+    detections(run_dir, injector.faults, manifests)
     causes = restarts(injector.faults, injector.pid_history, config.policies)
     back = versions_backwards(beats) + recorded_versions_backwards(bus, config.run)
     loops = crash_loops(summary, causes)
@@ -494,7 +506,13 @@ def check(bus: Any, config: Any, run_dir: Path, injector: Injector, rc: int,
             # what each such fault's restarted worker did (for the reader of a failure)
             "their_details": {f.id: {k: f.details.get(k) for k in (
                 "version", "new_pid", "beats_after", "last_beat", "superseded")}
-                | {"recovery_s": f.recovery_s} for f in injector.faults if f.id in undetected}},
+                | {"recovery_s": f.recovery_s,
+                   "log_of_restart": last_start(run_dir, f.details.get("forced_sync")),
+                   # (version, kind, seconds after the fault, blob) published from 5 s before
+                   "manifests": [(v, kind, round(at - f.t, 1), uri) for v, kind, at, uri
+                                 in manifests.get(Path(f.target).parent.name, ())
+                                 if at >= f.t - 5][:40]}
+                for f in injector.faults if f.id in undetected}},
         "replay": {"ok": all(r.get("ok") is not False for r in replays.values())
                    and not any(r.get("logged_order_mismatches") for r in replays.values()),
                    **replays},

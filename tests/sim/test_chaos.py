@@ -155,6 +155,19 @@ def test_a_corrupted_blob_is_superseded_only_when_no_route_can_reach_it() -> Non
                                       details={"version": 62}), old)
 
 
+def test_a_failed_check_shows_what_the_restarted_process_logged(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "rollout-0.log").write_text(
+        "\n=== start 10:00:00 astraflow rollout\nold warning\n"
+        "\n=== start 10:00:30 astraflow rollout\n" + "".join(f"line {i}\n" for i in range(20)))
+    tail = bench.last_start(tmp_path, "rollout-0", lines=5)
+    assert tail == [f"line {i}" for i in range(15, 20)]  # this start's, not the one before
+    assert bench.last_start(tmp_path, "rollout-0", lines=100)[1:] == \
+        [f"line {i}" for i in range(20)]
+    assert bench.last_start(tmp_path, None) == [] and bench.last_start(tmp_path, "gone") == []
+
+
 REDUCED = ["--warm", "none", "--seconds", "60", "--bus", "embedded", "--hold", "3,4",
            "--disk-mb", "768",
            "--set", "data.batch_size=4", "--set", "producer.n_samples=4",
