@@ -286,7 +286,7 @@ class Lockstep:
                                        groups=keep), self.versions[p])
             self.versions[p] += 1
             row[f"{p}_reward"] = round(float(m.get("reward_mean", 0.0)), 4)
-            for k in ("behav_weight_max", "staleness_mean", "groups_zero_adv"):
+            for k in ("behav_weight_max", "staleness_mean", "groups_zero_adv", "grad_norm"):
                 if k in m:
                     row[f"{p}_{k}"] = round(float(m[k]), 4)
         t2 = time.perf_counter()
