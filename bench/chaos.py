@@ -455,11 +455,23 @@ def last_start(run_dir: Path, role: str | None, lines: int = 15) -> list[str]:
     """The last ``lines`` lines ``role``'s log holds since its last start (the supervisor
     writes ``=== start`` before each): what a restarted process said, for the reader of a
     failed check (the run's disk is gone by then)."""
-    log = run_dir / "logs" / f"{role}.log"
-    if role is None or not log.exists():
+    if role is None or not (log := run_dir / "logs" / f"{role}.log").exists():
         return []
     text = log.read_text(errors="replace").rsplit("=== start", 1)[-1]
     return [line[:300] for line in text.splitlines()[-lines:]]
+
+
+def undetected_details(f: Fault, run_dir: Path, manifests: Mapping[str, Sequence[Published]]
+                       ) -> dict[str, Any]:
+    """What a ``blob_corrupt`` fault neither detected nor passed over left to go on: its
+    restarted worker's heartbeats and log, and the manifests (version, kind, seconds after the
+    fault, blob) of its policy published from 5 s before it."""
+    return {k: f.details.get(k) for k in ("version", "new_pid", "beats_after", "last_beat",
+                                          "superseded")} | {
+        "recovery_s": f.recovery_s,
+        "log_of_restart": last_start(run_dir, f.details.get("forced_sync")),
+        "manifests": [(v, kind, round(at - f.t, 1), uri) for v, kind, at, uri
+                      in manifests.get(Path(f.target).parent.name, ()) if at >= f.t - 5][:40]}
 
 
 def crash_loops(summary: Mapping[str, Any], causes: Mapping[str, Mapping[str, Any]]
@@ -504,15 +516,8 @@ def check(bus: Any, config: Any, run_dir: Path, injector: Injector, rc: int,
         "corruption_detected": {
             "ok": not undetected, "undetected_faults": undetected,
             # what each such fault's restarted worker did (for the reader of a failure)
-            "their_details": {f.id: {k: f.details.get(k) for k in (
-                "version", "new_pid", "beats_after", "last_beat", "superseded")}
-                | {"recovery_s": f.recovery_s,
-                   "log_of_restart": last_start(run_dir, f.details.get("forced_sync")),
-                   # (version, kind, seconds after the fault, blob) published from 5 s before
-                   "manifests": [(v, kind, round(at - f.t, 1), uri) for v, kind, at, uri
-                                 in manifests.get(Path(f.target).parent.name, ())
-                                 if at >= f.t - 5][:40]}
-                for f in injector.faults if f.id in undetected}},
+            "their_details": {f.id: undetected_details(f, run_dir, manifests)
+                              for f in injector.faults if f.id in undetected}},
         "replay": {"ok": all(r.get("ok") is not False for r in replays.values())
                    and not any(r.get("logged_order_mismatches") for r in replays.values()),
                    **replays},

@@ -166,6 +166,15 @@ def test_a_failed_check_shows_what_the_restarted_process_logged(tmp_path: Path) 
     assert bench.last_start(tmp_path, "rollout-0", lines=100)[1:] == \
         [f"line {i}" for i in range(20)]
     assert bench.last_start(tmp_path, None) == [] and bench.last_start(tmp_path, "gone") == []
+    fault = Fault(id=5, kind="blob_corrupt", target="/w/default/v44.delta.afw", t=100.0,
+                  details={"version": 44, "forced_sync": "rollout-0", "new_pid": 7})
+    manifests = {"default": [(40, "full", 90.0, "v40.full"), (44, "delta", 99.0, "v44.delta.afw"),
+                             (43, "delta", 101.4, "v43.new")]}
+    got = bench.undetected_details(fault, tmp_path, manifests)
+    assert got["version"] == 44 and got["new_pid"] == 7 and got["recovery_s"] is None
+    assert got["log_of_restart"] == [f"line {i}" for i in range(5, 20)]
+    # from 5 s before the fault, times relative to it
+    assert got["manifests"] == [(44, "delta", -1.0, "v44.delta.afw"), (43, "delta", 1.4, "v43.new")]
 
 
 REDUCED = ["--warm", "none", "--seconds", "60", "--bus", "embedded", "--hold", "3,4",
