@@ -20,25 +20,27 @@ from astraflow.models.tiny import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "gateway_agent.yaml"
-# Reduced budget, RL from the quickstart's warm model: 100 steps of 16 groups x 8 episodes on
+# Reduced budget, RL from the quickstart's warm model: 150 steps of 16 groups x 8 episodes on
 # the problems with both operands in 0..19 (the full 0..99 range shows no gain in this budget:
 # 60 such steps measured 0.192 -> 0.192; the quickstart needs ~200 steps of 64 groups).
-STEPS, GROUPS, SAMPLES = 100, 16, 8
+STEPS, GROUPS, SAMPLES = 150, 16, 8
 BUDGET = [f"trainer.max_steps={STEPS}", f"data.batch_size={GROUPS}",
           "trainer.optimizer.warmup_steps=5", "producer.arithmetic.max_value=19",
           "launch.evaluate=false", "launch.timeout_s=300"]
 # The mean train reward of the last 25 steps is at least this much above the first 25's.
-# Measured from the quickstart's warm model (it landed at 0.318, step 360, every time here):
-# four runs of this test +0.073, +0.068, +0.074, +0.091 (first 25 steps 0.146-0.164, last 25
-# 0.228-0.237) and four runs of the same budget by hand +0.087, +0.080, +0.092, +0.094. The
-# test takes 78-93 s here after the warm-up (118 s with the host's load average at 10); the
-# warm-up fixture 66-117 s, once per session. It fails without learning: on operands 0..99
-# the same kind of budget measured +0.000, and at lr 1e-3 the reward collapsed to ~0.
-# One fresh-clone CI run with other work on the cores measured +0.038 (0.173 -> 0.211, 102 s):
-# the margin is 0.03, three standard errors of the difference of two 25-step means (3,200
-# episodes each, reward ~0.2: SE ~0.007 each, ~0.010 the difference), so a run that does not
-# learn fails it (~0.1% false pass) and a slow learner under load does not.
-MARGIN = 0.03
+# The warm model is not the same every time: the quickstart's SFT lands wherever the host's
+# load takes it inside its band (0.318 at step 360 on a quiet host, 0.300 at 415 with a test
+# running beside it), and from the weaker one 100 steps are too few: six runs gained +0.027 to
+# +0.089 (three of them under +0.04; a fresh-clone CI run gained +0.013 and failed the old
+# margin of +0.03), the reward rising and dipping by turns. Learning speeds up past step 100:
+# from that same 0.300 model three runs of 150 steps gained +0.122, +0.122 and +0.138 (first
+# 25 steps 0.169-0.183, last 25 0.291-0.317; 126-132 s each), and from the 0.318 model 100
+# steps gained +0.068 to +0.094 in eight runs. The margin is five standard errors of the
+# difference of two 25-step means (3,200 episodes each, reward ~0.2: SE ~0.010), so a run that
+# does not learn fails it, and one that learns at the slowest rate measured passes it twice
+# over. It fails without learning: on operands 0..99 the same kind of budget measured +0.000,
+# and at lr 1e-3 the reward collapsed to ~0.
+MARGIN = 0.05
 
 
 def run_example(out: Path, warm: Path) -> tuple[int, str, float]:
@@ -82,11 +84,12 @@ def check_trajectory(t: Trajectory, tok: object) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # the session's warm-up (~110 s, once) and the run (~80 s)
+@pytest.mark.timeout(1200)  # the session's warm-up (~110 s, once) and the run (~130 s)
 def test_the_agent_learns_through_astraflow_run(tmp_path: Path, quickstart_warm: Path) -> None:
     """RL raises the agent's train reward (last 25 steps >= first 25 + MARGIN; measured
-    +0.068 to +0.094 over eight runs, see MARGIN), no trajectory is lost or trained twice, and
-    every trajectory is its episode's session as the agent played it."""
+    +0.122 to +0.138 over three runs from the weaker warm model, see MARGIN), no trajectory is
+    lost or trained twice, and every trajectory is its episode's session as the agent played
+    it."""
     out = tmp_path / "run"
     rc, output, seconds = run_example(out, quickstart_warm)
     acc = check_finished(out, rc, output, steps=STEPS, per_step=GROUPS * SAMPLES)["accounting"]

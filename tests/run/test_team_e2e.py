@@ -35,8 +35,12 @@ POLICIES = ("solver", "verifier")
 # on 2 cores shared with other work: it starts writing 20-40 s after the kill, with 10-30 s of
 # the run left at 24 solver steps; at 30 a Kafka run ended, once in ~6, before the test saw
 # rollout-0 reach its versions: 36 left more room; 44 leaves room for a worker that comes up
-# late, since the test waits for its first record before killing it).
-STEPS = {"solver": 44, "verifier": 16}
+# late, since the test waits for its first record before killing it). On Kafka the restarted
+# process gets partitions only once the group drops the dead member, a session timeout (10 s)
+# after the kill: measured 10 s here, the run ending 16 s after the kill at 44 solver steps;
+# in a fresh-clone CI run it got them 22 s after the kill and the run ended 1 s later, before
+# it wrote a record. 72 gives the tail after the kill ~20 s more.
+STEPS = {"solver": 72, "verifier": 16}
 GROUPS = 16  # groups per batch
 N = 4  # trajectories per group (producer.n_samples; the example has 8)
 CHECKPOINT_EVERY = 5
@@ -69,7 +73,7 @@ BUDGET = ["launch.warmup.steps=0", f"trainer.max_steps={STEPS['solver']}",
 ROLLOUT_ROLES = ("rollout-0", "rollout-1")  # the example's two workers; one is killed
 KILL_ROLLOUT_AT = 2  # versions of each policy the worker has recorded: it follows both
 KILL_TRAINER_AT = CHECKPOINT_EVERY + 2  # past a checkpoint: the restart re-trains from it
-KILL_ROLLOUT_FALLBACK = 12  # solver steps (of 44): see run_with_kills
+KILL_ROLLOUT_FALLBACK = 12  # solver steps (of 72): see run_with_kills
 
 
 def start_run(out: Path, *extra: str) -> subprocess.Popen[str]:
