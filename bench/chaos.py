@@ -461,17 +461,42 @@ def last_start(run_dir: Path, role: str | None, lines: int = 15) -> list[str]:
     return [line[:300] for line in text.splitlines()[-lines:]]
 
 
+def trainer_progress(run_dir: Path, policy: str, t: float) -> dict[str, Any]:
+    """What ``policy``'s trainer did around time ``t``, from its own log
+    (``trainer-<policy>.jsonl``): each start (seconds after ``t``, version resumed at) and its
+    last step (step, seconds after ``t``). Both CI runs where a corruption went unseen ended
+    with the trainer's newest checkpoint a few versions past the corrupted one, where other
+    runs reach ~400: this says whether the trainer stopped, and when."""
+    path = run_dir / f"trainer-{policy}.jsonl"
+    starts, last = [], None
+    for line in path.read_text().splitlines() if path.exists() else ():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a SIGKILL
+            continue
+        when = round(float(r.get("time", t)) - t, 1)
+        if r.get("event") == "start":
+            starts.append((when, r.get("version")))
+        elif "step" in r:
+            last = (int(r["step"]), when)
+    return {"starts": starts, "last_step": last}
+
+
 def undetected_details(f: Fault, run_dir: Path, manifests: Mapping[str, Sequence[Published]]
                        ) -> dict[str, Any]:
     """What a ``blob_corrupt`` fault neither detected nor passed over left to go on: its
-    restarted worker's heartbeats and log, and the manifests (version, kind, seconds after the
-    fault, blob) of its policy published from 5 s before it."""
+    restarted worker's heartbeats and log, the manifests (version, kind, seconds after the
+    fault, blob) of its policy published from 5 s before it, and what its policy's trainer
+    did (:func:`trainer_progress`, and its log since its last start)."""
+    policy = Path(f.target).parent.name
     return {k: f.details.get(k) for k in ("version", "new_pid", "beats_after", "last_beat",
                                           "superseded")} | {
         "recovery_s": f.recovery_s,
         "log_of_restart": last_start(run_dir, f.details.get("forced_sync")),
         "manifests": [(v, kind, round(at - f.t, 1), uri) for v, kind, at, uri
-                      in manifests.get(Path(f.target).parent.name, ()) if at >= f.t - 5][:40]}
+                      in manifests.get(policy, ()) if at >= f.t - 5][:40],
+        "trainer": trainer_progress(run_dir, policy, f.t),
+        "trainer_log": last_start(run_dir, f"trainer-{policy}")}
 
 
 def crash_loops(summary: Mapping[str, Any], causes: Mapping[str, Mapping[str, Any]]

@@ -175,6 +175,16 @@ def test_a_failed_check_shows_what_the_restarted_process_logged(tmp_path: Path) 
     assert got["log_of_restart"] == [f"line {i}" for i in range(5, 20)]
     # from 5 s before the fault, times relative to it
     assert got["manifests"] == [(44, "delta", -1.0, "v44.delta.afw"), (43, "delta", 1.4, "v43.new")]
+    # the policy's trainer: no log of its own here
+    assert got["trainer"] == {"starts": [], "last_step": None} and got["trainer_log"] == []
+    (tmp_path / "trainer-default.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"event": "start", "version": 0, "time": 50.0}, {"step": 44, "time": 99.0},
+        {"event": "start", "version": 42, "time": 101.5}, {"step": 43, "time": 101.9},
+        {"step": 50, "time": 104.0}]) + '\n{"step": 51, "ti')  # the last line cut by a kill
+    (logs / "trainer-default.log").write_text("=== start 10:00:41 astraflow train\nresumed\n")
+    got = bench.undetected_details(fault, tmp_path, manifests)
+    assert got["trainer"] == {"starts": [(-50.0, 0), (1.5, 42)], "last_step": (50, 4.0)}
+    assert got["trainer_log"][1:] == ["resumed"]  # after the start line's rest
 
 
 REDUCED = ["--warm", "none", "--seconds", "60", "--bus", "embedded", "--hold", "3,4",
