@@ -69,6 +69,11 @@ class WeightsConfig(Section):
         description="serving dtype the trainer's tensors are cast to; null: as they are")
     full_every: int = pydantic.Field(default=20, ge=1,
                                      description="a full snapshot every K versions")
+    refresh_full_after_s: float | None = pydantic.Field(
+        default=60.0, gt=0,
+        description="with no new version for this long (a starved trainer), publish the newest "
+        "again as a full snapshot, once: workers that cannot build it (a delta blob corrupt or "
+        "gone) can then; null: never")
     max_delta_fraction: float = pydantic.Field(
         default=0.5, gt=0, le=1,
         description="a delta larger than this fraction of dense is replaced by a full")
@@ -128,7 +133,8 @@ def build_publisher(bus: Bus, cfg: WeightsConfig, *, run: str, policy: str,
 
     return Publisher(bus, run=run, policy=policy, store=build_store(cfg.store, out),
                      full_every=cfg.full_every, max_delta_fraction=cfg.max_delta_fraction,
-                     dtype=cfg.dtype, level=cfg.zstd_level)
+                     dtype=cfg.dtype, level=cfg.zstd_level,
+                     refresh_full_after_s=cfg.refresh_full_after_s)
 
 
 def build_syncer(bus: Bus, cfg: WeightsConfig, target: Any, *, run: str, policy: str,

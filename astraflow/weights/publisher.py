@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ class PublishStats:
     bytes_written: int = 0
     dense_bytes: int = 0  # dense size of the published versions
     skipped_full: int = 0  # versions not published because the store was full
+    refreshes: int = 0  # versions published again as a full snapshot (refresh_full)
 
 
 def manifest_for(enc: EncodedVersion, *, policy: str, uri: str) -> WeightManifest:
@@ -78,9 +80,13 @@ class Publisher:
     def __init__(self, bus: Bus, *, run: str, policy: str, store: WeightStore,
                  full_every: int = 20, max_delta_fraction: float = 0.5,
                  dtype: str | None = "bfloat16", level: int = DEFAULT_LEVEL,
-                 background: bool = True, coalesce: bool = True, client_id: str = "") -> None:
+                 background: bool = True, coalesce: bool = True, client_id: str = "",
+                 refresh_full_after_s: float | None = None) -> None:
         if full_every < 1:
             raise AstraflowError(f"full_every must be >= 1, got {full_every}")
+        if refresh_full_after_s is not None and refresh_full_after_s <= 0:
+            raise AstraflowError(f"refresh_full_after_s must be > 0 or None, got "
+                                 f"{refresh_full_after_s}")
         self.policy = policy
         self.store = store
         self.full_every = full_every
@@ -88,6 +94,7 @@ class Publisher:
         self.dtype = dtype
         self.level = level
         self.coalesce = coalesce
+        self.refresh_full_after_s = refresh_full_after_s
         self.topic = topic_name(run, "weights", policy)
         self.stats = PublishStats()
         self.last_manifests: list[WeightManifest] = []
@@ -99,6 +106,7 @@ class Publisher:
         self._base_digests: dict[str, str] = {}
         self._last_full: int | None = None
         self._last_version: int | None = None  # newest version handed to publish()
+        self._last_sent = time.monotonic()  # when a version was last handed over or sent
         self._pending: tuple[Bits, int] | None = None
         self._busy = False
         self._error: BaseException | None = None
@@ -121,6 +129,7 @@ class Publisher:
                                  f"version {self._last_version}; versions must increase")
         bits = bits_dict(tensors, copy=True, dtype=self.dtype)
         self._last_version = version
+        self._last_sent = time.monotonic()
         if self._thread is None:
             self._publish_now(bits, version)
             return
@@ -161,6 +170,42 @@ class Publisher:
         log.info("resume policy=%s version=%d last_full=%d: the next version is a delta",
                  self.policy, version, last_full)
         return True
+
+    def refresh_full(self) -> bool:
+        """Publish the newest published version again, as a full snapshot, unless it is one
+        already; returns whether it did. For a trainer starved of input: a worker that cannot
+        build the newest version (a delta blob on its route corrupt or gone: it heals by
+        routing around it, which ends at a full snapshot) produces only data too stale to
+        train on until the next full, which a starved trainer never makes. With one worker,
+        one corrupted blob stopped a run for good (tests/sim/test_chaos.py). Runs in the
+        caller's thread, after :meth:`flush`."""
+        self.flush()
+        bits, version = self._base, self._base_version
+        self._last_sent = time.monotonic()
+        if bits is None or version is None or self._last_full == version:
+            return False
+        sent = self._put_and_send([encode_version(bits, version=version, level=self.level)],
+                                  version)
+        if sent is None:
+            return False
+        self._last_full = version
+        self.stats.fulls += 1
+        self.stats.refreshes += 1
+        log.warning("published version=%d of policy=%s again as a full snapshot: no new "
+                    "version for %s s (workers that cannot build it now can)", version,
+                    self.policy, self.refresh_full_after_s)
+        return True
+
+    def maybe_refresh(self) -> bool:
+        """:meth:`refresh_full` once no version was published for ``refresh_full_after_s``
+        seconds (None: never); the trainer calls it while it waits for input."""
+        if self.refresh_full_after_s is None or \
+                time.monotonic() - self._last_sent < self.refresh_full_after_s:
+            return False
+        with self._cond:
+            if self._pending is not None or self._busy:
+                return False
+        return self.refresh_full()
 
     def _newest_full(self, version: int) -> int | None:
         """The newest full manifest on the topic at or before ``version`` (reads it whole)."""
@@ -260,6 +305,25 @@ class Publisher:
                 full = True
         if full:
             encs.append(encode_version(bits, version=version, level=self.level))
+        manifests = self._put_and_send(encs, version)
+        if manifests is None:
+            return
+        self._base, self._base_version = bits, version
+        self._base_digests = encs[0].digests
+        if full:
+            self._last_full = version
+            self.stats.fulls += 1
+        self.stats.deltas += len(encs) - int(full)
+        self.stats.versions += 1
+        self.stats.dense_bytes += dense
+        log.info("published policy=%s version=%d blobs=%s bytes=%d dense=%d", self.policy,
+                 version, [m.kind for m in manifests], sum(m.total_bytes for m in manifests),
+                 dense)
+
+    def _put_and_send(self, encs: list[EncodedVersion], version: int
+                      ) -> list[WeightManifest] | None:
+        """Store the blobs of ``version``, then send their manifests; None when the store is
+        full (nothing sent)."""
         manifests = []
         token = uuid.uuid4().hex[:8]  # blob names are never reused, so resumed reads are safe
         uris = [f"{self.policy}/v{version:010d}.{enc.header.kind}.{token}.afw" for enc in encs]
@@ -277,19 +341,9 @@ class Publisher:
             self.stats.skipped_full += 1
             log.error("version=%d not published (%d skipped so far): %s", version,
                       self.stats.skipped_full, e)
-            return
+            return None
         for m in manifests:
             send(self._producer, Output(self.topic, m, record_key("weights", m)))
         self._producer.flush()
-        self._base, self._base_version = bits, version
-        self._base_digests = encs[0].digests
-        if full:
-            self._last_full = version
-            self.stats.fulls += 1
-        self.stats.deltas += len(encs) - int(full)
-        self.stats.versions += 1
-        self.stats.dense_bytes += dense
         self.last_manifests = manifests
-        log.info("published policy=%s version=%d blobs=%s bytes=%d dense=%d", self.policy,
-                 version, [m.kind for m in manifests], sum(m.total_bytes for m in manifests),
-                 dense)
+        return manifests

@@ -264,6 +264,59 @@ def test_corrupt_newest_delta_waits_for_the_next_full(bus, store, history) -> No
     assert syncer.stats.heals == 1 and identical(held, history[newest - 1])
 
 
+def test_a_starved_publisher_publishes_the_newest_again_as_a_full(bus, store,
+                                                                  monkeypatch) -> None:
+    """The worker held back by a corrupt newest delta (above) gets past it once the publisher,
+    with no new version for ``refresh_full_after_s``, publishes that version again as a full
+    snapshot: else a starved trainer (the worker's data too stale to train on) never makes
+    the next full. Once per version; never before the time; never when the newest is a full."""
+    versions = evolve(numpy_model(), 25)
+    pub = publish_all(bus, store, versions, full_every=20, refresh_full_after_s=30.0)
+    newest = len(versions) - 1  # 24: a delta on top of the full 20
+    delta = next(m for m in _manifests(bus) if m.version == newest and m.kind == "delta")
+    path = store.local_path(delta.tensors[0].uri)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    held = {k: v.copy() for k, v in versions[newest - 1].items()}
+    syncer = Syncer(bus, run=RUN, policy=POLICY, store=store,
+                    target=DictTarget(held, version=newest - 1))
+    assert syncer.sync_once(5) == newest - 1  # held back, as above
+
+    assert not pub.maybe_refresh()  # not starved yet
+    clock = [1000.0]
+    monkeypatch.setattr("astraflow.weights.publisher.time.monotonic", lambda: clock[0])
+    pub._last_sent = clock[0]
+    clock[0] += 29.0
+    assert not pub.maybe_refresh()
+    clock[0] += 2.0
+    assert pub.maybe_refresh() and pub.stats.refreshes == 1
+    fulls = [m for m in _manifests(bus) if m.version == newest and m.kind == "full"]
+    assert len(fulls) == 1 and fulls[0].tensors[0].uri != delta.tensors[0].uri
+    clock[0] += 100.0
+    assert not pub.maybe_refresh() and pub.stats.refreshes == 1  # once per version
+
+    assert syncer.sync_once(5) == newest and identical(held, versions[newest])
+    pub.publish(versions[0], newest + 1)  # a new version: starved again later, refreshed again
+    pub.flush()
+    clock[0] += 31.0
+    assert pub.maybe_refresh() and pub.stats.refreshes == 2
+    pub.close()
+
+
+def test_no_refresh_when_the_newest_is_a_full_or_none_was_published(bus, store) -> None:
+    pub = Publisher(bus, run=RUN, policy=POLICY, store=store, dtype=None,
+                    refresh_full_after_s=1e-9)
+    assert not pub.refresh_full() and not pub.maybe_refresh()  # nothing published yet
+    pub.publish(numpy_model(), 0)  # the first version is a full
+    pub.flush()
+    assert not pub.refresh_full() and pub.stats.refreshes == 0
+    assert [m.kind for m in _manifests(bus)] == ["full"]
+    pub.close()
+    with pytest.raises(AstraflowError, match="refresh_full_after_s"):
+        Publisher(bus, run=RUN, policy=POLICY, store=store, refresh_full_after_s=0)
+
+
 def test_missing_blob_heals(bus, store, history) -> None:
     gone = next(m for m in _manifests(bus) if m.version == 30 and m.kind == "delta")
     store.local_path(gone.tensors[0].uri).unlink()

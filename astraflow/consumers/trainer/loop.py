@@ -275,6 +275,10 @@ class Trainer:
         self._waited()
         self._runtime_counts()
         self.telemetry.tick()
+        if self.publisher is not None and hasattr(self.publisher, "maybe_refresh"):
+            # starved for a while: the newest version as a full snapshot, for workers that
+            # cannot build it from the deltas (Publisher.refresh_full)
+            self.publisher.maybe_refresh()
         return []
 
     def _decode(self, msg: Message) -> Batch:
