@@ -248,9 +248,10 @@ def test_corrupt_delta_heals_through_a_full(bus, store, history, which) -> None:
     assert identical(held, history[-1])
 
 
-def test_corrupt_newest_delta_waits_for_the_next_full(bus, store, history) -> None:
-    """The newest version exists only as that delta: the worker stays at the version before
-    (consistent, verified) instead of applying bad bits."""
+def held_below_corrupt_newest(bus, store, history: list[dict]
+                              ) -> tuple[WeightManifest, dict, Syncer]:
+    """Corrupt the newest version's delta (its only blob) and sync a worker holding the
+    version before: (that delta, the worker's weights, its syncer)."""
     newest = len(history) - 1
     delta = next(m for m in _manifests(bus) if m.version == newest and m.kind == "delta")
     path = store.local_path(delta.tensors[0].uri)
@@ -261,7 +262,14 @@ def test_corrupt_newest_delta_waits_for_the_next_full(bus, store, history) -> No
     syncer = Syncer(bus, run=RUN, policy=POLICY, store=store,
                     target=DictTarget(held, version=newest - 1))
     assert syncer.sync_once(5) == newest - 1
-    assert syncer.stats.heals == 1 and identical(held, history[newest - 1])
+    return delta, held, syncer
+
+
+def test_corrupt_newest_delta_waits_for_the_next_full(bus, store, history) -> None:
+    """The newest version exists only as that delta: the worker stays at the version before
+    (consistent, verified) instead of applying bad bits."""
+    _, held, syncer = held_below_corrupt_newest(bus, store, history)
+    assert syncer.stats.heals == 1 and identical(held, history[-2])
 
 
 def test_a_starved_publisher_publishes_the_newest_again_as_a_full(bus, store,
@@ -273,15 +281,7 @@ def test_a_starved_publisher_publishes_the_newest_again_as_a_full(bus, store,
     versions = evolve(numpy_model(), 25)
     pub = publish_all(bus, store, versions, full_every=20, refresh_full_after_s=30.0)
     newest = len(versions) - 1  # 24: a delta on top of the full 20
-    delta = next(m for m in _manifests(bus) if m.version == newest and m.kind == "delta")
-    path = store.local_path(delta.tensors[0].uri)
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0x01
-    path.write_bytes(bytes(data))
-    held = {k: v.copy() for k, v in versions[newest - 1].items()}
-    syncer = Syncer(bus, run=RUN, policy=POLICY, store=store,
-                    target=DictTarget(held, version=newest - 1))
-    assert syncer.sync_once(5) == newest - 1  # held back, as above
+    delta, held, syncer = held_below_corrupt_newest(bus, store, versions)  # held back
 
     assert not pub.maybe_refresh()  # not starved yet
     clock = [1000.0]
