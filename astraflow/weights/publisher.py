@@ -106,7 +106,8 @@ class Publisher:
         self._base_digests: dict[str, str] = {}
         self._last_full: int | None = None
         self._last_version: int | None = None  # newest version handed to publish()
-        self._last_sent = time.monotonic()  # when a version was last handed over or sent
+        # when a version was last handed over, or a refresh was last done or declined
+        self._last_sent = time.monotonic()
         self._pending: tuple[Bits, int] | None = None
         self._busy = False
         self._error: BaseException | None = None
