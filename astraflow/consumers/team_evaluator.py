@@ -159,7 +159,8 @@ class TeamEvaluator:
             should_stop: Callable[[], bool] = lambda: False, initial: bool = True,
             every: int = 1, idle_s: float = 2.0) -> None:
         """Evaluate the initial weights, then whenever some policy moved ``every`` versions
-        (or its newest was left alone ``idle_s`` seconds), until stopped (:func:`follow`)."""
+        (or its newest was left alone ``idle_s`` seconds or three times the pace of versions,
+        whichever is longer: :class:`VersionWatch`), until stopped (:func:`follow`)."""
         if initial:
             self.evaluate()
         follow(self.bus, dlq=self.dlq, component=self.component,

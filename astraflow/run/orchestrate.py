@@ -195,7 +195,10 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
                                   f"launch.stop_at_accuracy={config.launch.stop_at_accuracy}: "
                                   "stopping[/]")
                     break
-            _await_final_eval(config, col, sup)
+            # the evaluators take a version as the run's last once it has been left alone
+            # three times the pace of versions (VersionWatch): wait for that and more
+            per_step = (time.time() - started) / max(1, col.trainer_step())
+            _await_final_eval(config, col, sup, timeout=180.0 + 3 * per_step)
     except KeyboardInterrupt:
         interrupted = True
         console.print("[yellow]interrupted: stopping every role[/]")

@@ -64,6 +64,33 @@ def test_version_watch_evaluates_every_n_versions_or_when_idle() -> None:
     assert w.due() and w.take() == {"solver": 3, "verifier": 3}
 
 
+def test_version_watch_keeps_every_when_versions_come_slower_than_idle_s() -> None:
+    # a trainer stepping every 4 s (idle_s 2): versions are not each taken as "idle", so every
+    # 10th is evaluated; the last one is, once left alone three times the pace (12 s)
+    now = [0.0]
+    w = VersionWatch(["p"], every=10, idle_s=2.0, clock=lambda: now[0])
+    evaluated = []
+    for v in range(1, 26):
+        for _ in range(8):  # the evaluator's ticks between two versions
+            now[0] += 0.5
+            if w.due():
+                evaluated.append(w.take()["p"])
+        w.seen("p", v)
+    assert evaluated == [10, 20]
+    assert w.per_version == pytest.approx(4.0) and w.idle_after == pytest.approx(12.0)
+    now[0] += 11.9
+    assert not w.due()
+    now[0] += 0.2
+    assert w.due() and w.take() == {"p": 25}
+    # versions reached in one sync after a pause share its time: 3 versions 24.1 s after
+    # the last is a pace of 8.03 s a version (moving mean: 0.7 · 4 + 0.3 · 8.03), not 24.1
+    now[0] += 12.0
+    w.seen("p", 28)
+    assert w.per_version == pytest.approx(0.7 * 4.0 + 0.3 * 24.1 / 3)
+    with pytest.raises(ValueError, match="every >= 1"):
+        VersionWatch(["p"], every=0)
+
+
 def test_greedy_kwargs_pin_temperature_for_every_role() -> None:
     kw = greedy_kwargs("solver_verifier", {"verifier_prompt": "{problem}{answer}?", "temperature": 1.0,
                                            "top_p": 0.9, "max_new_tokens": 6,
