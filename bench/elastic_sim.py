@@ -11,7 +11,10 @@ Every number is simulated; the paper's are only printed. The target of issue 15 
 fewer total GPU-hours than the best fixed pool at no more than 5% trainer wait) is checked
 against the best auto arm and printed as met or not.
 
-A second table starts the auto arms at the pool's maximum (11 workers, over-provisioned early
+A second table runs every fixed pool from 6 to 12 workers, the baselines between the paper's
+two, and compares the best auto arm with the cheapest of them and with the work itself.
+
+A third table starts the auto arms at the pool's maximum (11 workers, over-provisioned early
 in the run), with the reports' ``utilization`` and without it (-1: the rule's idle zone on
 ``produced`` alone, as before reports carried it): behind the staleness gate an
 over-provisioned pool's spare capacity shows only as idle slots.
@@ -26,6 +29,8 @@ from pathlib import Path
 
 from astraflow.consumers.scaler.sim_table import (
     REFERENCE,
+    baseline_lines,
+    fixed_sweep,
     format_table,
     reference_arms,
     reference_params,
@@ -85,6 +90,13 @@ def main() -> None:
     print(f"{args.seeds} seeds, {time.perf_counter() - t0:.1f}s; [paper] in brackets\n")
     print(format_table(rows, REFERENCE))
     print(f"\n{target_line(rows)}")
+    autos = [r for r in rows if r.label.startswith("auto")]
+    lo, hi = 6, 11
+    sweep = simulate_table(params, seeds=range(args.seeds), arms=fixed_sweep(lo, hi + 1))
+    print(f"\nevery fixed pool from {lo} to {hi + 1} (the paper ran only {lo} and {hi}):\n")
+    print(format_table(sweep))
+    print("")
+    print("\n".join(baseline_lines(sweep, autos)))
     fixed: list[tuple[str, Policy]] = [(label, pol) for label, pol in reference_arms()
                                         if isinstance(pol, Fixed)]
     hi = max(pol.workers for _, pol in fixed if isinstance(pol, Fixed))

@@ -11,7 +11,9 @@ import pytest
 from astraflow.consumers.scaler.sim_table import (
     REFERENCE,
     Row,
+    baseline_lines,
     demand_params,
+    fixed_sweep,
     format_table,
     growth,
     reference_arms,
@@ -218,3 +220,39 @@ def test_target_line_takes_the_cheapest_auto_arm_within_the_wait() -> None:
     rows.append(row("auto c", 0.05, -0.14))
     assert target_line(rows).endswith(": met; best auto: auto c, -14.0% at 5.0%")
     assert target_line(rows[:1]).endswith("NOT met; no auto arm within 5% wait")
+
+
+def test_work_is_a_lower_bound_on_every_arm() -> None:
+    # the work itself (rollout busy + trainer compute) is what a pool that wasted nothing
+    # would cost: no fixed, automatic or oracle pool costs less
+    params = reference_params(steps=60)
+    arms = [*fixed_sweep(6, 11), *reference_arms()[2:]]
+    for label, pol in arms:
+        r = simulate(params, pol, seed=3)
+        assert 0 < r.work_h <= r.total_h, label
+        assert r.busy_h <= r.rollout_h, label
+    with pytest.raises(ValueError, match="lo <= hi"):
+        fixed_sweep(7, 6)
+
+
+def test_baseline_lines_compare_the_best_auto_arm_with_every_fixed_pool() -> None:
+    def row(label: str, wait: float, total: float, work: float = 80.0) -> Row:
+        return Row(label=label, wait=wait, wait_time=wait, wall_h=1.0, rollout_h=1.0,
+                   trainer_h=1.0, total_h=total, mean_pool=1.0, actions=0.0, seeds=1,
+                   work_h=work)
+
+    fixed = [row("fixed 6", 0.27, 120.0), row("fixed 8", 0.11, 100.0),
+             row("fixed 10", 0.03, 110.0)]
+    autos = [row("auto a", 0.04, 95.0, work=82.0), row("auto b", 0.08, 90.0)]
+    lines = baseline_lines(fixed, autos)
+    assert lines[0] == ("the cheapest fixed pool: fixed 8, 100.0 GPU-h at 11.0% wait; "
+                        "-13% asks for 87.0 GPU-h; best auto (auto a, 4.0% wait): -5.0%")
+    assert lines[1].startswith("the cheapest fixed pool within 5% wait: fixed 10, 110.0")
+    assert lines[1].endswith("asks for 95.7 GPU-h; best auto (auto a, 4.0% wait): -13.6%")
+    assert lines[2].endswith(": 80.0 GPU-h")
+    # a saving that asks for less than the work is said to; no auto within the wait: no claim
+    lines = baseline_lines(fixed[:2], autos[1:], saving=0.25)
+    assert lines[0].endswith("asks for 75.0 GPU-h (less than the work itself)")
+    assert len(lines) == 2 and "best auto" not in lines[0]
+    with pytest.raises(ValueError, match="at least one fixed row"):
+        baseline_lines([], autos)

@@ -126,6 +126,7 @@ class Row:
     actions: float
     seeds: int
     vs_best_fixed: float = 0.0  # total_h / the best fixed pool's total_h - 1
+    work_h: float = 0.0  # the work itself (Result.work_h): rollout busy + trainer compute
 
 
 def _mean(xs: Iterable[float]) -> float:
@@ -155,7 +156,7 @@ def simulate_table(scenario: str | SimParams = "reference", seeds: Sequence[int]
             wall_h=_mean(r.wall_h for r in rs), rollout_h=_mean(r.rollout_h for r in rs),
             trainer_h=_mean(r.trainer_h for r in rs), total_h=_mean(r.total_h for r in rs),
             mean_pool=_mean(r.mean_pool for r in rs), actions=_mean(r.actions for r in rs),
-            seeds=len(rs)))
+            seeds=len(rs), work_h=_mean(r.work_h for r in rs)))
     fixed = [r.total_h for r, (_, p) in zip(rows, arms, strict=True)
              if isinstance(p, Fixed)]
     best = min(fixed) if fixed else math.nan
@@ -196,3 +197,42 @@ def target_line(rows: Sequence[Row], saving: float = 0.13, max_wait: float = 0.0
     met = "met" if best.vs_best_fixed <= -saving else "NOT met"
     return (head + f"{met}; best auto: {best.label}, {best.vs_best_fixed:+.1%} at "
             f"{best.wait:.1%}")
+
+
+def fixed_sweep(lo: int, hi: int) -> list[tuple[str, Policy]]:
+    """Every fixed pool from ``lo`` to ``hi`` workers: the baselines between the paper's two."""
+    if not 1 <= lo <= hi:
+        raise ValueError(f"fixed_sweep: need 1 <= lo <= hi, got lo={lo} hi={hi}")
+    return [(f"fixed {n}", Fixed(n)) for n in range(lo, hi + 1)]
+
+
+def baseline_lines(fixed: Sequence[Row], autos: Sequence[Row], saving: float = 0.13,
+                   max_wait: float = 0.05) -> list[str]:
+    """The cheapest auto arm of ``autos`` within ``max_wait`` trainer wait (reports) against
+    the cheapest pool of ``fixed`` (any wait) and the cheapest one within ``max_wait``; what
+    ``saving`` against each asks for; and the work itself (the least ``work_h`` of any row:
+    rollout busy plus trainer compute), which no pool, however scaled, can spend less than."""
+    if not fixed:
+        raise ValueError("baseline_lines: give at least one fixed row")
+    within = [r for r in autos if r.wait <= max_wait]
+    work = min(r.work_h for r in (*fixed, *autos))
+    cheapest = min(fixed, key=lambda r: r.total_h)
+    fed = [r for r in fixed if r.wait <= max_wait]
+    bases = [("the cheapest fixed pool", cheapest)]
+    if fed:
+        bases.append((f"the cheapest fixed pool within {max_wait:.0%} wait",
+                      min(fed, key=lambda r: r.total_h)))
+    lines = []
+    for name, base in bases:
+        asks = (1 - saving) * base.total_h
+        line = (f"{name}: {base.label}, {base.total_h:.1f} GPU-h at {base.wait:.1%} wait; "
+                f"-{saving:.0%} asks for {asks:.1f} GPU-h"
+                + (" (less than the work itself)" if asks < work else ""))
+        if within:
+            best = min(within, key=lambda r: r.total_h)
+            line += (f"; best auto ({best.label}, {best.wait:.1%} wait): "
+                     f"{best.total_h / base.total_h - 1:+.1%}")
+        lines.append(line)
+    lines.append(f"the work itself (rollout busy + trainer compute, the least of any arm): "
+                 f"{work:.1f} GPU-h")
+    return lines

@@ -180,6 +180,12 @@ class Result:
     def mean_pool(self) -> float:
         return self.rollout_h / self.wall_h if self.wall_h else 0.0
 
+    @property
+    def work_h(self) -> float:
+        """The work itself: rollout worker-hours spent generating groups and the trainer's
+        GPU-hours computing (not waiting). A pool that wasted nothing would cost this."""
+        return self.busy_h + self.trainer_h * (1.0 - self.wait_time)
+
 
 @dataclass
 class _Worker:
