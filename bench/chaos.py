@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from multimodel import ROOT, arm_config, make_warm, read_yaml, warm_models, write_yaml  # noqa: E402
 
+from astraflow.core.jsonl import log_rows  # noqa: E402
 from astraflow.core.ports import free_ports  # noqa: E402
 from astraflow.sim.chaos import KINDS, Fault, Injector, Targets, schedule  # noqa: E402
 
@@ -370,21 +371,11 @@ def resolve_from(index: Mapping[tuple[str, int, int], Any], batch: Any) -> Any:
     return assemble(batch, lambda topic, part, off: index[(topic, part, off)])
 
 
-def _log_rows(path: Path) -> Iterator[dict[str, Any]]:
-    """The rows of a trainer's own log (``trainer-<policy>.jsonl``; none when it is not
-    there), less a line cut by a SIGKILL."""
-    for line in path.read_text().splitlines() if path.exists() else ():
-        try:
-            yield json.loads(line)
-        except json.JSONDecodeError:  # a line cut by a SIGKILL
-            continue
-
-
 def _logged_order(path: Path, seq: Sequence[Any]) -> list[str]:
     """The trainer's own log (the last line of each step: steps after a checkpoint are
     trained again after a crash) against the sequence the replay uses."""
     last: dict[int, str] = {}
-    for r in _log_rows(path):
+    for r in log_rows(path):
         if "step" in r and "batch_id" in r:
             last[int(r["step"])] = str(r["batch_id"])
     return [f"step {v + 1}: log {last.get(v + 1)} replay {b.id}" for v, b in enumerate(seq)
@@ -473,7 +464,7 @@ def trainer_progress(run_dir: Path, policy: str, t: float) -> dict[str, Any]:
     with the trainer's newest checkpoint a few versions past the corrupted one, where other
     runs reach ~400: this says whether the trainer stopped, and when."""
     starts, last = [], None
-    for r in _log_rows(run_dir / f"trainer-{policy}.jsonl"):
+    for r in log_rows(run_dir / f"trainer-{policy}.jsonl"):
         when = round(float(r.get("time", t)) - t, 1)
         if r.get("event") == "start":
             starts.append((when, r.get("version")))

@@ -17,7 +17,6 @@ trainers, the slowest.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 from astraflow.core.bus import connect, embedded_url
 from astraflow.core.bus.reader import read_all
 from astraflow.core.errors import ConfigError, SchemaError
+from astraflow.core.jsonl import log_rows
 from astraflow.core.records import Trajectory, decode, unpack
 from astraflow.core.topics import parse_topic
 from astraflow.sim.errors import ReplayError
@@ -85,12 +85,8 @@ def trainer_log(run_dir: Path) -> tuple[float | None, int | None]:
     best: tuple[float, int | None] | None = None
     for path in sorted(run_dir.glob("trainer-*.jsonl")):
         steps, groups = [], []
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict) and isinstance(row.get("step_s"), int | float):
+        for row in log_rows(path):
+            if isinstance(row.get("step_s"), int | float):
                 steps.append(float(row["step_s"]))
                 if isinstance(row.get("groups"), int | float):
                     groups.append(int(row["groups"]))
