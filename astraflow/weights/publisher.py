@@ -178,9 +178,42 @@ class Publisher:
         build the newest version (a delta blob on its route corrupt or gone: it heals by
         routing around it, which ends at a full snapshot) produces only data too stale to
         train on until the next full, which a starved trainer never makes. With one worker,
-        one corrupted blob stopped a run for good (tests/sim/test_chaos.py). Runs in the
-        caller's thread, after :meth:`flush`."""
-        self.flush()
+        one corrupted blob stopped a run for good (tests/sim/test_chaos.py). The background
+        thread calls it by itself once no version came for ``refresh_full_after_s``; this
+        call runs in the caller's thread, after what is pending is published."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending is None and not self._busy)
+            self._busy = True  # the background thread starts nothing meanwhile
+        try:
+            self._raise_error()
+            return self._refresh_now()
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def maybe_refresh(self) -> bool:
+        """:meth:`refresh_full` once no version was published for ``refresh_full_after_s``
+        seconds (None: never), for a publisher without a background thread (``background``
+        False), whose owner calls this while it waits for input; with the thread, which does
+        it by itself, False at once."""
+        if self._thread is not None or not self._refresh_due():
+            return False
+        return self.refresh_full()
+
+    def _refresh_due(self) -> bool:
+        wait = self._until_refresh()
+        return wait is not None and wait <= 0
+
+    def _until_refresh(self) -> float | None:
+        """Seconds until the newest version is due to be published again as a full (None:
+        never: off, nothing published, or the newest is a full already)."""
+        if self.refresh_full_after_s is None or self._base_version is None \
+                or self._last_full == self._base_version:
+            return None
+        return self._last_sent + self.refresh_full_after_s - time.monotonic()
+
+    def _refresh_now(self) -> bool:
         bits, version = self._base, self._base_version
         self._last_sent = time.monotonic()
         if bits is None or version is None or self._last_full == version:
@@ -196,17 +229,6 @@ class Publisher:
                     "version for %s s (workers that cannot build it now can)", version,
                     self.policy, self.refresh_full_after_s)
         return True
-
-    def maybe_refresh(self) -> bool:
-        """:meth:`refresh_full` once no version was published for ``refresh_full_after_s``
-        seconds (None: never); the trainer calls it while it waits for input."""
-        if self.refresh_full_after_s is None or \
-                time.monotonic() - self._last_sent < self.refresh_full_after_s:
-            return False
-        with self._cond:
-            if self._pending is not None or self._busy:
-                return False
-        return self.refresh_full()
 
     def _newest_full(self, version: int) -> int | None:
         """The newest full manifest on the topic at or before ``version`` (reads it whole)."""
@@ -265,19 +287,36 @@ class Publisher:
             raise err
 
     def _loop(self) -> None:
+        """Publish what :meth:`publish` hands over; with ``refresh_full_after_s``, also the
+        newest version again as a full once none came for that long (:meth:`refresh_full`),
+        so every owner of a publisher gets it, and the encoding stays off the owner's
+        thread."""
+        def ready() -> bool:
+            return not self._busy and (self._pending is not None or self._closed
+                                       or self._refresh_due())
+
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending is not None or self._closed)
-                if self._pending is None:
-                    return
-                bits, version = self._pending
+                wait = self._until_refresh()
+                self._cond.wait_for(ready, None if wait is None else max(0.0, wait))
+                if self._busy:
+                    continue  # refresh_full() runs in its caller's thread
+                job = self._pending
+                if job is None and (self._closed or not self._refresh_due()):
+                    if self._closed:
+                        return
+                    continue
                 self._pending = None
                 self._busy = True
                 self._cond.notify_all()
             try:
-                self._publish_now(bits, version)
+                if job is None:
+                    self._refresh_now()
+                else:
+                    self._publish_now(*job)
             except BaseException as e:  # noqa: BLE001 - handed to the trainer's next call
-                log.error("publishing version=%d failed: %s", version, e)
+                log.error("publishing version=%d failed: %s",
+                          job[1] if job is not None else self._base_version, e)
                 self._error = e
             finally:
                 with self._cond:

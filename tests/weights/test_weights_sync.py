@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -279,7 +280,10 @@ def test_a_starved_publisher_publishes_the_newest_again_as_a_full(bus, store,
     snapshot: else a starved trainer (the worker's data too stale to train on) never makes
     the next full. Once per version; never before the time; never when the newest is a full."""
     versions = evolve(numpy_model(), 25)
-    pub = publish_all(bus, store, versions, full_every=20, refresh_full_after_s=30.0)
+    # without the background thread (which does it by itself: the next test), its owner
+    # calls maybe_refresh(), here on a clock of the test's
+    pub = publish_all(bus, store, versions, full_every=20, refresh_full_after_s=30.0,
+                      background=False)
     newest = len(versions) - 1  # 24: a delta on top of the full 20
     delta, held, syncer = held_below_corrupt_newest(bus, store, versions)  # held back
 
@@ -302,6 +306,32 @@ def test_a_starved_publisher_publishes_the_newest_again_as_a_full(bus, store,
     clock[0] += 31.0
     assert pub.maybe_refresh() and pub.stats.refreshes == 2
     pub.close()
+
+
+def test_the_background_thread_refreshes_by_itself_once_per_version(bus, store) -> None:
+    """With its background thread (the default), a publisher left without a new version for
+    ``refresh_full_after_s`` publishes the newest again as a full with no call from its owner
+    (a worker held below a corrupt delta gets past it), once per version; a new version starts
+    the time again. maybe_refresh() leaves it to the thread."""
+    versions = evolve(numpy_model(), 25)
+    pub = publish_all(bus, store, versions, full_every=20, refresh_full_after_s=0.5)
+    newest = len(versions) - 1
+    _, held, syncer = held_below_corrupt_newest(bus, store, versions)
+    assert not pub.maybe_refresh()
+    deadline = time.monotonic() + 10
+    while pub.stats.refreshes == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pub.stats.refreshes == 1
+    assert syncer.sync_once(5) == newest and identical(held, versions[newest])
+    time.sleep(1.2)  # more than twice the time: still once for this version
+    assert pub.stats.refreshes == 1
+    pub.publish(versions[0], newest + 1)
+    while pub.stats.refreshes == 1 and time.monotonic() < deadline + 10:
+        time.sleep(0.05)
+    assert pub.stats.refreshes == 2
+    assert [m.kind for m in _manifests(bus) if m.version == newest + 1] == ["delta", "full"]
+    pub.close()
+    assert pub.stats.refreshes == 2
 
 
 def test_no_refresh_when_the_newest_is_a_full_or_none_was_published(bus, store) -> None:

@@ -277,7 +277,8 @@ class Trainer:
         self.telemetry.tick()
         if self.publisher is not None and hasattr(self.publisher, "maybe_refresh"):
             # starved for a while: the newest version as a full snapshot, for workers that
-            # cannot build it from the deltas (Publisher.refresh_full)
+            # cannot build it from the deltas (Publisher.refresh_full); a publisher with its
+            # background thread (the default) does it by itself and returns at once
             self.publisher.maybe_refresh()
         return []
 
