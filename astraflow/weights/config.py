@@ -71,9 +71,9 @@ class WeightsConfig(Section):
                                      description="a full snapshot every K versions")
     refresh_full_after_s: float | None = pydantic.Field(
         default=60.0, gt=0,
-        description="with no new version for this long (a starved trainer), publish the newest "
-        "again as a full snapshot, once: workers that cannot build it (a delta blob corrupt or "
-        "gone) can then; null: never")
+        description="with no new version for this long, or three times the pace of versions if "
+        "longer (a starved trainer), publish the newest again as a full snapshot, once: workers "
+        "that cannot build it (a delta blob corrupt or gone) can then; null: never")
     max_delta_fraction: float = pydantic.Field(
         default=0.5, gt=0, le=1,
         description="a delta larger than this fraction of dense is replaced by a full")

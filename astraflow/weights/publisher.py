@@ -108,6 +108,8 @@ class Publisher:
         self._last_version: int | None = None  # newest version handed to publish()
         # when a version was last handed over, or a refresh was last done or declined
         self._last_sent = time.monotonic()
+        self._published_at: float | None = None  # when publish() was last called
+        self.pace_s: float | None = None  # moving mean of the seconds between versions
         self._pending: tuple[Bits, int] | None = None
         self._busy = False
         self._error: BaseException | None = None
@@ -130,7 +132,11 @@ class Publisher:
                                  f"version {self._last_version}; versions must increase")
         bits = bits_dict(tensors, copy=True, dtype=self.dtype)
         self._last_version = version
-        self._last_sent = time.monotonic()
+        now = time.monotonic()
+        if self._published_at is not None:
+            gap = now - self._published_at
+            self.pace_s = gap if self.pace_s is None else 0.7 * self.pace_s + 0.3 * gap
+        self._published_at = self._last_sent = now
         if self._thread is None:
             self._publish_now(bits, version)
             return
@@ -179,7 +185,7 @@ class Publisher:
         routing around it, which ends at a full snapshot) produces only data too stale to
         train on until the next full, which a starved trainer never makes. With one worker,
         one corrupted blob stopped a run for good (tests/sim/test_chaos.py). The background
-        thread calls it by itself once no version came for ``refresh_full_after_s``; this
+        thread calls it by itself once no version came for :attr:`refresh_after_s`; this
         call runs in the caller's thread, after what is pending is published."""
         with self._cond:
             self._cond.wait_for(lambda: self._pending is None and not self._busy)
@@ -193,7 +199,7 @@ class Publisher:
                 self._cond.notify_all()
 
     def maybe_refresh(self) -> bool:
-        """:meth:`refresh_full` once no version was published for ``refresh_full_after_s``
+        """:meth:`refresh_full` once no version was published for :attr:`refresh_after_s`
         seconds (None: never), for a publisher without a background thread (``background``
         False), whose owner calls this while it waits for input; with the thread, which does
         it by itself, False at once."""
@@ -205,13 +211,24 @@ class Publisher:
         wait = self._until_refresh()
         return wait is not None and wait <= 0
 
+    @property
+    def refresh_after_s(self) -> float | None:
+        """How long without a new version makes a refresh due: ``refresh_full_after_s`` or
+        three times the pace of versions, whichever is longer (a trainer whose steps take
+        longer than ``refresh_full_after_s`` is not starved, and would otherwise have every
+        version published twice)."""
+        if self.refresh_full_after_s is None:
+            return None
+        return max(self.refresh_full_after_s, 3 * (self.pace_s or 0.0))
+
     def _until_refresh(self) -> float | None:
         """Seconds until the newest version is due to be published again as a full (None:
         never: off, nothing published, or the newest is a full already)."""
-        if self.refresh_full_after_s is None or self._base_version is None \
+        after = self.refresh_after_s
+        if after is None or self._base_version is None \
                 or self._last_full == self._base_version:
             return None
-        return self._last_sent + self.refresh_full_after_s - time.monotonic()
+        return self._last_sent + after - time.monotonic()
 
     def _refresh_now(self) -> bool:
         bits, version = self._base, self._base_version
@@ -226,8 +243,8 @@ class Publisher:
         self.stats.fulls += 1
         self.stats.refreshes += 1
         log.warning("published version=%d of policy=%s again as a full snapshot: no new "
-                    "version for %s s (workers that cannot build it now can)", version,
-                    self.policy, self.refresh_full_after_s)
+                    "version for %.1f s (workers that cannot build it now can)", version,
+                    self.policy, self.refresh_after_s)
         return True
 
     def _newest_full(self, version: int) -> int | None:

@@ -308,6 +308,26 @@ def test_a_starved_publisher_publishes_the_newest_again_as_a_full(bus, store,
     pub.close()
 
 
+def test_a_slow_trainer_is_not_taken_for_a_starved_one(bus, store, monkeypatch) -> None:
+    """A trainer whose steps take longer than ``refresh_full_after_s`` is not starved: the
+    refresh waits three times the pace of versions, else every version would go out twice."""
+    clock = [1000.0]
+    monkeypatch.setattr("astraflow.weights.publisher.time.monotonic", lambda: clock[0])
+    pub = Publisher(bus, run=RUN, policy=POLICY, store=store, dtype=None, full_every=20,
+                    refresh_full_after_s=30.0, background=False)
+    assert pub.refresh_after_s == 30.0 and pub.pace_s is None
+    for v, tensors in enumerate(evolve(numpy_model(), 4)):
+        pub.publish(tensors, v)
+        clock[0] += 100.0  # a 100 s step
+    assert pub.pace_s == pytest.approx(100.0) and pub.refresh_after_s == pytest.approx(300.0)
+    assert not pub.maybe_refresh()  # 100 s since the last version: one step, not starvation
+    clock[0] += 199.0
+    assert not pub.maybe_refresh()
+    clock[0] += 2.0
+    assert pub.maybe_refresh() and pub.stats.refreshes == 1
+    pub.close()
+
+
 def test_the_background_thread_refreshes_by_itself_once_per_version(bus, store) -> None:
     """With its background thread (the default), a publisher left without a new version for
     ``refresh_full_after_s`` publishes the newest again as a full with no call from its owner
