@@ -90,16 +90,15 @@ def main() -> None:
     print(f"{args.seeds} seeds, {time.perf_counter() - t0:.1f}s; [paper] in brackets\n")
     print(format_table(rows, REFERENCE))
     print(f"\n{target_line(rows)}")
-    autos = [r for r in rows if r.label.startswith("auto")]
-    lo, hi = 6, 11
+    fixed: list[tuple[str, Policy]] = [(label, pol) for label, pol in reference_arms()
+                                        if isinstance(pol, Fixed)]
+    sizes = [pol.workers for _, pol in fixed if isinstance(pol, Fixed)]
+    lo, hi = min(sizes), max(sizes)
     sweep = simulate_table(params, seeds=range(args.seeds), arms=fixed_sweep(lo, hi + 1))
     print(f"\nevery fixed pool from {lo} to {hi + 1} (the paper ran only {lo} and {hi}):\n")
     print(format_table(sweep))
     print("")
-    print("\n".join(baseline_lines(sweep, autos)))
-    fixed: list[tuple[str, Policy]] = [(label, pol) for label, pol in reference_arms()
-                                        if isinstance(pol, Fixed)]
-    hi = max(pol.workers for _, pol in fixed if isinstance(pol, Fixed))
+    print("\n".join(baseline_lines(sweep, [r for r in rows if r.label.startswith("auto")])))
     from_hi: list[tuple[str, Policy]] = [(f"{label}, from {hi}", replace(pol, initial=hi))
                                          for label, pol in reference_arms()
                                          if isinstance(pol, Auto)]

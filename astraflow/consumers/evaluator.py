@@ -176,6 +176,11 @@ def greedy_episode_accuracy(model: Any, tokenizer: Any, specs: Sequence[TaskSpec
                             max_new_tokens=max_new_tokens, temperature=temperature)
 
 
+#: a version left alone this many times the pace of versions (and at least ``idle_s``) is
+#: taken as a run's last (:class:`VersionWatch`); `astraflow run` waits for it accordingly
+IDLE_PACE = 3.0
+
+
 class VersionWatch:
     """When an evaluator following one or several policies' versions is due: when some
     policy's newest version is ``every`` past the last evaluated one, or newer than it and not
@@ -190,7 +195,8 @@ class VersionWatch:
     steps, each taking the cores from rollout."""
 
     def __init__(self, policies: Sequence[str], *, every: int = 1, idle_s: float = 2.0,
-                 pace: float = 3.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 pace: float = IDLE_PACE, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
         if every < 1 or idle_s < 0 or pace < 0:
             raise ValueError(f"VersionWatch: every >= 1, idle_s >= 0 and pace >= 0; got "
                              f"every={every} idle_s={idle_s} pace={pace}")

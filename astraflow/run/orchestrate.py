@@ -196,9 +196,11 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
                                   "stopping[/]")
                     break
             # the evaluators take a version as the run's last once it has been left alone
-            # three times the pace of versions (VersionWatch): wait for that and more
+            # IDLE_PACE times the pace of versions (VersionWatch): wait for that and more
+            from astraflow.consumers.evaluator import IDLE_PACE
+
             per_step = (time.time() - started) / max(1, col.trainer_step())
-            _await_final_eval(config, col, sup, timeout=180.0 + 3 * per_step)
+            _await_final_eval(config, col, sup, timeout=180.0 + IDLE_PACE * per_step)
     except KeyboardInterrupt:
         interrupted = True
         console.print("[yellow]interrupted: stopping every role[/]")

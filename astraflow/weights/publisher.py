@@ -319,10 +319,11 @@ class Publisher:
                 if self._busy:
                     continue  # refresh_full() runs in its caller's thread
                 job = self._pending
-                if job is None and (self._closed or not self._refresh_due()):
+                if job is None:
                     if self._closed:
                         return
-                    continue
+                    if not self._refresh_due():
+                        continue
                 self._pending = None
                 self._busy = True
                 self._cond.notify_all()

@@ -222,14 +222,14 @@ def baseline_lines(fixed: Sequence[Row], autos: Sequence[Row], saving: float = 0
     if fed:
         bases.append((f"the cheapest fixed pool within {max_wait:.0%} wait",
                       min(fed, key=lambda r: r.total_h)))
+    best = min(within, key=lambda r: r.total_h) if within else None
     lines = []
     for name, base in bases:
         asks = (1 - saving) * base.total_h
         line = (f"{name}: {base.label}, {base.total_h:.1f} GPU-h at {base.wait:.1%} wait; "
                 f"-{saving:.0%} asks for {asks:.1f} GPU-h"
                 + (" (less than the work itself)" if asks < work else ""))
-        if within:
-            best = min(within, key=lambda r: r.total_h)
+        if best is not None:
             line += (f"; best auto ({best.label}, {best.wait:.1%} wait): "
                      f"{best.total_h / base.total_h - 1:+.1%}")
         lines.append(line)
