@@ -20,13 +20,19 @@ tokens) and the same batch size:
   the next batch is queued while one runs (``--concurrency``).
 
 Reported: episodes/s and generated tokens/s of each (median of interleaved repeats, after a
-warm-up) and worker / ceiling. Timing noise on shared 2-core machines is large; nothing here
-gates CI.
+warm-up), worker / ceiling, and per side as the engine ran it: the mean batch (requests per
+``generate`` call, or with ``--continuous`` the engine's own count of sequences per decoding
+step, ``Batcher.mean_batch``: requests reach a continuous engine one call each, so requests
+per call would always read 1) and the model's forward passes. A continuous engine whose
+requests arrive spread over its steps, as a worker's do, prefills the newcomers of a step in
+a forward pass of their own, next to the running rows' decoding pass. Timing noise on shared
+2-core machines is large; nothing here gates CI.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import tempfile
 import time
@@ -51,8 +57,11 @@ def tasks(n: int, samples: int) -> list[Any]:
             for i in range(n)]
 
 
-def ceiling(engine: Any, task_list: list[Any], batch: int, max_new: int) -> tuple[float, int, int]:
-    """(seconds, episodes, generated tokens) of the engine called directly."""
+def ceiling(engine: Any, task_list: list[Any], batch: int,
+            max_new: int) -> tuple[float, int, int, float, int]:
+    """(seconds, episodes, generated tokens, mean batch, forward passes) of the engine called
+    directly."""
+    from astraflow.consumers.rollout.batcher import step_counts
     from astraflow.consumers.rollout.engines import GenRequest
     from astraflow.models.prompt import encode, render
 
@@ -61,16 +70,24 @@ def ceiling(engine: Any, task_list: list[Any], batch: int, max_new: int) -> tupl
     for t in task_list:
         ids = encode(tok, render(tok, t.prompt, generation_prompt=True), special=True)
         reqs += [GenRequest(ids, max_new_tokens=max_new, temperature=1.0)] * t.n_samples
+    steps0, forwards0 = step_counts(engine), engine.steps
     start = time.perf_counter()
     tokens = 0
     for i in range(0, len(reqs), batch):
         tokens += sum(len(r.token_ids) for r in engine.generate(reqs[i:i + batch]))
-    return time.perf_counter() - start, len(reqs), tokens
+    seconds = time.perf_counter() - start
+    steps = step_counts(engine)
+    if steps is None or steps0 is None:
+        mean = len(reqs) / math.ceil(len(reqs) / batch)
+    else:  # sequences per decoding step
+        mean = (steps[0] - steps0[0]) / max(1, steps[1] - steps0[1])
+    return seconds, len(reqs), tokens, mean, engine.steps - forwards0
 
 
 def worker_run(engine: Any, task_list: list[Any], concurrency: int, max_new: int,
-               root: Path) -> tuple[float, int, int, float]:
-    """(seconds, episodes, generated tokens, mean batch) of one worker on the embedded bus."""
+               root: Path) -> tuple[float, int, int, float, int]:
+    """(seconds, episodes, generated tokens, mean batch, forward passes) of one worker on the
+    embedded bus."""
     from astraflow.consumers.rollout.runtime import Runtime
     from astraflow.consumers.rollout.worker import RolloutWorker
     from astraflow.core.bus import connect, embedded_url
@@ -90,13 +107,15 @@ def worker_run(engine: Any, task_list: list[Any], concurrency: int, max_new: int
     w = RolloutWorker(bus, runtime, run=run, max_concurrent_episodes=concurrency,
                       poll_timeout=0.02,
                       commit_interval=0.2, metrics_interval=5.0, drain_timeout=600)
+    forwards0 = engine.steps
     start = time.perf_counter()
     stats = w.run(max_tasks=len(task_list))
     seconds = time.perf_counter() - start
     b = runtime.batchers["default"]
     bus.close()
     assert stats.tasks_done == len(task_list), stats
-    return seconds, stats.episodes, stats.tokens_generated, b.requests / max(b.batches, 1)
+    return (seconds, stats.episodes, stats.tokens_generated, b.mean_batch or 0.0,
+            engine.steps - forwards0)
 
 
 def main() -> None:
@@ -133,21 +152,21 @@ def main() -> None:
         task_list = tasks(args.tasks, args.samples)
         ceiling(engine, task_list[:16], args.batch, args.max_new_tokens)  # warm-up
         ceiling(worker_engine, task_list[:16], args.batch, args.max_new_tokens)
-        rows: dict[str, list[tuple[float, float]]] = {"ceiling": [], "worker": []}
+        # per side and repeat: episodes/s, generated tokens/s, mean batch, forward passes
+        rows: dict[str, list[tuple[float, float, float, int]]] = {"ceiling": [], "worker": []}
         if args.process:
             rows["engine process"] = []
-        batches = []
         for _ in range(args.repeats):  # interleaved, so drifts hit both sides alike
-            s, e, k = ceiling(engine, task_list, args.batch, args.max_new_tokens)
-            rows["ceiling"].append((e / s, k / s))
+            s, e, k, mb, fw = ceiling(engine, task_list, args.batch, args.max_new_tokens)
+            rows["ceiling"].append((e / s, k / s, mb, fw))
             if args.process:  # the engine process called directly, one batch at a time
-                s, e, k = ceiling(worker_engine, task_list, args.batch, args.max_new_tokens)
-                rows["engine process"].append((e / s, k / s))
-            s, e, k, mb = worker_run(worker_engine, task_list, concurrency,
-                                     args.max_new_tokens, root)
-            rows["worker"].append((e / s, k / s))
-            batches.append(mb)
-    med = {name: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v))
+                s, e, k, mb, fw = ceiling(worker_engine, task_list, args.batch,
+                                          args.max_new_tokens)
+                rows["engine process"].append((e / s, k / s, mb, fw))
+            s, e, k, mb, fw = worker_run(worker_engine, task_list, concurrency,
+                                         args.max_new_tokens, root)
+            rows["worker"].append((e / s, k / s, mb, fw))
+    med = {name: tuple(statistics.median(r[i] for r in v) for i in range(4))
            for name, v in rows.items()}
     episodes = args.tasks * args.samples
     print(f"# rollout bench: {args.tasks} tasks x {args.samples} samples = {episodes} episodes, "
@@ -155,17 +174,17 @@ def main() -> None:
           f"{args.max_new_tokens} new tokens, torch threads {args.threads}, "
           f"{'continuous' if args.continuous else 'static'} batching, median of "
           f"{args.repeats}\n")
-    print("| | episodes/s | generated tokens/s |")
-    print("|---|---:|---:|")
-    for name, (eps, tps) in med.items():
-        print(f"| {name} | {eps:,.0f} | {tps:,.0f} |")
+    unit = "sequences per decoding step" if args.continuous else "requests per engine call"
+    print(f"| | episodes/s | generated tokens/s | mean batch ({unit}) | forward passes |")
+    print("|---|---:|---:|---:|---:|")
+    for name, (eps, tps, mb, fw) in med.items():
+        print(f"| {name} | {eps:,.0f} | {tps:,.0f} | {mb:.1f} | {fw:.0f} |")
     print(f"| worker / ceiling | {med['worker'][0] / med['ceiling'][0]:.2f} | "
-          f"{med['worker'][1] / med['ceiling'][1]:.2f} |")
+          f"{med['worker'][1] / med['ceiling'][1]:.2f} | | |")
     if "engine process" in med:
         proc = med["engine process"]
         print(f"| worker / engine process | {med['worker'][0] / proc[0]:.2f} | "
-              f"{med['worker'][1] / proc[1]:.2f} |")
-    print(f"\nworker mean batch size: {statistics.median(batches):.1f} (ceiling: {args.batch})")
+              f"{med['worker'][1] / proc[1]:.2f} | | |")
     engine.close()
     if worker_engine is not engine:
         worker_engine.close()

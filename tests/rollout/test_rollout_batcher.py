@@ -1,4 +1,5 @@
-"""The engine batcher: one failed request fails its own episode, not its batch's."""
+"""The engine batcher: one failed request fails its own episode, not its batch's; its mean
+batch is requests per engine call, or unknown where the engine batches itself unseen."""
 
 from __future__ import annotations
 
@@ -46,6 +47,31 @@ def test_a_failed_request_fails_alone(continuous: bool) -> None:
     assert isinstance(ok2, GenResult) and ok2.token_ids == [17]
     if not continuous:
         assert engine.batches == [3]  # one batch: the abort did not take the others with it
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_the_mean_batch_is_requests_per_engine_call(continuous: bool) -> None:
+    """A batched engine: requests per generate call. One that batches itself gets a call per
+    request, which is no batch (the continuous hf engine's own step counts are checked in
+    test_rollout_engine_hf_continuous); without such counts its mean batch is unknown."""
+    engine = OneAborts(continuous)
+
+    async def main() -> Batcher:
+        b = Batcher(engine)
+        try:
+            assert b.mean_batch is None  # nothing batched yet
+            await asyncio.gather(*(b.generate(GenRequest([p])) for p in (1, 2, 3, 4)))
+            await b.generate(GenRequest([5]))
+            return b
+        finally:
+            await b.close()
+
+    b = asyncio.run(main())
+    assert (b.requests, b.tokens) == (5, 5)
+    if continuous:
+        assert b.batches == 0 and b.mean_batch is None
+    else:
+        assert engine.batches == [4, 1] and b.batches == 2 and b.mean_batch == 2.5
 
 
 def test_engine_latency_is_one_draw_per_request_before_the_engine() -> None:

@@ -17,6 +17,8 @@ from astraflow.consumers.rollout.batcher import Batcher
 from astraflow.consumers.rollout.engines import EngineError, GenRequest, GenResult, build_engine
 from astraflow.consumers.rollout.engines.hf import HFEngine
 from astraflow.consumers.rollout.engines.hf_continuous import check_mergeable, merge_caches
+from astraflow.consumers.rollout.runtime import Runtime, run_episode
+from astraflow.core.records import ChatMessage, Task
 
 WAIT = 60.0  # seconds any future or event may take on a busy 2-core machine
 
@@ -305,7 +307,7 @@ def test_batcher_awaits_the_engine_futures(arith_dir: Path) -> None:
     results, batcher = asyncio.run(main())
     engine.close()
     assert len(results) == n and all(1 <= len(r.token_ids) <= 3 for r in results)
-    assert batcher.requests == batcher.batches == 2 * n
+    assert batcher.requests == 2 * n and batcher.batches == 0  # the engine forms the batches
     assert batcher.tokens >= n
     assert not batcher._pool._threads  # no thread per request: the futures are awaited
     assert 1 < engine.decoder.max_rows <= 8
@@ -324,3 +326,38 @@ def test_a_cancelled_request_leaves_the_batch(arith_dir: Path) -> None:
     r = engine.submit(GenRequest(tok("2+2=")["input_ids"], max_new_tokens=3)).result(WAIT)
     assert len(r.token_ids) == 3
     engine.close()
+
+
+def test_concurrent_episodes_share_decoding_steps_and_the_batcher_reports_it(
+        arith_dir: Path) -> None:
+    """Issue 34. Episodes issued the way the worker issues them (a task's samples started
+    together, each awaiting its generation through the runtime's batcher) are decoded in
+    shared steps, by the engine's own count of sequences per step; and the batcher's mean
+    batch is that count. It was requests per batcher call, one per request with an engine
+    that batches itself, so bench/rollout.py printed a mean batch of 1.0 for a worker whose
+    engine decoded some 59 sequences a step."""
+    engine = make(arith_dir, max_batch_size=64)
+    engine.eos = set()  # every episode decodes all its tokens
+    n, new = 16, 6
+    task = Task(id="t34", dataset="test", prompt=[ChatMessage(role="user", content="12+34=")],
+                reference={"answer": "46"}, n_samples=n)
+
+    async def main() -> tuple[list[Any], float | None]:
+        runtime = Runtime.create({"default": engine}, sampling={"max_new_tokens": new})
+        try:
+            outs = await asyncio.wait_for(asyncio.gather(
+                *(run_episode(runtime, task, i) for i in range(n))), WAIT)
+            return outs, runtime.batcher("default").mean_batch
+        finally:
+            await runtime.close()
+
+    outs, mean_batch = asyncio.run(main())
+    engine.close()
+    assert [o.error for o in outs] == [None] * n
+    tokens = sum(sum(d.loss_mask) for o in outs for d in o.drafts)
+    dec = engine.decoder
+    assert tokens == n * new == dec.row_steps  # each sequence counted once per step it sampled in
+    assert dec.max_rows == n  # all of them in one decoding step
+    # fed one at a time they would take up to n * new steps of one sequence; together, `new`
+    # steps of n (a step boundary falling between two submissions makes it a step or two more)
+    assert mean_batch == dec.row_steps / dec.iterations >= n / 2

@@ -11,6 +11,11 @@ Engines that batch themselves (``continuous``)
 get each request on its own call instead, up to ``max_batch_size`` at once; those that offer
 ``submit(request) -> concurrent.futures.Future`` (the continuous ``hf`` engine) are awaited on
 that future directly, with no thread per request, and queue the request themselves.
+
+:attr:`Batcher.mean_batch` is what batching achieved: requests per call of a batched engine;
+for one that batches itself, its own count of sequences per decoding step where it keeps one
+(:func:`step_counts`). Requests handed to such an engine one by one share its steps, so
+counting each as a batch (requests per call: always 1) says nothing about batching.
 """
 
 from __future__ import annotations
@@ -26,6 +31,16 @@ from astraflow.consumers.rollout.engines.base import Engine, EngineError, GenReq
 from astraflow.consumers.rollout.latency import parse_latency, wait
 
 log = logging.getLogger("astraflow.rollout.batcher")
+
+
+def step_counts(engine: Engine) -> tuple[int, int] | None:
+    """(sequences, steps): what an engine that schedules itself has decoded so far, the
+    sequences summed over its decoding steps and the steps, where it counts them (the
+    continuous ``hf`` engine's decoder; a slowed engine reads through to it); else None."""
+    decoder = getattr(engine, "decoder", None) if getattr(engine, "continuous", False) else None
+    if decoder is None:
+        return None
+    return decoder.row_steps, decoder.iterations
 
 
 class Batcher:
@@ -47,9 +62,23 @@ class Batcher:
         self._task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()  # batches handed to the engine
         self._slots: asyncio.Semaphore | None = None
-        self.batches = 0
-        self.requests = 0
-        self.tokens = 0
+        self.batches = 0  # Engine.generate calls with a batch (0 when the engine batches itself)
+        self.requests = 0  # requests answered
+        self.tokens = 0  # tokens generated for them
+        self._steps0 = step_counts(engine)  # the engine's own counts when this batcher began
+
+    @property
+    def mean_batch(self) -> float | None:
+        """Sequences per engine batch since this batcher was made: requests per
+        :meth:`Engine.generate` call of a batched engine; sequences per decoding step of an
+        engine that schedules itself and counts them (:func:`step_counts`); None before the
+        first batch, or for an engine that batches itself out of sight (``openai``)."""
+        if not self.continuous:
+            return self.requests / self.batches if self.batches else None
+        now = step_counts(self.engine)
+        if now is None or self._steps0 is None or now[1] == self._steps0[1]:
+            return None
+        return (now[0] - self._steps0[0]) / (now[1] - self._steps0[1])
 
     async def generate(self, request: GenRequest) -> GenResult:
         if self.latency is not None:  # an emulated slow server: the wait holds no core
@@ -57,7 +86,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         if self._submit is not None:
             res = await asyncio.wrap_future(self._submit(request))
-            self._count(1, [res])
+            self._count(0, [res])
             if res.error is not None:
                 raise EngineError(res.error)
             return res
@@ -66,7 +95,7 @@ class Batcher:
                 self._slots = asyncio.Semaphore(self.max_batch_size)
             async with self._slots:
                 (res,) = await loop.run_in_executor(self._pool, self.engine.generate, [request])
-            self._count(1, [res])
+            self._count(0, [res])
             if res.error is not None:
                 raise EngineError(res.error)
             return res
@@ -79,9 +108,9 @@ class Batcher:
         self._wake.set()
         return await fut
 
-    def _count(self, n: int, results: list[GenResult]) -> None:
-        self.batches += 1
-        self.requests += n
+    def _count(self, batches: int, results: list[GenResult]) -> None:
+        self.batches += batches
+        self.requests += len(results)
         self.tokens += sum(len(r.token_ids) for r in results)
 
     async def _loop(self) -> None:
@@ -114,7 +143,7 @@ class Batcher:
                     f.set_exception(e)
             return
         self._done()  # first: the next batch is handed over before these episodes go on
-        self._count(len(batch), results)
+        self._count(1, results)
         for (_, f), res in zip(batch, results, strict=True):
             if f.done():
                 continue
