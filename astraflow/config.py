@@ -141,6 +141,11 @@ class LaunchConfig(Section):
         "rollout.engine.speed")
     evaluate: bool = pydantic.Field(True, description="run the held-out evaluator")
     eval_problems: int = pydantic.Field(500, ge=1, description="held-out problems per eval")
+    eval_samples: int = pydantic.Field(
+        0, ge=0, le=64, description="answer evaluations (single_turn): also this many sampled "
+        "completions per held-out problem at rollout.engine.temperature, reported as "
+        "eval_sampled_accuracy (what RL's train reward estimates) and eval_pass_at_k; 0: "
+        "greedy only")
     eval_every: int = pydantic.Field(
         10, ge=1, description="evaluate every N weight versions (and always the last one)")
     eval_nice: int = pydantic.Field(

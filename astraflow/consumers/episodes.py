@@ -51,15 +51,16 @@ def greedy_kwargs(workflow: str, kwargs: Mapping[str, Any],
 def greedy_episodes(engines: Mapping[str, Engine], specs: Sequence[TaskSpec], *, workflow: str,
                     reward: str = "exact_match", reward_kwargs: Mapping[str, Any] | None = None,
                     workflow_kwargs: Mapping[str, Any] | None = None,
-                    max_new_tokens: int = 64, temperature: float = 0.0) -> list[Any]:
+                    max_new_tokens: int = 64, temperature: float = 0.0,
+                    extract: str = "none") -> list[Any]:
     """The :class:`EpisodeOutcome` of ``workflow`` run greedily (or at ``temperature``) on
     every spec (one sample each). ``engines``: policy -> engine, every policy the workflow
-    uses."""
+    uses; ``extract``: the reward's answer extractor (``rollout.reward.extract``)."""
     kwargs = greedy_kwargs(workflow, workflow_kwargs or {}, temperature)
     tasks = [Task(id=s.id, dataset="eval", prompt=s.prompt, reference=s.reference,
                   workflow=workflow, n_samples=1) for s in specs]
     return asyncio.run(_run_all(engines, tasks, workflow=workflow, reward=reward,
-                                reward_kwargs=reward_kwargs, kwargs=kwargs,
+                                reward_kwargs=reward_kwargs, kwargs=kwargs, extract=extract,
                                 max_new_tokens=max_new_tokens, temperature=temperature))
 
 
@@ -75,10 +76,10 @@ def episode_accuracy(engines: Mapping[str, Engine], specs: Sequence[TaskSpec], *
 
 async def _run_all(engines: Mapping[str, Engine], tasks: Sequence[Task], *, workflow: str,
                    reward: str, reward_kwargs: Mapping[str, Any] | None, kwargs: dict[str, Any],
-                   max_new_tokens: int, temperature: float) -> list[Any]:
+                   max_new_tokens: int, temperature: float, extract: str) -> list[Any]:
     from astraflow.consumers.rollout.runtime import Runtime, run_episode
 
-    rt = Runtime.create(engines, reward=reward, reward_kwargs=reward_kwargs,
+    rt = Runtime.create(engines, reward=reward, reward_kwargs=reward_kwargs, extract=extract,
                         sampling={"temperature": temperature, "max_new_tokens": max_new_tokens},
                         default_workflow=workflow, workflow_kwargs={workflow: kwargs})
     try:

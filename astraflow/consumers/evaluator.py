@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -63,17 +63,22 @@ class EvalResult:
                 f"{'claims' if self.kind == 'verdict' else 'problems'}, {self.seconds:.1f}s)")
 
 
-def held_out(producer: ProducerConfig, limit: int) -> list[TaskSpec]:
-    """The held-out problems of the experiment's arithmetic producer (its test split)."""
-    from astraflow.producers.arithmetic import arithmetic
+def held_out(producer: ProducerConfig, limit: int, out: str | Path = ".") -> list[TaskSpec]:
+    """The first ``limit`` held-out problems of the experiment's task source (its test split,
+    disjoint from what the producer releases), each prompt as the producer releases it (the
+    ``system_prompt`` first), so the model is measured on the format it is trained on."""
+    from astraflow.core.errors import ConfigError
+    from astraflow.core.records import ChatMessage
+    from astraflow.producers import SourceError, held_out_specs
 
-    if producer.source != "arithmetic":
-        from astraflow.core.errors import ConfigError
-
-        raise ConfigError("evaluation needs held-out problems: producer.source=arithmetic "
-                          f"has a test split; {producer.source!r} has none yet")
-    cfg = producer.arithmetic.model_copy(update={"split": "test", "count": None})
-    return [spec for spec, _ in arithmetic(cfg)][:limit]
+    try:
+        specs = held_out_specs(producer, limit, out)
+    except SourceError as e:
+        raise ConfigError(f"evaluation needs held-out problems: {e}") from None
+    if not producer.system_prompt:
+        return specs
+    system = ChatMessage(role="system", content=producer.system_prompt)
+    return [replace(spec, prompt=[system, *spec.prompt]) for spec in specs]
 
 
 def held_out_claims(producer: ProducerConfig, limit: int, *, prompt: str,
@@ -89,25 +94,54 @@ def greedy_texts(model: Any, tokenizer: Any, specs: Sequence[TaskSpec], *,
                  max_new_tokens: int, batch_size: int = 256) -> list[str]:
     """The greedy completion of each spec's prompt (rendered as the rollout worker renders
     it), decoded without special tokens."""
+    return [row[0] for row in completions(model, tokenizer, specs,
+                                          max_new_tokens=max_new_tokens,
+                                          batch_size=batch_size)]
+
+
+def completions(model: Any, tokenizer: Any, specs: Sequence[TaskSpec], *, max_new_tokens: int,
+                samples: int = 1, temperature: float = 0.0, seed: int = 0,
+                batch_size: int = 256) -> list[list[str]]:
+    """``samples`` completions of each spec's prompt (rendered as the rollout worker renders
+    it), decoded without special tokens: greedy at ``temperature`` 0 (then ``samples`` must
+    be 1), else sampled from a generator seeded with ``seed`` (the same draws every
+    evaluation, so versions are compared on equal terms)."""
     import torch
 
     from astraflow.models.prompt import render_prompt
 
+    if samples < 1 or (temperature <= 0 and samples != 1):
+        raise ValueError(f"completions: samples >= 1, and 1 when greedy; got samples={samples}"
+                         f" temperature={temperature}")
     pad = tokenizer.pad_token_id
-    texts: list[str] = []
-    for i in range(0, len(specs), batch_size):
-        chunk = specs[i:i + batch_size]
-        prompts = [render_prompt(tokenizer, s.prompt)[1] for s in chunk]
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-        att = (torch.arange(width)[None, :] >= torch.tensor(
-            [width - len(p) for p in prompts])[:, None]).long()
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=att, do_sample=False,
-                                 max_new_tokens=max_new_tokens, pad_token_id=pad,
-                                 eos_token_id=tokenizer.eos_token_id)
-        texts += [tokenizer.decode(row, skip_special_tokens=True)
-                  for row in out[:, width:].tolist()]
+    device = next(model.parameters()).device
+    sampled = temperature > 0
+    texts: list[list[str]] = []
+    per_call = max(1, batch_size // samples)
+    rng_state = torch.random.get_rng_state()
+    if sampled:
+        torch.manual_seed(seed)
+    try:
+        for i in range(0, len(specs), per_call):
+            chunk = specs[i:i + per_call]
+            prompts = [render_prompt(tokenizer, s.prompt)[1] for s in chunk]
+            width = max(len(p) for p in prompts)
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+            att = (torch.arange(width, device=device)[None, :] >= torch.tensor(
+                [width - len(p) for p in prompts], device=device)[:, None]).long()
+            kw: dict[str, Any] = (
+                {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0,
+                 "num_return_sequences": samples} if sampled else {"do_sample": False})
+            with torch.no_grad():
+                out = model.generate(input_ids=ids, attention_mask=att, **kw,
+                                     max_new_tokens=max_new_tokens, pad_token_id=pad,
+                                     eos_token_id=tokenizer.eos_token_id)
+            rows = [tokenizer.decode(row, skip_special_tokens=True)
+                    for row in out[:, width:].tolist()]
+            texts += [rows[j:j + samples] for j in range(0, len(rows), samples)]
+    finally:
+        if sampled:
+            torch.random.set_rng_state(rng_state)
     return texts
 
 
@@ -119,6 +153,31 @@ def greedy_accuracy(model: Any, tokenizer: Any, specs: Sequence[TaskSpec],
                          batch_size=batch_size)
     right = sum(float(score(t, s.reference)) > 0.5 for t, s in zip(texts, specs, strict=True))
     return right / max(1, len(specs))
+
+
+@dataclass(frozen=True)
+class SampledScore:
+    """``k`` sampled completions per problem: the fraction of all samples scored right
+    (``accuracy``, what RL's train reward estimates) and of problems with at least one right
+    (``pass_at_k``)."""
+
+    accuracy: float
+    pass_at_k: float
+    k: int
+
+
+def sampled_accuracy(model: Any, tokenizer: Any, specs: Sequence[TaskSpec],
+                     score: Callable[[str, dict[str, Any]], float], *, k: int,
+                     temperature: float, max_new_tokens: int, seed: int = 0,
+                     batch_size: int = 256) -> SampledScore:
+    """:class:`SampledScore` of ``k`` completions per spec at ``temperature`` (seeded)."""
+    rows = completions(model, tokenizer, specs, max_new_tokens=max_new_tokens, samples=k,
+                       temperature=temperature, seed=seed, batch_size=batch_size)
+    right = [[float(score(t, s.reference)) > 0.5 for t in texts]
+             for texts, s in zip(rows, specs, strict=True)]
+    n = max(1, len(specs))
+    return SampledScore(accuracy=sum(map(sum, right)) / (n * k),
+                        pass_at_k=sum(map(any, right)) / n, k=k)
 
 
 @dataclass(frozen=True)
@@ -172,7 +231,8 @@ def greedy_episode_accuracy(model: Any, tokenizer: Any, specs: Sequence[TaskSpec
 
     engine = HFEngine(model=model, tokenizer=tokenizer, max_batch_size=max(1, len(specs)))
     return episode_accuracy({policy: engine}, specs, workflow=workflow, reward=reward.name,
-                            reward_kwargs=reward.kwargs, workflow_kwargs=workflow_kwargs,
+                            reward_kwargs=reward.kwargs, extract=reward.extract,
+                            workflow_kwargs=workflow_kwargs,
                             max_new_tokens=max_new_tokens, temperature=temperature)
 
 
@@ -285,7 +345,8 @@ class Evaluator:
                  verifier_prompt: str | None = None, seed: int = 0,
                  workflow: str = "single_turn",
                  workflow_kwargs: Mapping[str, Any] | None = None,
-                 temperature: float = 0.0) -> None:
+                 temperature: float = 0.0, samples: int = 0,
+                 sample_temperature: float = 1.0) -> None:
         from astraflow.consumers.rollout.engines.target import ModelTarget
         from astraflow.consumers.rollout.rewards import build_reward
         from astraflow.core.errors import ConfigError
@@ -313,8 +374,11 @@ class Evaluator:
             self.specs = held_out_claims(producer, limit, prompt=verifier_prompt or
                                          VERIFIER_PROMPT, seed=seed)
         else:
-            self.specs = held_out(producer, limit)
+            self.specs = held_out(producer, limit, out)
         self.reward = build_reward(reward)
+        # answer kind: also ``samples`` completions per problem at ``sample_temperature``
+        # (pass@k and the sampled accuracy RL's train reward estimates); 0: greedy only
+        self.samples, self.sample_temperature, self.seed = samples, sample_temperature, seed
         self.reward_config = reward
         self.workflow, self.workflow_kwargs = workflow, dict(workflow_kwargs or {})
         self.temperature = temperature
@@ -337,8 +401,15 @@ class Evaluator:
                 workflow=self.workflow, workflow_kwargs=self.workflow_kwargs,
                 reward=self.reward_config, max_new_tokens=self.max_new_tokens,
                 temperature=self.temperature), {"eval_temperature": self.temperature}
-        return greedy_accuracy(self.model, self.tokenizer, self.specs, self._score,
-                               max_new_tokens=self.max_new_tokens), {}
+        greedy = greedy_accuracy(self.model, self.tokenizer, self.specs, self._score,
+                                 max_new_tokens=self.max_new_tokens)
+        if not self.samples:
+            return greedy, {}
+        s = sampled_accuracy(self.model, self.tokenizer, self.specs, self._score,
+                             k=self.samples, temperature=self.sample_temperature,
+                             max_new_tokens=self.max_new_tokens, seed=self.seed)
+        return greedy, {"eval_sampled_accuracy": s.accuracy, "eval_pass_at_k": s.pass_at_k,
+                        "eval_k": float(s.k)}
 
     def evaluate(self, version: int) -> EvalResult:
         t0 = time.monotonic()

@@ -67,14 +67,14 @@ class TeamResult:
 def team_episodes(engines: Mapping[str, Engine], specs: Sequence[TaskSpec], *,
                   reward: str = "exact_match", reward_kwargs: Mapping[str, Any] | None = None,
                   workflow_kwargs: Mapping[str, Any] | None = None, max_new_tokens: int = 64,
-                  threshold: float = 0.5) -> TeamResult:
+                  threshold: float = 0.5, extract: str = "none") -> TeamResult:
     """Run the ``solver_verifier`` episode greedily on every spec at once (the engines batch
     the concurrent turns) and score the team. ``engines``: policy -> engine, every policy the
     workflow's roles map to."""
     t0 = time.monotonic()
     outcomes = greedy_episodes(engines, specs, workflow=WORKFLOW, reward=reward,
                                reward_kwargs=reward_kwargs, workflow_kwargs=workflow_kwargs,
-                               max_new_tokens=max_new_tokens)
+                               max_new_tokens=max_new_tokens, extract=extract)
     final = first = retried = unclear = errors = 0
     for out in outcomes:
         # the solver's record: the one with its reward components (a policy may play both)
@@ -117,7 +117,7 @@ class TeamEvaluator:
         self.dlq = topic_name(run, "dlq")
         self.component = component or (metrics.component if metrics is not None
                                        else component_id("evaluator-team"))
-        self.specs = held_out(producer, limit)
+        self.specs = held_out(producer, limit, out)
         self.engines: dict[str, Engine] = {}
         self.syncers: dict[str, Any] = {}
         for p in self.policies:
@@ -138,7 +138,7 @@ class TeamEvaluator:
         """Measure the team as its engines hold it now (``versions``: for the log only; the
         result carries the versions the engines report)."""
         res = team_episodes(self.engines, self.specs, reward=self.reward.name,
-                            reward_kwargs=self.reward.kwargs,
+                            reward_kwargs=self.reward.kwargs, extract=self.reward.extract,
                             workflow_kwargs=self.workflow_kwargs,
                             max_new_tokens=self.max_new_tokens)
         self.results.append(res)

@@ -1,5 +1,6 @@
-"""Task sources: datasets (JSONL, Parquet) and synthetic arithmetic, produced to ``tasks.raw``
-(through the gate) or ``tasks`` (straight to rollout).
+"""Task sources: datasets (JSONL, Parquet, Hugging Face datasets), reasoning-gym task suites
+and synthetic arithmetic, produced to ``tasks.raw`` (through the gate) or ``tasks`` (straight to
+rollout); each has a held-out split (:func:`held_out_specs`) disjoint from what it trains on.
 
 >>> from astraflow.producers import produce_tasks
 >>> produce_tasks(bus, config.producer, run="demo")
@@ -14,6 +15,8 @@ from astraflow.producers.producer import (
            tasks,
 )
 from astraflow.producers.sources import SourceError, TaskSpec, read_jsonl, read_parquet
+from astraflow.producers.splits import held_out_specs, split_specs, task_name
 
-__all__ = ["ProduceStats", "SourceError", "TaskSpec", "existing_groups", "produce",
-           "produce_tasks", "read_jsonl", "read_parquet", "split_of", "tasks"]
+__all__ = ["ProduceStats", "SourceError", "TaskSpec", "existing_groups", "held_out_specs",
+           "produce", "produce_tasks", "read_jsonl", "read_parquet", "split_of", "split_specs",
+           "task_name", "tasks"]

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 from astraflow.core.bus.reader import read_all
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import SchemaError
-from astraflow.core.paths import expand
 from astraflow.core.records import ChatMessage, Task, decode
 from astraflow.core.stream import Output, send
 from astraflow.core.topics import record_key, topic_name
 from astraflow.producers.arithmetic import arithmetic
-from astraflow.producers.sources import SourceError, TaskSpec, read_jsonl, read_parquet
+from astraflow.producers.sources import SourceError, TaskSpec
+from astraflow.producers.splits import split_specs, task_name
 
 if TYPE_CHECKING:
     from astraflow.producers.config import ProducerConfig
@@ -41,23 +41,19 @@ class ProduceStats:
 
 
 def specs(pc: ProducerConfig, out: str | Path = ".") -> Iterator[TaskSpec]:
-    """The source's tasks in order, one pass."""
+    """The source's tasks in order, one pass: its train split (:func:`split_specs`), but for
+    arithmetic, whose ``producer.arithmetic.split`` and ``count`` say what it releases."""
     if pc.source == "arithmetic":
         for spec, _repeat in arithmetic(pc.arithmetic, dataset=pc.dataset or "arith"):
             yield spec
         return
-    if not pc.path:
-        raise SourceError(f"producer.source={pc.source!r} needs producer.path (one or more "
-                          "files)")
-    reader = read_jsonl if pc.source == "jsonl" else read_parquet
-    for raw in pc.path:
-        path = Path(expand(raw, out=out))
-        yield from reader(path, dataset=pc.dataset or path.stem, fields=pc.fields)
+    yield from split_specs(pc, "train", out)
 
 
 def tasks(pc: ProducerConfig, out: str | Path = ".") -> Iterator[Task]:
     """Task records for ``epochs`` passes over the source."""
     attempts: dict[str, int] = {}
+    name = task_name(pc)
     for _epoch in range(pc.epochs):
         for spec in specs(pc, out):
             attempt = attempts.get(spec.id, 0)
@@ -65,8 +61,9 @@ def tasks(pc: ProducerConfig, out: str | Path = ".") -> Iterator[Task]:
             prompt = list(spec.prompt)
             if pc.system_prompt:
                 prompt.insert(0, ChatMessage(role="system", content=pc.system_prompt))
-            dataset = pc.dataset or ("arith" if pc.source == "arithmetic"
-                                     else spec.id.split(":", 1)[0])
+            # a file source's rows carry their file's stem (several files: several names)
+            dataset = (spec.id.split(":", 1)[0] if pc.source in ("jsonl", "parquet")
+                       and not pc.dataset else name)
             yield Task(id=spec.id, dataset=dataset, prompt=prompt, reference=spec.reference,
                        workflow=pc.workflow, n_samples=pc.n_samples, attempt=attempt,
                        group_id=f"{spec.id}#{attempt}", metadata=dict(spec.metadata))

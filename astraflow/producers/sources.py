@@ -3,13 +3,15 @@
 Field mapping (``producer.fields``): a ``messages`` list of ``{role, content}`` wins over a
 ``prompt`` string (one user message); the reference is the ``reference`` mapping when present,
 else the ``reference_fields`` (``answer``, ``tests``) that the row has; the id is the ``id``
-field, else ``"<dataset>:<row index>"``. Every problem names the file and the line (JSONL) or
-row (Parquet).
+field, else ``"<dataset>:<row index>"``. With ``answer_regex`` the reference's ``answer`` becomes
+what the regex finds in it (GSM8K's ``... #### 42`` → ``42``). Every problem names the file and
+the line (JSONL) or row (Parquet).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,9 +64,25 @@ def row_to_spec(row: Any, *, where: str, index: int, dataset: str, fields: Any) 
         reference = dict(ref)
     else:
         reference = {k: row[k] for k in fields.reference_fields if row.get(k) is not None}
+    regex = getattr(fields, "answer_regex", None)
+    if regex is not None:
+        reference = {**reference, "answer": _match_answer(regex, reference, where)}
     raw_id = row.get(fields.id)
     task_id = str(raw_id) if raw_id is not None and str(raw_id) else f"{dataset}:{index}"
     return TaskSpec(id=task_id, prompt=prompt, reference=reference)
+
+
+def _match_answer(regex: str, reference: Mapping[str, Any], where: str) -> str:
+    if reference.get("answer") is None:
+        raise SourceError(f"{where}: producer.fields.answer_regex is set but the reference has no "
+                          f"'answer' (it has: {', '.join(sorted(reference)) or 'nothing'}); map "
+                          "the answer column with producer.fields.reference_fields")
+    text = str(reference["answer"])
+    m = re.search(regex, text)
+    if m is None:
+        raise SourceError(f"{where}: producer.fields.answer_regex {regex!r} does not match the "
+                          f"answer {text[-80:]!r}")
+    return (m.group(1) if m.re.groups else m.group(0)).strip()
 
 
 def read_jsonl(path: str | Path, *, dataset: str, fields: Any) -> Iterator[TaskSpec]:

@@ -38,6 +38,8 @@ from astraflow.core.topics import topic_name
 
 #: the gauges of a verifier's evaluation besides eval_accuracy (their presence: kind verdict)
 VERDICT_GAUGES = ("eval_right_accuracy", "eval_wrong_accuracy", "eval_unclear")
+#: the gauges of an answer evaluation with sampled completions (launch.eval_samples)
+SAMPLED_GAUGES = ("eval_sampled_accuracy", "eval_pass_at_k", "eval_k")
 #: the gauges of the team's evaluation
 SYSTEM_GAUGES = ("system_accuracy", "first_accuracy", "retry_rate", "unclear_rate", "error_rate")
 TEAM = "team"  # the policy field of the team's evaluation lines
@@ -80,6 +82,8 @@ class Collector:
     jsonl: Path | None = None
     #: the run's policies: a trainer or evaluator whose id names none is the only policy's
     policies: Sequence[str] = ()
+    #: the task the evaluators measure (written on every evaluation line); None: not written
+    task: str | None = None
     components: dict[str, ComponentState] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     lines: int = 0
@@ -147,10 +151,12 @@ class Collector:
         self._last_eval[m.component] = eval_step
         kind = eval_kind(m.gauges)
         extra = {k: m.gauges[k] for k in (VERDICT_GAUGES if kind == "verdict" else
-                                          ("eval_temperature",)) if k in m.gauges}
+                                          ("eval_temperature", *SAMPLED_GAUGES))
+                 if k in m.gauges}
         self._write({"source": m.component, "step": int(eval_step),
-                     "policy": self.policy_of(m), "kind": kind, "eval_accuracy": acc,
-                     **extra}, m.ts)
+                     "policy": self.policy_of(m), "kind": kind,
+                     **({"task": self.task} if self.task is not None else {}),
+                     "eval_accuracy": acc, **extra}, m.ts)
 
     def _team_line(self, m: Metric) -> None:
         if "system_accuracy" not in m.gauges:

@@ -117,14 +117,13 @@ def produce_demonstrations(config: ExperimentConfig, warm: ExperimentConfig, pol
     right verifier writes it, the right answer), so the solver knows the protocol."""
     from astraflow.config import model_dir
     from astraflow.models.tiny import load
-    from astraflow.producers.arithmetic import arithmetic
+    from astraflow.producers import split_specs
     from astraflow.producers.claims import claim_specs
     from astraflow.producers.demos import demo_batches, produce_demos
     from astraflow.run.roles import verifier_turn
 
     _, tok = load(model_dir(config, policy, out))
-    specs: Any = (spec for spec, _ in arithmetic(config.producer.arithmetic.model_copy(
-        update={"split": "train", "count": None})))
+    specs: Any = split_specs(config.producer, "train", out)
     extra: Any = iter(())
     role = config.role_of(policy)
     if role == "verifier":

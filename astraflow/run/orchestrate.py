@@ -162,7 +162,10 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
     from astraflow.run.view import render
 
     path = write_config(config, out / RL_CONFIG)
-    col = Collector(bus, config.run, jsonl=out / "metrics.jsonl", policies=config.policies)
+    from astraflow.producers import task_name
+
+    col = Collector(bus, config.run, jsonl=out / "metrics.jsonl", policies=config.policies,
+                    task=task_name(config.producer))
     sup.start(rl_roles(config, path, out))
     scaler = _scaler(config, bus, sup, path, out)
     timeout = config.launch.timeout_s

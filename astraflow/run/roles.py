@@ -186,7 +186,9 @@ def build_evaluator(config: ExperimentConfig, policy: str, out: str | Path, *, b
                      limit=config.launch.eval_problems, metrics=metrics,
                      kind=kind, verifier_prompt=prompt, seed=config.seed,
                      workflow=config.workflow(), workflow_kwargs=config.workflow_kwargs(),
-                     temperature=config.launch.eval_temperature)
+                     temperature=config.launch.eval_temperature,
+                     samples=config.launch.eval_samples if kind == "answer" else 0,
+                     sample_temperature=config.rollout.engine.temperature)
 
 
 #: workflows whose answer is one completion of the prompt (measured by ``answer``)

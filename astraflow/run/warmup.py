@@ -153,7 +153,7 @@ class HeldOutProbe:
             # this process shares the cores with the trainer it is measuring
             torch.set_num_threads(config.launch.threads_per_role)
         try:
-            self.specs = held_out(config.producer, config.launch.eval_problems)
+            self.specs = held_out(config.producer, config.launch.eval_problems, out)
         except ConfigError as e:
             raise ConfigError(f"launch.warmup.target_accuracy: {e}; or set target_accuracy: "
                               "null for a warm-up of exactly `steps` steps") from None

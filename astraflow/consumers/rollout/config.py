@@ -130,12 +130,25 @@ class RewardConfig(Section):
     """The reward: a registered name or a user's ``module.path:function``, with kwargs."""
 
     name: str = pydantic.Field("exact_match",
-                               description="exact_match, numeric_match, math, code, or "
-                                           "'module:function'")
+                               description="exact_match, numeric_match, math, code, "
+                                           "reasoning_gym, or 'module:function'")
     kwargs: dict[str, Any] = pydantic.Field(default_factory=dict)
     timeout: float = pydantic.Field(
         30.0, gt=0, description="seconds; a reward that times out or raises scores 0 and "
                                 "is counted (reward_failures)")
+    extract: str = pydantic.Field(
+        "none", description="answer extractor applied to the completion before the reward (the "
+                            "trajectory keeps the whole completion): none, last_number, "
+                            "first_word, first_line, last_line, answer_tag (inside the last "
+                            "<answer>...</answer>), boxed (the last \\boxed{...}), or "
+                            "'module:function' (text -> text)")
+
+    @pydantic.field_validator("extract")
+    @classmethod
+    def _extract(cls, value: str) -> str:
+        from astraflow.consumers.rollout.rewards.extract import check_extractor
+
+        return check_extractor(value)
 
 
 class WorkflowConfig(Section):

@@ -19,6 +19,7 @@ from astraflow.consumers.rollout.engines.base import Engine, GenRequest
 from astraflow.consumers.rollout.registry import RegistryError
 from astraflow.consumers.rollout.rewards import REWARDS
 from astraflow.consumers.rollout.rewards.base import RewardFn
+from astraflow.consumers.rollout.rewards.extract import with_extract
 from astraflow.consumers.rollout.workflows import WORKFLOWS
 from astraflow.core.records import ChatMessage, Task
 from astraflow.models.prompt import render_prompt
@@ -50,10 +51,13 @@ class Runtime:
                tool_timeout: float = 10.0, sampling: Mapping[str, Any] | None = None,
                default_workflow: str = "single_turn",
                workflow_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
-               engine_latency: Any = None, allow_workflow_paths: bool = False) -> Runtime:
+               engine_latency: Any = None, allow_workflow_paths: bool = False,
+               extract: str | Callable[[str], str] | None = "none") -> Runtime:
+        """``extract``: the answer extractor (``rollout.reward.extract``) the reward sees the
+        completion through; ``none``: the completion as is."""
         if not engines:
             raise WorkflowError("a rollout runtime needs at least one engine (policy)")
-        fn = REWARDS.resolve(reward) if isinstance(reward, str) else reward
+        fn = with_extract(REWARDS.resolve(reward) if isinstance(reward, str) else reward, extract)
         return cls(engines=dict(engines), reward_fn=fn, reward_kwargs=dict(reward_kwargs or {}),
                    reward_timeout=reward_timeout, tool_timeout=tool_timeout,
                    sampling={**DEFAULT_SAMPLING, **dict(sampling or {})},

@@ -94,7 +94,7 @@ def build_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
     engines = engines or build_engines(rc, policies=policies, models=models, out=out)
     engines = {p: slowed(e, rc.engine.speed) for p, e in engines.items()}
     runtime = Runtime.create(
-        engines, reward=rc.reward.name, reward_kwargs=rc.reward.kwargs,
+        engines, reward=rc.reward.name, reward_kwargs=rc.reward.kwargs, extract=rc.reward.extract,
         reward_timeout=rc.reward.timeout, tool_timeout=rc.tool_timeout,
         sampling={k: getattr(rc.engine, k) for k in SAMPLING_KEYS},
         default_workflow=rc.workflow.default,

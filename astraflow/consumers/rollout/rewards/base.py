@@ -50,9 +50,12 @@ def _coerce(out: Any) -> tuple[float, dict[str, float]]:
 
 def build_reward(config: RewardConfig) -> Callable[[str, Mapping[str, Any]], float]:
     """A plain ``reward(completion, reference) -> float`` from a ``rollout.reward`` section
-    (name or module path, kwargs bound), for code outside the worker (the evaluator). It raises
-    what the reward raises; use :func:`score` for fault isolation and timeouts."""
-    fn = REWARDS.resolve(config.name)
+    (name or module path, kwargs bound, the completion through ``extract`` first), for code
+    outside the worker (the evaluator). It raises what the reward raises; use :func:`score` for
+    fault isolation and timeouts."""
+    from astraflow.consumers.rollout.rewards.extract import with_extract
+
+    fn = with_extract(REWARDS.resolve(config.name), getattr(config, "extract", "none"))
     kwargs = dict(config.kwargs)
 
     def reward(completion: str, reference: Mapping[str, Any]) -> float:
