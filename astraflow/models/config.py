@@ -1,12 +1,14 @@
 """Config section ``models.<policy>``: where a policy's model lives, and :func:`model_dir`, which
-resolves it (building a tiny model there first when asked to).
+resolves it (building a tiny model there first when asked to, importing a gguf file or fetching
+a hub id once: :func:`astraflow.models.source.resolve`).
 
 Only pydantic at import time (``astraflow.config`` imports this, and ``astraflow --help`` loads
-that); torch and transformers load inside :func:`model_dir` when it builds a model.
+that); torch and transformers load inside :func:`model_dir` when it builds or imports a model.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Literal
 
@@ -14,13 +16,19 @@ import pydantic
 
 from astraflow.core.config import Section
 from astraflow.core.paths import expand
+from astraflow.models.source import ModelInfo, describe_model, resolve
+
+log = logging.getLogger("astraflow.models")
 
 
 class ModelConfig(Section):
-    """The model of one policy: a local Hugging Face directory, optionally built here."""
+    """The model of one policy: a local Hugging Face folder (optionally built here as a tiny
+    model), a .gguf file, a hub id or a shortcut (docs/models.md)."""
 
     path: str = pydantic.Field("{out}/models/{policy}",
-                               description="HF model directory ({out}: run dir, {policy})")
+                               description="HF model folder ({out}: run dir, {policy}), a "
+                               ".gguf file (imported once into a cache folder), a hub id "
+                               "(org/name) or smollm2-135m-instruct; see docs/models.md")
     build: Literal["none", "tiny-arith", "tiny-team", "tiny-tools", "tiny-ascii"] = \
         pydantic.Field("none", description="build a tiny model at `path` when it does not "
                        "exist (quickstart and tests; no downloads); tiny-team: arith plus "
@@ -32,9 +40,16 @@ class ModelConfig(Section):
 def model_dir(model: ModelConfig, policy: str, out: str | Path = ".") -> Path:
     """The model directory of ``policy`` (``model.path`` with ``{out}`` and ``{policy}``
     filled in), built first when ``model.build`` names a tiny model and the directory has no
-    model yet (atomically: built aside, then renamed, so concurrent callers agree)."""
-    path = Path(expand(model.path, out=out, policy=policy))
-    if model.build != "none" and not (path / "config.json").exists():
+    model yet (atomically: built aside, then renamed, so concurrent callers agree). Without a
+    build: a folder as it is; a .gguf file or a shortcut: the folder it is imported into
+    (once, in the cache); a hub id: its snapshot (fetched where a hub is reachable); a
+    ConfigError naming ``models.<policy>.path`` when it cannot be had."""
+    raw = expand(model.path, out=out, policy=policy)  # as written: "./a/b" is no hub id
+    path = Path(raw)
+    if model.build == "none":
+        return resolve(raw, key=f"models.{policy}.path",
+                       progress=lambda msg: log.warning("policy=%s %s", policy, msg))
+    if not (path / "config.json").exists():
         import tempfile
 
         from astraflow.models.tiny import build_model, build_tokenizer, save
@@ -50,3 +65,10 @@ def model_dir(model: ModelConfig, policy: str, out: str | Path = ".") -> Path:
 
             shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def describe(model: ModelConfig, policy: str, out: str | Path = ".") -> ModelInfo:
+    """What ``policy``'s model path names and whether it will resolve, without loading or
+    downloading anything (:func:`astraflow.models.source.describe_model`)."""
+    return describe_model(expand(model.path, out=out, policy=policy), build=model.build,
+                          key=f"models.{policy}.path")

@@ -79,15 +79,11 @@ def build_model(tokenizer: Any, *, hidden: int = 128, layers: int = 2, heads: in
     return Qwen2ForCausalLM(config)
 
 
-def _quiet() -> None:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-
-
 def save(model: Any, tokenizer: Any, path: str | Path) -> Path:
     """Save model and tokenizer as a Hugging Face directory (safetensors weights)."""
-    _quiet()
+    from astraflow.models.load import quiet
+
+    quiet()
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
@@ -95,37 +91,17 @@ def save(model: Any, tokenizer: Any, path: str | Path) -> Path:
     return out
 
 
-def _plain_tokenizer(path: Path) -> bool:
-    """A directory whose tokenizer is a plain ``tokenizers`` one (what :func:`save` writes)."""
-    import json
-
-    try:
-        cfg = json.loads((path / "tokenizer_config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return cfg.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast")
-
-
 def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer :func:`save` wrote, exactly as saved. ``AutoTokenizer`` would pick the
-    model type's class (Qwen2's) and lay its normalizer and byte-level pre-tokenizer over the
-    saved one: spaces and newlines would then encode to nothing in a character vocabulary."""
-    from transformers import PreTrainedTokenizerFast
+    """The tokenizer :func:`save` wrote, exactly as saved (see
+    :func:`astraflow.models.load.load_tokenizer`)."""
+    from astraflow.models.load import load_tokenizer as load_any
 
-    return PreTrainedTokenizerFast.from_pretrained(Path(path))
+    return load_any(path)
 
 
 def load(path: str | Path, *, device: str = "cpu", dtype: Any = None) -> tuple[Any, Any]:
-    """Load a model directory saved by :func:`save` (or any local HF causal-LM directory)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Load a model folder saved by :func:`save`, or any other model folder: the entry point
+    every role calls (:func:`astraflow.models.load.load`)."""
+    from astraflow.models.load import load as load_any
 
-    _quiet()
-    p = Path(path)
-    if not (p / "config.json").exists():
-        raise ConfigError(f"model directory {p} has no config.json; build one with "
-                          "astraflow.models.tiny.save() or give a Hugging Face model directory")
-    tok = load_tokenizer(p) if _plain_tokenizer(p) else AutoTokenizer.from_pretrained(p)
-    model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or torch.float32,
-                                                 use_safetensors=True).to(device)
-    return model, tok
+    return load_any(path, device=device, dtype=dtype)
