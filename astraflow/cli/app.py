@@ -12,10 +12,12 @@ import typer
 from astraflow.cli import (
     bench,
     broker,
+    check,
     config_cmd,
     demo,
     evaluate,
     inspect_cmd,
+    models,
     policy,
     produce,
     rollout,
@@ -40,7 +42,9 @@ app.add_typer(topics.app, name="topics")
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(weights.app, name="weights")
 app.add_typer(bench.app, name="bench")
+app.add_typer(models.app, name="models")
 app.command("inspect")(inspect_cmd.inspect)
+app.command("check")(check.check)
 app.command("run")(run.run)
 app.command("produce")(produce.produce)
 app.command("rollout")(rollout.rollout)

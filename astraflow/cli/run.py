@@ -25,6 +25,9 @@ def run(
     warmup_only: Annotated[bool, typer.Option(
         "--warmup-only", help="Run the SFT warm-up alone and stop; start RL from it later "
                               "with --warm.")] = False,
+    check: Annotated[bool, typer.Option(
+        help="Check the config first (`astraflow check`) and start nothing if it fails.")]
+    = True,
 ) -> None:
     """Launch the producer, rollout workers, policy stages, trainer(s) and evaluator(s) as
     separate processes, supervise them, stop when the trainers reach their step budget (or on
@@ -48,6 +51,11 @@ def run(
                 raise fail(f"--warm {warm} lies in the run directory {out}, which a fresh run "
                            "deletes first: give another --out (or --no-fresh)")
             cfg = from_warm(cfg, warm)
+        if check:
+            from astraflow.cli.check import run_check
+
+            if not run_check(cfg, out, quiet=True).ok:  # type: ignore[attr-defined]
+                raise typer.Exit(1)
         code = run_experiment(cfg, out, live=live, fresh=fresh, warmup_only=warmup_only)
     except AstraflowError as e:
         raise fail(str(e)) from None

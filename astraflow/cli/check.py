@@ -1,0 +1,55 @@
+"""`astraflow check CONFIG`: every problem of an experiment found before a role starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def check(
+    config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a.b=c.")]
+    = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Run directory that {out} in paths stands for (default: runs/<run>).")] = None,
+    weights: Annotated[bool, typer.Option(
+        help="Require each model folder's weights (--no-weights: its config and tokenizer "
+             "suffice, for a config prepared where the weights are not).")] = True,
+) -> None:
+    """Load each policy's model config and tokenizer and render one prompt with its chat
+    template, read the first rows of every data split, import every module the config names
+    and score one sample with the reward, estimate the trainer's and engines' memory; list
+    every problem with its key path and exit 1 if there is one (`astraflow run` runs the same
+    check first)."""
+    from astraflow.cli.common import load_config
+
+    cfg = load_config(config, overrides)
+    report = run_check(cfg, out or Path("runs") / cfg.run, weights=weights)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def run_check(cfg: object, out: Path, *, quiet: bool = False, weights: bool = True) -> object:
+    """Run the check with a status line, print its findings (problems only when ``quiet``),
+    and return the report."""
+    from rich.console import Console
+
+    from astraflow.run.check import check_experiment
+
+    console = Console(stderr=True)
+    with console.status("checking the config") as status:
+        report = check_experiment(cfg, out, weights=weights,  # type: ignore[arg-type]
+                                  progress=lambda what: status.update(f"checking: {what}"))
+    for f in report.findings:
+        if f.ok and quiet:
+            continue
+        mark = "[green]ok[/]" if f.ok else "[bold red]problem[/]"
+        console.print(f"{mark} [bold]{f.key}[/]: {f.message}", highlight=False)
+    n = len(report.problems)
+    if n:
+        console.print(f"[bold red]{n} problem{'s' * (n != 1)}[/]: fix the keys above "
+                      "(`--set key=value` overrides one)", highlight=False)
+    elif not quiet:
+        console.print("[green]the config passes its check[/]", highlight=False)
+    return report

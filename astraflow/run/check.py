@@ -1,0 +1,283 @@
+"""``astraflow check CONFIG``: what would fail at runtime, found before any role starts.
+
+It loads each policy's model config and tokenizer and renders one prompt with the chat
+template, reads the first rows of every data split the run uses, imports every module the
+config names (workflow modules, the reward, custom data policies) and scores one sample with
+the reward, and estimates the memory of the trainer and engines from the model's size. Every
+problem is reported at once, each with the key path to fix; `astraflow run` runs it first and
+starts nothing on a config that fails it.
+
+>>> report = check_experiment(config, out)
+>>> report.ok, [f"{f.key}: {f.message}" for f in report.problems]
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from astraflow.core.errors import AstraflowError
+
+if TYPE_CHECKING:
+    from astraflow.config import ExperimentConfig
+    from astraflow.producers.sources import TaskSpec
+
+#: demonstrations or tasks read per split: enough to find a bad file, few enough to be quick
+ROWS = 3
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One result of the check: ``ok`` False is a problem at config key ``key``."""
+
+    key: str
+    message: str
+    ok: bool = True
+
+
+@dataclass
+class CheckReport:
+    findings: list[Finding] = field(default_factory=list)
+
+    def good(self, key: str, message: str) -> None:
+        self.findings.append(Finding(key, message))
+
+    def bad(self, key: str, message: str) -> None:
+        self.findings.append(Finding(key, message, ok=False))
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for f in self.findings if not f.ok]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def describe_problems(self) -> str:
+        return "\n".join(f"  {f.key}: {f.message}" for f in self.problems)
+
+
+class CheckFailed(AstraflowError):
+    """A config that `astraflow check` refuses (every problem in the message)."""
+
+    def __init__(self, report: CheckReport) -> None:
+        self.report = report
+        n = len(report.problems)
+        super().__init__(f"the config fails its check ({n} problem{'s' * (n != 1)}; "
+                         f"`astraflow check CONFIG` shows every check):\n"
+                         f"{report.describe_problems()}")
+
+
+def check_experiment(config: ExperimentConfig, out: str | Path = ".", *, weights: bool = True,
+                     progress: Callable[[str], None] = lambda _: None) -> CheckReport:
+    """Every check of :mod:`astraflow.run.check` on ``config`` (run directory ``out``).
+    ``weights`` False: a model folder with its config and tokenizer passes without its
+    weights (a config prepared where the weights are not, e.g. a GPU recipe checked in CI)."""
+    report = CheckReport()
+    progress("reading the data")
+    sample = _check_data(config, out, report)
+    progress("importing modules and scoring a sample")
+    _check_modules(config, report)
+    _check_reward(config, sample, report)
+    for policy in config.policies:
+        progress(f"loading the tokenizer of {policy}")
+        _check_model(config, policy, out, sample, report, weights=weights)
+    return report
+
+
+# data ------------------------------------------------------------------------------------------
+
+def _first(specs: Iterable[TaskSpec], n: int) -> list[TaskSpec]:
+    out = []
+    for spec in specs:
+        out.append(spec)
+        if len(out) >= n:
+            break
+    return out
+
+
+def _source_key(config: ExperimentConfig) -> str:
+    source = config.producer.source
+    return f"producer.{source}" if source in ("arithmetic", "reasoning_gym", "hf_datasets") \
+        else "producer.path"
+
+
+def _check_data(config: ExperimentConfig, out: str | Path,
+                report: CheckReport) -> TaskSpec | None:
+    """The first rows of the train split (and of the held-out split when the run evaluates
+    or warms up to a band); returns a train task to score and render, or None."""
+    from astraflow.producers import SourceError, split_specs
+
+    key = _source_key(config)
+    sample = None
+    splits = ["train"]
+    if config.launch.evaluate or config.launch.warmup.target_accuracy is not None:
+        splits.append("test")
+    for split in splits:
+        try:
+            rows = _first(split_specs(config.producer, split, out), ROWS)  # type: ignore[arg-type]
+        except (SourceError, OSError, ValueError) as e:
+            report.bad(key, f"{split} split: {e}")
+            continue
+        if not rows:
+            report.bad(key, f"the {split} split is empty" + (
+                " (the evaluator and the warm-up's checks measure the held-out split: give "
+                "the source one, or set launch.evaluate: false)" if split == "test" else ""))
+            continue
+        if split == "train":
+            sample = rows[0]
+            missing = [s.id for s in rows if "answer" not in s.reference]
+            if missing and config.launch.warmup.steps:
+                report.bad("launch.warmup.steps", f"the SFT warm-up trains on reference "
+                           f"answers, and task {missing[0]!r} has none (its reference keys: "
+                           f"{sorted(rows[0].reference)}); map one with producer.fields or "
+                           "set launch.warmup.steps: 0")
+        report.good(key, f"{split} split: first task {rows[0].id!r}: "
+                         f"{_short(rows[0].prompt[-1].content)}")
+    return sample
+
+
+def _short(text: str, n: int = 70) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= n else one[:n - 1] + "…"
+
+
+# modules and the reward -------------------------------------------------------------------------
+
+def _check_modules(config: ExperimentConfig, report: CheckReport) -> None:
+    """The workflow modules import, the run's workflow resolves, custom data policies load."""
+    from astraflow.consumers.rollout.workflows import WORKFLOWS
+
+    for i, module in enumerate(config.rollout.workflow.modules):
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001 - a user module may raise anything on import
+            report.bad(f"rollout.workflow.modules[{i}]",
+                       f"cannot import {module!r}: {type(e).__name__}: {e}")
+    workflow = config.workflow()
+    key = ("producer.workflow" if config.producer.workflow != "single_turn"
+           else "rollout.workflow.default")
+    try:
+        WORKFLOWS.resolve(workflow)
+        report.good(key, f"workflow {workflow!r}")
+    except Exception as e:  # noqa: BLE001 - a module path may raise anything on import
+        report.bad(key, str(e))
+    from astraflow.policies.config import STAGES, is_custom
+    from astraflow.policies.registry import load_factory
+
+    for stage in STAGES:
+        for i, entry in enumerate(getattr(config.data, stage)):
+            name = entry if isinstance(entry, str) else getattr(entry, "name", str(entry))
+            if is_custom(name):
+                try:
+                    load_factory(name, f"data.{stage}[{i}]")
+                except AstraflowError as e:
+                    report.bad(f"data.{stage}[{i}]", str(e))
+
+
+def _check_reward(config: ExperimentConfig, sample: TaskSpec | None,
+                  report: CheckReport) -> None:
+    """The reward resolves, and scores the sample's reference answer (a reward that raises on
+    a real task would score every episode 0, silently counted as reward_failures)."""
+    from astraflow.consumers.rollout.rewards import build_reward
+
+    rc = config.rollout.reward
+    try:
+        # scored without the answer extractor: the reference answer is the bare answer, not a
+        # reply in the format the extractor looks for (the extractor's name is checked when
+        # the config loads)
+        reward = build_reward(rc.model_copy(update={"extract": "none"}))
+    except Exception as e:  # noqa: BLE001 - a module path may raise anything on import
+        report.bad("rollout.reward.name", str(e))
+        return
+    if sample is None:
+        return
+    answer = str(sample.reference.get("answer", ""))
+    try:
+        value = float(reward(answer, sample.reference))
+    except Exception as e:  # noqa: BLE001 - the user's reward: report whatever it raises
+        report.bad("rollout.reward", f"{rc.name!r} raised on task {sample.id!r} (its reference "
+                   f"answer as the completion): {type(e).__name__}: {e}")
+        return
+    if not math.isfinite(value):
+        report.bad("rollout.reward", f"{rc.name!r} scored task {sample.id!r} {value}")
+        return
+    report.good("rollout.reward", f"{rc.name!r} scores task {sample.id!r}'s reference answer "
+                                  f"{value:g}")
+
+
+# models -----------------------------------------------------------------------------------------
+
+def _check_model(config: ExperimentConfig, policy: str, out: str | Path,
+                 sample: TaskSpec | None, report: CheckReport, *, weights: bool) -> None:
+    from dataclasses import replace
+
+    from astraflow.core.paths import expand
+    from astraflow.models.source import describe_model
+
+    mc = config.model(policy)
+    key = f"models.{policy}.path"
+    info = describe_model(expand(mc.path, out=out, policy=policy), build=mc.build, key=key)
+    if not weights and info.kind == "folder" and info.config is not None:
+        # a folder with its config.json: missing weights are its only possible problem
+        info = replace(info, problems=(), notes=(*info.notes, "weights not checked"))
+    for problem in info.problems:
+        report.bad(key, problem)
+    if info.problems:
+        return
+    report.good(key, info.describe())
+    if info.folder is None:  # built at start (a tiny model)
+        return
+    try:
+        from astraflow.models.load import load_tokenizer
+
+        tok = load_tokenizer(info.folder)
+    except Exception as e:  # noqa: BLE001 - a broken tokenizer file may raise anything
+        report.bad(key, f"cannot load the tokenizer of {info.folder}: {type(e).__name__}: {e}")
+        return
+    if sample is not None:
+        _check_prompt(config, policy, tok, sample, report)
+    if info.config is not None:
+        _check_memory(config, policy, info.config, report)
+
+
+def _check_prompt(config: ExperimentConfig, policy: str, tok: Any, sample: TaskSpec,
+                  report: CheckReport) -> None:
+    from astraflow.core.records import ChatMessage
+    from astraflow.models.prompt import render_prompt
+
+    messages = list(sample.prompt)
+    if config.producer.system_prompt:
+        messages.insert(0, ChatMessage(role="system", content=config.producer.system_prompt))
+    key = f"models.{policy}.path"
+    try:
+        text, ids = render_prompt(tok, messages)
+    except Exception as e:  # noqa: BLE001 - a chat template may raise anything
+        report.bad(key, f"the chat template fails on task {sample.id!r}: "
+                        f"{type(e).__name__}: {e}")
+        return
+    template = "its chat template" if getattr(tok, "chat_template", None) else \
+        "no chat template (contents concatenated)"
+    report.good(key, f"one prompt renders with {template}: {len(ids)} tokens, "
+                     f"{_short(repr(text), 90)}")
+    if tok.eos_token_id is None:
+        report.bad(key, "the tokenizer has no EOS token: generations would never stop before "
+                        "rollout.engine.max_new_tokens")
+
+
+def _check_memory(config: ExperimentConfig, policy: str, model_config: dict[str, Any],
+                  report: CheckReport) -> None:
+    from astraflow.run.memory import estimate
+
+    est = estimate(model_config, config, policy)
+    report.good(f"models.{policy}", est.describe())
+    limit = est.available_bytes()
+    if limit is not None and est.host_bytes > limit:
+        report.bad(f"models.{policy}", f"the roles on this host need about "
+                   f"{est.host_bytes / 2**30:.1f} GiB ({est.describe()}), more than its "
+                   f"{limit / 2**30:.1f} GiB: fewer launch.rollout_workers, a smaller "
+                   "rollout.engine.max_batch_size, or a bigger machine")
