@@ -507,9 +507,18 @@ def start_models(run_dir: Path) -> dict[str, Path]:
         raise ConfigError(f"--warm {run_dir}: no {RL_CONFIG} there, so no warm-up ended in it "
                           "(make one with `astraflow run CONFIG --warmup-only --out DIR`)")
     cfg = load_experiment(path)
-    # where each model is, not model_dir(): that would build a tiny model that is gone
-    models = {p: Path(expand(cfg.model(p).path, out=run_dir, policy=p)).resolve()
-              for p in cfg.policies}
+    # where each model is, not model_dir(): that would build a tiny model that is gone; a
+    # gguf file, hub id or shortcut that no warm-up replaced is where it resolves to
+    from astraflow.models.source import classify, resolve
+
+    def where(policy: str) -> Path:
+        mc = cfg.model(policy)
+        text = expand(mc.path, out=run_dir, policy=policy)
+        if mc.build == "none" and classify(text) in ("gguf", "hub", "shortcut"):
+            return resolve(text, key=f"models.{policy}.path")
+        return Path(text).resolve()
+
+    models = {p: where(p) for p in cfg.policies}
     gone = [f"--warm {run_dir}: the model of policy {p!r} is gone ({m} has no config.json)"
             for p, m in models.items() if not (m / "config.json").is_file()]
     if gone:

@@ -180,3 +180,16 @@ def test_weight_update_between_steps_changes_later_versions_only(
         assert torch.equal(p, want), name  # the rollout runs on the bf16-rounded weights
     follower.close()
     pub.close()
+
+
+def test_the_eos_ids_include_the_generation_configs_end_of_turn_tokens() -> None:
+    """An instruct model's generation config may name more stop tokens than its tokenizer
+    (Qwen2.5-Instruct: <|im_end|> and <|endoftext|>); generation stops at any of them."""
+    from types import SimpleNamespace
+
+    from astraflow.consumers.rollout.engines.sampling import eos_ids
+
+    tok = SimpleNamespace(eos_token_id=151645)
+    assert eos_ids(tok, SimpleNamespace(eos_token_id=151643),
+                   SimpleNamespace(eos_token_id=[151645, 151643])) == {151643, 151645}
+    assert eos_ids(tok, None, SimpleNamespace(eos_token_id=None)) == {151645}

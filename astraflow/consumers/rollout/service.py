@@ -22,6 +22,7 @@ from astraflow.core.errors import ConfigError
 from astraflow.core.metrics import component_id
 from astraflow.core.paths import expand
 from astraflow.models.config import ModelConfig, model_dir
+from astraflow.models.source import resolve
 
 if TYPE_CHECKING:
     from astraflow.core.bus.types import Bus
@@ -64,8 +65,8 @@ def build_engines(rc: RolloutConfig, *, policies: Sequence[str],
     engines: dict[str, Engine] = {}
     for policy in hosted:
         ec = rc.engine
-        path = (Path(expand(ec.model, out=out, policy=policy)) if ec.model
-                else model_dir(models.get(policy) or ModelConfig(), policy, out))
+        path = (resolve(expand(ec.model, out=out, policy=policy), key="rollout.engine.model")
+                if ec.model else model_dir(models.get(policy) or ModelConfig(), policy, out))
         kwargs = ec.model_dump(exclude={"type", "model", "speed", *SAMPLING_KEYS})
         kwargs["checkpoint_dir"] = expand(ec.checkpoint_dir, out=out, policy=policy)
         engines[policy] = build_engine(ec.type, model_path=path, **kwargs)

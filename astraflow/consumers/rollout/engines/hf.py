@@ -137,7 +137,7 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.initial_version = initial_version
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
-        self.eos = eos_ids(tokenizer, model.config)
+        self.eos = eos_ids(tokenizer, model.config, getattr(model, "generation_config", None))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(
             self.eos, default=0)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)

@@ -64,11 +64,14 @@ class StopChecker:
         return any(s in text for s in self.stop)
 
 
-def eos_ids(tokenizer: Any, model_config: Any = None) -> set[int]:
-    """Every EOS id the tokenizer and the model's generation config name."""
+def eos_ids(tokenizer: Any, model_config: Any = None, generation_config: Any = None) -> set[int]:
+    """Every EOS id the tokenizer, the model's config and its generation config name (an
+    instruct model's generation config may add its end-of-turn token: Qwen2.5-Instruct lists
+    ``<|im_end|>`` and ``<|endoftext|>``)."""
     ids: set[int] = set()
     for source in (getattr(tokenizer, "eos_token_id", None),
-                   getattr(model_config, "eos_token_id", None)):
+                   getattr(model_config, "eos_token_id", None),
+                   getattr(generation_config, "eos_token_id", None)):
         if isinstance(source, int):
             ids.add(source)
         elif isinstance(source, (list, tuple)):
