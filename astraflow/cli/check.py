@@ -45,11 +45,13 @@ def run_check(cfg: object, out: Path, *, quiet: bool = False, weights: bool = Tr
         if f.ok and quiet:
             continue
         mark = "[green]ok[/]" if f.ok else "[bold red]problem[/]"
-        console.print(f"{mark} [bold]{f.key}[/]: {f.message}", highlight=False)
+        # soft wrap: a path or key is never broken across lines (logs and tests grep them)
+        console.print(f"{mark} [bold]{f.key}[/]: {f.message}", highlight=False,
+                      soft_wrap=True)
     n = len(report.problems)
     if n:
         console.print(f"[bold red]{n} problem{'s' * (n != 1)}[/]: fix the keys above "
-                      "(`--set key=value` overrides one)", highlight=False)
+                      "(`--set key=value` overrides one)", highlight=False, soft_wrap=True)
     elif not quiet:
         console.print("[green]the config passes its check[/]", highlight=False)
     return report
