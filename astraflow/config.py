@@ -146,6 +146,9 @@ class LaunchConfig(Section):
         "completions per held-out problem at rollout.engine.temperature, reported as "
         "eval_sampled_accuracy (what RL's train reward estimates) and eval_pass_at_k; 0: "
         "greedy only")
+    eval_device: str = pydantic.Field(
+        "cpu", description="where the held-out evaluators run their model: cpu, cuda, "
+        "cuda:1, ... (a GPU run's evaluator on its CPU would take hours for a 1B model)")
     eval_every: int = pydantic.Field(
         10, ge=1, description="evaluate every N weight versions (and always the last one)")
     eval_nice: int = pydantic.Field(
@@ -428,6 +431,30 @@ class ExperimentConfig(Section):
                 "answers or verdicts); eval_temperature applies to a multi-turn workflow's "
                 "episodes (e.g. multi_turn_tools): set it to 0"),
                 loc=("launch", "eval_temperature"), input=self.launch.eval_temperature)])
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _train_on_train(self) -> ExperimentConfig:
+        """The producer releasing arithmetic's test split would train on what the evaluator
+        measures: refused while the run evaluates or warms up to a band."""
+        pc = self.producer
+        if pc.source == "arithmetic" and pc.arithmetic.split == "test" and (
+                self.launch.evaluate or self.launch.warmup.target_accuracy is not None):
+            _refuse([InitErrorDetails(type=_error(
+                "trains_on_held_out", "the producer would release the held-out problems the "
+                "evaluator measures: keep split: train, or set launch.evaluate: false"),
+                loc=("producer", "arithmetic", "split"), input="test")])
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _sampled_eval(self) -> ExperimentConfig:
+        """Sampled evaluation draws at the rollout temperature: refused at 0 (greedy)."""
+        if self.launch.eval_samples and self.rollout.engine.temperature <= 0:
+            _refuse([InitErrorDetails(type=_error(
+                "greedy_samples", "eval_samples draws replies at rollout.engine.temperature, "
+                "which is 0 (greedy): every sample would be the greedy reply; set "
+                "eval_samples: 0 or a temperature"),
+                loc=("launch", "eval_samples"), input=self.launch.eval_samples)])
         return self
 
     @pydantic.model_validator(mode="after")

@@ -68,26 +68,23 @@ def held_out(producer: ProducerConfig, limit: int, out: str | Path = ".") -> lis
     disjoint from what the producer releases), each prompt as the producer releases it (the
     ``system_prompt`` first), so the model is measured on the format it is trained on."""
     from astraflow.core.errors import ConfigError
-    from astraflow.core.records import ChatMessage
-    from astraflow.producers import SourceError, held_out_specs
+    from astraflow.producers import SourceError, held_out_specs, with_system
 
     try:
         specs = held_out_specs(producer, limit, out)
     except SourceError as e:
         raise ConfigError(f"evaluation needs held-out problems: {e}") from None
-    if not producer.system_prompt:
-        return specs
-    system = ChatMessage(role="system", content=producer.system_prompt)
-    return [replace(spec, prompt=[system, *spec.prompt]) for spec in specs]
+    return [replace(spec, prompt=with_system(spec.prompt, producer.system_prompt))
+            for spec in specs]
 
 
 def held_out_claims(producer: ProducerConfig, limit: int, *, prompt: str,
-                    seed: int = 0) -> list[TaskSpec]:
+                    seed: int = 0, out: str | Path = ".") -> list[TaskSpec]:
     """Two claims (right, then wrong) for each of the first ``limit`` held-out problems, each
     prompt ``prompt`` formatted as the ``solver_verifier`` workflow formats its verifier's."""
     from astraflow.producers.claims import claim_specs
 
-    return list(claim_specs(held_out(producer, limit), prompt=prompt, seed=seed))
+    return list(claim_specs(held_out(producer, limit, out), prompt=prompt, seed=seed))
 
 
 def greedy_texts(model: Any, tokenizer: Any, specs: Sequence[TaskSpec], *,
@@ -100,14 +97,19 @@ def greedy_texts(model: Any, tokenizer: Any, specs: Sequence[TaskSpec], *,
 
 
 def completions(model: Any, tokenizer: Any, specs: Sequence[TaskSpec], *, max_new_tokens: int,
-                samples: int = 1, temperature: float = 0.0, seed: int = 0,
+                samples: int = 1, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
                 batch_size: int = 256) -> list[list[str]]:
     """``samples`` completions of each spec's prompt (rendered as the rollout worker renders
     it), decoded without special tokens: greedy at ``temperature`` 0 (then ``samples`` must
-    be 1), else sampled from a generator seeded with ``seed`` (the same draws every
-    evaluation, so versions are compared on equal terms)."""
+    be 1), else sampled at ``temperature`` and ``top_p`` from a generator seeded with
+    ``seed`` (the same draws every evaluation, so versions are compared on equal terms; the
+    caller's random state, CPU and CUDA, is left as it was). Generation stops where the
+    rollout engines stop (every EOS id of the tokenizer, config and generation config), and
+    none of the generation config's other extras (a repetition penalty, top-k) apply: the
+    model is measured on the distribution RL samples from."""
     import torch
 
+    from astraflow.consumers.rollout.engines.sampling import eos_ids
     from astraflow.models.prompt import render_prompt
 
     if samples < 1 or (temperature <= 0 and samples != 1):
@@ -115,13 +117,19 @@ def completions(model: Any, tokenizer: Any, specs: Sequence[TaskSpec], *, max_ne
                          f" temperature={temperature}")
     pad = tokenizer.pad_token_id
     device = next(model.parameters()).device
+    stop = sorted(eos_ids(tokenizer, model.config, getattr(model, "generation_config", None)))
     sampled = temperature > 0
     texts: list[list[str]] = []
     per_call = max(1, batch_size // samples)
-    rng_state = torch.random.get_rng_state()
-    if sampled:
-        torch.manual_seed(seed)
-    try:
+    plain = {"repetition_penalty": 1.0, "top_k": 0, "pad_token_id": pad,
+             "eos_token_id": stop or None}
+    kw: dict[str, Any] = (
+        {"do_sample": True, "temperature": temperature, "top_p": top_p,
+         "num_return_sequences": samples} if sampled
+        else {"do_sample": False, "temperature": None, "top_p": None})
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        if sampled:
+            torch.manual_seed(seed)
         for i in range(0, len(specs), per_call):
             chunk = specs[i:i + per_call]
             prompts = [render_prompt(tokenizer, s.prompt)[1] for s in chunk]
@@ -129,19 +137,12 @@ def completions(model: Any, tokenizer: Any, specs: Sequence[TaskSpec], *, max_ne
             ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
             att = (torch.arange(width, device=device)[None, :] >= torch.tensor(
                 [width - len(p) for p in prompts], device=device)[:, None]).long()
-            kw: dict[str, Any] = (
-                {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0,
-                 "num_return_sequences": samples} if sampled else {"do_sample": False})
             with torch.no_grad():
-                out = model.generate(input_ids=ids, attention_mask=att, **kw,
-                                     max_new_tokens=max_new_tokens, pad_token_id=pad,
-                                     eos_token_id=tokenizer.eos_token_id)
+                out = model.generate(input_ids=ids, attention_mask=att, **kw, **plain,
+                                     max_new_tokens=max_new_tokens)
             rows = [tokenizer.decode(row, skip_special_tokens=True)
                     for row in out[:, width:].tolist()]
             texts += [rows[j:j + samples] for j in range(0, len(rows), samples)]
-    finally:
-        if sampled:
-            torch.random.set_rng_state(rng_state)
     return texts
 
 
@@ -168,11 +169,13 @@ class SampledScore:
 
 def sampled_accuracy(model: Any, tokenizer: Any, specs: Sequence[TaskSpec],
                      score: Callable[[str, dict[str, Any]], float], *, k: int,
-                     temperature: float, max_new_tokens: int, seed: int = 0,
-                     batch_size: int = 256) -> SampledScore:
-    """:class:`SampledScore` of ``k`` completions per spec at ``temperature`` (seeded)."""
+                     temperature: float, max_new_tokens: int, top_p: float = 1.0,
+                     seed: int = 0, batch_size: int = 256) -> SampledScore:
+    """:class:`SampledScore` of ``k`` completions per spec at ``temperature`` and ``top_p``
+    (seeded)."""
     rows = completions(model, tokenizer, specs, max_new_tokens=max_new_tokens, samples=k,
-                       temperature=temperature, seed=seed, batch_size=batch_size)
+                       temperature=temperature, top_p=top_p, seed=seed,
+                       batch_size=batch_size)
     right = [[float(score(t, s.reference)) > 0.5 for t in texts]
              for texts, s in zip(rows, specs, strict=True)]
     n = max(1, len(specs))
@@ -346,7 +349,8 @@ class Evaluator:
                  workflow: str = "single_turn",
                  workflow_kwargs: Mapping[str, Any] | None = None,
                  temperature: float = 0.0, samples: int = 0,
-                 sample_temperature: float = 1.0) -> None:
+                 sample_temperature: float = 1.0, sample_top_p: float = 1.0,
+                 device: str = "cpu") -> None:
         from astraflow.consumers.rollout.engines.target import ModelTarget
         from astraflow.consumers.rollout.rewards import build_reward
         from astraflow.core.errors import ConfigError
@@ -366,19 +370,23 @@ class Evaluator:
         # unique per process: two evaluators of one policy must not share a label
         self.component = component or (metrics.component if metrics is not None
                                        else component_id(f"evaluator-{policy}"))
-        self.model, self.tokenizer = load(model_dir(model, policy, out))
+        self.model, self.tokenizer = load(model_dir(model, policy, out), device=device)
         self.model.eval()
         if kind == "verdict":
             from astraflow.consumers.rollout.workflows.solver_verifier import VERIFIER_PROMPT
 
             self.specs = held_out_claims(producer, limit, prompt=verifier_prompt or
-                                         VERIFIER_PROMPT, seed=seed)
+                                         VERIFIER_PROMPT, seed=seed, out=out)
         else:
             self.specs = held_out(producer, limit, out)
         self.reward = build_reward(reward)
         # answer kind: also ``samples`` completions per problem at ``sample_temperature``
         # (pass@k and the sampled accuracy RL's train reward estimates); 0: greedy only
+        if samples and sample_temperature <= 0:
+            raise ConfigError("launch.eval_samples samples at rollout.engine.temperature, which "
+                              "is 0 (greedy): set a temperature, or eval_samples: 0")
         self.samples, self.sample_temperature, self.seed = samples, sample_temperature, seed
+        self.sample_top_p = sample_top_p
         self.reward_config = reward
         self.workflow, self.workflow_kwargs = workflow, dict(workflow_kwargs or {})
         self.temperature = temperature
@@ -407,7 +415,8 @@ class Evaluator:
             return greedy, {}
         s = sampled_accuracy(self.model, self.tokenizer, self.specs, self._score,
                              k=self.samples, temperature=self.sample_temperature,
-                             max_new_tokens=self.max_new_tokens, seed=self.seed)
+                             top_p=self.sample_top_p, max_new_tokens=self.max_new_tokens,
+                             seed=self.seed)
         return greedy, {"eval_sampled_accuracy": s.accuracy, "eval_pass_at_k": s.pass_at_k,
                         "eval_k": float(s.k)}
 

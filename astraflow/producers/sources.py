@@ -35,6 +35,14 @@ class TaskSpec:
     metadata: dict[str, str] = field(default_factory=dict)
 
 
+def with_system(prompt: list[ChatMessage], system: str | None) -> list[ChatMessage]:
+    """``prompt`` as the producer releases it: ``producer.system_prompt`` first when set. The
+    one place it is added, for the producer, the evaluators, the warm-up's demonstrations and
+    `astraflow check` alike (a model trained or measured on a format it never samples in
+    learns or shows the wrong thing)."""
+    return [ChatMessage(role="system", content=system), *prompt] if system else list(prompt)
+
+
 def row_to_spec(row: Any, *, where: str, index: int, dataset: str, fields: Any) -> TaskSpec:
     """Map one row (a JSON object / Parquet record) to a TaskSpec; ``where`` names it in errors."""
     if not isinstance(row, Mapping):

@@ -60,6 +60,17 @@ def _digest(spec: TaskSpec) -> bytes:
     return hashlib.blake2b(prompt_text(spec).encode(), digest_size=16).digest()
 
 
+def _distinct(specs: Iterator[TaskSpec]) -> Iterator[TaskSpec]:
+    """``specs`` without a prompt seen before: a held-out question counts once in an
+    evaluation however often its file repeats it."""
+    seen: set[bytes] = set()
+    for spec in specs:
+        d = _digest(spec)
+        if d not in seen:
+            seen.add(d)
+            yield spec
+
+
 def held_apart(train: Specs, test: Specs | None, split: Split, *, fraction: float,
                missing: str) -> Iterator[TaskSpec]:
     """The ``split`` of a row source: ``test`` rows and ``train`` rows whose prompt is not
@@ -67,7 +78,7 @@ def held_apart(train: Specs, test: Specs | None, split: Split, *, fraction: floa
     either, every row trains and asking for test raises ``missing``."""
     if test is not None:
         if split == "test":
-            yield from test()
+            yield from _distinct(test())
             return
         held = {_digest(s) for s in test()}
         dropped = 0
@@ -81,9 +92,8 @@ def held_apart(train: Specs, test: Specs | None, split: Split, *, fraction: floa
                      dropped)
         return
     if fraction > 0:
-        for spec in train():
-            if split_of(prompt_text(spec), fraction) == split:
-                yield spec
+        chosen = (s for s in train() if split_of(prompt_text(s), fraction) == split)
+        yield from (_distinct(chosen) if split == "test" else chosen)
         return
     if split == "test":
         raise SourceError(missing)

@@ -100,28 +100,34 @@ def _first(specs: Iterable[TaskSpec], n: int) -> list[TaskSpec]:
     return out
 
 
-def _source_key(config: ExperimentConfig) -> str:
-    source = config.producer.source
-    return f"producer.{source}" if source in ("arithmetic", "reasoning_gym", "hf_datasets") \
-        else "producer.path"
+def _source_key(config: ExperimentConfig, split: str) -> str:
+    """The key that names where ``split`` comes from (a file source's held-out split:
+    ``producer.test_path``, or ``producer.test_fraction`` without one)."""
+    pc = config.producer
+    if pc.source in ("arithmetic", "reasoning_gym", "hf_datasets"):
+        return f"producer.{pc.source}"
+    if split == "test":
+        return "producer.test_path" if pc.test_path else "producer.test_fraction"
+    return "producer.path"
 
 
 def _check_data(config: ExperimentConfig, out: str | Path,
                 report: CheckReport) -> TaskSpec | None:
     """The first rows of the train split (and of the held-out split when the run evaluates
     or warms up to a band); returns a train task to score and render, or None."""
-    from astraflow.producers import SourceError, split_specs
+    from astraflow.producers import split_specs
 
-    key = _source_key(config)
     sample = None
     splits = ["train"]
     if config.launch.evaluate or config.launch.warmup.target_accuracy is not None:
         splits.append("test")
     for split in splits:
+        key = _source_key(config, split)
         try:
             rows = _first(split_specs(config.producer, split, out), ROWS)  # type: ignore[arg-type]
-        except (SourceError, OSError, ValueError) as e:
-            report.bad(key, f"{split} split: {e}")
+        except Exception as e:  # noqa: BLE001 - a data library may raise anything on a bad file
+            report.bad(key, f"{split} split: {e}" if isinstance(e, AstraflowError | OSError)
+                       else f"{split} split: {type(e).__name__}: {e}")
             continue
         if not rows:
             report.bad(key, f"the {split} split is empty" + (
@@ -186,6 +192,13 @@ def _check_reward(config: ExperimentConfig, sample: TaskSpec | None,
     from astraflow.consumers.rollout.rewards import build_reward
 
     rc = config.rollout.reward
+    if rc.extract != "none":
+        from astraflow.consumers.rollout.rewards.extract import EXTRACTORS
+
+        try:  # a user's module:function is only checked for its form when the config loads
+            EXTRACTORS.resolve(rc.extract)
+        except Exception as e:  # noqa: BLE001 - a module path may raise anything on import
+            report.bad("rollout.reward.extract", str(e))
     try:
         # scored without the answer extractor: the reference answer is the bare answer, not a
         # reply in the format the extractor looks for (the extractor's name is checked when
@@ -242,17 +255,15 @@ def _check_model(config: ExperimentConfig, policy: str, out: str | Path,
     if sample is not None:
         _check_prompt(config, policy, tok, sample, report)
     if info.config is not None:
-        _check_memory(config, policy, info.config, report)
+        _check_memory(config, policy, info.config, report, info.parameters)
 
 
 def _check_prompt(config: ExperimentConfig, policy: str, tok: Any, sample: TaskSpec,
                   report: CheckReport) -> None:
-    from astraflow.core.records import ChatMessage
     from astraflow.models.prompt import render_prompt
+    from astraflow.producers import with_system
 
-    messages = list(sample.prompt)
-    if config.producer.system_prompt:
-        messages.insert(0, ChatMessage(role="system", content=config.producer.system_prompt))
+    messages = with_system(sample.prompt, config.producer.system_prompt)
     key = f"models.{policy}.path"
     try:
         text, ids = render_prompt(tok, messages)
@@ -270,10 +281,10 @@ def _check_prompt(config: ExperimentConfig, policy: str, tok: Any, sample: TaskS
 
 
 def _check_memory(config: ExperimentConfig, policy: str, model_config: dict[str, Any],
-                  report: CheckReport) -> None:
+                  report: CheckReport, params: int | None) -> None:
     from astraflow.run.memory import estimate
 
-    est = estimate(model_config, config, policy)
+    est = estimate(model_config, config, policy, params)
     report.good(f"models.{policy}", est.describe())
     limit = est.available_bytes()
     if limit is not None and est.host_bytes > limit:

@@ -115,15 +115,21 @@ def produce_demonstrations(config: ExperimentConfig, warm: ExperimentConfig, pol
     a ``solver_verifier`` team's solver, also retries after a reject (one per
     ``launch.warmup.retry_every`` problems: a wrong first answer, the verifier's text as a
     right verifier writes it, the right answer), so the solver knows the protocol."""
+    from dataclasses import replace
+
     from astraflow.config import model_dir
     from astraflow.models.tiny import load
-    from astraflow.producers import split_specs
+    from astraflow.producers import split_specs, with_system
     from astraflow.producers.claims import claim_specs
     from astraflow.producers.demos import demo_batches, produce_demos
     from astraflow.run.roles import verifier_turn
 
     _, tok = load(model_dir(config, policy, out))
-    specs: Any = split_specs(config.producer, "train", out)
+    # the whole train split (not producer.arithmetic.count), each prompt as released
+    pc = config.producer.model_copy(update={"arithmetic": config.producer.arithmetic.model_copy(
+        update={"count": None})})
+    specs: Any = (replace(s, prompt=with_system(s.prompt, pc.system_prompt))
+                  for s in split_specs(pc, "train", out))
     extra: Any = iter(())
     role = config.role_of(policy)
     if role == "verifier":

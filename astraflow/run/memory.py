@@ -4,12 +4,13 @@ and the run's settings (for `astraflow check`; no torch).
 Trainer: fp32 master weights, gradients and AdamW's two moments (16 bytes a parameter), plus
 activations of one micro-batch (``trainer.micro_batch_tokens`` tokens; ~34 bytes per token,
 layer and hidden unit kept for the backward pass without recomputation in 16-bit training,
-after Korthikanti et al. 2022, twice that in fp32), and the bf16 snapshot the publisher
-encodes from.
+after Korthikanti et al. 2022, twice that in fp32), the micro-batch's logits in fp32 three
+times over (logits, log-softmax, their gradient: a large vocabulary makes this the size of the
+activations), and the bf16 snapshot the publisher encodes from.
 Engine: the weights in ``rollout.engine.dtype``, plus the KV cache of a full batch
 (``max_batch_size`` sequences of prompt + ``max_new_tokens``; the prompt taken as 256 tokens
-unless the model's context is shorter). Estimates within a factor of ~1.5, to catch the
-order-of-magnitude mistakes (a 7B model on a 16 GiB host), not to plan a cluster.
+unless the model's context is shorter). Rough estimates, to catch the order-of-magnitude
+mistakes (a 7B model on a 16 GiB host), not to plan a cluster.
 """
 
 from __future__ import annotations
@@ -76,9 +77,12 @@ class MemoryEstimate:
                 f"evaluator ({self.device})")
 
 
-def estimate(cfg: dict[str, Any], config: ExperimentConfig, policy: str) -> MemoryEstimate:
-    """The :class:`MemoryEstimate` of ``policy`` under ``config``."""
-    params = parameter_count(cfg)
+def estimate(cfg: dict[str, Any], config: ExperimentConfig, policy: str,
+             params: int | None = None) -> MemoryEstimate:
+    """The :class:`MemoryEstimate` of ``policy`` under ``config``; ``params``: the exact
+    count where known (the safetensors headers), else estimated from ``cfg``."""
+    params = params or parameter_count(cfg)
+    vocab = int(cfg.get("vocab_size") or 0)
     h = int(cfg.get("hidden_size") or 0)
     layers = int(cfg.get("num_hidden_layers") or 0)
     heads = int(cfg.get("num_attention_heads") or 1)
@@ -86,7 +90,9 @@ def estimate(cfg: dict[str, Any], config: ExperimentConfig, policy: str) -> Memo
     head_dim = int(cfg.get("head_dim") or (h // max(1, heads)))
     tc = config.trainer_for(policy)
     act_scale = 1 if tc.mixed_precision != "no" else 2
-    trainer = params * (16 + 2) + tc.micro_batch_tokens * layers * h * ACT_PER_TOKEN * act_scale
+    trainer = (params * (16 + 2)
+               + tc.micro_batch_tokens * layers * h * ACT_PER_TOKEN * act_scale
+               + tc.micro_batch_tokens * vocab * 4 * 3)
     ec = config.rollout.engine
     wbytes = DTYPE_BYTES[ec.dtype]
     context = int(cfg.get("max_position_embeddings") or PROMPT_TOKENS + ec.max_new_tokens)

@@ -188,7 +188,9 @@ def build_evaluator(config: ExperimentConfig, policy: str, out: str | Path, *, b
                      workflow=config.workflow(), workflow_kwargs=config.workflow_kwargs(),
                      temperature=config.launch.eval_temperature,
                      samples=config.launch.eval_samples if kind == "answer" else 0,
-                     sample_temperature=config.rollout.engine.temperature)
+                     sample_temperature=config.rollout.engine.temperature,
+                     sample_top_p=config.rollout.engine.top_p,
+                     device=config.launch.eval_device)
 
 
 #: workflows whose answer is one completion of the prompt (measured by ``answer``)

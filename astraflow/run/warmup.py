@@ -171,7 +171,7 @@ class HeldOutProbe:
             from astraflow.run.roles import verifier_turn
 
             prompt, self.max_new_tokens = verifier_turn(config)
-            self.claims = held_out_claims(config.producer, config.launch.eval_problems,
+            self.claims = held_out_claims(config.producer, config.launch.eval_problems, out=out,
                                           prompt=prompt, seed=config.seed)
 
     def measure(self, weights: Path | None = None) -> float:

@@ -45,7 +45,10 @@ def test_jsonl_with_a_held_out_fraction(tmp_path: Path) -> None:
                 + [{"id": "dup", "prompt": "question 7", "answer": "7"}])
     pc = ProducerConfig(source="jsonl", path=[str(tmp_path / "qa.jsonl")], test_fraction=0.25)
     train, test = list(split_specs(pc, "train")), list(split_specs(pc, "test"))
-    assert len(train) + len(test) == 401
+    assert len(set(prompts(train)) | set(prompts(test))) == 400
+    assert len(prompts(test)) == len(set(prompts(test)))  # a held-out question counts once
+    # the repeated row trains twice or is held out once
+    assert len(train) + len(test) == (400 if "question 7" in prompts(test) else 401)
     assert 60 < len(test) < 140  # ~100
     assert not set(prompts(train)) & set(prompts(test))  # the repeated question too
     assert prompts(held_out_specs(pc, 5)) == prompts(test[:5])
@@ -114,3 +117,14 @@ def test_bad_answer_regex_is_refused_at_load() -> None:
     with pytest.raises(ConfigError, match=r"producer\.fields\.answer_regex: .*not a valid "
                                           r"regular expression"):
         validate(ExperimentConfig, {"producer": {"fields": {"answer_regex": "(unclosed"}}})
+
+
+def test_a_held_out_question_repeated_in_its_file_counts_once(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"q{i}", "answer": str(i)}
+                                           for i in range(5)])
+    write_jsonl(tmp_path / "test.jsonl", [{"prompt": "h1", "answer": "1"},
+                                          {"prompt": "h2", "answer": "2"},
+                                          {"id": "again", "prompt": "h1", "answer": "1"}])
+    pc = ProducerConfig(source="jsonl", path=[str(tmp_path / "train.jsonl")],
+                        test_path=[str(tmp_path / "test.jsonl")])
+    assert prompts(held_out_specs(pc, 10)) == ["h1", "h2"]

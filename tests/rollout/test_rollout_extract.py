@@ -109,3 +109,14 @@ def test_the_runtime_scores_the_extracted_answer_and_keeps_the_completion(
     trained = ascii_tokenizer.decode(draft.token_ids[draft.prompt_len:],
                                      skip_special_tokens=True)
     assert trained == completion  # what is trained on is the whole completion
+
+
+def test_a_users_extractor_takes_an_inline_reward_off_the_event_loop() -> None:
+    """A registered extractor is cheap, so an inline reward stays inline; a user's may be
+    slow, so the reward then runs in a thread under its timeout."""
+    from astraflow.consumers.rollout.rewards.basic import exact_match
+    from astraflow.consumers.rollout.rewards.extract import with_extract
+
+    assert with_extract(exact_match, "last_number").af_inline is True
+    assert with_extract(exact_match, lambda text: text).af_inline is False
+    assert exact_match.af_inline is True  # the registered reward itself is left as it was

@@ -44,7 +44,11 @@ def _config(tmp_path: Path, model: Path | str, train: Path, test: Path, *extra: 
 
 
 def _problems(report) -> dict[str, str]:
-    return {f.key: f.message for f in report.problems}
+    """key -> its problems' messages (joined by " | ")."""
+    out: dict[str, str] = {}
+    for f in report.problems:
+        out[f.key] = f"{out[f.key]} | {f.message}" if f.key in out else f.message
+    return out
 
 
 def test_a_good_config_passes_with_a_rendered_prompt_and_a_memory_estimate(
@@ -69,8 +73,8 @@ def test_every_problem_is_listed_at_once_with_its_key_path(
         "rollout.workflow.modules=[no_such_module_abc]"])
     problems = _problems(check_experiment(cfg, tmp_path))
     assert "no-such-model" in problems["models.default.path"]
-    assert "missing.jsonl" in problems["producer.path"]
-    assert "test split" in problems["producer.path"]
+    assert "missing.jsonl" in problems["producer.test_path"]
+    assert "test split" in problems["producer.test_path"]
     assert "no_such_module_xyz" in problems["rollout.reward.name"]
     assert "no_such_module_abc" in problems["rollout.workflow.modules[0]"]
 
@@ -82,7 +86,7 @@ def test_a_hub_id_with_no_hub_is_named_with_how_to_bring_the_folder(
         _config(tmp_path, "Qwen/Qwen2.5-0.5B-Instruct", *data), tmp_path))
     message = problems["models.default.path"]
     assert "Qwen/Qwen2.5-0.5B-Instruct" in message
-    assert "astraflow models import" in message or "folder" in message
+    assert "astraflow models import" in message, message
 
 
 def test_a_reward_that_raises_on_its_sample_is_caught(
@@ -97,6 +101,20 @@ def test_a_reward_that_raises_on_its_sample_is_caught(
         tmp_path))
     assert list(problems) == ["rollout.reward"]
     assert "KeyError" in problems["rollout.reward"] and "'t0'" in problems["rollout.reward"]
+
+
+def test_a_broken_data_file_and_a_missing_extractor_are_problems_not_crashes(
+        tmp_path: Path, tiny_dir: Path) -> None:
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "train.json").write_text("{not json at all")
+    cfg = load_experiment(None, [
+        f"models.default.path={tiny_dir}", "producer.source=hf_datasets",
+        f"producer.hf_datasets.data_files={tmp_path / 'broken' / 'train.json'}",
+        "producer.test_fraction=0.5", "launch.warmup.steps=0",
+        "rollout.reward.extract=no_such_extractor_mod:fn"])
+    problems = _problems(check_experiment(cfg, tmp_path))
+    assert "train split" in problems["producer.hf_datasets"]
+    assert "no_such_extractor_mod" in problems["rollout.reward.extract"]
 
 
 def test_a_warm_up_without_reference_answers_is_refused(

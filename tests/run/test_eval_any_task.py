@@ -103,3 +103,13 @@ def test_every_task_source_runs_with_evaluation_on(tmp_path: Path, task: str) ->
     for e in evals:
         assert 0.0 <= e["eval_accuracy"] <= 1.0
         assert e["eval_k"] == 2.0 and e["eval_pass_at_k"] >= e["eval_sampled_accuracy"]
+
+
+def test_configs_that_would_train_on_the_held_out_split_or_sample_greedily_are_refused() -> None:
+    from astraflow.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"producer\.arithmetic\.split.*held-out problems"):
+        load_experiment(None, ["producer.arithmetic.split=test"])
+    load_experiment(None, ["producer.arithmetic.split=test", "launch.evaluate=false"])
+    with pytest.raises(ConfigError, match=r"launch\.eval_samples.*temperature"):
+        load_experiment(None, ["launch.eval_samples=4", "rollout.engine.temperature=0"])

@@ -116,5 +116,12 @@ def with_extract(fn: RewardFn, extract: str | Extractor | None) -> RewardFn:
         def scored(completion: str, reference: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
             return fn(ex(completion), reference, **kwargs)
     functools.update_wrapper(scored, fn)  # __name__, and __dict__ (af_inline) for score()
+    if getattr(fn, "af_inline", False) and ex not in BUILTIN:
+        # a user's extractor is not known to be cheap: off the event loop, under the timeout
+        scored.af_inline = False  # type: ignore[attr-defined]
     scored.af_extract = getattr(ex, "__name__", str(extract))  # type: ignore[attr-defined]
     return scored
+
+
+#: the registered extractors, cheap and bounded (a reward marked inline stays inline with them)
+BUILTIN = frozenset(EXTRACTORS.resolve(n) for n in EXTRACTORS.names())
