@@ -34,12 +34,19 @@ def exact_match(completion: str, reference: Mapping[str, Any], *, key: str = "an
     return float(completion == want)
 
 
+def last_number_text(text: str) -> str:
+    """The last number written in ``text`` as written, commas and a sentence's final point
+    dropped (``1,234.5`` -> ``1234.5``; ``is 7.`` -> ``7``; ``1e3`` kept), or "" (the
+    ``last_number`` answer extractor's one rule)."""
+    found = _NUMBER.findall(text)
+    return found[-1].replace(",", "").removesuffix(".") if found else ""
+
+
 def last_number(text: str) -> float | None:
     """The last number written in ``text`` (``1,234.5`` and ``1e3`` understood), or None."""
-    found = _NUMBER.findall(text)
-    if not found:
+    raw = last_number_text(text)
+    if not raw:
         return None
-    raw = found[-1].replace(",", "")
     try:
         return float(raw)
     except ValueError:

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import functools
 import inspect
-import re
 from collections.abc import Callable
 from typing import Any
 
 from astraflow.consumers.rollout.registry import Registry
 from astraflow.consumers.rollout.rewards.base import RewardFn
+from astraflow.consumers.rollout.rewards.basic import last_number_text
 
 Extractor = Callable[[str], str]
 EXTRACTORS: Registry[Extractor] = Registry("answer extractor")
 
-_NUMBER = re.compile(r"[-+]?(?:\d+(?:,\d{3})*(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?")
 _LEAD = "\"'`*_([{<«“‘"
 _TRAIL = ".,;:!?\"'`*_)]}>»”’"
 _OPEN, _CLOSE = "<answer>", "</answer>"
@@ -36,9 +35,9 @@ def none(text: str) -> str:
 
 @EXTRACTORS.register("last_number")
 def last_number(text: str) -> str:
-    """The last number written (thousands commas removed: ``1,234.5`` → ``1234.5``)."""
-    found = _NUMBER.findall(text)
-    return found[-1].replace(",", "") if found else ""
+    """The last number written (commas removed: ``1,234.5`` → ``1234.5``), read as
+    ``numeric_match`` reads a completion."""
+    return last_number_text(text)
 
 
 @EXTRACTORS.register("first_word")
