@@ -1,22 +1,33 @@
 """The quickstart as a benchmark: wall-clock of RL to reach a held-out accuracy threshold and
 the trainer's wait ratio, for 1 vs 2 rollout processes, embedded vs Kafka, against a
 synchronous single-process baseline (bench/sync_loop.py: generate, then train, alternating)
-started from the same warm model in the same run.
+started from the same model in the same run.
 
     python bench/quickstart.py    # embedded-2, embedded-1, kafka-2, kafka-1, sync; 0.45; 300 s each
     python bench/quickstart.py --only embedded-2 sync   # a subset
     python bench/quickstart.py --only embedded-1 embedded-1p sync   # 1p: rollout.engine.process
     python bench/quickstart.py --threshold 0.35 --seconds 240 --out runs/bench-quickstart
+    # a real model, no warm-up (SmolLM2-135M-Instruct on chain_sum; greedy starts near 0.41)
+    python bench/quickstart.py --config examples/smollm2_chain_sum.yaml --only embedded-1 sync \
+        --no-kafka --threshold 0.55 --seconds 900 --every 5
 
-The first pipeline run does the SFT warm-up; every other run (and the baseline) starts RL
-from that run's warm model, so all of them start from the same weights. Each pipeline run is
-`astraflow run examples/quickstart.yaml` with `launch.stop_at_accuracy` = the threshold and
-`launch.timeout_s` = --seconds. Time to threshold of a pipeline run is the RL-phase time at
-which the trainer published the first version the evaluator measured at or above the
-threshold (so the evaluator's own lag is not charged); of the baseline, its training seconds
-until an evaluation (every --every steps) reached it. The async advantage is
-baseline time / pipeline time (> 1: the pipeline is faster). Kafka runs start a local broker
-(`astraflow broker fetch` first); --no-kafka leaves them out.
+With a config that warms up (``launch.warmup.steps`` > 0, the quickstart's), the first
+pipeline run does the SFT warm-up; every other run (and the baseline) starts RL from that
+run's warm model, so all of them start from the same weights. With one that does not, every
+run and the baseline start from the config's model as it is. Each pipeline run is
+`astraflow run CONFIG` with `launch.stop_at_accuracy` = the threshold, `launch.timeout_s` =
+--seconds, `launch.eval_every` = --every and `launch.eval_samples` = 0 (the threshold is on
+greedy accuracy, which is all the baseline measures: sampled evaluations would only take CPU
+from the pipeline). Time to threshold of a pipeline run is the RL-phase time at which the
+trainer published the first version the evaluator measured at or above the threshold (so the
+evaluator's own lag is not charged; its start-up is: the roles load the model inside that
+time); of the baseline, its training seconds until an evaluation (every --every steps, the
+config's ``launch.eval_every`` by default, as for the pipeline's evaluator) reached it. The
+pipeline's evaluator also measures a version the trainer leaves alone for a while (its
+``VersionWatch``), so it may see more versions than every --every-th; the table lists the
+versions each side measured. The async advantage is baseline time / pipeline time (> 1: the
+pipeline is faster). Kafka runs start a local broker (`astraflow broker fetch` first);
+--no-kafka leaves them out.
 
 Results go to <out>/bench.json and a table. Timing noise on 2-core machines is large (2–3×
 slow stretches happen): compare within one invocation, and repeat.
@@ -74,13 +85,14 @@ def steps_per_s(rows: list[dict[str, Any]]) -> float | None:
 
 
 def run_pipeline(name: str, config: Path, out: Path, *, workers: int, bus: str,
-                 threshold: float, seconds: float, warm: Path | None,
+                 threshold: float, seconds: float, warm: Path | None, every: int,
                  process: bool = False, seed: int | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "astraflow.cli.app", "run", str(config), "--out", str(out),
            "--no-live", "--set", f"launch.rollout_workers={workers}",
            "--set", f"rollout.engine.process={str(process).lower()}",
            "--set", f"launch.stop_at_accuracy={threshold}",
-           "--set", f"launch.timeout_s={seconds}"]
+           "--set", f"launch.timeout_s={seconds}",
+           "--set", f"launch.eval_every={every}", "--set", "launch.eval_samples=0"]
     if seed is not None:  # the trainer's and the engines' seeds
         cmd += ["--set", f"trainer.seed={seed}", "--set", f"rollout.engine.seed={seed}"]
     if bus != "embedded":  # a run name of its own: the broker outlives each run
@@ -96,6 +108,7 @@ def run_pipeline(name: str, config: Path, out: Path, *, workers: int, bus: str,
     summary = json.loads((out / "summary.json").read_text()) if (
         out / "summary.json").exists() else {}
     evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
+    measured = [[r["step"], round(r["eval_accuracy"], 3)] for r in rows if "eval_accuracy" in r]
     result = {"name": name, "exit": code, "wall_s": round(time.monotonic() - t0, 1),
               "budget_s": seconds, "steps_per_s": steps_per_s(rows),
               "time_to_threshold_s": time_to_threshold(rows, threshold),
@@ -103,19 +116,22 @@ def run_pipeline(name: str, config: Path, out: Path, *, workers: int, bus: str,
               "episodes_per_s": summary.get("episodes_per_s_mean"),
               "steps": summary.get("trainer_steps"),
               "eval_first": evals[0] if evals else None,
-              "eval_best": max(evals) if evals else None,
+              "eval_last": evals[-1] if evals else None,
+              "eval_best": max(evals) if evals else None, "evaluated": measured,
               "unaccounted": summary.get("accounting", {}).get("unaccounted")}
     print(f"[{name}] {result}", flush=True)
     return result
 
 
-def run_baseline(run_dir: Path, *, threshold: float, seconds: float, every: int,
-                 seed: int | None = None) -> dict[str, Any]:
+def run_baseline(source: Path, *, threshold: float, seconds: float, every: int,
+                 seed: int | None = None, out: Path | None = None) -> dict[str, Any]:
+    """The synchronous loop from ``source``: a run directory whose warm-up ended, or a config
+    without a warm-up (bench/sync_loop.py's ``start_point``)."""
     from sync_loop import run_sync
 
-    print(f"[sync] baseline from {run_dir / 'models'}, seed {seed}", flush=True)
-    curve = run_sync(run_dir, seconds=seconds, every=every, threshold=threshold,
-                     threads=os.cpu_count() or 1, seed=seed,
+    print(f"[sync] baseline from {source}, seed {seed}", flush=True)
+    curve = run_sync(source, seconds=seconds, every=every, threshold=threshold,
+                     threads=os.cpu_count() or 1, seed=seed, out=out,
                      log=lambda s: print(f"[sync] {s}", flush=True))
     hit = next((p for p in curve if p["eval_accuracy"] >= threshold), None)
     steps = curve[-1]["step"]
@@ -124,7 +140,18 @@ def run_baseline(run_dir: Path, *, threshold: float, seconds: float, every: int,
             "steps_per_s": round(steps / curve[-1]["time"], 2) if curve[-1]["time"] else None,
             "wait_ratio": None, "steps": steps,
             "episodes_per_s": None, "eval_first": curve[0]["eval_accuracy"],
-            "eval_best": max(p["eval_accuracy"] for p in curve), "curve": curve}
+            "eval_last": curve[-1]["eval_accuracy"],
+            "eval_best": max(p["eval_accuracy"] for p in curve),
+            "evaluated": [[p["step"], round(p["eval_accuracy"], 3)] for p in curve],
+            "curve": curve}
+
+
+def warm_model(run_dir: Path, policy: str = "default") -> Path:
+    """The model ``run_dir``'s RL phase started from (its warm-up's export, or the model as
+    configured when the warm-up kept step 0)."""
+    from astraflow.run.warmup import start_models
+
+    return start_models(run_dir)[policy]
 
 
 def main() -> int:
@@ -134,16 +161,25 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-quickstart")
     ap.add_argument("--threshold", type=float, default=0.45)
     ap.add_argument("--seconds", type=float, default=300.0, help="RL budget of each run")
-    ap.add_argument("--every", type=int, default=10, help="baseline: evaluate every N steps")
+    ap.add_argument("--every", type=int, default=None,
+                    help="evaluate every N versions: the baseline's evaluations and the "
+                         "pipeline's launch.eval_every (default: the config's "
+                         "launch.eval_every)")
     ap.add_argument("--only", nargs="*", default=None,
                     help=f"subset of {', '.join([*PIPELINES, 'sync'])}")
     ap.add_argument("--kafka", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--repeats", type=int, default=1,
                     help="run every arm this many times, interleaved, and report medians")
     ap.add_argument("--warm", type=Path, default=None,
-                    help="start every run from this earlier run directory's warm model "
-                         "(<dir>/models/default-warm) instead of warming up")
+                    help="start every run from the model this earlier run directory's RL "
+                         "phase started from (<dir>/models/default-warm after a warm-up) "
+                         "instead of warming up")
     args = ap.parse_args()
+    from astraflow.config import load_experiment
+
+    config = load_experiment(args.config)
+    warms = config.launch.warmup.steps > 0  # else every run starts from the config's model
+    every = args.every or config.launch.eval_every
     names = args.only or [*DEFAULT, "sync"]
     if not args.kafka:
         names = [n for n in names if not n.startswith("kafka")]
@@ -168,23 +204,25 @@ def main() -> int:
                         broker = LocalBroker(args.out / "kafka")
                         broker.start(timeout=120)
                     bus = f"kafka://{broker.bootstrap}"
-                warm = warm_dir / "models" / "default-warm" if warm_dir else None
+                warm = warm_model(warm_dir) if warm_dir else None
                 out = args.out / f"{name}{suffix}"
                 res = run_pipeline(f"{name}{suffix}", args.config, out, workers=workers,
                                    bus=bus, threshold=args.threshold, seconds=args.seconds,
-                                   warm=warm, process=process,
+                                   warm=warm, every=every, process=process,
                                    seed=None if rep == 0 else rep)
                 results.append(dict(res, arm=name, repeat=rep))
                 if warm_dir is None and (out / "models" / "default-warm").exists():
                     warm_dir = out
             if "sync" in names:
-                if warm_dir is None:  # only the baseline asked for: make the warm model first
+                if warm_dir is None and warms:  # only the baseline asked for: warm up first
                     run_pipeline("warmup", args.config, args.out / "warmup", workers=1,
-                                 bus="embedded", threshold=1.0, seconds=1.0, warm=None)
+                                 bus="embedded", threshold=1.0, seconds=1.0, warm=None,
+                                 every=every)
                     warm_dir = args.out / "warmup"
                 # a seed per repeat: one seed is one draw of a noisy learning curve
-                res = run_baseline(warm_dir, threshold=args.threshold, seconds=args.seconds,
-                                   every=args.every, seed=None if rep == 0 else rep)
+                res = run_baseline(warm_dir or args.config, threshold=args.threshold,
+                                   seconds=args.seconds, every=every,
+                                   seed=None if rep == 0 else rep, out=args.out / "sync")
                 results.append(dict(res, name=f"sync{suffix}", arm="sync", repeat=rep))
     finally:
         if broker is not None:
@@ -197,18 +235,24 @@ def main() -> int:
                                          2)
     arms = summarise(results) if args.repeats > 1 else []
     (args.out / "bench.json").write_text(json.dumps(
-        {"threshold": args.threshold, "seconds": args.seconds, "repeats": args.repeats,
-         "results": results, "arms": arms}, indent=1))
-    print(f"\nthreshold {args.threshold} held-out accuracy, RL budget {args.seconds:.0f} s "
-          f"each, from the same warm model")
+        {"config": str(args.config), "threshold": args.threshold, "seconds": args.seconds,
+         "every": every, "repeats": args.repeats, "results": results, "arms": arms}, indent=1))
+    print(f"\n{args.config.name}: threshold {args.threshold} held-out accuracy, RL budget "
+          f"{args.seconds:.0f} s each, evaluated every {every} versions, from the same "
+          f"{'warm ' if warms or args.warm else ''}model")
     print(f"{'run':<15}{'to threshold s':>16}{'wait ratio':>12}{'episodes/s':>12}"
-          f"{'steps':>8}{'steps/s':>9}{'first':>8}{'best':>8}{'advantage':>11}")
+          f"{'steps':>8}{'steps/s':>9}{'first':>8}{'last':>8}{'best':>8}{'advantage':>11}")
     for r in results:
         print(f"{r['name']:<15}{fmt(r['time_to_threshold_s'], '.1f'):>16}"
               f"{fmt(r['wait_ratio']):>12}{fmt(r['episodes_per_s'], '.0f'):>12}"
               f"{fmt(r['steps'], '.0f'):>8}{fmt(r.get('steps_per_s')):>9}"
-              f"{fmt(r['eval_first'], '.3f'):>8}"
+              f"{fmt(r['eval_first'], '.3f'):>8}{fmt(r.get('eval_last'), '.3f'):>8}"
               f"{fmt(r['eval_best'], '.3f'):>8}{fmt(r.get('async_advantage')):>11}")
+    for r in results:  # which versions each side measured: the resolution of its time
+        print(f"  {r['name']} evaluated (version, accuracy): "
+              f"{' '.join(f'{s:g}:{a:.3f}' for s, a in r.get('evaluated') or [])}")
+        if r["eval_first"] is not None and r["eval_first"] >= args.threshold:
+            print(f"  {r['name']} started at or above the threshold: raise --threshold")
     if arms:
         print(f"\nover {args.repeats} repeats (median; a run that missed the threshold counts "
               f"as the budget, {args.seconds:.0f} s)")
