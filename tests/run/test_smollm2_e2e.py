@@ -21,7 +21,8 @@ from run_helpers import check_finished, run_astraflow
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, GROUPS, SAMPLES = 3, 4, 4
 
-pytestmark = pytest.mark.slow
+# one worker runs the module (its fixture is the run; under xdist another worker would repeat it)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2")]
 
 
 @pytest.fixture(scope="module")
