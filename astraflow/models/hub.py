@@ -57,7 +57,9 @@ def hub_status(repo_id: str, *, timeout: float = 3.0) -> tuple[HubStatus, str]:
         return "unreachable", "HF_HUB_OFFLINE is set"
     url = f"{endpoint()}/api/models/{repo_id}"
     headers = {"User-Agent": "astraflow"}
-    token = os.environ.get("HF_TOKEN")
+    from huggingface_hub import get_token  # HF_TOKEN, or the token `hf auth login` saved
+
+    token = get_token()
     if token:
         headers["Authorization"] = f"Bearer {token}"
     try:
