@@ -133,10 +133,9 @@ def through_gateway(url: str, tag: str, sessions: int, per: int, max_new: int, s
 
 def batch_counts(batcher: Any) -> tuple[int, int]:
     """(requests, batches) the engine has run so far; continuous: (rows, decoding steps)."""
-    decoder = getattr(batcher.engine, "decoder", None)
-    if decoder is not None:
-        return decoder.row_steps, decoder.iterations
-    return batcher.requests, batcher.batches
+    from astraflow.consumers.rollout.batcher import step_counts
+
+    return step_counts(batcher.engine) or (batcher.requests, batcher.batches)
 
 
 def mean_batch(batcher: Any, before: tuple[int, int]) -> float:

@@ -29,22 +29,6 @@ PROMPT_TOKENS = 256
 ACT_PER_TOKEN = 34
 
 
-def parameter_count(cfg: dict[str, Any]) -> int:
-    """Parameters of a decoder-only transformer from its config.json (embeddings counted
-    once when tied)."""
-    h = int(cfg.get("hidden_size") or cfg.get("n_embd") or 0)
-    layers = int(cfg.get("num_hidden_layers") or cfg.get("n_layer") or 0)
-    vocab = int(cfg.get("vocab_size") or 0)
-    inter = int(cfg.get("intermediate_size") or 4 * h)
-    heads = int(cfg.get("num_attention_heads") or 1)
-    kv = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or (h // max(1, heads)))
-    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2
-    mlp = 3 * h * inter
-    emb = vocab * h * (1 if cfg.get("tie_word_embeddings", False) else 2)
-    return layers * (attn + mlp + 2 * h) + emb + h
-
-
 @dataclass(frozen=True)
 class MemoryEstimate:
     params: int
@@ -81,7 +65,9 @@ def estimate(cfg: dict[str, Any], config: ExperimentConfig, policy: str,
              params: int | None = None) -> MemoryEstimate:
     """The :class:`MemoryEstimate` of ``policy`` under ``config``; ``params``: the exact
     count where known (the safetensors headers), else estimated from ``cfg``."""
-    params = params or parameter_count(cfg)
+    from astraflow.models.source import estimate_parameters
+
+    params = params or estimate_parameters(cfg) or 0
     vocab = int(cfg.get("vocab_size") or 0)
     h = int(cfg.get("hidden_size") or 0)
     layers = int(cfg.get("num_hidden_layers") or 0)
