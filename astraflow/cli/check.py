@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from astraflow.config import ExperimentConfig
+    from astraflow.run.check import CheckReport
 
 
 def check(
@@ -30,7 +34,8 @@ def check(
     raise typer.Exit(0 if report.ok else 1)
 
 
-def run_check(cfg: object, out: Path, *, quiet: bool = False, weights: bool = True) -> object:
+def run_check(cfg: ExperimentConfig, out: Path, *, quiet: bool = False,
+              weights: bool = True) -> CheckReport:
     """Run the check with a status line, print its findings (problems only when ``quiet``),
     and return the report."""
     from rich.console import Console
@@ -39,7 +44,7 @@ def run_check(cfg: object, out: Path, *, quiet: bool = False, weights: bool = Tr
 
     console = Console(stderr=True)
     with console.status("checking the config") as status:
-        report = check_experiment(cfg, out, weights=weights,  # type: ignore[arg-type]
+        report = check_experiment(cfg, out, weights=weights,
                                   progress=lambda what: status.update(f"checking: {what}"))
     for f in report.findings:
         if f.ok and quiet:

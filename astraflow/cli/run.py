@@ -54,7 +54,7 @@ def run(
         if check:
             from astraflow.cli.check import run_check
 
-            if not run_check(cfg, out, quiet=True).ok:  # type: ignore[attr-defined]
+            if not run_check(cfg, out, quiet=True).ok:
                 raise typer.Exit(1)
         code = run_experiment(cfg, out, live=live, fresh=fresh, warmup_only=warmup_only)
     except AstraflowError as e:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,15 +92,6 @@ def check_experiment(config: ExperimentConfig, out: str | Path = ".", *, weights
 
 # data ------------------------------------------------------------------------------------------
 
-def _first(specs: Iterable[TaskSpec], n: int) -> list[TaskSpec]:
-    out = []
-    for spec in specs:
-        out.append(spec)
-        if len(out) >= n:
-            break
-    return out
-
-
 def _source_key(config: ExperimentConfig, split: str) -> str:
     """The key that names where ``split`` comes from (a file source's held-out split:
     ``producer.test_path``, or ``producer.test_fraction`` without one)."""
@@ -124,7 +116,7 @@ def _check_data(config: ExperimentConfig, out: str | Path,
     for split in splits:
         key = _source_key(config, split)
         try:
-            rows = _first(split_specs(config.producer, split, out), ROWS)  # type: ignore[arg-type]
+            rows = list(islice(split_specs(config.producer, split, out), ROWS))  # type: ignore[arg-type]
         except Exception as e:  # noqa: BLE001 - a data library may raise anything on a bad file
             report.bad(key, f"{split} split: {e}" if isinstance(e, AstraflowError | OSError)
                        else f"{split} split: {type(e).__name__}: {e}")
