@@ -22,6 +22,7 @@ when another starts), or on :meth:`LocalGateway.stop`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import secrets
@@ -112,13 +113,9 @@ class LocalGateway:
         if entry is None:
             _reap()
             entry = _RUNNING[key] = asyncio.ensure_future(_start(runtime, kwargs))
+            entry.add_done_callback(functools.partial(_drop_unstarted, key))
             weakref.finalize(runtime, _forget, key)
-        try:
-            return await asyncio.shield(entry)
-        except Exception:
-            if _RUNNING.get(key) is entry:  # a failed start is tried again by the next episode
-                del _RUNNING[key]
-            raise
+        return await asyncio.shield(entry)
 
     def base_url(self, sid: str) -> str:
         """The OpenAI base URL of session ``sid``."""
@@ -172,6 +169,14 @@ async def _start(runtime: Runtime, kwargs: dict[str, Any]) -> LocalGateway:
     server = await asyncio.to_thread(lambda: ServerThread(app_for(gw, token=token)).start())
     log.info("agent gateway serving policies=%s at %s", ",".join(gw.policies), server.url)
     return LocalGateway(gw, server, loop, token)
+
+
+def _drop_unstarted(key: tuple[int, str], entry: asyncio.Future[LocalGateway]) -> None:
+    """Forget a start that failed (the next episode tries again) or was cancelled (its worker's
+    loop closed while it started): its traceback holds the runtime, whose finalizer would then
+    never run."""
+    if (entry.cancelled() or entry.exception() is not None) and _RUNNING.get(key) is entry:
+        del _RUNNING[key]
 
 
 def _stop(entry: asyncio.Future[LocalGateway]) -> None:

@@ -209,3 +209,37 @@ def test_the_evaluator_runs_the_agent_greedily(engine: Any) -> None:
     del first, second
     gc.collect()  # the evaluations' runtimes: their gateways stop
     assert local._RUNNING == {}
+
+
+def test_a_gateway_start_cut_off_by_its_loop_closing_is_forgotten(monkeypatch: Any) -> None:
+    """A worker whose event loop closes while its gateway is still starting (the start task is
+    cancelled) leaves nothing behind: the cancelled start holds the runtime in its traceback, so
+    its finalizer alone would never forget it. A failed start is forgotten as well (the next
+    episode tries again)."""
+    import contextlib
+
+    from astraflow.gateway import local
+
+    class Owner:  # only its identity matters before _start runs
+        pass
+
+    async def slow_start(runtime: Any, kwargs: Any) -> Any:
+        await asyncio.sleep(60)
+
+    async def failing_start(runtime: Any, kwargs: Any) -> Any:
+        raise OSError("no port")
+
+    runtime = Owner()
+    before = dict(local._RUNNING)
+    monkeypatch.setattr(local, "_start", slow_start)
+
+    async def cut_off() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(local.LocalGateway.of(runtime), 0.05)  # type: ignore[arg-type]
+
+    asyncio.run(cut_off())
+    assert before == local._RUNNING
+    monkeypatch.setattr(local, "_start", failing_start)
+    with pytest.raises(OSError, match="no port"):
+        asyncio.run(local.LocalGateway.of(runtime))  # type: ignore[arg-type]
+    assert before == local._RUNNING
