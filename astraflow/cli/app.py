@@ -18,6 +18,7 @@ from astraflow.cli import (
     evaluate,
     inspect_cmd,
     models,
+    plugins,
     policy,
     produce,
     rollout,
@@ -56,6 +57,7 @@ app.command("scale")(scale.scale)
 app.command("evaluate")(evaluate.evaluate)
 app.command("top")(top.top)
 app.command("demo")(demo.demo)
+app.command("plugins")(plugins.plugins)
 
 
 @app.command("demo-worker", hidden=True)

@@ -7,8 +7,9 @@ A stage is a chain of policies named in order::
       post_rollout: [assembler, staleness, dynamic_sampling]  # trajectories -> groups.<policy>
       batch: [replay, batcher]                            # groups.<policy> -> batches.<policy>
 
-An entry is a built-in name or a user policy as ``"module.path:factory"`` (options for it in
-``data.options["module.path:factory"]``). Orders are checked when the config is loaded: each
+An entry is a built-in name, a user policy as ``"module.path:factory"`` (options for it in
+``data.options["module.path:factory"]``), or the name of a policy an installed package
+registers under the ``astraflow.policies`` entry-point group (docs/plugins.md). Orders are checked when the config is loaded: each
 policy must take what the one before it gives, and each stage must end with the record type
 its output topic carries. This module imports nothing heavy: the policies themselves are
 built by :mod:`astraflow.policies.registry`.
@@ -59,8 +60,21 @@ _MAKER = {"TrajectoryGroup": "assembler", "Batch": "batcher"}
 _CUSTOM = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
+#: the entry-point group an installed package registers its policies in (astraflow plugins)
+GROUP = "astraflow.policies"
+
+
+def plugins() -> list[str]:
+    """Names of the policies installed packages register (entry points of :data:`GROUP`)."""
+    from astraflow.core.registry import entry_points
+
+    return sorted(set(entry_points(GROUP)) - set(BUILTINS))
+
+
 def is_custom(entry: str) -> bool:
-    return ":" in entry
+    """Whether ``entry`` is a user policy: a ``module.path:factory`` or a name an installed
+    package registers (its types are checked once it is built)."""
+    return ":" in entry or (entry not in BUILTINS and entry in plugins())
 
 
 def check_chain(stage: str, entries: list[str], specs: dict[str, Spec] | None = None,
@@ -82,10 +96,11 @@ def check_chain(stage: str, entries: list[str], specs: dict[str, Spec] | None = 
         spec = known.get(entry)
         if spec is None:
             if not is_custom(entry):
+                installed = "".join(f", {n}" for n in plugins())
                 problems.append(f"{where}[{i}]: unknown policy {entry!r}; valid: "
-                                f"{', '.join(BUILTINS)}, or a user policy as "
+                                f"{', '.join(BUILTINS)}{installed}, or a user policy as "
                                 "'module.path:factory'")
-            elif not _CUSTOM.match(entry):
+            elif ":" in entry and not _CUSTOM.match(entry):
                 problems.append(f"{where}[{i}]: {entry!r} is not a 'module.path:factory' name")
             flow = None  # unknown until imported
             continue

@@ -1,27 +1,38 @@
 """The registry of policies (name → factory) and ``build_chain``, which turns a stage's config
 into a :class:`~astraflow.policies.chain.Chain`.
 
-A user policy is named ``"module.path:factory"`` in the config; ``factory(env)`` is called
-with a :class:`~astraflow.policies.env.BuildEnv` (its ``options`` are
+A user policy is named ``"module.path:factory"`` in the config, or by the name an installed
+package registers under the ``astraflow.policies`` entry-point group; ``factory(env)`` is
+called with a :class:`~astraflow.policies.env.BuildEnv` (its ``options`` are
 ``data.options[entry]``) and returns an object meeting :class:`~astraflow.policies.base.Policy`.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
 from astraflow.core.errors import ConfigError
+from astraflow.core.registry import Registry, RegistryError
 from astraflow.policies import assembler, batcher, filters, gate, greso, replay
 from astraflow.policies.base import Policy
 from astraflow.policies.chain import Chain
-from astraflow.policies.config import BUILTINS, STAGES, DataConfig, Spec, check_chain, is_custom
+from astraflow.policies.config import (
+    BUILTINS,
+    GROUP,
+    STAGES,
+    DataConfig,
+    Spec,
+    check_chain,
+    is_custom,
+)
 from astraflow.policies.env import BuildEnv
 
 Factory = Callable[[BuildEnv], Any]
 
-REGISTRY: dict[str, Factory] = {
+#: policy name -> factory: the built-ins, then the installed packages' (entry points)
+REGISTRY: Registry[Factory] = Registry("policy", group=GROUP)
+for _name, _factory in {
     "gate": gate.build,
     "greso": greso.build,
     "assembler": assembler.build,
@@ -29,20 +40,23 @@ REGISTRY: dict[str, Factory] = {
     "dynamic_sampling": filters.build_dynamic_sampling,
     "replay": replay.build,
     "batcher": batcher.build,
-}
+}.items():
+    REGISTRY.add(_name, _factory)
 
 
 def load_factory(entry: str, where: str) -> Factory:
-    module_name, _, attr = entry.partition(":")
+    """The factory of policy ``entry`` (built-in, installed or a module path); a
+    :class:`ConfigError` located at ``where`` when it cannot be had."""
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"{where}: cannot import {module_name!r} for policy {entry!r}: {e}; "
-                          "is the module on PYTHONPATH?") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ConfigError(f"{where}: {module_name} has no callable {attr!r} (policy {entry!r})")
-    return factory  # type: ignore[no-any-return]
+        return REGISTRY.resolve(entry)
+    except RegistryError as e:
+        if e.reason == "import":
+            raise ConfigError(f"{where}: cannot import {e.module!r} for policy {entry!r}: "
+                              f"{e.cause}; is the module installed or on PYTHONPATH?") from None
+        if e.reason in ("attribute", "not callable") and e.module:
+            raise ConfigError(f"{where}: {e.module} has no callable {e.attr!r} (policy "
+                              f"{entry!r})") from None
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _check_policy(obj: Any, entry: str, where: str) -> list[str]:
@@ -76,7 +90,7 @@ def build_policies(data: DataConfig, stage: str, *, policies: tuple[str, ...] = 
         where = f"data.{stage}[{i}]"
         env = BuildEnv(data=data, stage=stage, policies=policies, primary=primary,
                        policy=policy, seed=seed, options=dict(data.options.get(entry, {})))
-        factory = load_factory(entry, where) if is_custom(entry) else REGISTRY[entry]
+        factory = load_factory(entry, where)
         try:
             obj = factory(env)
         except (TypeError, ValueError) as e:

@@ -14,6 +14,7 @@ package when called.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -21,6 +22,7 @@ import pydantic
 
 from astraflow.core.config import Section
 from astraflow.core.paths import expand
+from astraflow.core.registry import Registry
 
 if TYPE_CHECKING:
     from astraflow.core.bus import Bus
@@ -118,12 +120,16 @@ def _http_store(cfg: StoreConfig, out: str | Path) -> WeightStore:
     return HttpStore(cfg.url, token=cfg.token or os.environ.get("ASTRAFLOW_WEIGHTS_TOKEN"))
 
 
-STORES: dict[str, Any] = {"file": _file_store, "http": _http_store}
+#: store ``type`` -> factory (the config's ``type`` is one of these: no plug-ins here, a
+#: store is read by every worker and its format is the trainer's)
+STORES: Registry[Callable[[StoreConfig, str | Path], WeightStore]] = Registry("weight store")
+STORES.add("file", _file_store)
+STORES.add("http", _http_store)
 
 
 def build_store(cfg: StoreConfig, out: str | Path = ".") -> WeightStore:
     """The weight store a :class:`StoreConfig` describes."""
-    return STORES[cfg.type](cfg, out)  # type: ignore[no-any-return]
+    return STORES.resolve(cfg.type)(cfg, out)
 
 
 def build_publisher(bus: Bus, cfg: WeightsConfig, *, run: str, policy: str,

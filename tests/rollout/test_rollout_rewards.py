@@ -34,7 +34,7 @@ def test_exact_and_numeric_match() -> None:
 
 def test_user_reward_by_module_path() -> None:
     assert reward("rollout_helpers:length_reward", "abcd", {}, scale=0.5) == 2.0
-    from astraflow.consumers.rollout.registry import RegistryError
+    from astraflow.core.registry import RegistryError
 
     with pytest.raises(RegistryError, match="valid: code, exact_match, math, numeric_match"):
         REWARDS.resolve("nope")

@@ -12,8 +12,7 @@ The public API (imported lazily: ``from astraflow.consumers.rollout import Rollo
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from astraflow.core.registry import lazy_exports
 
 _EXPORTS = {
     "RolloutWorker": "worker", "WorkerStats": "worker",
@@ -28,8 +27,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

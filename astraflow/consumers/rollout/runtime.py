@@ -16,12 +16,12 @@ from typing import Any
 from astraflow.consumers.rollout.batcher import Batcher
 from astraflow.consumers.rollout.context import Draft, EpisodeContext, WorkflowError
 from astraflow.consumers.rollout.engines.base import Engine, GenRequest
-from astraflow.consumers.rollout.registry import RegistryError
 from astraflow.consumers.rollout.rewards import REWARDS
 from astraflow.consumers.rollout.rewards.base import RewardFn
 from astraflow.consumers.rollout.rewards.extract import with_extract
 from astraflow.consumers.rollout.workflows import WORKFLOWS
 from astraflow.core.records import ChatMessage, Task
+from astraflow.core.registry import RegistryError
 from astraflow.models.prompt import render_prompt
 
 PROMPT_CACHE = 4096  # rendered prompts kept (a task's samples render it once)

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 from astraflow.consumers.rollout.config import SAMPLING_KEYS, RolloutConfig
 from astraflow.consumers.rollout.engines.base import Engine, build_engine
 from astraflow.consumers.rollout.engines.speed import slowed
-from astraflow.consumers.rollout.registry import load_object
 from astraflow.consumers.rollout.runtime import Runtime
 from astraflow.consumers.rollout.tools import TOOLS
 from astraflow.consumers.rollout.weights import WeightFollower
@@ -21,6 +20,7 @@ from astraflow.consumers.rollout.worker import RolloutWorker, WorkerStats
 from astraflow.core.errors import ConfigError
 from astraflow.core.metrics import component_id
 from astraflow.core.paths import expand
+from astraflow.core.registry import load_object
 from astraflow.models.config import ModelConfig, model_dir
 from astraflow.models.source import resolve
 

@@ -34,10 +34,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from astraflow.consumers.rollout.registry import Registry
 from astraflow.core.errors import AstraflowError
+from astraflow.core.registry import Registry
 
-TOOLS: Registry[Callable[..., Any]] = Registry("tool")
+TOOLS: Registry[Callable[..., Any]] = Registry("tool", group="astraflow.tools")
 MAX_OUTPUT_CHARS = 4096
 ABANDONED = [0]  # sync tool calls that timed out and still run (their threads), per process
 

@@ -6,7 +6,9 @@
 - ``command`` (:class:`~.command.CommandActuator`): runs a templated shell command with the
   target count, for Slurm, ``kubectl scale`` or anything else (docs/elastic-cluster.md).
 
-The system has no scheduler-specific code: a cluster is reached through ``command``.
+The system has no scheduler-specific code: a cluster is reached through ``command``. An
+installed package adds a type under the ``astraflow.actuators`` entry-point group: a builder
+called like the two below, returning an :class:`~.actuation.Actuator` (docs/plugins.md).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from typing import Protocol
 
 from astraflow.consumers.scaler.actuation import Actuation, Actuator
 from astraflow.consumers.scaler.command import CommandActuator
-from astraflow.consumers.scaler.config import ActuatorConfig
+from astraflow.consumers.scaler.config import ACTUATOR_GROUP, ActuatorConfig
 from astraflow.consumers.scaler.local import LocalActuator, rollout_argv
 from astraflow.core.errors import ConfigError
+from astraflow.core.registry import Registry, RegistryError
 
 __all__ = ["ACTUATORS", "Actuation", "Actuator", "CommandActuator", "LocalActuator",
            "build_actuator", "rollout_argv"]
@@ -51,18 +54,23 @@ def _command(config: ActuatorConfig, *, run: str, pool: str, config_path: str | 
         raise ConfigError([f"scale.pools.{pool}.{p}" for p in e.problems]) from None
 
 
-#: actuator ``type`` -> builder
-ACTUATORS: dict[str, _Builder] = {"local": _local, "command": _command}
+#: actuator ``type`` -> builder: the built-ins, then the installed packages' (entry points)
+ACTUATORS: Registry[_Builder] = Registry("actuator type", group=ACTUATOR_GROUP)
+ACTUATORS.add("local", _local)
+ACTUATORS.add("command", _command)
 
 
 def build_actuator(config: ActuatorConfig, *, run: str, pool: str,
                    config_path: str | None = None, out: str = ".") -> Actuator:
     """The actuator of pool ``pool`` of run ``run`` from its config (``config_path`` and
     ``out``: the experiment file and run directory a ``local`` actuator's processes get)."""
-    builder = ACTUATORS.get(config.type)
-    if builder is None:
+    if config.type not in ACTUATORS:
         raise ConfigError(f"unknown actuator type {config.type!r} in scale.pools.{pool}; "
-                          f"valid: {', '.join(sorted(ACTUATORS))}")
+                          f"valid: {', '.join(ACTUATORS.names())}")
+    try:
+        builder = ACTUATORS.resolve(config.type)
+    except RegistryError as e:
+        raise ConfigError(f"scale.pools.{pool}.actuator: {e}") from None
     return builder(config, run=run, pool=pool, config_path=config_path, out=out)
 
 

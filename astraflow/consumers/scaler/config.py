@@ -6,20 +6,23 @@ Only pydantic here: imported by ``astraflow.config``, which ``astraflow --help``
 
 from __future__ import annotations
 
-from typing import Literal
-
 import pydantic
 
 from astraflow.core.config import Section
+
+#: the entry-point group an installed package registers actuator types in (docs/plugins.md)
+ACTUATOR_GROUP = "astraflow.actuators"
+BUILTIN_ACTUATORS = ("local", "command")
 
 
 class ActuatorConfig(Section):
     """How the scaler changes the number of rollout processes."""
 
-    type: Literal["local", "command"] = pydantic.Field(
+    type: str = pydantic.Field(
         "local", description="local: start and stop `astraflow rollout` processes on this host "
         "(under `astraflow run`: through its supervisor); command: run `command` with the "
-        "target count (Slurm, `kubectl scale`, anything)")
+        "target count (Slurm, `kubectl scale`, anything); or the name of an actuator an "
+        "installed package registers (entry-point group astraflow.actuators)")
     command: str | None = pydantic.Field(
         None, description="command: a shell command template; {target}, {current}, {pool}, "
         "{run} are filled in, e.g. `kubectl scale deployment/rollout --replicas={target}`")
@@ -33,6 +36,20 @@ class ActuatorConfig(Section):
         1.0, ge=0, description="first retry's delay; doubled each retry (capped at 60 s)")
     rollout_args: list[str] = pydantic.Field(
         default_factory=list, description="local: extra arguments of each `astraflow rollout`")
+
+    @pydantic.field_validator("type")
+    @classmethod
+    def _known_type(cls, value: str) -> str:
+        if value in BUILTIN_ACTUATORS:
+            return value
+        from astraflow.core.registry import entry_points
+
+        installed = sorted(set(entry_points(ACTUATOR_GROUP)) - set(BUILTIN_ACTUATORS))
+        if value not in installed:
+            raise ValueError(f"unknown actuator type {value!r}; valid: "
+                             f"{', '.join([*BUILTIN_ACTUATORS, *installed])} (an installed "
+                             f"package adds one under the entry-point group {ACTUATOR_GROUP})")
+        return value
 
     @pydantic.model_validator(mode="after")
     def _command_needs_template(self) -> ActuatorConfig:

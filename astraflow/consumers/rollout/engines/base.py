@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
-from astraflow.consumers.rollout.registry import Registry
 from astraflow.core.errors import AstraflowError
+from astraflow.core.registry import Registry
 
 if TYPE_CHECKING:
     from astraflow.weights.target import WeightTarget

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from astraflow.consumers.rollout.registry import Registry
+from astraflow.core.registry import Registry
 
 if TYPE_CHECKING:
     from astraflow.consumers.rollout.config import RewardConfig
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("astraflow.rollout.reward")
 
 RewardFn = Callable[..., Any]
-REWARDS: Registry[RewardFn] = Registry("reward")
+REWARDS: Registry[RewardFn] = Registry("reward", group="astraflow.rewards")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from astraflow.consumers.rollout.registry import Registry
 from astraflow.consumers.rollout.rewards.base import RewardFn
 from astraflow.consumers.rollout.rewards.basic import last_number_text
+from astraflow.core.registry import Registry
 
 Extractor = Callable[[str], str]
 EXTRACTORS: Registry[Extractor] = Registry("answer extractor")

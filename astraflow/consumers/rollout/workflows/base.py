@@ -5,6 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from astraflow.consumers.rollout.registry import Registry
+from astraflow.core.registry import Registry
 
-WORKFLOWS: Registry[Callable[..., Any]] = Registry("workflow")
+WORKFLOWS: Registry[Callable[..., Any]] = Registry("workflow", group="astraflow.workflows")
