@@ -74,7 +74,7 @@ def _root(
 ) -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("astraflow").setLevel(log_level.upper())
-    from astraflow.run.orphan import stop_when_orphaned
+    from astraflow.core.launcher import stop_when_orphaned
 
     stop_when_orphaned()  # a role of `astraflow run` ends with its launcher
 

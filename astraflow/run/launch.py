@@ -9,8 +9,9 @@ from typing import Any
 
 from astraflow.config import ExperimentConfig
 from astraflow.core.config import dump
+from astraflow.core.launcher import cli
 from astraflow.run.scaling import initial_workers
-from astraflow.run.supervisor import RoleSpec, cli
+from astraflow.run.supervisor import RoleSpec
 
 RL_CONFIG = "config-rl.yaml"  # in a run directory: the RL phase's config
 

@@ -13,8 +13,9 @@ from typing import Any
 
 from astraflow.config import ExperimentConfig
 from astraflow.consumers.scaler.actuators import Actuation
+from astraflow.core.launcher import cli
 from astraflow.run.roles import ScalerRole
-from astraflow.run.supervisor import RoleSpec, Supervisor, cli
+from astraflow.run.supervisor import RoleSpec, Supervisor
 
 log = logging.getLogger("astraflow.run")
 PREFIX = "rollout-"

@@ -2,29 +2,28 @@
 them, restarts the ones that die (by config), and stops everything when the run is over.
 
 It is not in charge of the dataflow — the roles coordinate through the topics only. It is a
-launcher with a pulse: what a user would otherwise do by hand in six terminals.
+launcher with a pulse: what a user would otherwise do by hand in six terminals. Processes are
+started, stopped and reaped by :mod:`astraflow.core.launcher`, as the scaler's ``local``
+actuator's are.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import TYPE_CHECKING
 
-from astraflow.core.metrics import PORT_ENV
-from astraflow.run.orphan import launcher_env
+from astraflow.core.launcher import Child, role_env, stop_all
+
+if TYPE_CHECKING:
+    import subprocess
 
 log = logging.getLogger("astraflow.run")
-
 
 @dataclass
 class RoleSpec:
@@ -41,64 +40,47 @@ class RoleSpec:
 
 @dataclass
 class RoleProcess:
+    """A role of the phase: its process (a :class:`~astraflow.core.launcher.Child`, started
+    again on a restart) and what the supervisor knows of its exits."""
+
     spec: RoleSpec
     log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     exit_codes: list[int] = field(default_factory=list)
     handled: bool = False  # the current process's exit has been dealt with
     retiring: float | None = None  # monotonic time retire() asked it to stop
-    _log: IO[bytes] | None = None
+    child: Child = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.child = Child(self.log_path)
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        """The current process (a new one after each restart)."""
+        return self.child.proc
 
     @property
     def state(self) -> str:
-        if self.proc is None:
+        if self.child.proc is None:
             return "pending"
-        rc = self.proc.poll()
+        rc = self.child.poll()
         if rc is None:
             return "running"
         return "done" if rc == 0 else f"exited {rc}"
 
     def start(self, base_env: dict[str, str]) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        if self._log is None:
-            self._log = self.log_path.open("ab")
-        with contextlib.suppress(OSError):  # a full disk: the banner is lost, the role starts
-            self._log.write(f"\n=== start {time.strftime('%H:%M:%S')} "
-                            f"{' '.join(self.spec.argv)}\n".encode())
-            self._log.flush()
         self.handled = False
-        env = {**base_env, **self.spec.env}
-        if self.spec.metrics_port is not None:
-            env[PORT_ENV] = str(self.spec.metrics_port)
-        self.proc = subprocess.Popen(self.spec.argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        if self.spec.nice:  # before the child starts threads (they inherit its niceness)
-            with contextlib.suppress(OSError):  # a child that died at once
-                os.setpriority(os.PRIO_PROCESS, self.proc.pid,
-                               min(19, os.getpriority(os.PRIO_PROCESS, 0) + self.spec.nice))
+        self.child.start(self.spec.argv, {**base_env, **self.spec.env}, nice=self.spec.nice,
+                         metrics_port=self.spec.metrics_port)
 
     def tail(self, n: int = 30) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            return ""
-        return "\n".join(lines[-n:])
+        return self.child.tail(n)
 
     def signal(self, sig: int) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
+        self.child.signal(sig)
 
     def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-
-def cli(*args: str) -> list[str]:
-    """The argv of an `astraflow` subcommand run with this interpreter."""
-    return [sys.executable, "-m", "astraflow.cli.app", *args]
+        self.child.close()
 
 
 class Supervisor:
@@ -113,8 +95,9 @@ class Supervisor:
         self.roles: dict[str, RoleProcess] = {}
         self.events: list[str] = []
         self.failed: list[str] = []
-        # launcher_env: a role stops itself if this process dies without stopping it (orphan.py)
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **launcher_env()}
+        # role_env names this process the launcher: a role stops itself if this process dies
+        # without stopping it (core/launcher.py)
+        self.env = role_env()
         self._unwritten: set[str] = set()  # files whose last write failed (said once)
 
     def event(self, msg: str) -> None:
@@ -225,18 +208,13 @@ class Supervisor:
     def stop(self, names: list[str] | None = None) -> dict[str, int | None]:
         """SIGTERM (drain), then SIGKILL after the grace period. Returns exit codes."""
         targets = [self.roles[n] for n in (names or list(self.roles))]
-        for r in targets:
-            r.signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.grace_s
-        for r in targets:
-            if r.proc is None:
-                continue
-            try:
-                r.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.event(f"role {r.spec.name} did not stop in {self.grace_s:.0f}s; killing")
-                r.signal(signal.SIGKILL)
-                r.proc.wait(10)
+        by_child = {id(r.child): r for r in targets}
+
+        def killing(child: Child) -> None:
+            name = by_child[id(child)].spec.name
+            self.event(f"role {name} did not stop in {self.grace_s:.0f}s; killing")
+
+        stop_all([r.child for r in targets], self.grace_s, killing)
         codes = {r.spec.name: (r.proc.returncode if r.proc else None) for r in targets}
         for r in targets:
             r.close()

@@ -36,6 +36,7 @@ from typing import Any
 
 from astraflow.config import ExperimentConfig, create_run_topics, load_experiment, model_dir
 from astraflow.core.errors import ConfigError
+from astraflow.core.launcher import cli
 from astraflow.core.paths import expand
 from astraflow.run.launch import (
     RL_CONFIG,
@@ -46,7 +47,7 @@ from astraflow.run.launch import (
     warmup_config,
     write_config,
 )
-from astraflow.run.supervisor import RoleSpec, Supervisor, cli
+from astraflow.run.supervisor import RoleSpec, Supervisor
 
 log = logging.getLogger("astraflow.run.warmup")
 

@@ -1,5 +1,6 @@
-"""astraflow/run/orphan.py: a role whose launcher died with SIGKILL stops itself with its own
-SIGTERM handling; a role started by hand, and the processes a role starts, are left alone."""
+"""astraflow/core/launcher.py's stop_when_orphaned: a role whose launcher died with SIGKILL stops
+itself with its own SIGTERM handling; a role started by hand, and the processes a role starts,
+are left alone."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from astraflow.run.orphan import LAUNCHER_PID_ENV
+from astraflow.core.launcher import LAUNCHER_PID_ENV
 from astraflow.sim.chaos import alive
 
 # a role: watches its launcher, says on SIGTERM that it stopped, starts a child of its own
@@ -18,7 +19,7 @@ from astraflow.sim.chaos import alive
 ROLE = f'''
 import os, signal, subprocess, sys, time
 from pathlib import Path
-from astraflow.run.orphan import stop_when_orphaned
+from astraflow.core.launcher import stop_when_orphaned
 out = Path(sys.argv[1])
 def stop(*_):
     (out / "stopped").write_text(str(os.getpid()))

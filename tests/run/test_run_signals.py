@@ -71,7 +71,7 @@ def test_a_signal_stops_every_role_and_writes_the_summary(tmp_path: Path, sig: i
 @pytest.mark.slow
 def test_roles_stop_themselves_when_the_run_is_killed(tmp_path: Path) -> None:
     """SIGKILL leaves `astraflow run` no chance to stop its roles: each role sees its launcher
-    gone and stops itself (astraflow/run/orphan.py), through its own SIGTERM handling."""
+    gone and stops itself (astraflow/core/launcher.py), through its own SIGTERM handling."""
     out = tmp_path / "run"
     sets = ["launch.warmup.steps=0", "launch.evaluate=false", "launch.timeout_s=120",
             f"run=orphan{os.getpid()}"]

@@ -5,7 +5,9 @@ Scaling up starts new processes, each in its own session, its output in
 worker then stops taking tasks, finishes or releases its in-flight ones, commits and exits 0)
 and returns at once: a reaper thread per stopping process waits for it and sends SIGKILL
 after ``grace_s``. Stopping processes are not counted; a process that died on its own is
-dropped from the count and logged.
+dropped from the count and logged. Processes are started, stopped and reaped by
+:mod:`astraflow.core.launcher`, as `astraflow run`'s supervisor's are; like its roles, they
+stop themselves if this process is killed without stopping them.
 
 Under ``astraflow run`` the supervisor owns the rollout processes, and the run uses its own
 supervisor-backed actuator instead of this one.
@@ -15,36 +17,35 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from astraflow.consumers.scaler.actuation import Actuation
-from astraflow.core.metrics import PORT_ENV
+from astraflow.core.launcher import Child, cli, role_env
 
 log = logging.getLogger("astraflow.scaler")
 
 
 def rollout_argv(config_path: str, out: str, rollout_args: Sequence[str] = ()) -> list[str]:
     """The command line of one ``astraflow rollout`` process run with this interpreter."""
-    return [sys.executable, "-m", "astraflow.cli.app", "rollout", str(config_path),
-            "--out", str(out), *rollout_args]
+    return cli("rollout", str(config_path), "--out", str(out), *rollout_args)
 
 
 @dataclass
 class _Proc:
     n: int  # the actuator's sequence number of this process (its log file's)
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    log_file: IO[bytes]
+    child: Child
     stopping: bool = False
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        assert self.child.proc is not None  # a _Proc is made once its process started
+        return self.child.proc
 
 
 class LocalActuator:
@@ -71,9 +72,9 @@ class LocalActuator:
         self.out = Path(out)
         self.pool = pool
         self.grace_s = grace_s
-        # several children would bind one metrics port: only an explicit env sets one
-        base = {k: v for k, v in os.environ.items() if k != PORT_ENV}
-        self.env = {**base, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # role_env: no inherited metrics port (several children would bind one), and a child
+        # stops itself if this process dies without stopping it
+        self.env = role_env(env)
         self.exit_codes: dict[int, int] = {}  # n -> return code, of every process that ended
         self._procs: list[_Proc] = []  # oldest first; stopping ones stay until reaped
         self._reapers: list[threading.Thread] = []
@@ -87,7 +88,7 @@ class LocalActuator:
         self.exit_codes[p.n] = rc
         with contextlib.suppress(ValueError):
             self._procs.remove(p)
-        p.log_file.close()
+        p.child.close()
 
     def _drop_dead(self) -> None:
         """Drop the processes that exited on their own (crashed, or finished early)."""
@@ -99,7 +100,7 @@ class LocalActuator:
                 if rc is not None:
                     self._ended(p, rc)
                     log.warning("rollout process exited pool=%s n=%d pid=%d exit=%d log=%s",
-                                self.pool, p.n, p.proc.pid, rc, p.log_path)
+                                self.pool, p.n, p.proc.pid, rc, p.child.log_path)
 
     def count(self) -> int:
         """Running processes that are not being stopped."""
@@ -122,39 +123,26 @@ class LocalActuator:
     def _start_one(self) -> _Proc:
         n = self._next
         self._next += 1
-        argv = self.argv(n)
-        log_path = self.out / "logs" / f"scaled-{self.pool}-{n}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        f = log_path.open("ab")
-        f.write(f"\n=== start {time.strftime('%H:%M:%S')} {' '.join(argv)}\n".encode())
-        f.flush()
+        child = Child(self.out / "logs" / f"scaled-{self.pool}-{n}.log")
         try:
-            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=self.env,
-                                    start_new_session=True)
+            child.start(self.argv(n), self.env)
         except BaseException:
-            f.close()
+            child.close()
             raise
-        p = _Proc(n, proc, log_path, f)
+        p = _Proc(n, child)
         with self._lock:
             self._procs.append(p)
         log.info("rollout process started pool=%s n=%d pid=%d log=%s", self.pool, n,
-                 proc.pid, log_path)
+                 p.proc.pid, child.log_path)
         return p
 
-    def _signal(self, p: _Proc, sig: int) -> None:
-        if p.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.proc.pid, sig)
-
     def _reap(self, p: _Proc, grace_s: float) -> None:
-        try:
-            rc = p.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
+        def killing(_: Child) -> None:
             log.warning("rollout process did not stop in %.0fs; killing pool=%s n=%d pid=%d",
                         grace_s, self.pool, p.n, p.proc.pid)
-            self._signal(p, signal.SIGKILL)
-            rc = p.proc.wait()
+
+        rc = p.child.reap(grace_s, killing)
+        assert rc is not None  # started
         with self._lock:
             self._ended(p, rc)
         log.info("rollout process stopped pool=%s n=%d pid=%d exit=%d", self.pool, p.n,
@@ -165,7 +153,7 @@ class LocalActuator:
         for p in victims:
             with self._lock:
                 p.stopping = True
-            self._signal(p, signal.SIGTERM)
+            p.child.signal(signal.SIGTERM)
             t = threading.Thread(target=self._reap, args=(p, self.grace_s), daemon=True,
                                  name=f"reap-{self.pool}-{p.n}")
             t.start()
