@@ -12,6 +12,7 @@ A policy is a pure function of (record, state, context) → records (see
 See docs/policies.md.
 """
 
+from astraflow.core.registry import lazy_exports
 from astraflow.policies.base import Context, GroupRef, Policy, PolicyError, uniform
 from astraflow.policies.chain import Chain
 from astraflow.policies.config import DataConfig
@@ -23,13 +24,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:  # the registry and runner load the policies: keep lazy
-    if name == "build_chain":
-        from astraflow.policies.registry import build_chain
-
-        return build_chain
-    if name == "run_stage":
-        from astraflow.policies.stage import run_stage
-
-        return run_stage
-    raise AttributeError(name)
+# the registry and the runner load the policies: keep them lazy
+__getattr__ = lazy_exports(__name__, {"build_chain": "registry", "run_stage": "stage"})

@@ -83,15 +83,14 @@ class Engine(Protocol):
 
 EngineFactory = Callable[..., Engine]
 ENGINES: Registry[EngineFactory] = Registry("engine")
+# by "module:attr": each is imported when first built (they pull torch, vllm or httpx)
+ENGINES.add("hf", "astraflow.consumers.rollout.engines.hf:build")
+ENGINES.add("vllm", "astraflow.consumers.rollout.engines.vllm:VLLMEngine")
+ENGINES.add("openai", "astraflow.consumers.rollout.engines.openai:OpenAIEngine")
 
 
 def build_engine(type: str, **kwargs: Any) -> Engine:  # noqa: A002 - the config key is `type`
     """Build an engine by type (``hf``, ``vllm``, ``openai``); imports it lazily."""
     if type not in ENGINES:
-        import importlib
-
-        module = {"hf": "hf", "vllm": "vllm", "openai": "openai"}.get(type)
-        if module is None:
-            raise EngineError(f"unknown engine type {type!r}; valid: hf, vllm, openai")
-        importlib.import_module(f"astraflow.consumers.rollout.engines.{module}")
+        raise EngineError(f"unknown engine type {type!r}; valid: {', '.join(ENGINES.names())}")
     return ENGINES.resolve(type)(**kwargs)

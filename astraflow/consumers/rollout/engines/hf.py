@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from astraflow.consumers.rollout.engines.base import ENGINES, EngineError, GenRequest, GenResult
+from astraflow.consumers.rollout.engines.base import EngineError, GenRequest, GenResult
 from astraflow.consumers.rollout.engines.sampling import StopChecker, eos_ids, sample
 from astraflow.consumers.rollout.engines.target import ModelTarget
 
@@ -292,5 +292,3 @@ def build(model_path: str | Path | None = None, *, process: bool = False, **kwar
 
     return ProcessEngine(model_path, **kwargs)
 
-
-ENGINES.add("hf", build)

@@ -62,7 +62,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from astraflow.consumers.rollout.engines.base import ENGINES, EngineError, GenRequest, GenResult
+from astraflow.consumers.rollout.engines.base import EngineError, GenRequest, GenResult
 from astraflow.consumers.rollout.engines.openai_server import (
     ServerInfo,
     UpdateGate,
@@ -364,5 +364,3 @@ def _fill(value: Any, path: str, version: int) -> Any:
         return [_fill(v, path, version) for v in value]
     return value
 
-
-ENGINES.add("openai", OpenAIEngine)

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from astraflow.consumers.rollout.engines.base import ENGINES, EngineError, GenRequest, GenResult
+from astraflow.consumers.rollout.engines.base import EngineError, GenRequest, GenResult
 from astraflow.consumers.rollout.engines.hf import StepGate
 from astraflow.consumers.rollout.engines.target import HostTarget
 from astraflow.consumers.rollout.engines.vllm_ext import Payload
@@ -232,5 +232,3 @@ class VLLMEngine:
                               "is from the old weights, so generation is refused until the "
                               "next update succeeds")
 
-
-ENGINES.add("vllm", VLLMEngine)
