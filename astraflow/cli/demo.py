@@ -10,12 +10,9 @@ A tour of the bus's guarantees in ~20 s without torch; the main job is ``astrafl
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -92,6 +89,7 @@ def demo(
     from rich.table import Table
 
     from astraflow.core.bus import connect, embedded_url
+    from astraflow.core.launcher import Child, cli, role_env, stop_all
     from astraflow.core.records import ChatMessage, Task, Trajectory, decode
     from astraflow.core.stream import Output, send
     from astraflow.core.topics import group_name, record_key, topic_name
@@ -105,12 +103,11 @@ def demo(
     b = connect(bus)
     b.create_topics(_topics(run))
     tasks_topic, traj_topic = topic_name(run, "tasks"), topic_name(run, "trajectories")
-    procs = {
-        f"worker-{i}": subprocess.Popen(
-            [sys.executable, "-m", "astraflow.cli.app", "demo-worker", bus, run, f"worker-{i}",
-             "--delay", str(delay)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        for i in range(workers)
-    }
+    procs: dict[str, Child] = {}
+    for i in range(workers):  # each in its own session, logging to out/logs/worker-<i>.log
+        child = procs[f"worker-{i}"] = Child(out / "logs" / f"worker-{i}.log")
+        child.start(cli("demo-worker", bus, run, f"worker-{i}", "--delay", str(delay)),
+                    role_env())
     console.print(f"[bold]bus[/] {bus}   [bold]run[/] {run}   "
                   f"[bold]workers[/] {', '.join(f'{k} (pid {p.pid})' for k, p in procs.items())}")
     producer = b.producer(client_id="demo-producer")
@@ -129,7 +126,7 @@ def demo(
             t.add_column(col, justify="right" if col in ("pid", "trajectories") else "left")
         for name, p in procs.items():
             state = ("[red]killed (SIGKILL)" if name == killed
-                     else "[green]running" if p.poll() is None else f"exited {p.returncode}")
+                     else "[green]running" if p.poll() is None else f"exited {p.poll()}")
             t.add_row(name, str(p.pid), state, str(per_worker[name]))
         lag = sum(b.lag(group_name(run, "rollout"), tasks_topic).values())
         t.caption = (f"produced {produced}/{tasks}  answered {len(per_task)}  "
@@ -158,12 +155,11 @@ def demo(
                 rewards.append(tr.reward)
             if kill and killed is None and len(per_task) >= tasks // 3:
                 killed = "worker-0"
-                os.kill(procs[killed].pid, signal.SIGKILL)
+                procs[killed].signal(signal.SIGKILL)
             live.update(table())
+    codes = dict(zip(procs, stop_all(procs.values(), 30.0), strict=True))
     for p in procs.values():
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    codes = {name: p.wait(30) for name, p in procs.items()}
+        p.close()
     reader.close()
     producer.close()
     lost = tasks - len(per_task)
@@ -177,6 +173,5 @@ def demo(
     bad_exit = [n for n, c in codes.items() if n != killed and c != 0]
     if lost or bad_exit:
         for n in bad_exit:
-            err = procs[n].stderr
-            console.print(f"[red]{n} exited {codes[n]}:[/]\n{err.read()[-2000:] if err else ''}")
+            console.print(f"[red]{n} exited {codes[n]}:[/]\n{procs[n].tail(30)}")
         raise typer.Exit(1)
