@@ -1,4 +1,4 @@
-"""The elasticity simulator (astraflow.consumers.scaler.simulate): accounting, the rule in the
+"""The elasticity model (bench/lib/elastic_model.py): accounting, the rule in the
 loop, start delay, the reports' utilization, determinism, and the reference-shaped
 calibration."""
 
@@ -8,7 +8,17 @@ from dataclasses import replace
 
 import pytest
 
-from astraflow.consumers.scaler.sim_table import (
+from bench.lib.elastic_model import (
+    FLAT,
+    Auto,
+    Fixed,
+    Lag,
+    Oracle,
+    SimParams,
+    at,
+    simulate,
+)
+from bench.lib.elastic_table import (
     REFERENCE,
     Row,
     baseline_lines,
@@ -21,16 +31,6 @@ from astraflow.consumers.scaler.sim_table import (
     scale,
     simulate_table,
     target_line,
-)
-from astraflow.consumers.scaler.simulate import (
-    FLAT,
-    Auto,
-    Fixed,
-    Lag,
-    Oracle,
-    SimParams,
-    at,
-    simulate,
 )
 
 # a short, flat run that needs B * group_s / (slots * train_s) = 8 * 10 / (2 * 20) = 2 workers
