@@ -327,7 +327,8 @@ class _Sim:
             self._train()
 
     def _fed(self) -> None:
-        assert self.waiting_since is not None
+        if self.waiting_since is None:
+            return  # woken twice in one instant (two groups finished at once): fed already
         self.wait_s += self.clock.now - self.waiting_since
         self.waiting_since = None
         self._train()

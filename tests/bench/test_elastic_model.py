@@ -58,6 +58,18 @@ def test_fixed_pool_accounting_is_exact(workers: int) -> None:
     assert r.actions == 0 and len(r.reports) == SMALL.steps // SMALL.report_every_steps
 
 
+def test_groups_finishing_at_the_same_instant_wake_the_trainer_once() -> None:
+    """group_sigma 0: every group takes exactly group_s, so a worker's slots finish together
+    and each wake-up of the waiting trainer comes with another group at the same time (the
+    event clock fires them one by one, first scheduled first)."""
+    p = replace(SMALL, group_sigma=0.0)
+    r = simulate(p, Fixed(3), seed=0)
+    assert r.consumed == p.steps * p.batch_groups and r.consumed_unique == r.consumed
+    assert r.produced == r.consumed + r.left_ready
+    assert 0.0 < r.wait_time < 1.0  # it waited, and each wait ended once
+    assert r == simulate(p, Fixed(3), seed=0)
+
+
 def test_reports_are_real_load_reports_with_useful_lag() -> None:
     r = simulate(SMALL, Fixed(2), seed=0)
     for rep in r.reports:
