@@ -1,5 +1,5 @@
 """The quickstart under faults (issue 18): `astraflow run` for ``--seconds`` of RL while a
-seeded injector (astraflow/sim/chaos.py) SIGKILLs role processes of every kind (at random
+seeded injector (bench/lib/chaos.py) SIGKILLs role processes of every kind (at random
 moments, mid-checkpoint, right after a checkpoint), restarts the Kafka broker, cuts, stalls and
 slows the broker's and the weight server's links through Toxiproxy, fills the run directory's
 file system, and corrupts a published weight blob. Then it checks:
@@ -38,13 +38,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# bench/ (its scripts' helpers) and the repository root (bench.lib)
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 from multimodel import ROOT, arm_config, make_warm, read_yaml, warm_models, write_yaml  # noqa: E402
 
 from astraflow.core.jsonl import log_rows  # noqa: E402
 from astraflow.core.ports import free_ports  # noqa: E402
-from astraflow.sim.chaos import KINDS, Fault, Injector, Targets, schedule  # noqa: E402
+from bench.lib.chaos import KINDS, Fault, Injector, Targets, schedule  # noqa: E402
 
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 LABELS = {
@@ -88,7 +89,7 @@ class Setup:
             shutil.rmtree(self.root)
         kinds = list(kinds)
         if "disk_full" in kinds:
-            from astraflow.sim.disk import LoopDisk, can_mount
+            from bench.lib.disk import LoopDisk, can_mount
 
             why = can_mount()
             if why is None:
@@ -100,7 +101,7 @@ class Setup:
         self.store.mkdir(parents=True, exist_ok=True)
         links = [k for k in kinds if k.startswith("link_")]
         if links:
-            from astraflow.sim.wan import INSTALL_HINT, Toxiproxy, find_toxiproxy
+            from bench.lib.wan import INSTALL_HINT, Toxiproxy, find_toxiproxy
 
             if find_toxiproxy() is None:
                 self.notes.append(f"link faults skipped: {INSTALL_HINT}")
@@ -240,7 +241,7 @@ def heartbeats(bus: Any, run: str) -> list[Any]:
     from astraflow.core.records import Metric
     from astraflow.core.topics import topic_name
     from astraflow.run.accounting import read_topic
-    from astraflow.sim.recovery import beats_from
+    from bench.lib.recovery import beats_from
 
     return beats_from(m for _, _, m in read_topic(bus, topic_name(run, "metrics"), Metric))
 
@@ -505,7 +506,7 @@ def crash_loops(summary: Mapping[str, Any], causes: Mapping[str, Mapping[str, An
 def check(bus: Any, config: Any, run_dir: Path, injector: Injector, rc: int,
           skip_replay: bool = False) -> dict[str, Any]:
     from astraflow.run.accounting import account
-    from astraflow.sim.recovery import recover, restarts, versions_backwards
+    from bench.lib.recovery import recover, restarts, versions_backwards
 
     summary = json.loads((run_dir / "summary.json").read_text()) \
         if (run_dir / "summary.json").exists() else {}

@@ -4,7 +4,7 @@ fixed 11 and its automatic run), then print the table of every arm on the fitted
 The ``reference`` scenario of bench/elastic_sim.py was fitted to the two fixed rows only, and
 its auto rows are predictions. This asks the other question: is there a demand curve that
 reproduces the paper's auto row too, and what do the scalers save on it? The free
-parameters (``sim_table.demand_params``): the need (workers that keep the trainer fed) at
+parameters (``elastic_table.demand_params``): the need (workers that keep the trainer fed) at
 the start and at the end, the curve of the length's growth and its factor, the long tail
 (lognormal sigma) and the trainer's compute in hours; ``--slots`` (groups a worker runs at
 once) is fixed per fit. The loss is each row's distance to the paper's trainer wait (per
@@ -20,10 +20,15 @@ Every number is simulated; the paper's are printed in brackets.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from astraflow.consumers.scaler.sim_table import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.lib
+
+from bench.lib.elastic_model import SimParams
+from bench.lib.elastic_table import (
     REFERENCE,
     demand_params,
     format_table,
@@ -31,7 +36,6 @@ from astraflow.consumers.scaler.sim_table import (
     simulate_table,
     target_line,
 )
-from astraflow.consumers.scaler.simulate import SimParams
 
 # (name, lower bound, upper bound, start) of each fitted parameter
 PARAMS = [("need_start", 2.0, 6.5, 4.75), ("need_end", 10.0, 13.0, 11.7),

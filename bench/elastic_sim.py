@@ -23,11 +23,15 @@ over-provisioned pool's spare capacity shows only as idle slots.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from astraflow.consumers.scaler.sim_table import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.lib
+
+from bench.lib.elastic_model import Auto, Fixed, Policy, SimParams, simulate
+from bench.lib.elastic_table import (
     REFERENCE,
     baseline_lines,
     fixed_sweep,
@@ -37,7 +41,6 @@ from astraflow.consumers.scaler.sim_table import (
     simulate_table,
     target_line,
 )
-from astraflow.consumers.scaler.simulate import Auto, Fixed, Policy, SimParams, simulate
 
 
 def describe(p: SimParams) -> str:

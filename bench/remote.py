@@ -59,7 +59,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# bench/ (its scripts' helpers) and the repository root (bench.lib)
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 import multimodel as mm  # noqa: E402  (bench/: the arms' config and run helpers)
 from elastic import exit_code, read_jsonl  # noqa: E402
@@ -417,7 +418,7 @@ def main() -> int:
 
     from astraflow.core.broker import LocalBroker
     from astraflow.core.broker.jars import fetch_jars
-    from astraflow.sim.wan import INSTALL_HINT, Link, Toxiproxy, find_toxiproxy
+    from bench.lib.wan import INSTALL_HINT, Link, Toxiproxy, find_toxiproxy
 
     if find_toxiproxy() is None:
         raise SystemExit(f"bench/remote.py needs Toxiproxy: {INSTALL_HINT}")

@@ -21,7 +21,7 @@ if ! command -v prometheus >/dev/null; then
          "on PATH (or skip the slow tests: scripts/test.sh -m 'not slow and not gpu')" >&2
   fi
 fi
-# tests/sim/test_wan.py runs Toxiproxy (the emulated WAN, docs/wan.md) and skips without it.
+# tests/bench/test_wan.py runs Toxiproxy (the emulated WAN, docs/wan.md) and skips without it.
 # The script builds it with Go once into ~/.cache/astraflow/bin (later calls return at once).
 if ! command -v toxiproxy-server >/dev/null && [ -z "${ASTRAFLOW_TOXIPROXY:-}" ]; then
   bash "$ROOT/scripts/install-toxiproxy.sh" || echo "warning: Toxiproxy could not be built, so the" \

@@ -78,7 +78,7 @@ def local_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loc
         pytest.skip(f"{EXTERNAL_KAFKA_ENV} is set: the tests use that external Kafka cluster, "
                     "and this test needs the local broker it can stop and restart")
     # a second listener, WAN, advertised at a port where the emulated-WAN tests put a
-    # Toxiproxy proxy in front of it (tests/sim): clients that bootstrap there stay behind the
+    # Toxiproxy proxy in front of it (tests/bench): clients that bootstrap there stay behind the
     # proxy; nothing listens on the advertised port otherwise, and nothing else uses it
     # and a SASL_PLAINTEXT listener (PLAIN, the users of SASL_USERS) for the tests that
     # check that security settings reach the Kafka clients

@@ -1,4 +1,5 @@
-"""A discrete-event simulation of rollout feeding a trainer, on a heap of timed events.
+"""A discrete-event simulation of rollout feeding a trainer, on the event clock of
+:mod:`astraflow.sim.events`.
 
 **Engine.** One continuously batching engine: it runs decoding steps, each advancing every
 episode now decoding by one token and lasting ``step_a + step_b * batch`` seconds (``batch``:
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from astraflow.sim.errors import ReplayError
+from astraflow.sim.events import Events
 from astraflow.sim.workload import Episode, Workload, quantile
 
 TAIL_FRACTION = 0.1
@@ -152,9 +154,8 @@ class _Sim:
         self.steps = steps
         groups = workload.groups
         self.groups = [groups[i % len(groups)] for i in range(steps * cfg.batch_groups)]
-        self.t = 0.0
-        self._events: list[tuple[float, int, str, Any]] = []
-        self._seq = 0
+        self.clock = Events()
+        self._seq = 0  # ties of the decoding heap: first joined, first out
         # engine: every decoding episode finishes its turn when ``decoded`` reaches its target
         self.decoded = 0
         self.decoding: list[tuple[int, int, _Ep]] = []
@@ -178,26 +179,19 @@ class _Sim:
         self.trained: list[int] = []
         self.staleness_seen: list[int] = []
 
-    def push(self, when: float, kind: str, data: Any = None) -> None:
-        self._seq += 1
-        heapq.heappush(self._events, (when, self._seq, kind, data))
+    @property
+    def t(self) -> float:
+        return self.clock.now
+
+    def done(self) -> bool:
+        return len(self.trained) == self.steps * self.cfg.batch_groups
 
     def run(self) -> float:
         self.launch()
         self.kick()
-        while self._events:
-            self.t = self._events[0][0]
-            while self._events and self._events[0][0] <= self.t:
-                _, _, kind, data = heapq.heappop(self._events)
-                if kind == "engine":
-                    self.on_engine(data)
-                elif kind == "wake":
-                    self.after_wait(data)
-                else:
-                    self.on_trained(data)
-                    if len(self.trained) == self.steps * self.cfg.batch_groups:
-                        return self.t
-            self.kick()
+        # the engine starts its next run of steps once every event of an instant has fired
+        if self.clock.run(stop=self.done, settle=self.kick):
+            return self.t
         raise ReplayError("the simulation ran out of events before the last step "  # pragma: no cover
                           f"({len(self.trained) // self.cfg.batch_groups} of {self.steps})")
 
@@ -238,7 +232,7 @@ class _Sim:
     def end_turn(self, ep: _Ep) -> None:
         wait = ep.episode.segments[ep.seg].wait
         if wait > 0:
-            self.push(self.t + wait, "wake", ep)
+            self.clock.after(wait, self.after_wait, ep)
         else:
             self.after_wait(ep)
 
@@ -265,7 +259,7 @@ class _Sim:
             if j < steps:
                 self.gen += 1
                 self.chunk = (start, step, j)
-                self.push(start + j * step, "engine", self.gen)
+                self.clock.at(start + j * step, self.on_engine, self.gen)
 
     def kick(self) -> None:
         """Start the next run of steps (up to the first turn to finish) if idle."""
@@ -282,7 +276,7 @@ class _Sim:
         self.busy = True
         self.gen += 1
         self.chunk = (self.t, step, steps)
-        self.push(self.t + steps * step, "engine", self.gen)
+        self.clock.after(steps * step, self.on_engine, self.gen)
 
     def on_engine(self, gen: int) -> None:
         if gen != self.gen:
@@ -306,7 +300,7 @@ class _Sim:
             return
         self.training = True
         batch = [self.ready.popleft() for _ in range(b)]
-        self.push(self.t + self.cfg.train_s + self.cfg.sync_s, "trained", batch)
+        self.clock.at(self.t + self.cfg.train_s + self.cfg.sync_s, self.on_trained, batch)
 
     def on_trained(self, batch: list[int]) -> None:
         self.training = False

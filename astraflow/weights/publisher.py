@@ -184,7 +184,7 @@ class Publisher:
         build the newest version (a delta blob on its route corrupt or gone: it heals by
         routing around it, which ends at a full snapshot) produces only data too stale to
         train on until the next full, which a starved trainer never makes. With one worker,
-        one corrupted blob stopped a run for good (tests/sim/test_chaos.py). The background
+        one corrupted blob stopped a run for good (tests/bench/test_chaos.py). The background
         thread calls it by itself once no version came for :attr:`refresh_after_s`; this
         call runs in the caller's thread, after what is pending is published."""
         with self._cond:

@@ -26,9 +26,9 @@ from astraflow.core.bus import Bus
 from astraflow.core.records import Trajectory, unpack
 from astraflow.core.topics import topic_name
 from astraflow.run.roles import build_worker
-from astraflow.sim.chaos import alive
 from astraflow.weights.publisher import Publisher
 from astraflow.weights.store import FileStore
+from bench.lib.chaos import alive
 
 TOL = 1e-4
 

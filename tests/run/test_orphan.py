@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from astraflow.core.launcher import LAUNCHER_PID_ENV
-from astraflow.sim.chaos import alive
+from bench.lib.chaos import alive
 
 # a role: watches its launcher, says on SIGTERM that it stopped, starts a child of its own
 # (which must not inherit the watch) and writes that child's view of the variable

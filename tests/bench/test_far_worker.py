@@ -30,10 +30,10 @@ from astraflow.core.records import ChatMessage, Task, Trajectory, decode
 from astraflow.core.stream import Output, send
 from astraflow.core.topics import topic_name
 from astraflow.models.tiny import build_model, build_tokenizer, save
-from astraflow.sim.wan import Link, Toxiproxy
 from astraflow.weights.http import make_server
 from astraflow.weights.publisher import Publisher
 from astraflow.weights.store import FileStore
+from bench.lib.wan import Link, Toxiproxy
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = 8  # published after version 0

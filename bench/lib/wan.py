@@ -34,7 +34,7 @@ from astraflow.core.broker.jars import cache_dir, tail_text
 from astraflow.core.errors import AstraflowError
 from astraflow.core.ports import free_port
 
-log = logging.getLogger("astraflow.sim.wan")
+log = logging.getLogger(__name__)
 
 BINARY = "toxiproxy-server"
 ENV = "ASTRAFLOW_TOXIPROXY"

@@ -1,4 +1,4 @@
-"""The elasticity simulator (astraflow.consumers.scaler.simulate): accounting, the rule in the
+"""The elasticity model (bench/lib/elastic_model.py): accounting, the rule in the
 loop, start delay, the reports' utilization, determinism, and the reference-shaped
 calibration."""
 
@@ -8,7 +8,17 @@ from dataclasses import replace
 
 import pytest
 
-from astraflow.consumers.scaler.sim_table import (
+from bench.lib.elastic_model import (
+    FLAT,
+    Auto,
+    Fixed,
+    Lag,
+    Oracle,
+    SimParams,
+    at,
+    simulate,
+)
+from bench.lib.elastic_table import (
     REFERENCE,
     Row,
     baseline_lines,
@@ -21,16 +31,6 @@ from astraflow.consumers.scaler.sim_table import (
     scale,
     simulate_table,
     target_line,
-)
-from astraflow.consumers.scaler.simulate import (
-    FLAT,
-    Auto,
-    Fixed,
-    Lag,
-    Oracle,
-    SimParams,
-    at,
-    simulate,
 )
 
 # a short, flat run that needs B * group_s / (slots * train_s) = 8 * 10 / (2 * 20) = 2 workers
@@ -56,6 +56,18 @@ def test_fixed_pool_accounting_is_exact(workers: int) -> None:
     assert r.trainer_h == pytest.approx(SMALL.trainer_gpus * r.wall_h)
     assert r.busy_h <= r.rollout_h
     assert r.actions == 0 and len(r.reports) == SMALL.steps // SMALL.report_every_steps
+
+
+def test_groups_finishing_at_the_same_instant_wake_the_trainer_once() -> None:
+    """group_sigma 0: every group takes exactly group_s, so a worker's slots finish together
+    and each wake-up of the waiting trainer comes with another group at the same time (the
+    event clock fires them one by one, first scheduled first)."""
+    p = replace(SMALL, group_sigma=0.0)
+    r = simulate(p, Fixed(3), seed=0)
+    assert r.consumed == p.steps * p.batch_groups and r.consumed_unique == r.consumed
+    assert r.produced == r.consumed + r.left_ready
+    assert 0.0 < r.wait_time < 1.0  # it waited, and each wait ended once
+    assert r == simulate(p, Fixed(3), seed=0)
 
 
 def test_reports_are_real_load_reports_with_useful_lag() -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from astraflow.core.broker import LocalBroker
-from astraflow.sim.wan import INSTALL_HINT, Link, Toxiproxy, find_toxiproxy
+from bench.lib.wan import INSTALL_HINT, Link, Toxiproxy, find_toxiproxy
 
 RTT_S = 0.3
 

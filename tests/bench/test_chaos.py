@@ -19,8 +19,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from astraflow.sim.chaos import Fault, blob_to_corrupt, flip_bytes, role_kind, schedule
-from astraflow.sim.recovery import Beat, recover, restarts, versions_backwards
+from bench.lib.chaos import Fault, blob_to_corrupt, flip_bytes, role_kind, schedule
+from bench.lib.recovery import Beat, recover, restarts, versions_backwards
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -210,8 +210,8 @@ REDUCED = ["--warm", "none", "--seconds", "60", "--bus", "embedded", "--hold", "
 @pytest.mark.alone  # its faults are timed by the wall clock
 @pytest.mark.timeout(240)
 def test_the_reduced_chaos_bench_survives(tmp_path: Path) -> None:
-    from astraflow.sim.disk import can_mount
-    from astraflow.sim.wan import find_toxiproxy
+    from bench.lib.disk import can_mount
+    from bench.lib.wan import find_toxiproxy
 
     plan = ["8:kill", "12:kill_in_checkpoint", "16:kill_after_checkpoint"]
     if find_toxiproxy() is not None:

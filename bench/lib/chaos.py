@@ -16,13 +16,13 @@ It acts on a run from the outside, the way the world would: it reads the run dir
   weight server resets every connection, holds every byte (``timeout`` toxic), or adds a
   latency spike, for a while;
 * ``disk_full``: fills the run directory's file system (a small loop-mounted one,
-  :mod:`astraflow.sim.disk`) to its last byte for a while;
+  :mod:`bench.lib.disk`) to its last byte for a while;
 * ``blob_corrupt``: flips bytes of the newest published delta weight blob on disk (of a version
   without a full snapshot), then kills a rollout worker, whose restart must sync through it.
 
 Every action is a :class:`Fault`, appended to a JSONL log as it happens. What the faults did to
 the run (recovery times, crash loops) is judged afterwards from the run's heartbeats
-(:mod:`astraflow.sim.recovery`). Standard library and core only.
+(:mod:`bench.lib.recovery`). Standard library and core only.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any
 
 from astraflow.core.errors import AstraflowError
 
-log = logging.getLogger("astraflow.sim.chaos")
+log = logging.getLogger(__name__)
 
 KILLS = ("kill", "kill_in_checkpoint", "kill_after_checkpoint")
 LINKS = ("link_cut", "link_stall", "link_slow")
@@ -68,7 +68,7 @@ def role_kind(name: str, policies: Sequence[str] = ()) -> str:
 class Fault:
     """One injected fault. ``t`` and ``end`` are ``time.time()``; ``end`` is when a fault that
     lasts (broker, link, disk) was undone, equal to ``t`` for an instant one (a kill).
-    ``recovery_s`` is filled in after the run (:func:`astraflow.sim.recovery.recover`)."""
+    ``recovery_s`` is filled in after the run (:func:`bench.lib.recovery.recover`)."""
 
     id: int
     kind: str
@@ -131,8 +131,8 @@ class Targets:
 
     ``checkpoints``: role name -> where it checkpoints (a trainer's checkpoint root directory,
     or a policy stage's checkpoint file). ``broker``: an object with ``stop()`` and
-    ``start()`` (a ``LocalBroker``). ``proxies``: name -> a :class:`~astraflow.sim.wan.Proxy`.
-    ``disk``: an object with ``fill()`` and ``free()`` (:class:`~astraflow.sim.disk.LoopDisk`).
+    ``start()`` (a ``LocalBroker``). ``proxies``: name -> a :class:`~bench.lib.wan.Proxy`.
+    ``disk``: an object with ``fill()`` and ``free()`` (:class:`~bench.lib.disk.LoopDisk`).
     ``weights``: the weight store's directory of blobs (``<store>/<policy>``)."""
 
     checkpoints: Mapping[str, Path] = field(default_factory=dict)

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from astraflow.sim.chaos import KILLS, Fault, role_kind
+from bench.lib.chaos import KILLS, Fault, role_kind
 
 ACTIVE_S = 30.0  # a role that heartbeated this recently before a fault is affected by it
 SETTLE_S = 60.0  # a role's restarts this long after a lasting fault are the fault's doing

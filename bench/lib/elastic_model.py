@@ -1,5 +1,7 @@
-"""A discrete-event model of a run (simpy) with the scaler in the loop (`astraflow scale
-simulate`, ``bench/elastic_sim.py``; docs/elastic-sim.md has the long form).
+"""A discrete-event model of a run with the scaler in the loop (``bench/elastic_sim.py``,
+``bench/elastic_fit.py``; docs/elastic-sim.md has the long form). It runs on the replay
+simulator's event clock (:class:`astraflow.sim.events.Events`): each process below is a chain
+of callbacks on it.
 
 **Trainer.** ``steps`` steps; each needs ``batch_groups`` (B) finished groups and lasts a
 gamma-distributed time (mean ``train_s`` × ``train_growth`` at the run's progress, coefficient
@@ -50,11 +52,12 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from astraflow.consumers.scaler.config import PoolConfig, ScaleConfig
 from astraflow.consumers.scaler.rule import Rule
 from astraflow.core.records import LoadReport, PolicyLoad
+from astraflow.sim.events import Events
 
 #: a piecewise-linear multiplier over the run's progress (trainer step / steps), as points
 Schedule = tuple[tuple[float, float], ...]
@@ -216,10 +219,8 @@ class _Worker:
 
 class _Sim:
     def __init__(self, params: SimParams, policy: Policy, seed: int) -> None:
-        import simpy
-
         self.p, self.policy = params, policy
-        self.env = simpy.Environment()
+        self.clock = Events()
         self.train_rng = random.Random(f"train-{seed}")
         self.group_rng = random.Random(f"rollout-{seed}")
         self.workers: list[_Worker] = []
@@ -232,7 +233,8 @@ class _Sim:
         self.reports: list[LoadReport] = []
         self.series: list[tuple[float, int, int]] = []
         self.actions = 0
-        self.wake: Any = None
+        self.step = 0  # the trainer's next step
+        self.waiting_since: float | None = None  # the trainer waits for groups since then
         self.done = False
         self.rule = (Rule(policy.scale, "rollout", policy.pool, params.batch_groups)
                      if isinstance(policy, Auto) else None)
@@ -253,12 +255,12 @@ class _Sim:
         if target == current:
             return
         self.actions += 1
-        now = self.env.now
+        now = self.clock.now
         if target > current:
             for _ in range(target - current):
                 w = _Worker(asked=now)
                 self.workers.append(w)
-                self.env.process(self._start(w))
+                self.clock.after(self.p.start_delay_s, self._started, w)
         else:
             live = [w for w in self.workers if w.gone is None and not w.draining]
             live.sort(key=lambda w: (w.up, w.busy, -w.asked))  # starting, idle, least busy
@@ -269,16 +271,15 @@ class _Sim:
                     w.gone = now
         self._mark()
 
-    def _start(self, w: _Worker) -> Any:
-        yield self.env.timeout(self.p.start_delay_s)
+    def _started(self, w: _Worker) -> None:
         if w.gone is None and not w.draining:
-            w.tick(self.env.now, self.p.slots)
+            w.tick(self.clock.now, self.p.slots)
             w.up = True
             self._mark()
             self.dispatch()
 
     def _mark(self) -> None:
-        self.series.append((self.env.now / 3600, self.asked(), self.useful()))
+        self.series.append((self.clock.now / 3600, self.asked(), self.useful()))
 
     # -- tasks --------------------------------------------------------------------------
     def release(self) -> None:
@@ -295,53 +296,65 @@ class _Sim:
             while (self.queue and w.up and not w.draining and w.gone is None
                    and w.busy < self.p.slots):
                 gid, factor = self.queue.popleft()
-                w.tick(self.env.now, self.p.slots)
+                w.tick(self.clock.now, self.p.slots)
                 w.busy += 1
                 mean = self.p.group_s * at(self.p.rollout_growth, self.version / self.p.steps)
-                self.env.process(self._group(w, gid, mean * factor))
+                self.clock.after(mean * factor, self._generated, w, gid, self.clock.now)
 
-    def _group(self, w: _Worker, gid: int, seconds: float) -> Any:
-        start = self.env.now
-        yield self.env.timeout(seconds)
+    def _generated(self, w: _Worker, gid: int, start: float) -> None:
         if self.done:
             return
-        self.slot_s += self.env.now - start
-        w.tick(self.env.now, self.p.slots)
+        self.slot_s += self.clock.now - start
+        w.tick(self.clock.now, self.p.slots)
         w.busy -= 1
         self.finished += 1
         self.ready.append(gid)
         if w.draining and w.busy == 0:
-            w.gone = self.env.now
-        if self.wake is not None and len(self.ready) >= self.p.batch_groups:
-            self.wake.succeed()
-            self.wake = None
+            w.gone = self.clock.now
+        if self.waiting_since is not None and len(self.ready) >= self.p.batch_groups:
+            self.clock.at(self.clock.now, self._fed)  # after this event, as a woken process
         self.dispatch()
 
     # -- trainer and reporter -----------------------------------------------------------
-    def trainer(self) -> Any:
+    def trainer(self) -> None:
+        """The trainer, idle: its next step if ``batch_groups`` groups are ready, else wait
+        for them (:meth:`_generated` wakes it); the end of the run after the last step."""
+        if self.step == self.p.steps:
+            self.done = True
+        elif len(self.ready) < self.p.batch_groups:
+            self.waiting_since = self.clock.now
+        else:
+            self._train()
+
+    def _fed(self) -> None:
+        if self.waiting_since is None:
+            return  # woken twice in one instant (two groups finished at once): fed already
+        self.wait_s += self.clock.now - self.waiting_since
+        self.waiting_since = None
+        self._train()
+
+    def _train(self) -> None:
         p = self.p
-        for step in range(p.steps):
-            if len(self.ready) < p.batch_groups:
-                t0 = self.env.now
-                self.wake = self.env.event()
-                yield self.wake
-                self.wait_s += self.env.now - t0
-            self.consumed.extend(self.ready.popleft() for _ in range(p.batch_groups))
-            mean = p.train_s * at(p.train_growth, step / p.steps)
-            shape = 1.0 / p.train_cv ** 2
-            seconds = self.train_rng.gammavariate(shape, mean / shape)
-            yield self.env.timeout(seconds)
-            self.busy_s += seconds
-            self.version += 1
-            self.release()
-            if isinstance(self.policy, Oracle) and step + 1 < p.steps:
-                self.scale_to(self.oracle(self.policy, seconds))
-            if (step + 1) % self.every == 0 or step + 1 == p.steps:
-                self.report()
-        self.done = True
+        self.consumed.extend(self.ready.popleft() for _ in range(p.batch_groups))
+        mean = p.train_s * at(p.train_growth, self.step / p.steps)
+        shape = 1.0 / p.train_cv ** 2
+        seconds = self.train_rng.gammavariate(shape, mean / shape)
+        self.clock.after(seconds, self._trained, seconds)
+
+    def _trained(self, seconds: float) -> None:
+        p, step = self.p, self.step
+        self.busy_s += seconds
+        self.version += 1
+        self.release()
+        if isinstance(self.policy, Oracle) and step + 1 < p.steps:
+            self.scale_to(self.oracle(self.policy, seconds))
+        if (step + 1) % self.every == 0 or step + 1 == p.steps:
+            self.report()
+        self.step += 1
+        self.trainer()
 
     def report(self) -> None:
-        p, now = self.p, self.env.now
+        p, now = self.p, self.clock.now
         start, wait0, busy0, produced0, consumed0 = self.window
         dw, db = self.wait_s - wait0, self.busy_s - busy0
         produced, consumed = self.finished - produced0, len(self.consumed) - consumed0
@@ -365,7 +378,7 @@ class _Sim:
     def utilization(self) -> float:
         """The window's busy share of the running workers' slots (the mean of each one's
         over the time it ran; -1: none ran), and a new window."""
-        now, shares = self.env.now, []
+        now, shares = self.clock.now, []
         for w in self.workers:
             w.tick(now, self.p.slots)
             if w.gone is None and w.run_s > 0:
@@ -382,24 +395,24 @@ class _Sim:
         under = p.trainer_gpus * f / lo < 1 - f and f / n <= pol.max_wait
         return max(pol.min_workers, min(pol.max_workers, lo if under or f == 0 else lo + 1))
 
-    def lag_scaler(self, pol: Lag) -> Any:
-        while not self.done:
-            yield self.env.timeout(pol.poll_s)
-            if self.done:
-                return
-            tasks_lag, ready = self.released - self.finished, len(self.ready)
-            lag = (tasks_lag if pol.signal == "tasks_lag"
-                   else min(tasks_lag, max(0, self.p.horizon - ready)))
-            want = max(pol.min_workers, min(pol.max_workers, math.ceil(lag / pol.per_worker)))
-            now = self.env.now
-            self.wishes.append((now, want))
-            while self.wishes[0][0] < now - pol.stabilization_s:
-                self.wishes.popleft()
-            current = self.asked()
-            if want > current:
-                self.scale_to(want)
-            elif want < current:
-                self.scale_to(max(max(w for _, w in self.wishes), want))
+    def lag_scaler(self, pol: Lag) -> None:
+        """One poll of the KEDA-style scaler; the next one is due ``poll_s`` later."""
+        if self.done:
+            return
+        self.clock.after(pol.poll_s, self.lag_scaler, pol)
+        tasks_lag, ready = self.released - self.finished, len(self.ready)
+        lag = (tasks_lag if pol.signal == "tasks_lag"
+               else min(tasks_lag, max(0, self.p.horizon - ready)))
+        want = max(pol.min_workers, min(pol.max_workers, math.ceil(lag / pol.per_worker)))
+        now = self.clock.now
+        self.wishes.append((now, want))
+        while self.wishes[0][0] < now - pol.stabilization_s:
+            self.wishes.popleft()
+        current = self.asked()
+        if want > current:
+            self.scale_to(want)
+        elif want < current:
+            self.scale_to(max(max(w for _, w in self.wishes), want))
 
     # -- the run ------------------------------------------------------------------------
     def run(self) -> Result:
@@ -414,12 +427,12 @@ class _Sim:
             initial = self.oracle(pol, self.p.train_s * at(self.p.train_growth, 0.0))
         self.workers = [_Worker(asked=0.0, up=True) for _ in range(initial)]
         self._mark()
-        trainer = self.env.process(self.trainer())
+        self.clock.at(0.0, self.trainer)
         if isinstance(pol, Lag):
-            self.env.process(self.lag_scaler(pol))
+            self.clock.after(pol.poll_s, self.lag_scaler, pol)
         self.release()
-        self.env.run(until=trainer)
-        end = self.env.now
+        self.clock.run(stop=lambda: self.done)
+        end = self.clock.now
         self._mark()
         in_flight = sum(w.busy for w in self.workers if w.gone is None)
         rollout_s = sum((w.gone if w.gone is not None else end) - w.asked for w in self.workers)

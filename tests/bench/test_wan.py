@@ -1,4 +1,4 @@
-"""The emulated WAN (astraflow.sim.wan): Toxiproxy links really delay and cap traffic, a weight
+"""The emulated WAN (bench/lib/wan.py): Toxiproxy links really delay and cap traffic, a weight
 download cut mid-way resumes and ends bit-exact, and Kafka works through a proxied listener.
 
 Needs ``toxiproxy-server`` (scripts/install-toxiproxy.sh); skipped without it. Timing checks
@@ -21,7 +21,9 @@ import pytest
 from astraflow.core.broker import LocalBroker
 from astraflow.core.bus import connect
 from astraflow.core.errors import WeightStoreError
-from astraflow.sim.wan import (
+from astraflow.weights.http import HttpStore, make_server
+from astraflow.weights.store import download
+from bench.lib.wan import (
     INSTALL_HINT,
     Link,
     Toxiproxy,
@@ -29,8 +31,6 @@ from astraflow.sim.wan import (
     find_toxiproxy,
     link_toxics,
 )
-from astraflow.weights.http import HttpStore, make_server
-from astraflow.weights.store import download
 
 RTT_S = 0.3
 

@@ -1,5 +1,5 @@
-"""Scenarios and the comparison table of :mod:`.simulate` (`astraflow scale simulate`,
-``bench/elastic_sim.py``).
+"""Scenarios and the comparison table of :mod:`bench.lib.elastic_model`
+(``bench/elastic_sim.py``, ``bench/elastic_fit.py``).
 
 The ``reference`` scenario has the shape of the AstraFlow paper's elasticity experiment: a
 trainer on 4 GPUs, a rollout pool between 6 and 11 workers, a report every 10 trainer steps.
@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from astraflow.consumers.scaler.config import PoolConfig, ScaleConfig
-from astraflow.consumers.scaler.simulate import (
+from bench.lib.elastic_model import (
     Auto,
     Fixed,
     Lag,
