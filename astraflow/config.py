@@ -17,7 +17,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from astraflow.consumers.rollout.config import RolloutConfig
 from astraflow.consumers.scaler.config import ScaleConfig
 from astraflow.consumers.trainer.config import TrainerConfig, with_overrides
-from astraflow.core.bus.types import Bus
+from astraflow.core.bus.url import DEFAULT_URL
 from astraflow.core.config import Section, load
 from astraflow.core.errors import ConfigError
 from astraflow.gateway.config import GatewayConfig
@@ -31,7 +31,7 @@ class BusConfig(Section):
     """Where the topics live."""
 
     url: str = pydantic.Field(
-        "embedded://{out}/bus.db",
+        DEFAULT_URL,
         description="embedded:///path/bus.db or kafka://host:port[,host:port]; {out} is the "
                     "run directory")
     options: dict[str, str] = pydantic.Field(
@@ -524,29 +524,3 @@ def _refuse(errors: list[InitErrorDetails]) -> None:
 
 def load_experiment(path: str | Path | None, overrides: Iterable[str] = ()) -> ExperimentConfig:
     return load(ExperimentConfig, path, overrides)
-
-
-def open_bus(config: ExperimentConfig, out: str | Path = ".", *,
-             create_topics: bool = True) -> Bus:
-    """Connect to the experiment's bus (``{out}`` in the URL is the run directory) and create
-    every topic of the run (idempotent), so any role may start first."""
-    from astraflow.core.bus import open_bus as open_run_bus
-    from astraflow.core.topics import run_topics
-
-    topics = (run_topics(config.run, config.policies, config.bus.partitions)
-              if create_topics else None)
-    return open_run_bus(config.bus.url, out, options=config.bus.options, topics=topics)
-
-
-def create_run_topics(config: ExperimentConfig, bus: Bus) -> None:
-    """Create every topic of the experiment's run (idempotent)."""
-    from astraflow.core.topics import run_topics
-
-    bus.create_topics(run_topics(config.run, config.policies, config.bus.partitions))
-
-
-def model_dir(config: ExperimentConfig, policy: str, out: str | Path = ".") -> Path:
-    """The model directory of ``policy`` (see :func:`astraflow.models.config.model_dir`)."""
-    from astraflow.models.config import model_dir as resolve_model_dir
-
-    return resolve_model_dir(config.model(policy), policy, out)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from astraflow.config import ExperimentConfig, create_run_topics, load_experiment, model_dir
+from astraflow.config import ExperimentConfig, load_experiment
 from astraflow.core.errors import ConfigError
 from astraflow.core.paths import expand
 from astraflow.run.launch import (
@@ -46,6 +46,7 @@ from astraflow.run.launch import (
     warmup_config,
     write_config,
 )
+from astraflow.run.resources import create_run_topics, model_dir
 from astraflow.run.supervisor import RoleSpec, Supervisor, cli
 
 log = logging.getLogger("astraflow.run.warmup")

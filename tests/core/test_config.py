@@ -5,9 +5,10 @@ from typing import Literal
 
 import pytest
 
-from astraflow.config import ExperimentConfig, load_experiment, open_bus
+from astraflow.config import ExperimentConfig, load_experiment
 from astraflow.core.config import Section, apply_overrides, dump, load, parse_override
 from astraflow.core.errors import ConfigError
+from astraflow.run.resources import open_bus
 
 
 class Inner(Section):
@@ -78,7 +79,7 @@ def test_experiment_defaults_and_bus(tmp_path: Path) -> None:
 
 
 def test_model_dir_builds_a_tiny_model_once(tmp_path: Path) -> None:
-    from astraflow.config import model_dir
+    from astraflow.run.resources import model_dir
 
     cfg = load_experiment(None, ["models.default.build=tiny-arith"])
     path = model_dir(cfg, "default", tmp_path)

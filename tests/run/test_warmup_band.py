@@ -161,7 +161,7 @@ def experiment(tmp_path: Path, **warmup: object) -> ExperimentConfig:
 def run_phase(config: ExperimentConfig, out: Path) -> tuple[ExperimentConfig | None, str]:
     from rich.console import Console
 
-    from astraflow.config import create_run_topics, model_dir, open_bus
+    from astraflow.run.resources import create_run_topics, model_dir, open_bus
     from astraflow.run.supervisor import Supervisor
     from astraflow.run.warmup import run_warmup
 
