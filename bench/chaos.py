@@ -305,10 +305,10 @@ def replay(bus: Any, config: Any, run_dir: Path, policy: str) -> dict[str, Any]:
     import torch
     from safetensors.torch import load_file
 
-    from astraflow.config import model_dir
     from astraflow.consumers.trainer.build import build_engine, step_function
     from astraflow.consumers.trainer.loop import resolve
     from astraflow.run.launch import newest_checkpoint
+    from astraflow.run.resources import model_dir
     from astraflow.run.roles import claims
 
     tc = config.trainer_for(policy)

@@ -31,7 +31,7 @@ import time
 import uuid
 from pathlib import Path
 
-from astraflow.config import ExperimentConfig, open_bus
+from astraflow.config import ExperimentConfig
 from astraflow.core.bus import embedded_url
 from astraflow.core.bus.types import Bus
 from astraflow.core.records import (
@@ -46,6 +46,7 @@ from astraflow.core.stream import Output, run_processor
 from astraflow.core.topics import topic_name
 from astraflow.policies.registry import build_chain
 from astraflow.policies.runner import StageRunner, stage_topics
+from astraflow.run.resources import open_bus
 
 
 def trajectories(groups: int, size: int, tokens: int, seed: int = 0) -> list[Trajectory]:

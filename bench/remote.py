@@ -157,10 +157,11 @@ class Region:
 
 def worker_stats(run_dir: Path) -> list[dict[str, Any]]:
     """Per rollout process, from its heartbeats on the run's metrics topic."""
-    from astraflow.config import load_experiment, open_bus
+    from astraflow.config import load_experiment
     from astraflow.core.records import Metric
     from astraflow.core.topics import topic_name
     from astraflow.run.accounting import read_topic
+    from astraflow.run.resources import open_bus
 
     cfg = load_experiment(run_dir / "config-rl.yaml")
     bus = open_bus(cfg, run_dir, create_topics=False)
@@ -264,12 +265,13 @@ def egress(run_dir: Path, workers: int, mirror: bool, versions: int, tmp: Path
     """Publish ``versions`` of run_dir's manifests again (their blobs served from its store)
     to ``workers`` syncers, each caught up after every version; bytes the trainer's server
     sent per version."""
-    from astraflow.config import load_experiment, open_bus
+    from astraflow.config import load_experiment
     from astraflow.core.bus import connect, embedded_url
     from astraflow.core.records import WeightManifest
     from astraflow.core.stream import Output, send
     from astraflow.core.topics import record_key, topic_name
     from astraflow.run.accounting import read_topic
+    from astraflow.run.resources import open_bus
     from astraflow.weights.http import HttpStore, make_server
     from astraflow.weights.mirror import Mirror, serve_mirror
     from astraflow.weights.syncer import Syncer

@@ -98,10 +98,11 @@ def config_setup(path: Path, root: Path, n: int, samples: int | None,
     """The config's first policy: its model, the first ``n`` tasks the producer releases
     (group size ``samples``, default ``producer.n_samples``), ``rollout.engine``'s sampling
     (``max_new`` replacing max_new_tokens when given) and ``rollout.reward``."""
-    from astraflow.config import load_experiment, model_dir
+    from astraflow.config import load_experiment
     from astraflow.consumers.rollout.config import SAMPLING_KEYS
     from astraflow.core.errors import ConfigError
     from astraflow.producers import tasks as produced
+    from astraflow.run.resources import model_dir
 
     cfg = load_experiment(path)
     policy = cfg.policies[0]

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from astraflow.config import ExperimentConfig, load_experiment, model_dir
+from astraflow.config import ExperimentConfig, load_experiment
 from astraflow.consumers.evaluator import greedy_accuracy, held_out
 from astraflow.consumers.rollout.engines.sampling import eos_ids
 from astraflow.consumers.rollout.rewards import build_reward
@@ -44,6 +44,7 @@ from astraflow.models.load import load_tokenizer
 from astraflow.models.prompt import render_prompt
 from astraflow.producers import tasks
 from astraflow.run.launch import RL_CONFIG
+from astraflow.run.resources import model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 

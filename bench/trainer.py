@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "trainer"))
 from trainer_helpers import produce, trajectory  # noqa: E402
 
-from astraflow.config import ExperimentConfig, open_bus  # noqa: E402
+from astraflow.config import ExperimentConfig  # noqa: E402
 from astraflow.consumers.trainer.build import build_engine  # noqa: E402
 from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState  # noqa: E402
 from astraflow.consumers.trainer.config import TrainerConfig  # noqa: E402
@@ -44,6 +44,7 @@ from astraflow.consumers.trainer.rl import rl_step  # noqa: E402
 from astraflow.core.bus import embedded_url  # noqa: E402
 from astraflow.core.records import Batch, Group  # noqa: E402
 from astraflow.models.tiny import build_model, build_tokenizer, save  # noqa: E402
+from astraflow.run.resources import open_bus  # noqa: E402
 from astraflow.run.roles import build_trainer  # noqa: E402
 from astraflow.weights import FileStore, Publisher  # noqa: E402
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,6 +31,17 @@ def bus_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         return f"embedded://{tmp_path_factory.mktemp('bus')}/bus.db"
     bootstrap = request.getfixturevalue("kafka_bootstrap")
     return f"kafka://{bootstrap}"
+
+
+@pytest.fixture(scope="session")
+def ascii_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved tiny model over printable ASCII (chat text, tool calls, JSON), 256 positions
+    (the rollout and gateway tests')."""
+    from astraflow.models.tiny import build_model, build_tokenizer, save
+
+    tok = build_tokenizer("ascii")
+    root = tmp_path_factory.mktemp("models")
+    return save(build_model(tok, seed=0, max_positions=256), tok, root / "tiny-ascii")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups

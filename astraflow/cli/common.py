@@ -10,7 +10,10 @@ from typing import Annotated, Any
 
 import typer
 
-DEFAULT_BUS = "embedded://.astraflow/bus.db"
+from astraflow.core.bus.url import DEFAULT_OUT, default_url
+
+#: the --bus default: the one default bus URL (core's), in ./.astraflow
+DEFAULT_BUS = default_url(DEFAULT_OUT)
 BUS_ENV = "ASTRAFLOW_BUS"
 
 BusOption = Annotated[

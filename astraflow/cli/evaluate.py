@@ -28,9 +28,9 @@ def evaluate(
     decode the held-out problems greedily and report on the metrics topic (eval_accuracy;
     with --team system_accuracy). SIGTERM stops it."""
     from astraflow.cli.common import load_config, role_run
-    from astraflow.config import open_bus
     from astraflow.core.errors import ConfigError
     from astraflow.core.metrics import MetricsEmitter, component_id
+    from astraflow.run.resources import open_bus
     from astraflow.run.roles import build_evaluator, build_team_evaluator
 
     cfg = load_config(config, overrides)

@@ -26,9 +26,10 @@ def top(
     from rich.live import Live
 
     from astraflow.cli.common import with_env_bus
-    from astraflow.config import load_experiment, open_bus
+    from astraflow.config import load_experiment
     from astraflow.run.collector import Collector
     from astraflow.run.lag import run_lags
+    from astraflow.run.resources import open_bus
     from astraflow.run.view import render
 
     overrides = with_env_bus(set_)

@@ -35,7 +35,7 @@ def train(
     import logging
 
     from astraflow.cli.common import load_config, role_run
-    from astraflow.config import open_bus
+    from astraflow.run.resources import open_bus
 
     cfg = load_config(config, overrides)
     name = policy or cfg.policies[0]

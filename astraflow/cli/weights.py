@@ -249,7 +249,7 @@ def mirror(
     import threading
 
     from astraflow.cli.common import load_config, role_run
-    from astraflow.config import open_bus
+    from astraflow.run.resources import open_bus
     from astraflow.weights.http import HttpStore
     from astraflow.weights.mirror import Mirror, serve_mirror
     from astraflow.weights.store import FileStore, WeightStore

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from astraflow.core.records import Trajectory
+from astraflow.core.records import Trajectory, unpack
 from astraflow.policies.config import DataConfig
 
 ZeroVariance = Literal["easy", "hard", "none"]
@@ -60,12 +60,11 @@ def reward_stats(rewards: Sequence[float], *, eps: float, easy_threshold: float)
 
 
 def token_versions(trajectories: Sequence[Trajectory]) -> tuple[int, int]:
-    """(oldest, newest) policy version of any generated token; (-1, -1) if none was."""
-    import numpy as np
-
+    """(oldest, newest) policy version of any generated token; (-1, -1) if none was. A
+    ``versions`` that is no whole number of int32 is refused (SchemaError), as on decode."""
     lo, hi = -1, -1
     for t in trajectories:
-        v = np.frombuffer(t.versions, dtype="<i4")
+        v = unpack(t.versions, "<i4")
         v = v[v >= 0]
         if v.size:
             a, b = int(v.min()), int(v.max())

@@ -118,11 +118,11 @@ def produce_demonstrations(config: ExperimentConfig, warm: ExperimentConfig, pol
     right verifier writes it, the right answer), so the solver knows the protocol."""
     from dataclasses import replace
 
-    from astraflow.config import model_dir
     from astraflow.models.tiny import load
     from astraflow.producers import split_specs, with_system
     from astraflow.producers.claims import claim_specs
     from astraflow.producers.demos import demo_batches, produce_demos
+    from astraflow.run.resources import model_dir
     from astraflow.run.roles import verifier_turn
 
     _, tok = load(model_dir(config, policy, out))

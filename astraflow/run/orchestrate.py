@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from astraflow.config import ExperimentConfig, create_run_topics, model_dir, open_bus
+from astraflow.config import ExperimentConfig
 from astraflow.core.errors import AstraflowError, BusError, ConfigError
 from astraflow.core.topics import run_topics
 from astraflow.run.launch import (
@@ -20,6 +20,7 @@ from astraflow.run.launch import (
     warmup_config,
     write_config,
 )
+from astraflow.run.resources import create_run_topics, model_dir, open_bus
 from astraflow.run.supervisor import Supervisor
 
 

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from astraflow.config import ExperimentConfig, create_run_topics, open_bus
+from astraflow.config import ExperimentConfig
 from astraflow.core.errors import ConfigError
+from astraflow.run.resources import create_run_topics, open_bus
 
 if TYPE_CHECKING:
     from astraflow.consumers.evaluator import Evaluator

@@ -25,11 +25,12 @@ import pytest
 import torch
 import yaml
 
-from astraflow.config import load_experiment, open_bus
+from astraflow.config import load_experiment
 from astraflow.core.records import ChatMessage, Task, Trajectory, decode
 from astraflow.core.stream import Output, send
 from astraflow.core.topics import topic_name
 from astraflow.models.tiny import build_model, build_tokenizer, save
+from astraflow.run.resources import open_bus
 from astraflow.weights.http import make_server
 from astraflow.weights.publisher import Publisher
 from astraflow.weights.store import FileStore

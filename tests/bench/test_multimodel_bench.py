@@ -17,8 +17,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from multimodel import Lockstep, arm_config, run_lockstep  # noqa: E402
 
-from astraflow.config import ExperimentConfig, model_dir  # noqa: E402
+from astraflow.config import ExperimentConfig  # noqa: E402
 from astraflow.core.records import unpack  # noqa: E402
+from astraflow.run.resources import model_dir  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "solver_verifier.yaml"
 SMALL = ["data.batch_size=3", "producer.n_samples=2", "launch.eval_problems=12",

@@ -5,9 +5,10 @@ from typing import Literal
 
 import pytest
 
-from astraflow.config import ExperimentConfig, load_experiment, open_bus
+from astraflow.config import ExperimentConfig, load_experiment
 from astraflow.core.config import Section, apply_overrides, dump, load, parse_override
 from astraflow.core.errors import ConfigError
+from astraflow.run.resources import open_bus
 
 
 class Inner(Section):
@@ -78,7 +79,7 @@ def test_experiment_defaults_and_bus(tmp_path: Path) -> None:
 
 
 def test_model_dir_builds_a_tiny_model_once(tmp_path: Path) -> None:
-    from astraflow.config import model_dir
+    from astraflow.run.resources import model_dir
 
     cfg = load_experiment(None, ["models.default.build=tiny-arith"])
     path = model_dir(cfg, "default", tmp_path)
@@ -98,3 +99,38 @@ def test_the_group_size_is_one_knob() -> None:
     cfg = ExperimentConfig.model_validate({"producer": {"n_samples": 5},
                                            "data": {"assembler": {"group_size": 3}}})
     assert cfg.data.assembler.group_size == 3  # set on purpose (foreign trajectories)
+
+
+def test_field_and_cross_section_errors_are_reported_together(tmp_path: Path) -> None:
+    """Two bad fields (seed, trainer) and two bad combinations of sections that did validate
+    (sampling at temperature 0; training on the held-out split): all four in one error."""
+    f = tmp_path / "c.yaml"
+    f.write_text("seed: many\n"
+                 "trainer: {oops: 1}\n"
+                 "rollout: {engine: {temperature: 0.0}}\n"
+                 "launch: {eval_samples: 4}\n"
+                 "producer: {source: arithmetic, arithmetic: {split: test}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_experiment(f)
+    problems = err.value.problems
+    assert len(problems) == 4, problems
+    text = "\n".join(problems)
+    assert "seed: Input should be a valid integer" in text
+    assert "trainer.oops: unknown key" in text
+    assert "launch.eval_samples: eval_samples draws replies at rollout.engine.temperature" in text
+    assert "producer.arithmetic.split: the producer would release the held-out problems" in text
+
+
+def test_a_check_reading_a_failed_section_stays_silent(tmp_path: Path) -> None:
+    """A bad ``launch`` is reported once: the checks that read it (eval_samples against the
+    rollout temperature) do not run on its defaults; the others still do."""
+    f = tmp_path / "c.yaml"
+    f.write_text("launch: {eval_samples: 4, rollout_workers: 0}\n"
+                 "rollout: {engine: {temperature: 0.0}, workflow: {kwargs: "
+                 "{multi_turn_tools: {tool_latency: fast}}}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_experiment(f)
+    problems = err.value.problems
+    assert len(problems) == 2, problems
+    assert problems[0].startswith(f"{f}: launch.rollout_workers:")
+    assert "rollout.workflow.kwargs.multi_turn_tools.tool_latency" in problems[1]

@@ -1,5 +1,6 @@
-"""Fixtures of the gateway tests: a tiny ASCII model (built once), and ``serve``: a gateway over
-an embedded bus, served by uvicorn on a thread on a free port."""
+"""Fixtures of the gateway tests: engines on the tiny ASCII model (``ascii_dir``, built once in
+tests/conftest.py), and ``serve``: a gateway over an embedded bus, served by uvicorn on a thread
+on a free port."""
 
 from __future__ import annotations
 
@@ -11,16 +12,6 @@ import pytest
 from gateway_helpers import Served, start
 
 from astraflow.core.bus import connect
-
-
-@pytest.fixture(scope="session")
-def ascii_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A saved tiny model over printable ASCII (chat text, tool calls, JSON), 256 positions."""
-    from astraflow.models.tiny import build_model, build_tokenizer, save
-
-    tok = build_tokenizer("ascii")
-    root = tmp_path_factory.mktemp("models")
-    return save(build_model(tok, seed=0, max_positions=256), tok, root / "tiny-ascii")
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,10 @@ from pathlib import Path
 
 from policy_helpers import end_count, group_trajs, manifest, produce, read_all, task, wait_for
 
-from astraflow.config import ExperimentConfig, open_bus
+from astraflow.config import ExperimentConfig
 from astraflow.core.records import Batch, Task, decode
 from astraflow.core.topics import topic_name
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import run_stage
 
 DATA = {

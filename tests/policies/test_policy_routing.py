@@ -9,11 +9,12 @@ from pathlib import Path
 
 from policy_helpers import produce, read_all, task
 
-from astraflow.config import ExperimentConfig, open_bus
+from astraflow.config import ExperimentConfig
 from astraflow.core.errors import BusError
 from astraflow.core.records import Task, encode, schema_header
 from astraflow.core.topics import topic_name
 from astraflow.policies.routing import BacklogRouter
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import run_stage
 
 

@@ -16,12 +16,13 @@ import pytest
 import yaml
 from policy_helpers import end_count, group_trajs, produce, read_all, tgroup, traj, wait_for
 
-from astraflow.config import ExperimentConfig, open_bus
+from astraflow.config import ExperimentConfig
 from astraflow.core.errors import ConfigError
 from astraflow.core.records import Batch, DeadLetter, GroupStats, TrajectoryGroup
 from astraflow.core.topics import topic_name
 from astraflow.policies.base import PolicyError
 from astraflow.policies.runner import StageRunner
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import checkpoint_path, run_stage
 
 POST = {"post_rollout": ["assembler", "staleness", "dynamic_sampling"],

@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 from policy_helpers import manifest, produce, read_all, tgroup, traj
 
-from astraflow.config import ExperimentConfig, open_bus
+from astraflow.config import ExperimentConfig
 from astraflow.core.records import GroupStats, TrajectoryGroup
 from astraflow.core.topics import topic_name
 from astraflow.policies.assembler import Assembler
@@ -18,6 +18,7 @@ from astraflow.policies.chain import Chain
 from astraflow.policies.config import DataConfig
 from astraflow.policies.env import BuildEnv
 from astraflow.policies.filters import Staleness, build_staleness
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import run_stage
 
 

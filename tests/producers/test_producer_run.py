@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.config import ExperimentConfig, open_bus
+from astraflow.config import ExperimentConfig
 from astraflow.core.records import Task, decode
 from astraflow.core.topics import topic_name
 from astraflow.producers.producer import produce_tasks, tasks
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import produce
 
 

@@ -27,16 +27,6 @@ def arith_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ascii_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A saved tiny model over printable ASCII (for tool-call text), 256 positions."""
-    from astraflow.models.tiny import build_model, build_tokenizer, save
-
-    tok = build_tokenizer("ascii")
-    root = tmp_path_factory.mktemp("models")
-    return save(build_model(tok, seed=0, max_positions=256), tok, root / "tiny-ascii")
-
-
-@pytest.fixture(scope="session")
 def ascii_tokenizer() -> object:
     from astraflow.models.tiny import build_tokenizer
 

@@ -156,3 +156,22 @@ async def failing_workflow(ctx: Any, task: Task) -> Any:
 def length_reward(completion: str, reference: Any, *, scale: float = 1.0) -> float:
     """A user reward loaded by module path in the tests."""
     return scale * len(completion)
+
+
+def processed_logprobs(model: Any, prompt: list[int], tokens: list[int], *,
+                       temperature: float, top_p: float) -> list[float]:
+    """Teacher-forced logprobs of ``tokens`` after ``prompt`` under ``temperature`` and
+    ``top_p`` (renormalised): what a vLLM engine in ``processed_logprobs`` mode reports."""
+    import torch
+
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+    out = []
+    for j, t in enumerate(tokens):
+        lp = torch.log_softmax(logits[len(prompt) - 1 + j] / temperature, -1)
+        probs, order = lp.exp().sort(descending=True)
+        keep = order[(probs.cumsum(-1) - probs) < top_p]
+        masked = torch.full_like(lp, float("-inf"))
+        masked[keep] = lp[keep]
+        out.append(torch.log_softmax(masked, -1)[t].item())
+    return out

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from rollout_helpers import make_task, produce, read_all
 
-from astraflow.config import ExperimentConfig, open_bus
+from astraflow.config import ExperimentConfig
 from astraflow.consumers.rollout.engines import GenRequest, GenResult, build_engine
 from astraflow.consumers.rollout.engines.base import Engine, EngineError
 from astraflow.consumers.rollout.engines.hf import HFEngine
@@ -34,6 +34,7 @@ from astraflow.core.config import validate
 from astraflow.core.errors import ConfigError
 from astraflow.core.records import Metric
 from astraflow.core.topics import topic_name
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import build_worker
 
 WAIT = 60.0  # seconds any future of these tests may take before the test fails

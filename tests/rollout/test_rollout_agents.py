@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from rollout_helpers import ScriptedEngine, produce, read_all
 
-from astraflow.config import ExperimentConfig, open_bus
+from astraflow.config import ExperimentConfig
 from astraflow.consumers.rollout.context import EpisodeContext
 from astraflow.consumers.rollout.engines.base import GenRequest, GenResult
 from astraflow.consumers.rollout.runtime import EpisodeOutcome, Runtime, run_episode
@@ -32,6 +32,7 @@ from astraflow.core.records import (
     pack_u8,
 )
 from astraflow.core.topics import topic_name
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import build_worker
 
 

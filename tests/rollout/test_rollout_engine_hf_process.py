@@ -19,12 +19,13 @@ import pytest
 import torch
 from rollout_helpers import make_task, produce, read_all, wait_for
 
-from astraflow.config import ExperimentConfig, open_bus
+from astraflow.config import ExperimentConfig
 from astraflow.consumers.rollout.engines import EngineError, GenRequest, build_engine
 from astraflow.consumers.rollout.engines.hf_process import ProcessEngine
 from astraflow.core.bus import Bus
 from astraflow.core.records import Trajectory, unpack
 from astraflow.core.topics import topic_name
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import build_worker
 from astraflow.weights.publisher import Publisher
 from astraflow.weights.store import FileStore

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from rollout_helpers import processed_logprobs
 
 from astraflow.consumers.rollout.engines import EngineError, GenRequest, build_engine
 from astraflow.consumers.rollout.engines.hf import HFEngine
@@ -476,21 +477,6 @@ def vllm_server(arith_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         logf.close()
 
 
-def processed_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
-    """Teacher-forced logprobs under temperature TEMP and top-p TOP_P (renormalised)."""
-    with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
-    out = []
-    for j, t in enumerate(tokens):
-        lp = torch.log_softmax(logits[len(prompt) - 1 + j] / TEMP, -1)
-        probs, order = lp.exp().sort(descending=True)
-        keep = order[(probs.cumsum(-1) - probs) < TOP_P]
-        masked = torch.full_like(lp, float("-inf"))
-        masked[keep] = lp[keep]
-        out.append(torch.log_softmax(masked, -1)[t].item())
-    return out
-
-
 @pytest.mark.gpu
 def test_real_vllm_server(vllm_server: str, arith_dir: Path, tmp_path: Path) -> None:
     """Against ``vllm serve``: the server is found and its logprobs mode read; logprobs equal a
@@ -514,7 +500,7 @@ def test_real_vllm_server(vllm_server: str, arith_dir: Path, tmp_path: Path) -> 
                                                          top_p=TOP_P) for p in prompts]),
                     strict=True):
         assert r.token_ids and r.versions == [0] * len(r.token_ids)
-        ref = processed_logprobs(model, p, r.token_ids)
+        ref = processed_logprobs(model, p, r.token_ids, temperature=TEMP, top_p=TOP_P)
         assert max(abs(a - b) for a, b in zip(ref, r.logprobs, strict=True)) < 1e-2
 
     stops = tuple("0123456789+-*=")
@@ -540,5 +526,6 @@ def test_real_vllm_server(vllm_server: str, arith_dir: Path, tmp_path: Path) -> 
         pub.close()
         bus.close()
     assert r.versions == [1] * len(r.token_ids)
-    ref = processed_logprobs(new.to(torch.bfloat16).float(), prompt, r.token_ids)
+    ref = processed_logprobs(new.to(torch.bfloat16).float(), prompt, r.token_ids,
+                             temperature=TEMP, top_p=TOP_P)
     assert max(abs(a - b) for a, b in zip(ref, r.logprobs, strict=True)) < 1e-2

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from rollout_helpers import processed_logprobs
 
 from astraflow.consumers.rollout.engines import EngineError, GenRequest, build_engine
 from astraflow.consumers.rollout.engines.vllm import VLLMEngine, chunk
@@ -314,23 +315,6 @@ def vllm_engine(arith_dir: Path):  # noqa: ANN201
     engine.close()
 
 
-def processed_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
-    """Teacher-forced logprobs under temperature TEMP and top-p TOP_P (renormalised)."""
-    import torch
-
-    with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
-    out = []
-    for j, t in enumerate(tokens):
-        lp = torch.log_softmax(logits[len(prompt) - 1 + j] / TEMP, -1)
-        probs, order = lp.exp().sort(descending=True)
-        keep = order[(probs.cumsum(-1) - probs) < TOP_P]
-        masked = torch.full_like(lp, float("-inf"))
-        masked[keep] = lp[keep]
-        out.append(torch.log_softmax(masked, -1)[t].item())
-    return out
-
-
 def long_prompt(tok: Any) -> list[int]:
     """41 tokens: two full KV blocks (16 tokens each) that the prefix cache keeps."""
     return tok("12+34=46" * 5)["input_ids"]
@@ -347,7 +331,7 @@ def test_vllm_logprobs_match_teacher_forcing(vllm_engine: VLLMEngine, arith_dir:
     for p, r in zip(prompts, results, strict=True):
         assert r.token_ids and len(r.logprobs) == len(r.token_ids)
         assert r.versions == [0] * len(r.token_ids)
-        ref = processed_logprobs(model, p, r.token_ids)
+        ref = processed_logprobs(model, p, r.token_ids, temperature=TEMP, top_p=TOP_P)
         assert max(abs(a - b) for a, b in zip(ref, r.logprobs, strict=True)) < 1e-2
 
 
@@ -402,5 +386,5 @@ def test_vllm_takes_new_weights_in_place(vllm_engine: VLLMEngine, arith_dir: Pat
         bus.close()
     assert r.versions == [1] * len(r.token_ids)
     ref_model = new.to(torch.bfloat16).float()  # what the engine holds: bf16-rounded weights
-    ref = processed_logprobs(ref_model, prompt, r.token_ids)
+    ref = processed_logprobs(ref_model, prompt, r.token_ids, temperature=TEMP, top_p=TOP_P)
     assert max(abs(a - b) for a, b in zip(ref, r.logprobs, strict=True)) < 1e-2

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from rollout_helpers import Follow, make_task, produce, wait_for
 
-from astraflow.config import ExperimentConfig, open_bus
+from astraflow.config import ExperimentConfig
 from astraflow.core.records import Metric, Trajectory
 from astraflow.core.topics import group_name, topic_name
+from astraflow.run.resources import open_bus
 
 HERE = Path(__file__).parent
 N_TASKS, N_SAMPLES = 36, 2

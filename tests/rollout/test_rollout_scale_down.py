@@ -23,12 +23,13 @@ import numpy as np
 import pytest
 from rollout_helpers import Follow, make_task, produce, read_all, wait_for
 
-from astraflow.config import ExperimentConfig, open_bus
+from astraflow.config import ExperimentConfig
 from astraflow.consumers.rollout.drain import InFlight, oldest_versions, stale_by, to_release
 from astraflow.consumers.rollout.workflows import WORKFLOWS
 from astraflow.core.bus import Bus
 from astraflow.core.records import Metric, Task, Trajectory
 from astraflow.core.topics import group_name, topic_name
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import build_publisher, build_worker
 
 HERE = Path(__file__).parent

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from rollout_helpers import ScriptedEngine, make_task, produce, read_all
 
-from astraflow.config import ExperimentConfig, open_bus
+from astraflow.config import ExperimentConfig
 from astraflow.consumers.rollout.runtime import EpisodeOutcome, Runtime, run_episode
 from astraflow.core.records import DeadLetter, Task
 from astraflow.core.registry import RegistryError
 from astraflow.core.topics import topic_name
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import build_worker
 
 

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from rollout_helpers import ScriptedEngine, make_task, produce, read_all
 
-from astraflow.config import ExperimentConfig, open_bus
+from astraflow.config import ExperimentConfig
 from astraflow.consumers.rollout.workflows import WORKFLOWS
 from astraflow.core.bus import Bus
 from astraflow.core.records import Task, Trajectory
 from astraflow.core.topics import topic_name
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import build_worker
 
 

@@ -15,11 +15,12 @@ import pytest
 import torch
 from rollout_helpers import make_task, produce, read_all, wait_for
 
-from astraflow.config import ExperimentConfig, open_bus
+from astraflow.config import ExperimentConfig
 from astraflow.consumers.rollout.workflows import WORKFLOWS
 from astraflow.core.bus import Bus
 from astraflow.core.records import ChatMessage, DeadLetter, Metric, Task, Trajectory
 from astraflow.core.topics import group_name, topic_name
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import build_worker
 
 

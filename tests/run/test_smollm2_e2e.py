@@ -99,11 +99,12 @@ def test_the_weight_deltas_rebuild_the_trainers_weights_bit_for_bit(smollm2_run:
     import torch
     from safetensors.torch import load_file
 
-    from astraflow.config import load_experiment, open_bus
+    from astraflow.config import load_experiment
     from astraflow.consumers.rollout.engines.target import ModelTarget
     from astraflow.core.records import WeightManifest
     from astraflow.models.importer import cached_shortcut
     from astraflow.models.tiny import load
+    from astraflow.run.resources import open_bus
     from astraflow.weights.config import build_syncer
 
     manifests = _records(smollm2_run, "weights.default", WeightManifest)

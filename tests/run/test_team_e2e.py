@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from astraflow.config import load_experiment, open_bus
+from astraflow.config import load_experiment
 from astraflow.core.records import Batch, Trajectory, decode, unpack
 from astraflow.core.topics import topic_name
 from astraflow.run.accounting import CHECKS, read_topic
+from astraflow.run.resources import open_bus
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "solver_verifier.yaml"

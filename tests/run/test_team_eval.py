@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from astraflow.config import ExperimentConfig, load_experiment, open_bus
+from astraflow.config import ExperimentConfig, load_experiment
 from astraflow.consumers.episodes import greedy_kwargs
 from astraflow.consumers.evaluator import VersionWatch, held_out, verdict_score
 from astraflow.consumers.team_evaluator import team_episodes
@@ -22,6 +22,7 @@ from astraflow.core.metrics import MetricsEmitter
 from astraflow.core.records import ChatMessage
 from astraflow.producers.sources import TaskSpec
 from astraflow.run.collector import Collector
+from astraflow.run.resources import open_bus
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "solver_verifier.yaml"
 

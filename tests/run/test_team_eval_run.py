@@ -94,8 +94,8 @@ def test_stop_and_final_evaluation_wait_for_every_policy_and_the_team(tmp_path: 
 def test_export_final_uses_each_policys_own_checkpoint_dir(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
-    from astraflow.config import model_dir
     from astraflow.models.tiny import load
+    from astraflow.run.resources import model_dir
 
     cfg = team_config("trainers.verifier.checkpoint_dir={out}/elsewhere/{policy}")
     roots = {p: cfg.trainer_for(p).checkpoint_root(tmp_path, p) for p in cfg.policies}
@@ -152,8 +152,8 @@ def test_final_versions_from_named_trainers_else_the_weights_topic(tmp_path: Pat
     the trainer's component names the policy, else the newest manifest on weights.<policy>."""
     import torch
 
-    from astraflow.config import open_bus
     from astraflow.run.orchestrate import _final_versions
+    from astraflow.run.resources import open_bus
     from astraflow.run.roles import build_publisher
 
     cfg = team_config()

@@ -14,7 +14,7 @@ import pytest
 
 from astraflow.config import ExperimentConfig
 from astraflow.run.launch import warmup_config
-from astraflow.run.warmup import BandWatch, Check, distance
+from astraflow.run.warmup_checks import BandWatch, Check, distance
 
 
 def watch(band: tuple[float, float], *accs: float, every: int = 10) -> BandWatch:
@@ -59,7 +59,7 @@ def test_a_jump_over_the_band_is_named_with_the_knob_to_turn() -> None:
 
 
 def test_each_checkpoint_is_pinned_and_a_pruned_one_is_counted(tmp_path: Path) -> None:
-    from astraflow.run.warmup import CheckpointWatch
+    from astraflow.run.warmup_checks import CheckpointWatch
 
     root, keep = tmp_path / "ck", tmp_path / "pins"
 
@@ -83,7 +83,8 @@ def test_each_checkpoint_is_pinned_and_a_pruned_one_is_counted(tmp_path: Path) -
 def test_pins_not_yet_measured_survive_pruning(tmp_path: Path) -> None:
     # a busy host: one scan pins several checkpoints; measuring the first must not prune the
     # others before they are measured (it did: FileNotFoundError on the second)
-    from astraflow.run.warmup import BandWatch, CheckpointWatch, PolicyWarmup, _prune_pins
+    from astraflow.run.warmup import PolicyWarmup, _prune_pins
+    from astraflow.run.warmup_checks import BandWatch, CheckpointWatch
 
     root = tmp_path / "ck"
     for step in (5, 10, 15):
@@ -161,7 +162,7 @@ def experiment(tmp_path: Path, **warmup: object) -> ExperimentConfig:
 def run_phase(config: ExperimentConfig, out: Path) -> tuple[ExperimentConfig | None, str]:
     from rich.console import Console
 
-    from astraflow.config import create_run_topics, model_dir, open_bus
+    from astraflow.run.resources import create_run_topics, model_dir, open_bus
     from astraflow.run.supervisor import Supervisor
     from astraflow.run.warmup import run_warmup
 

@@ -55,7 +55,7 @@ def test_cuda_without_a_device_is_a_clear_error(tiny_dir: Path) -> None:
 
 
 def test_unknown_policy(experiment: Any, tmp_path: Path) -> None:
-    from astraflow.config import open_bus
+    from astraflow.run.resources import open_bus
 
     cfg = experiment()
     with pytest.raises(ConfigError, match="unknown policy 'solver'; valid: default"):

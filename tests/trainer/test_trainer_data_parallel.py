@@ -15,7 +15,8 @@ import yaml
 from safetensors.torch import load_file
 from trainer_helpers import produce, random_batch
 
-from astraflow.config import load_experiment, open_bus
+from astraflow.config import load_experiment
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import build_trainer
 
 

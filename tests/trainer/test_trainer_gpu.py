@@ -11,9 +11,9 @@ import pytest
 import torch
 from trainer_helpers import produce, random_batch
 
-from astraflow.config import open_bus
 from astraflow.core.records import WeightManifest, decode
 from astraflow.core.topics import topic_name
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import build_trainer
 from astraflow.weights import FileStore, Publisher
 

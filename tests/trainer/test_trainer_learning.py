@@ -14,8 +14,8 @@ import pytest
 import torch
 from trainer_helpers import SEVEN, TOK, produce, sample, sft_batch, trajectory
 
-from astraflow.config import open_bus
 from astraflow.core.records import Batch, Group
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import build_trainer
 
 

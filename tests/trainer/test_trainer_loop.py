@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from trainer_helpers import produce, random_batch
 
-from astraflow.config import open_bus
 from astraflow.consumers.trainer.loop import TrainerError
 from astraflow.consumers.trainer.rl import rl_step
 from astraflow.core.records import DeadLetter, WeightManifest, decode
 from astraflow.core.topics import topic_name
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import build_trainer
 from astraflow.weights import FileStore, Publisher
 

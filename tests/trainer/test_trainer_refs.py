@@ -10,9 +10,9 @@ import torch
 from test_trainer_loop import read_all
 from trainer_helpers import produce, random_batch
 
-from astraflow.config import open_bus
 from astraflow.core.records import Batch, DeadLetter, Group, TrajRef, encode, schema_header
 from astraflow.core.topics import topic_name
+from astraflow.run.resources import open_bus
 from astraflow.run.roles import build_trainer
 
 

@@ -19,8 +19,9 @@ import yaml
 from safetensors.torch import load_file
 from trainer_helpers import produce, random_batch
 
-from astraflow.config import load_experiment, open_bus
+from astraflow.config import load_experiment
 from astraflow.core.records import WeightManifest, decode
+from astraflow.run.resources import open_bus
 
 FINAL = 8
 

@@ -17,13 +17,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from astraflow.core.bus.kafka_clients import (
+from astraflow.core.bus.kafka_clients import KafkaConsumer, KafkaProducer
+from astraflow.core.bus.kafka_common import (
     _RETRY,
     OVERHEAD,
     TIMEOUT,
     ClientLog,
-    KafkaConsumer,
-    KafkaProducer,
     ck,
     ck_admin,
     kafka_error,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from astraflow.core.bus.kafka_clients import (
+from astraflow.core.bus.kafka_common import (
     _TRANSIENT,
     _UNKNOWN_TOPIC,
     ClientLog,

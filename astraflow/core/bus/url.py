@@ -14,6 +14,19 @@ from astraflow.core.errors import BusURLError
 
 SCHEMES = ("embedded", "kafka")
 
+#: A run's bus: the embedded file ``bus.db`` in its run directory (``{out}``, expanded by
+#: :func:`astraflow.core.bus.open_bus`). The default of the experiment's ``bus.url``, and,
+#: in :data:`DEFAULT_OUT`, of the ``--bus`` of the commands that take no run directory.
+DEFAULT_URL = "embedded://{out}/bus.db"
+#: The run directory of the commands that take a bus but no run (``astraflow topics``,
+#: ``astraflow inspect``): ``./.astraflow``.
+DEFAULT_OUT = ".astraflow"
+
+
+def default_url(out: str | Path) -> str:
+    """:data:`DEFAULT_URL` with ``out`` for the run directory (percent-encoded)."""
+    return DEFAULT_URL.replace("{out}", url_path(out))
+
 
 @dataclass(frozen=True)
 class BusURL:

@@ -1,0 +1,15 @@
+"""The experiment config: one YAML file describes an experiment (DESIGN.md §10).
+
+Each subpackage owns the model of its section; this package only composes them
+(:mod:`~astraflow.config.experiment`), adds the sections of no role
+(:mod:`~astraflow.config.sections`) and the checks across sections
+(:mod:`~astraflow.config.checks`). Load with :func:`load_experiment` (unknown keys rejected,
+every problem reported at once, ``--set`` overrides applied). Configuration only: opening
+what a config points at (its bus, its models) is :mod:`astraflow.run.resources`.
+"""
+
+from astraflow.config.experiment import ExperimentConfig, load_experiment
+from astraflow.config.sections import BusConfig, LaunchConfig, PolicyWarmupConfig, WarmupConfig
+
+__all__ = ["BusConfig", "ExperimentConfig", "LaunchConfig", "PolicyWarmupConfig",
+           "WarmupConfig", "load_experiment"]

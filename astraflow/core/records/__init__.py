@@ -1,0 +1,103 @@
+"""The wire format: one typed, versioned msgpack schema per record type (DESIGN.md §3).
+
+Every record is a msgpack *map*. Two keys are present on every record:
+
+* ``schema`` — the record type name (``"Task"``, ``"Trajectory"``, ...), and
+* ``v`` — the schema version of that type (an int, currently 1 for all).
+
+The remaining keys are the fields below, by name. Numeric arrays (token ids, logprobs, masks,
+per-token versions) are msgpack ``bin`` values holding packed little-endian arrays (``<i4`` for
+ints, ``<f4`` for floats, ``u1`` for masks), never lists of numbers. No pickle anywhere: any
+msgpack decoder in any language reads these records. Kafka messages additionally carry the
+header ``af-schema: <schema>/<v>``.
+
+Decoding validates types and required fields and rejects unknown schema versions with a
+:class:`~astraflow.core.errors.SchemaError` that names the record and the field.
+
+Field docs say who writes a field, who reads it, and what "absent" (the default) means. The
+records live in :mod:`~astraflow.core.records.episodes` (the data path),
+:mod:`~astraflow.core.records.control` (weights, metrics, load, dead letters, claims) and
+:mod:`~astraflow.core.records.gateway`; the packed arrays in
+:mod:`~astraflow.core.records.base`, encoding in :mod:`~astraflow.core.records.codec`. Import
+them from here.
+"""
+
+from astraflow.core.records.base import (
+    SCHEMA_HEADER,
+    Record,
+    pack_f32,
+    pack_i32,
+    pack_u8,
+    unpack,
+)
+from astraflow.core.records.codec import (
+    SCHEMAS,
+    AnyRecord,
+    decode,
+    decode_many,
+    encode,
+    schema_header,
+    to_builtins,
+)
+from astraflow.core.records.control import (
+    Claim,
+    DeadLetter,
+    LoadReport,
+    Metric,
+    PolicyLoad,
+    TensorEntry,
+    WeightManifest,
+    WorkerStatus,
+)
+from astraflow.core.records.episodes import (
+    Batch,
+    ChatMessage,
+    Group,
+    GroupStats,
+    Task,
+    Trajectory,
+    TrajectoryGroup,
+    TrajRef,
+    TurnSpan,
+    assistant_turns,
+)
+from astraflow.core.records.gateway import (
+    GatewayCall,
+    GatewayChoice,
+)
+
+__all__ = [
+    "AnyRecord",
+    "Batch",
+    "ChatMessage",
+    "Claim",
+    "DeadLetter",
+    "GatewayCall",
+    "GatewayChoice",
+    "Group",
+    "GroupStats",
+    "LoadReport",
+    "Metric",
+    "PolicyLoad",
+    "Record",
+    "SCHEMAS",
+    "SCHEMA_HEADER",
+    "Task",
+    "TensorEntry",
+    "TrajRef",
+    "Trajectory",
+    "TrajectoryGroup",
+    "TurnSpan",
+    "WeightManifest",
+    "WorkerStatus",
+    "assistant_turns",
+    "decode",
+    "decode_many",
+    "encode",
+    "pack_f32",
+    "pack_i32",
+    "pack_u8",
+    "schema_header",
+    "to_builtins",
+    "unpack",
+]
