@@ -1,20 +1,46 @@
-"""Which task offsets a worker may commit when tasks finish out of order.
+"""The one commit rule, for every role: a consumer group's committed offset on a partition moves
+past a record only once that record's outputs, and those of every record before it on the
+partition, are flushed (durable on the bus). A crash then redelivers, never loses.
 
-A partition's committed offset may only move past a record once every record before it is
-finished (its trajectories produced), so the worker commits, per partition, the contiguous
-prefix of finished offsets. Revoking a partition forgets it (a new *epoch*): episodes of the old
-assignment that finish later do not count, the partition's new owner redelivers them.
+Two ways to know what is durable, one rule:
 
-Thread-safe: the worker's event loop marks offsets; rebalance callbacks on the bus thread drop
-partitions and read what is committable.
+* **in order** (:class:`~astraflow.core.stream.Processor`): a record is finished when its
+  handler returns, so the finished prefix is everything handled; the handler's checkpoint
+  holds it, and the runtime commits it after producing and flushing the cycle's outputs;
+* **out of order** (:mod:`astraflow.core.outoforder`, the rollout worker): records finish in
+  any order (an episode takes as long as it takes), so :class:`OffsetTracker` keeps, per
+  partition, the delivered and finished offsets, and only the contiguous prefix of finished
+  ones is committed, after a flush. Revoking a partition forgets it (a new *epoch*): work of
+  the old assignment that finishes later does not count; the partition's new owner redoes it.
+
+:func:`commit_through` is the one place a commit is written to a consumer.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from astraflow.core.bus.types import Consumer, Message
+
 TP = tuple[str, int]
+
+
+def commit_through(consumer: Consumer, done: Mapping[TP, int], *,
+                   owned_only: bool = False) -> bool:
+    """Commit, per partition, every record up to and including offset ``done[tp]`` (the group
+    resumes after it); ``owned_only``: skip the partitions ``consumer`` no longer owns. Returns
+    False when there was nothing to commit; raises
+    :class:`~astraflow.core.errors.CommitError` when the bus refuses (the records are then
+    redelivered: never lost)."""
+    owned = set(consumer.assignment()) if owned_only else None
+    msgs = [Message(t, p, o, None, b"") for (t, p), o in done.items()
+            if o >= 0 and (owned is None or (t, p) in owned)]
+    if not msgs:
+        return False
+    consumer.commit(msgs)
+    return True
 
 
 @dataclass
@@ -26,7 +52,11 @@ class _Partition:
 
 
 class OffsetTracker:
-    """Delivered / finished offsets per partition; see the module docstring."""
+    """Delivered / finished offsets per partition, for out-of-order commits; see the module
+    docstring.
+
+    Thread-safe: the event loop marks offsets; rebalance callbacks on the bus thread drop
+    partitions and read what is committable."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -81,9 +111,8 @@ class OffsetTracker:
 
     def newest_finished(self, tp: TP, epoch: int) -> int | None:
         """The newest finished, not yet committed offset of ``tp`` (-1: none), or None when
-        the partition was revoked since ``epoch``. A finished offset's trajectories are
-        produced: releasing an offset before it would have the next owner produce them
-        again."""
+        the partition was revoked since ``epoch``. A finished offset's outputs are produced:
+        releasing an offset before it would have the next owner produce them again."""
         with self._lock:
             part = self._parts.get(tp)
             if part is None or part.epoch != epoch:
