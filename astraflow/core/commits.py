@@ -13,16 +13,22 @@ Two ways to know what is durable, one rule:
   ones is committed, after a flush. Revoking a partition forgets it (a new *epoch*): work of
   the old assignment that finishes later does not count; the partition's new owner redoes it.
 
-:func:`commit_through` is the one place a commit is written to a consumer.
+:func:`commit_through` is the one place a commit is written to a consumer. Its other half,
+:func:`resume_consumer`: a processor whose checkpoint, not the group's committed offsets,
+says where reading resumes seeks each partition it is assigned there.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from astraflow.core.bus.types import Consumer, Message
+from astraflow.core.bus.types import Bus, Consumer, Message, RebalanceCallback
+from astraflow.core.errors import BusError
+
+log = logging.getLogger("astraflow.stream")
 
 TP = tuple[str, int]
 
@@ -41,6 +47,47 @@ def commit_through(consumer: Consumer, done: Mapping[TP, int], *,
         return False
     consumer.commit(msgs)
     return True
+
+
+def resume_consumer(bus: Bus, group: str, topics: Sequence[str],
+                    offsets: Callable[[], Mapping[TP, int]], *,
+                    client_id: str = "", session_timeout: float = 10.0,
+                    on_revoke: RebalanceCallback | None = None, label: str = "") -> Consumer:
+    """Join ``group`` and seek every partition it is assigned (at the join or at any later
+    rebalance) to ``offsets()[partition]`` where one is known: for a processor whose
+    checkpoint, not the group's committed offsets, says where reading resumes. Partitions
+    assigned while the consumer is being constructed (the embedded bus does that) are sought
+    once it exists. A seek that fails is logged; the caller must still skip records before
+    its offset."""
+    holder: list[Consumer] = []
+    deferred: list[TP] = []
+
+    def seek(consumer: Consumer, tp: TP) -> None:
+        offset = offsets().get(tp)
+        if offset is None:
+            return
+        try:
+            consumer.seek(tp[0], tp[1], offset)
+        except BusError as e:
+            log.warning("%scould not seek %s[%d] to %d (%s); skipping records before it",
+                        label, tp[0], tp[1], offset, e)
+
+    def on_assign(pairs: list[TP]) -> None:
+        if not holder:
+            deferred.extend(pairs)
+            return
+        for tp in pairs:
+            seek(holder[0], tp)
+
+    consumer = bus.consumer(group, list(topics), client_id=client_id,
+                            session_timeout=session_timeout, on_assign=on_assign,
+                            on_revoke=on_revoke)
+    holder.append(consumer)
+    owned = set(consumer.assignment())
+    for tp in deferred:
+        if tp in owned:
+            seek(consumer, tp)
+    return consumer
 
 
 @dataclass

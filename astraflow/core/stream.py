@@ -44,8 +44,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from astraflow.core.bus.types import Bus, Consumer, Message, Producer, RebalanceCallback
 from astraflow.core.claims import BlobStore, encode_for_bus, fits, unclaim
-from astraflow.core.commits import TP, commit_through
-from astraflow.core.errors import BusError, CommitError, SchemaError
+from astraflow.core.commits import TP, commit_through, resume_consumer
+from astraflow.core.errors import CommitError, SchemaError
 from astraflow.core.outputs import (
     DLQ_HEADER_BYTES,
     DLQ_TEXT_CHARS,
@@ -62,7 +62,7 @@ from astraflow.core.stop import FAULT_ENV, FaultPoints, Stop
 __all__ = [  # the runtime's API, with what it re-exports from outputs and stop
     "DLQ_HEADER_BYTES", "DLQ_TEXT_CHARS", "DLQ_VALUE_BYTES", "FAULT_ENV", "TP", "DeadLetters",
     "FaultPoints", "Handler", "Input", "OutRecord", "Output", "Processor", "Resume",
-    "Stateless", "Stop", "StreamStats", "dead_letter", "resume_consumer", "run_processor",
+    "Stateless", "Stop", "StreamStats", "dead_letter", "run_processor",
     "send",
 ]
 
@@ -71,49 +71,6 @@ log = logging.getLogger("astraflow.stream")
 R = TypeVar("R", bound=Record)
 KEEPALIVE_S = 60.0  # a paused main input is still polled this often (Kafka's poll interval)
 OUTBOX_BYTES = 32 * 1024 * 1024  # a cycle runs early once this much output is waiting
-
-
-# -------------------------------------------------------------------------------- consumers
-
-def resume_consumer(bus: Bus, group: str, topics: Sequence[str],
-                    offsets: Callable[[], Mapping[TP, int]], *,
-                    client_id: str = "", session_timeout: float = 10.0,
-                    on_revoke: RebalanceCallback | None = None, label: str = "") -> Consumer:
-    """Join ``group`` and seek every partition it is assigned (at the join or at any later
-    rebalance) to ``offsets()[partition]`` where one is known: for a processor whose
-    checkpoint, not the group's committed offsets, says where reading resumes. Partitions
-    assigned while the consumer is being constructed (the embedded bus does that) are sought
-    once it exists. A seek that fails is logged; the caller must still skip records before
-    its offset."""
-    holder: list[Consumer] = []
-    deferred: list[TP] = []
-
-    def seek(consumer: Consumer, tp: TP) -> None:
-        offset = offsets().get(tp)
-        if offset is None:
-            return
-        try:
-            consumer.seek(tp[0], tp[1], offset)
-        except BusError as e:
-            log.warning("%scould not seek %s[%d] to %d (%s); skipping records before it",
-                        label, tp[0], tp[1], offset, e)
-
-    def on_assign(pairs: list[TP]) -> None:
-        if not holder:
-            deferred.extend(pairs)
-            return
-        for tp in pairs:
-            seek(holder[0], tp)
-
-    consumer = bus.consumer(group, list(topics), client_id=client_id,
-                            session_timeout=session_timeout, on_assign=on_assign,
-                            on_revoke=on_revoke)
-    holder.append(consumer)
-    owned = set(consumer.assignment())
-    for tp in deferred:
-        if tp in owned:
-            seek(consumer, tp)
-    return consumer
 
 
 # ---------------------------------------------------------------------------- the runtime
