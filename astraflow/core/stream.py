@@ -22,226 +22,55 @@
 A crash anywhere before the commit redelivers the inputs; their outputs may then be produced
 twice, which is why downstream effects are made idempotent by record id.
 
+The commit is the house's one rule (:mod:`astraflow.core.commits`): an offset is committed
+only once the outputs of every record before it are flushed. Here records finish in order (a
+record is done when its handler returns); :mod:`astraflow.core.outoforder` is the runtime's
+out-of-order mode, for a handler whose records finish in any order (the rollout worker).
+
 Handlers: the stage processor (:mod:`astraflow.policies.runner`), the trainer
 (:mod:`astraflow.consumers.trainer.loop`), the evaluator, and stateless functions through
-:func:`run_processor`. The rollout worker commits out of order (episodes finish out of order)
-and keeps its own offset tracker, but uses :class:`Stop` and :class:`DeadLetters` from here.
+:func:`run_processor`. Outputs and dead letters (:mod:`astraflow.core.outputs`), stopping and
+fault points (:mod:`astraflow.core.stop`) are re-exported from here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-import msgspec
-
-from astraflow.core.bus.types import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    Bus,
-    Consumer,
-    Message,
-    Producer,
-    RebalanceCallback,
-)
+from astraflow.core.bus.types import Bus, Consumer, Message, Producer, RebalanceCallback
 from astraflow.core.claims import BlobStore, encode_for_bus, fits, unclaim
-from astraflow.core.errors import BusError, CommitError, SchemaError
-from astraflow.core.records import DeadLetter, Record, decode, encode, schema_header
+from astraflow.core.commits import TP, commit_through, resume_consumer
+from astraflow.core.errors import CommitError, SchemaError
+from astraflow.core.outputs import (
+    DLQ_HEADER_BYTES,
+    DLQ_TEXT_CHARS,
+    DLQ_VALUE_BYTES,
+    DeadLetters,
+    Output,
+    OutRecord,
+    dead_letter,
+    send,
+)
+from astraflow.core.records import Record, decode, schema_header
+from astraflow.core.stop import FAULT_ENV, FaultPoints, Stop
+
+__all__ = [  # the runtime's API, with what it re-exports from outputs and stop
+    "DLQ_HEADER_BYTES", "DLQ_TEXT_CHARS", "DLQ_VALUE_BYTES", "FAULT_ENV", "TP", "DeadLetters",
+    "FaultPoints", "Handler", "Input", "OutRecord", "Output", "Processor", "Resume",
+    "Stateless", "Stop", "StreamStats", "dead_letter", "run_processor",
+    "send",
+]
 
 log = logging.getLogger("astraflow.stream")
 
 R = TypeVar("R", bound=Record)
-TP = tuple[str, int]
-
-FAULT_ENV = "ASTRAFLOW_FAULT"  # "point:n": SIGKILL self the n-th time at point (crash tests)
 KEEPALIVE_S = 60.0  # a paused main input is still polled this often (Kafka's poll interval)
 OUTBOX_BYTES = 32 * 1024 * 1024  # a cycle runs early once this much output is waiting
-
-
-# ----------------------------------------------------------------------------- outputs
-
-@dataclass(frozen=True, slots=True)
-class Output:
-    """A record to produce to ``topic`` (key defaults to none; ``partition`` none: the
-    key's partition, as every backend hashes it)."""
-
-    topic: str
-    record: Record
-    key: bytes | None = None
-    partition: int | None = None
-
-
-def send(producer: Producer, out: Output, *, claims: BlobStore | None = None,
-         limit: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
-    """Produce one record with its schema header; with a claim store, a record over
-    ``limit`` goes by claim check (:mod:`astraflow.core.claims`)."""
-    if claims is None:
-        producer.produce(out.topic, encode(out.record), key=out.key,
-                         headers=[schema_header(out.record)], partition=out.partition)
-        return
-    value, headers = encode_for_bus(out.record, limit=limit, store=claims, key=out.key)
-    producer.produce(out.topic, value, key=out.key, headers=headers, partition=out.partition)
-
-
-class OutRecord(msgspec.Struct, array_like=True):
-    """One encoded output waiting in an outbox: where it goes and its bytes."""
-
-    topic: str
-    key: bytes | None
-    value: bytes
-    headers: list[tuple[str, bytes]] = []
-    partition: int | None = None  # absent (older checkpoints): the key's partition
-
-
-#: what a dead letter keeps of the bad record: a letter must fit the bus even when the record
-#: it reports was close to the size limit (a letter that does not fit fails to produce, and
-#: again after every restart: the partition would be stuck behind it)
-DLQ_VALUE_BYTES = 64 * 1024
-DLQ_HEADER_BYTES = 16 * 1024
-DLQ_TEXT_CHARS = 4096
-
-
-def _cut(text: str, limit: int = DLQ_TEXT_CHARS) -> str:
-    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more]"
-
-
-def dead_letter(msg: Message, error: BaseException, *, group: str = "", component: str = ""
-                ) -> DeadLetter:
-    """The dead-letter record for ``msg`` that failed with ``error``: its value's first
-    :data:`DLQ_VALUE_BYTES` with the whole value's size and sha256, headers while they fit
-    :data:`DLQ_HEADER_BYTES`, the key and error cut to :data:`DLQ_TEXT_CHARS`."""
-    value = msg.value or b""
-    headers, room = [], DLQ_HEADER_BYTES
-    for name, v in msg.headers:
-        room -= len(name) + len(v)
-        if room < 0:
-            break
-        headers.append((name, v))
-    key = msg.key if msg.key is None or len(msg.key) <= DLQ_TEXT_CHARS else msg.key[:DLQ_TEXT_CHARS]
-    return DeadLetter(
-        origin=msg.origin, topic=msg.topic, partition=msg.partition, offset=msg.offset,
-        key=key, value=value[:DLQ_VALUE_BYTES], value_size=len(value),
-        value_digest=hashlib.sha256(value).hexdigest(), headers=headers,
-        error=_cut(str(error)), error_type=type(error).__name__, group=group,
-        component=component,
-    )
-
-
-class DeadLetters:
-    """Builds, counts and logs dead letters: the one way every role dead-letters a record.
-    The caller produces the returned :class:`Output` (and flushes before committing)."""
-
-    def __init__(self, dlq: str, *, component: str = "", label: str = "") -> None:
-        self.dlq = dlq
-        self.component = component
-        self.label = label
-        self.count = 0
-        self.errors: dict[str, int] = {}
-
-    def letter(self, msg: Message, error: BaseException, *, group: str = "") -> Output:
-        self.count += 1
-        name = type(error).__name__
-        self.errors[name] = self.errors.get(name, 0) + 1
-        letter = dead_letter(msg, error, group=group, component=self.component)
-        log.warning("%sdead-lettered origin=%s key=%r size=%d error=%s", self.label, msg.origin,
-                    letter.key, letter.value_size, letter.error)
-        return Output(self.dlq, letter, letter.key)
-
-
-# -------------------------------------------------------------------------------- stopping
-
-class Stop:
-    """When a long-running loop stops: after ``max_records`` units of work, after ``timeout``
-    seconds, or once ``should_stop()`` is true — whichever comes first (None: never)."""
-
-    def __init__(self, max_records: int | None = None, timeout: float | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> None:
-        self.max_records = max_records
-        self.deadline = None if timeout is None else time.monotonic() + timeout
-        self.should_stop = should_stop
-
-    def reached(self, done: int = 0) -> bool:
-        if self.should_stop is not None and self.should_stop():
-            return True
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            return True
-        return self.max_records is not None and done >= self.max_records
-
-    def left(self, done: int, batch: int) -> int:
-        """How many records to ask for next (at most ``batch``)."""
-        return batch if self.max_records is None else max(0, min(batch, self.max_records - done))
-
-    def wait(self, poll_timeout: float) -> float:
-        """How long the next poll may block: ``poll_timeout``, cut short by the deadline."""
-        if self.deadline is None:
-            return poll_timeout
-        return max(0.0, min(poll_timeout, self.deadline - time.monotonic()))
-
-
-class FaultPoints:
-    """``ASTRAFLOW_FAULT=after_flush:3`` kills this process with SIGKILL the third time a
-    cycle with outputs reaches ``after_flush`` (also: ``after_checkpoint``,
-    ``after_commit``). For crash tests; unset, it does nothing."""
-
-    def __init__(self, spec: str | None) -> None:
-        self.point, self.left = "", 0
-        if spec:
-            point, _, n = spec.partition(":")
-            self.point, self.left = point, int(n or 1)
-
-    def hit(self, point: str, outputs: int) -> None:
-        if point == self.point and outputs:
-            self.left -= 1
-            if self.left <= 0:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-
-# -------------------------------------------------------------------------------- consumers
-
-def resume_consumer(bus: Bus, group: str, topics: Sequence[str],
-                    offsets: Callable[[], Mapping[TP, int]], *,
-                    client_id: str = "", session_timeout: float = 10.0,
-                    on_revoke: RebalanceCallback | None = None, label: str = "") -> Consumer:
-    """Join ``group`` and seek every partition it is assigned (at the join or at any later
-    rebalance) to ``offsets()[partition]`` where one is known: for a processor whose
-    checkpoint, not the group's committed offsets, says where reading resumes. Partitions
-    assigned while the consumer is being constructed (the embedded bus does that) are sought
-    once it exists. A seek that fails is logged; the caller must still skip records before
-    its offset."""
-    holder: list[Consumer] = []
-    deferred: list[TP] = []
-
-    def seek(consumer: Consumer, tp: TP) -> None:
-        offset = offsets().get(tp)
-        if offset is None:
-            return
-        try:
-            consumer.seek(tp[0], tp[1], offset)
-        except BusError as e:
-            log.warning("%scould not seek %s[%d] to %d (%s); skipping records before it",
-                        label, tp[0], tp[1], offset, e)
-
-    def on_assign(pairs: list[TP]) -> None:
-        if not holder:
-            deferred.extend(pairs)
-            return
-        for tp in pairs:
-            seek(holder[0], tp)
-
-    consumer = bus.consumer(group, list(topics), client_id=client_id,
-                            session_timeout=session_timeout, on_assign=on_assign,
-                            on_revoke=on_revoke)
-    holder.append(consumer)
-    owned = set(consumer.assignment())
-    for tp in deferred:
-        if tp in owned:
-            seek(consumer, tp)
-    return consumer
 
 
 # ---------------------------------------------------------------------------- the runtime
@@ -581,15 +410,12 @@ class Processor:
         self.faults.hit("after_commit", len(outbox))
 
     def commit(self, offsets: Mapping[TP, int]) -> None:
-        """Commit ``offsets`` on every input's group (the partitions each still owns)."""
+        """Commit ``offsets`` (the next offset to read) on every input's group, the
+        partitions each still owns."""
+        done = {tp: o - 1 for tp, o in offsets.items()}
         for _, c in self._consumers:
-            owned = set(c.assignment())
-            msgs = [Message(t, p, o - 1, None, b"") for (t, p), o in offsets.items()
-                    if o > 0 and (t, p) in owned]
-            if not msgs:
-                continue
             try:
-                c.commit(msgs)
+                commit_through(c, done, owned_only=True)
             except CommitError as e:  # the checkpoint holds the offsets; the bus catches up
                 log.warning("%scommit refused: %s", self.label, e)
 

@@ -25,7 +25,7 @@ Pure functions, testable without a worker.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -75,3 +75,20 @@ def to_release(tasks: Sequence[InFlight], newest_finished: int) -> list[InFlight
     if start is None:
         return []
     return [t for t in tasks if t.offset >= start]
+
+
+def pick_releases(tasks: Iterable[tuple[tuple[str, int, int], InFlight]],
+                  newest_finished: Callable[[tuple[str, int], int], int | None]
+                  ) -> list[InFlight]:
+    """Of the tasks in flight, each with its ``(topic, partition, epoch)``, those to release
+    now: :func:`to_release` per partition, given ``newest_finished(tp, epoch)`` (None: the
+    partition was revoked since that epoch; its tasks are released by the revoke)."""
+    parts: dict[tuple[str, int, int], list[InFlight]] = {}
+    for where, task in tasks:
+        parts.setdefault(where, []).append(task)
+    picked: list[InFlight] = []
+    for (topic, partition, epoch), part in parts.items():
+        produced = newest_finished((topic, partition), epoch)
+        if produced is not None:
+            picked += to_release(part, produced)
+    return picked

@@ -8,10 +8,12 @@ Semantics (docs/rollout.md has the long form):
 * an episode that raises becomes a failed trajectory (``finish_reason="error"``) with its error;
 * trajectory ids are ``"{group_id}/{policy}/{sample_index}"``, so a task redelivered after a crash
   produces recognisable duplicates;
-* **commit rule**: tasks finish out of order; the worker produces a task's trajectories, and
-  commits per partition only the contiguous prefix of finished offsets, after flushing the
-  producer (the trajectories are durable before their task is committed); the trajectories of
-  tasks that finish while a produce call runs go out together in the next one;
+* **commit rule** (the house's one, :mod:`astraflow.core.commits`): tasks finish out of order,
+  so the worker runs on the runtime's out-of-order mode (:mod:`astraflow.core.outoforder`):
+  it produces a task's trajectories and marks the task finished; per partition only the
+  contiguous prefix of finished offsets is committed, after flushing the producer (the
+  trajectories are durable before their task is committed); the trajectories of tasks that
+  finish while a produce call runs go out together in the next one;
 * **rebalance**: partitions taken away mid-episode are released: their finished prefix is
   committed, their in-flight episodes cancelled (the new owner redoes them);
 * **drain** (SIGTERM, ``request_stop``, ``max_tasks``, ``timeout``): stop taking tasks, finish
@@ -28,37 +30,34 @@ engines on theirs, and the workflows on the asyncio event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
 
 import msgspec
 
+from astraflow.consumers.rollout.admission import Admission
 from astraflow.consumers.rollout.context import EpisodeContext
-from astraflow.consumers.rollout.drain import InFlight, oldest_versions, stale_by, to_release
-from astraflow.consumers.rollout.offsets import OffsetTracker
+from astraflow.consumers.rollout.drain import InFlight, oldest_versions, pick_releases, stale_by
 from astraflow.consumers.rollout.registry import RegistryError
 from astraflow.consumers.rollout.runtime import EpisodeOutcome, Runtime, run_episode
+from astraflow.consumers.rollout.trajectories import MAX_ERROR_CHARS, build_trajectories
 from astraflow.consumers.rollout.weights import WeightFollower
-from astraflow.core.bus.types import Bus, Consumer, Message
+from astraflow.core.bus.types import Bus, Message
 from astraflow.core.claims import BlobStore
-from astraflow.core.errors import CommitError, RecordTooLargeError, SchemaError
+from astraflow.core.errors import RecordTooLargeError, SchemaError
 from astraflow.core.metrics import MetricsEmitter, component_id
-from astraflow.core.records import Task, Trajectory, decode, pack_f32, pack_i32, pack_u8
+from astraflow.core.outoforder import BusThread, Coalesced, OutOfOrder
+from astraflow.core.records import Task, Trajectory, decode
 from astraflow.core.stream import DeadLetters, Output, Stop, send
 from astraflow.core.topics import group_name, record_key, topic_name
 
 log = logging.getLogger("astraflow.rollout.worker")
 
-T = TypeVar("T")
 MAX_SAMPLES = 4096
-MAX_ERROR_CHARS = 2000
 
 
 def too_large(rec: Trajectory, error: Exception) -> Trajectory:
@@ -153,28 +152,20 @@ class RolloutWorker:
         self.out_topic = topic_name(run, "trajectories")
         self.dlq_topic = topic_name(run, "dlq")
         self.stats = WorkerStats()
-        self.tracker = OffsetTracker()
         self._stop_requested = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._consumer: Consumer | None = None
+        self._stream: OutOfOrder | None = None
         self._running: dict[asyncio.Task[None], _Running] = {}
         self._claimed = 0
         self._typical_n = 1
         self._rates = (time.monotonic(), 0, 0)
-        self._freed: asyncio.Event | None = None
-        self._closing = False
-        self._outbox: list[tuple[list[Trajectory], asyncio.Future[None]]] = []
-        self._started = 0  # episodes admitted (see _admit) and not finished
-        self._admits: deque[tuple[int, asyncio.Future[None]]] = deque()
-        self._flusher: asyncio.Task[None] | None = None
+        self._admission = Admission(max_concurrent_episodes)
 
     # -- control ------------------------------------------------------------------------------
     def request_stop(self) -> None:
         """Stop taking tasks and drain (safe from a signal handler or another thread)."""
         self._stop_requested = True
-        loop, freed = self._loop, self._freed
-        if loop is not None and freed is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(freed.set)
+        if self._stream is not None:
+            self._stream.wake_threadsafe()
 
     def run(self, *, max_tasks: int | None = None, timeout: float | None = None,
             should_stop: Callable[[], bool] | None = None) -> WorkerStats:
@@ -197,17 +188,20 @@ class RolloutWorker:
 
     async def _run(self, max_tasks: int | None, timeout: float | None,
                    should_stop: Callable[[], bool] | None) -> WorkerStats:
-        self._loop = asyncio.get_running_loop()
-        self._freed = asyncio.Event()
-        self._commit_wake = asyncio.Event()
         self._episode_slots = asyncio.Semaphore(self.max_concurrent)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="af-rollout-bus")
+        self._thread = BusThread("af-rollout-bus")
+        self._call = self._thread.call
+        self._outbox = Coalesced(self._thread, self._produce, name="produce")
         self._producer = self.bus.producer(client_id=self.worker_id)
         self.metrics = MetricsEmitter(self.bus, run=self.run_name, role="rollout",
                                       component=self.worker_id, interval=self.metrics_interval)
         self.metrics.set("episodes_per_s", 0.0)
         self.metrics.set("gen_tokens_per_s", 0.0)
-        committer: asyncio.Task[None] | None = None
+        stream = self._stream = OutOfOrder(
+            self.bus, self._producer, self._thread, group=self.group, topics=[self.tasks_topic],
+            client_id=self.worker_id, session_timeout=self.session_timeout,
+            poll_timeout=self.poll_timeout, commit_interval=self.commit_interval,
+            on_release=self._release, tick=self._tick, label=f"worker={self.worker_id} ")
         for f in self.followers:
             # catch up before the first task: a restarted worker's engines start from the
             # model directory (version 0), and tasks taken before the follower thread's first
@@ -219,32 +213,25 @@ class RolloutWorker:
                 log.warning("initial weight sync failed policy=%s error=%s", f.policy, e)
             f.start()
         try:
-            self._consumer = await self._call(
-                self.bus.consumer, self.group, [self.tasks_topic], client_id=self.worker_id,
-                session_timeout=self.session_timeout, on_revoke=self._on_revoke)
+            await stream.join()
             self._letters = DeadLetters(self.dlq_topic, component=self.worker_id,
                                         label=f"worker={self.worker_id} ")
             await self._call(self.metrics.emit, "starting")
             log.info("worker=%s joined group=%s topic=%s", self.worker_id, self.group,
                      self.tasks_topic)
-            committer = asyncio.create_task(self._commit_loop(), name="committer")
-            await self._intake(max_tasks, timeout, should_stop)
+            stop = Stop(max_tasks, timeout, lambda: self._stop_requested or (
+                should_stop is not None and should_stop()))
+            await stream.intake(stop, self._room, self._accept)
             log.info("worker=%s draining in_flight_tasks=%d", self.worker_id, len(self._running))
             await self._gauges()
             await self._call(self.metrics.emit, "draining")
             await self._drain()
         finally:
-            if committer is not None:  # not cancel(): 3.11's wait_for may swallow a cancellation
-                self._closing = True
-                self._commit_wake.set()
-                await asyncio.gather(committer, return_exceptions=True)
+            await stream.stop_committer()
             await self._release_all()
-            if self._flusher is not None:
-                await asyncio.gather(self._flusher, return_exceptions=True)
+            await self._outbox.wait()
             try:
-                if self._consumer is not None:
-                    await self._call(self._commit_sync)
-                    await self._call(self._consumer.close)  # leaves the group
+                await stream.leave()  # the last flush and commit; leaves the group
             finally:
                 await self._call(self._producer.flush)
                 await self._call(self._producer.close)
@@ -253,46 +240,15 @@ class RolloutWorker:
                     await asyncio.to_thread(f.close)
                 await self._gauges()
                 await self._call(self.metrics.close, "stopped")
-                self._pool.shutdown(wait=True)
-                self._loop = None
+                self._thread.close()
         log.info("worker=%s stopped %s", self.worker_id, self.stats.as_dict())
         return self.stats
 
-    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a bus call on the worker's bus thread."""
-        assert self._loop is not None
-        return await self._loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
-
     # -- taking tasks -------------------------------------------------------------------------
-    async def _intake(self, max_tasks: int | None, timeout: float | None,
-                      should_stop: Callable[[], bool] | None) -> None:
-        assert self._consumer is not None
-        stop = Stop(max_tasks, timeout, lambda: self._stop_requested or (
-            should_stop is not None and should_stop()))
-        last_probe = time.monotonic()
-        while not stop.reached(self.stats.tasks_taken):
-            free = self.max_concurrent - self._claimed
-            if free > 0:
-                n = stop.left(self.stats.tasks_taken, max(1, free // self._typical_n))
-                msgs = await self._call(self._consumer.consume, n,
-                                        stop.wait(self.poll_timeout))
-                for msg in msgs:
-                    await self._accept(msg)
-                last_probe = time.monotonic()
-                continue
-            if time.monotonic() - last_probe >= max(self.poll_timeout, 0.5):
-                # Full: still poll now and then, so a rebalance can move partitions (the
-                # embedded bus releases them only inside poll); anything read is put back.
-                await self._call(self._probe)
-                last_probe = time.monotonic()
-            self._freed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._freed.wait(), self.poll_timeout)
-
-    def _probe(self) -> None:
-        assert self._consumer is not None
-        for msg in self._consumer.consume(1, 0.0):
-            self._consumer.seek(msg.topic, msg.partition, msg.offset)
+    def _room(self) -> int:
+        """How many tasks to ask for (0: full); a task claims ``n_samples`` episodes."""
+        free = self.max_concurrent - self._claimed
+        return max(1, free // self._typical_n) if free > 0 else 0
 
     def _validate(self, task: Task) -> None:
         if not task.prompt:
@@ -306,9 +262,7 @@ class RolloutWorker:
         send(self._producer, self._letters.letter(msg, error, group=self.group))
         self._producer.flush()
 
-    async def _accept(self, msg: Message) -> None:
-        tp = (msg.topic, msg.partition)
-        epoch = self.tracker.deliver(tp, msg.offset)
+    async def _accept(self, msg: Message, epoch: int) -> None:
         self.stats.tasks_taken += 1
         try:
             task: Task = decode(msg.value, Task)  # type: ignore[assignment]
@@ -317,8 +271,8 @@ class RolloutWorker:
             self.stats.tasks_dead_lettered += 1
             self.metrics.inc("dead_lettered")
             await self._call(self._dead_letter, msg, e)
-            self.tracker.finish(tp, msg.offset, epoch)
-            self._commit_wake.set()
+            assert self._stream is not None
+            self._stream.finish(msg, epoch)
             return
         self._claimed += task.n_samples
         self._typical_n = task.n_samples
@@ -330,56 +284,24 @@ class RolloutWorker:
     async def _run_task(self, r: _Running) -> None:
         task, msg = r.task, r.msg
         try:
-            await self._admit(task.n_samples)
+            await self._admission.admit(task.n_samples)
             episodes = [asyncio.ensure_future(self._episode(task, i, r.contexts))
                         for i in range(task.n_samples)]
             for t in episodes:
-                t.add_done_callback(self._episode_done)
+                t.add_done_callback(self._admission.episode_done)
             outcomes = await asyncio.gather(*episodes)
             r.producing = True
-            await self._produce_batched(self._records(task, outcomes))
-            if self.tracker.finish((msg.topic, msg.partition), msg.offset, r.epoch):
+            # produced together with those of the tasks that finish meanwhile
+            await self._outbox.put(self._records(task, outcomes))
+            assert self._stream is not None
+            if self._stream.finish(msg, r.epoch):
                 self.stats.tasks_done += 1
                 self.metrics.inc("tasks_done")
-                self._commit_wake.set()
         finally:
             self._claimed -= task.n_samples
             self._running.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
-            self._freed.set()
-
-    async def _admit(self, n: int) -> None:
-        """Wait until fewer than ``max_concurrent_episodes`` episodes are started and not
-        finished, then count this task's ``n`` as started (first come, first served). The
-        episode semaphore still caps how many run at once; this keeps a task that waits for
-        room one waiting coroutine instead of ``n`` waiting episode tasks."""
-        admits = self._admits
-        while admits and admits[0][1].done():  # cancelled while waiting
-            admits.popleft()
-        if not admits and self._started < self.max_concurrent:
-            self._started += n
-            return
-        assert self._loop is not None
-        fut: asyncio.Future[None] = self._loop.create_future()
-        admits.append((n, fut))
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():  # admitted, then cancelled before it ran
-                self._started -= n
-            self._wake_admits()
-            raise
-
-    def _episode_done(self, _: asyncio.Future[EpisodeOutcome]) -> None:
-        self._started -= 1
-        self._wake_admits()
-
-    def _wake_admits(self) -> None:
-        admits = self._admits
-        while admits and self._started < self.max_concurrent:
-            n, fut = admits.popleft()
-            if not fut.done():
-                self._started += n
-                fut.set_result(None)
+            if self._stream is not None:
+                self._stream.wake()
 
     async def _episode(self, task: Task, index: int,
                        contexts: list[EpisodeContext]) -> EpisodeOutcome:
@@ -404,62 +326,12 @@ class RolloutWorker:
 
     def _records(self, task: Task, outcomes: Sequence[EpisodeOutcome]) -> list[Trajectory]:
         """The trajectories of a task's episodes (``outcomes[i]`` is sample ``i``)."""
-        group = task.resolved_group_id()
-        # one snapshot for the task's records: every policy's trajectories of one episode
-        # say they were produced under the same vector
         vector = {policy: engine.version for policy, engine in self.runtime.engines.items()}
-        records = []
-        tokens = 0
-        for index, out in enumerate(outcomes):
-            seen: dict[str, int] = {}
-            timings = {**out.ctx.timings, "total": out.seconds}
-            for d in out.drafts:
-                k = seen[d.policy] = seen.get(d.policy, -1) + 1
-                suffix = f".{k}" if k else ""
-                tokens += sum(d.loss_mask)
-                records.append(Trajectory(
-                    id=f"{group}/{d.policy}/{index}{suffix}", task_id=task.id, group_id=group,
-                    policy=d.policy, agent=d.agent, sample_index=index,
-                    group_size=task.n_samples, token_ids=pack_i32(d.token_ids),
-                    loss_mask=pack_u8(d.loss_mask), logprobs=pack_f32(d.logprobs),
-                    versions=pack_i32(d.versions), prompt_len=d.prompt_len, spans=d.spans,
-                    reward=d.reward, rewards=d.rewards, turn_rewards=d.turn_rewards,
-                    finish_reason=d.finish_reason,  # type: ignore[arg-type]
-                    error=None if d.error is None else d.error[:MAX_ERROR_CHARS],
-                    worker_id=self.worker_id, version_vector=vector,
-                    timings=dict(timings)))
+        records, tokens = build_trajectories(task, outcomes, worker_id=self.worker_id,
+                                             vector=vector)
         self.stats.tokens_generated += tokens
         self.metrics.inc("tokens", tokens)
         return records
-
-    async def _produce_batched(self, records: list[Trajectory]) -> None:
-        """Produce ``records`` (on the bus thread) together with those of the other tasks that
-        finish meanwhile: one bus call per batch of finished tasks, not one per task. Returns
-        once they are produced; raises what producing them raised."""
-        assert self._loop is not None
-        done: asyncio.Future[None] = self._loop.create_future()
-        self._outbox.append((records, done))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush_outbox(), name="produce")
-        await done
-
-    async def _flush_outbox(self) -> None:
-        # its own task, so that a task cancelled while it waits leaves the others' records
-        # to be produced
-        while self._outbox:
-            # a task released (cancelled) before its records left is redone by the new owner
-            batch = [(recs, f) for recs, f in self._outbox if not f.cancelled()]
-            self._outbox = []
-            try:
-                await self._call(self._produce, [r for recs, _ in batch for r in recs])
-            except Exception as e:  # noqa: BLE001 - raised in each waiting task, as before
-                for _, f in batch:
-                    if not f.done():
-                        f.set_exception(e)
-            else:
-                for _, f in batch:
-                    if not f.done():
-                        f.set_result(None)
 
     def _produce(self, records: list[Trajectory]) -> None:
         for rec in records:
@@ -475,47 +347,7 @@ class RolloutWorker:
         for policy, n in Counter(r.policy for r in records).items():  # for the reporter
             self.metrics.inc(f"trajectories.{policy}", n)
 
-    # -- committing ---------------------------------------------------------------------------
-    def _commit_sync(self, tps: list[tuple[str, int]] | None = None) -> None:
-        """Flush the producer, then commit the finished prefix (bus thread only)."""
-        assert self._consumer is not None
-        offsets = self.tracker.committable(tps)
-        if not offsets:
-            return
-        self._producer.flush()
-        msgs = [Message(topic=t, partition=p, offset=o, key=None, value=b"")
-                for (t, p), o in offsets.items()]
-        try:
-            self._consumer.commit(msgs)
-            self.tracker.committed(offsets)
-            self.stats.commits += 1
-        except CommitError as e:
-            self.stats.commit_errors += 1
-            log.warning("worker=%s commit refused (the records will be redelivered): %s",
-                        self.worker_id, e)
-
-    async def _commit_loop(self) -> None:
-        while not self._closing:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._commit_wake.wait(), self.commit_interval)
-            self._commit_wake.clear()
-            await self._call(self._commit_sync)
-            await self._gauges()
-            await self._call(self.metrics.tick, "draining" if self._stop_requested else "running")
-
-    def _on_revoke(self, tps: list[tuple[str, int]]) -> None:
-        """Partitions are leaving this worker (bus thread, inside poll/close)."""
-        tps = [tp for tp in tps if tp[0] == self.tasks_topic]
-        if not tps:
-            return
-        try:
-            self._commit_sync(tps)
-        finally:
-            epochs = set(self.tracker.revoke(tps))
-            loop = self._loop
-            if epochs and loop is not None and not loop.is_closed():
-                loop.call_soon_threadsafe(self._release, epochs)
-
+    # -- releasing -----------------------------------------------------------------------------
     def _release(self, epochs: set[int]) -> None:
         for t, r in list(self._running.items()):
             if r.epoch in epochs and not t.done():
@@ -579,31 +411,22 @@ class RolloutWorker:
     def _release_stale(self, newest: Mapping[str, int]) -> set[asyncio.Task[None]]:
         """Cancel the tasks :func:`~astraflow.consumers.rollout.drain.to_release` picks (not
         committed: the partition's next owner redoes them); returns them."""
-        assert self.drain_max_staleness is not None
-        parts: dict[tuple[str, int, int], list[InFlight]] = {}
-        for t, r in self._running.items():
-            if t.done():
-                continue
-            stale = stale_by(oldest_versions(r.contexts), newest,
-                             self.drain_max_staleness) is not None
-            parts.setdefault((r.msg.topic, r.msg.partition, r.epoch), []).append(
-                InFlight(t, r.msg.offset, stale, r.producing))
+        assert self.drain_max_staleness is not None and self._stream is not None
+        bounds = self.drain_max_staleness
+        in_flight = [((r.msg.topic, r.msg.partition, r.epoch), InFlight(
+            t, r.msg.offset, stale_by(oldest_versions(r.contexts), newest, bounds) is not None,
+            r.producing)) for t, r in self._running.items() if not t.done()]
         released: set[asyncio.Task[None]] = set()
-        for (topic, partition, epoch), tasks in parts.items():
-            produced = self.tracker.newest_finished((topic, partition), epoch)
-            if produced is None:  # revoked meanwhile: _release cancels these
-                continue
-            for f in to_release(tasks, produced):
-                task = f.key
-                assert isinstance(task, asyncio.Task)
-                task.cancel()
-                released.add(task)
-                name = "drained_released_stale" if f.stale else "drained_released_behind"
-                setattr(self.stats, name, getattr(self.stats, name) + 1)
-                self.metrics.inc(name)
-                log.info("released task=%s (%s) newest=%s", self._running[task].task.id,
-                         "stale" if f.stale else "behind a stale task on its partition",
-                         newest)
+        for f in pick_releases(in_flight, self._stream.newest_finished):
+            task = f.key
+            assert isinstance(task, asyncio.Task)
+            task.cancel()
+            released.add(task)
+            name = "drained_released_stale" if f.stale else "drained_released_behind"
+            setattr(self.stats, name, getattr(self.stats, name) + 1)
+            self.metrics.inc(name)
+            log.info("released task=%s (%s) newest=%s", self._running[task].task.id,
+                     "stale" if f.stale else "behind a stale task on its partition", newest)
         self.stats.tasks_released += len(released)
         self.metrics.inc("tasks_released", len(released))
         return released
@@ -619,7 +442,15 @@ class RolloutWorker:
         await asyncio.gather(*left, return_exceptions=True)
 
     # -- metrics ------------------------------------------------------------------------------
+    async def _tick(self) -> None:
+        """After each periodic commit: gauges, and a heartbeat when one is due."""
+        await self._gauges()
+        await self._call(self.metrics.tick, "draining" if self._stop_requested else "running")
+
     async def _gauges(self) -> None:
+        if self._stream is not None:
+            self.stats.commits = self._stream.commits
+            self.stats.commit_errors = self._stream.commit_errors
         now = time.monotonic()
         t0, e0, k0 = self._rates
         if now - t0 >= self.metrics_interval:

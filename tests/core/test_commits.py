@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from astraflow.consumers.rollout.offsets import OffsetTracker
+from astraflow.core.commits import OffsetTracker
 
 A, B = ("t", 0), ("t", 1)
 
