@@ -31,10 +31,11 @@ from typing import Any, TypeVar
 from astraflow.core.bus.reader import read_all
 from astraflow.core.bus.types import Bus, Message
 from astraflow.core.claims import BlobStore, unclaim
-from astraflow.core.errors import RecordTooLargeError, SchemaError
+from astraflow.core.errors import SchemaError
+from astraflow.core.limits import send_or_shrink
 from astraflow.core.metrics import MetricsEmitter
-from astraflow.core.records import GatewayCall, Trajectory, decode
-from astraflow.core.stream import Output, send
+from astraflow.core.outputs import Output
+from astraflow.core.records import GatewayCall, decode
 from astraflow.core.topics import TOPICS, parse_topic, record_key, topic_name
 from astraflow.gateway.errors import bad_request, conflict, not_found, too_many
 from astraflow.gateway.session import Session
@@ -262,15 +263,8 @@ class SessionStore:
     def _send(self, outs: list[Output]) -> None:
         assert self.bus is not None  # recorded only on a bus
         for out in outs:
-            try:
-                send(self._producer, out, claims=self.claims, limit=self.bus.max_message_bytes)
-            except RecordTooLargeError as e:
-                if not isinstance(out.record, Trajectory):
-                    raise
-                from astraflow.consumers.rollout.worker import too_large
-
-                small = too_large(out.record, e)
-                send(self._producer, Output(out.topic, small, out.key))
+            send_or_shrink(self._producer, out, claims=self.claims,
+                           limit=self.bus.max_message_bytes)
         self._producer.flush()
 
     async def on_bus(self, fn: Callable[..., T], *args: Any) -> T:

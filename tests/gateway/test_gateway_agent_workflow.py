@@ -16,8 +16,8 @@ from agent_helpers import SAMPLED
 from gateway_helpers import teacher_forced
 
 from astraflow.consumers.rollout.runtime import Runtime, run_episode
-from astraflow.consumers.rollout.workflows.openai_agent import session_id
 from astraflow.core.records import ChatMessage, Task
+from astraflow.gateway.agent_workflow import session_id
 from astraflow.gateway.local import LocalGateway
 
 
@@ -243,3 +243,22 @@ def test_a_gateway_start_cut_off_by_its_loop_closing_is_forgotten(monkeypatch: A
     with pytest.raises(OSError, match="no port"):
         asyncio.run(local.LocalGateway.of(runtime))  # type: ignore[arg-type]
     assert before == local._RUNNING
+
+
+def test_rollout_names_the_agent_workflow_without_importing_the_gateway() -> None:
+    """The gateway is a one-way client of rollout: rollout's workflows (and its worker) load
+    without the gateway; the name ``openai_agent`` imports it on first use."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from astraflow.consumers.rollout.workflows import WORKFLOWS\n"
+            "import astraflow.consumers.rollout.worker\n"
+            "assert not [m for m in sys.modules if m.startswith('astraflow.gateway')], "
+            "sorted(m for m in sys.modules if m.startswith('astraflow.gateway'))\n"
+            "fn = WORKFLOWS.resolve('openai_agent')\n"
+            "print(fn.__module__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "astraflow.gateway.agent_workflow"

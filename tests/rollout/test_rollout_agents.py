@@ -18,10 +18,10 @@ from astraflow.config import ExperimentConfig
 from astraflow.consumers.rollout.context import EpisodeContext
 from astraflow.consumers.rollout.engines.base import GenRequest, GenResult
 from astraflow.consumers.rollout.runtime import EpisodeOutcome, Runtime, run_episode
-from astraflow.consumers.rollout.worker import too_large
 from astraflow.consumers.rollout.workflows import WORKFLOWS
 from astraflow.consumers.rollout.workflows.contracts import CHECK
 from astraflow.consumers.rollout.workflows.roles import role_policies
+from astraflow.core.limits import too_large
 from astraflow.core.records import (
     ChatMessage,
     Task,

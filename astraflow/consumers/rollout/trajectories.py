@@ -7,9 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from astraflow.consumers.rollout.runtime import EpisodeOutcome
+from astraflow.core.limits import error_text
 from astraflow.core.records import Task, Trajectory, pack_f32, pack_i32, pack_u8
-
-MAX_ERROR_CHARS = 2000  # an episode's error text on a trajectory is cut to this
 
 
 def build_trajectories(task: Task, outcomes: Sequence[EpisodeOutcome], *, worker_id: str,
@@ -35,7 +34,7 @@ def build_trajectories(task: Task, outcomes: Sequence[EpisodeOutcome], *, worker
                 versions=pack_i32(d.versions), prompt_len=d.prompt_len, spans=d.spans,
                 reward=d.reward, rewards=d.rewards, turn_rewards=d.turn_rewards,
                 finish_reason=d.finish_reason,  # type: ignore[arg-type]
-                error=None if d.error is None else d.error[:MAX_ERROR_CHARS],
+                error=None if d.error is None else error_text(d.error),
                 worker_id=worker_id, version_vector=vector,
                 timings=dict(timings)))
     return records, tokens

@@ -37,37 +37,26 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
-import msgspec
-
 from astraflow.consumers.rollout.admission import Admission
 from astraflow.consumers.rollout.context import EpisodeContext
 from astraflow.consumers.rollout.drain import InFlight, oldest_versions, pick_releases, stale_by
-from astraflow.consumers.rollout.registry import RegistryError
 from astraflow.consumers.rollout.runtime import EpisodeOutcome, Runtime, run_episode
-from astraflow.consumers.rollout.trajectories import MAX_ERROR_CHARS, build_trajectories
+from astraflow.consumers.rollout.trajectories import build_trajectories
 from astraflow.consumers.rollout.weights import WeightFollower
 from astraflow.core.bus.types import Bus, Message
 from astraflow.core.claims import BlobStore
-from astraflow.core.errors import RecordTooLargeError, SchemaError
+from astraflow.core.errors import SchemaError
+from astraflow.core.limits import send_or_shrink
 from astraflow.core.metrics import MetricsEmitter, component_id
 from astraflow.core.outoforder import BusThread, Coalesced, OutOfOrder
 from astraflow.core.records import Task, Trajectory, decode
+from astraflow.core.registry import RegistryError
 from astraflow.core.stream import DeadLetters, Output, Stop, send
 from astraflow.core.topics import group_name, record_key, topic_name
 
 log = logging.getLogger("astraflow.rollout.worker")
 
 MAX_SAMPLES = 4096
-
-
-def too_large(rec: Trajectory, error: Exception) -> Trajectory:
-    """What stands on the bus for a trajectory too large for it (and for the claim store):
-    the same id, group, policy, role, sample and version vector, no tokens, ``"error"``; so
-    its group still hears of the sample, as the right role, under the right versions."""
-    return msgspec.structs.replace(
-        rec, token_ids=b"", loss_mask=b"", logprobs=b"", versions=b"", prompt_len=0,
-        spans=[], reward=0.0, rewards={}, turn_rewards=[], finish_reason="error",
-        error=f"trajectory too large for the bus: {error}"[:MAX_ERROR_CHARS])
 
 
 class TaskRejected(ValueError):
@@ -335,13 +324,9 @@ class RolloutWorker:
 
     def _produce(self, records: list[Trajectory]) -> None:
         for rec in records:
-            try:
-                send(self._producer, Output(self.out_topic, rec, record_key("trajectories", rec)),
-                     claims=self.claims, limit=self.bus.max_message_bytes)
-            except RecordTooLargeError as e:
-                small = too_large(rec, e)
-                send(self._producer, Output(self.out_topic, small,
-                                            record_key("trajectories", small)))
+            send_or_shrink(self._producer, Output(self.out_topic, rec,
+                                                  record_key("trajectories", rec)),
+                           claims=self.claims, limit=self.bus.max_message_bytes)
             self.stats.trajectories += 1
         self.metrics.inc("trajectories", len(records))
         for policy, n in Counter(r.policy for r in records).items():  # for the reporter

@@ -33,6 +33,10 @@ the ``gateway`` section that apply here: ``aliases``, ``on_drift``, ``max_n``,
 ``top_p``, ``max_new_tokens``/``max_tokens``, ``stop``, ``stop_token_ids``): the defaults of
 the episode's calls over ``rollout.engine``'s (a request's own fields win); every other one
 goes to the agent.
+
+The workflow lives with the gateway it runs (the gateway is a client of rollout, never the
+reverse); rollout's workflow registry names it by its path (``"astraflow.gateway.
+agent_workflow:openai_agent"``), imported on first use.
 """
 
 from __future__ import annotations
@@ -46,11 +50,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from astraflow.consumers.rollout.context import SAMPLING_KEYS, Draft, EpisodeContext, WorkflowError
-from astraflow.consumers.rollout.registry import Registry
 from astraflow.consumers.rollout.rewards.base import Score
-from astraflow.consumers.rollout.workflows.base import WORKFLOWS
 from astraflow.core.errors import AstraflowError
 from astraflow.core.records import Task
+from astraflow.core.registry import Registry
+from astraflow.gateway.local import LocalGateway
+from astraflow.gateway.trajectory import drafts
 
 AGENTS: Registry[Any] = Registry("agent")  # module paths resolved once
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:@-]")
@@ -85,13 +90,9 @@ def _openai() -> Any:
     return openai
 
 
-@WORKFLOWS.register("openai_agent")
 async def openai_agent(ctx: EpisodeContext, task: Task, *, agent: str,
                        gateway: Mapping[str, Any] | None = None, **kwargs: Any) -> list[Draft]:
     """See the module docstring."""
-    from astraflow.gateway.local import LocalGateway
-    from astraflow.gateway.trajectory import drafts
-
     fn = AGENTS.resolve(agent)
     sampling = {k: kwargs.pop(k) for k in list(kwargs)
                 if k in SAMPLING_KEYS or k == "max_tokens"}
