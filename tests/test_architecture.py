@@ -48,3 +48,15 @@ def test_the_kafka_and_sqlite_contract_covers_every_package_but_core() -> None:
                    if set(c.get("forbidden_modules", ())) == {"confluent_kafka", "sqlite3"}]
     packages = {f"astraflow.{m.name}" for m in pkgutil.iter_modules(astraflow.__path__)}
     assert set(contract["source_modules"]) == packages - {"astraflow.core"}
+
+
+def test_no_contract_carries_an_exception() -> None:
+    """The layers hold without ``ignore_imports``: the gateway is a one-way client of rollout
+    (issue 35), and no other arrow runs back up."""
+    assert [c["name"] for c in _contracts() if c.get("ignore_imports")] == []
+
+
+def test_no_role_imports_the_gateway() -> None:
+    (contract,) = [c for c in _contracts() if c["name"] == "no role depends on the gateway"]
+    assert "astraflow.consumers" in contract["source_modules"]
+    assert contract["forbidden_modules"] == ["astraflow.gateway"]

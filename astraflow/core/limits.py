@@ -10,6 +10,8 @@ versions (:func:`send_or_shrink`). Error texts on a trajectory are cut to
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 
 from astraflow.core.bus.types import Producer
@@ -38,7 +40,7 @@ def too_large(rec: Trajectory, error: Exception) -> Trajectory:
 def send_or_shrink(producer: Producer, out: Output, *, claims: BlobStore | None,
                    limit: int) -> bool:
     """Send ``out``; a Trajectory the bus refuses as too large is replaced by its
-    :func:`too_large` stand-in (same topic and key). Whether it was replaced; any other
+    :func:`too_large` stand-in (same topic, key and partition). Whether it was replaced; any other
     record too large raises :class:`RecordTooLargeError`."""
     try:
         send(producer, out, claims=claims, limit=limit)
@@ -46,5 +48,5 @@ def send_or_shrink(producer: Producer, out: Output, *, claims: BlobStore | None,
     except RecordTooLargeError as e:
         if not isinstance(out.record, Trajectory):
             raise
-        send(producer, Output(out.topic, too_large(out.record, e), out.key))
+        send(producer, dataclasses.replace(out, record=too_large(out.record, e)))
         return True
