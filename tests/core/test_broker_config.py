@@ -69,9 +69,36 @@ def test_extra_listeners_bind_one_port_and_advertise_another(tmp_path: Path) -> 
         "REGION_B": (19094, "127.0.0.1:29000")}
 
 
+def test_an_ssl_listener_serves_tls_from_a_pkcs12_keystore_and_is_kept(tmp_path: Path) -> None:
+    b = LocalBroker(tmp_path / "b", port=19092, controller_port=19093, ssl_port=19095,
+                    ssl_keystore=tmp_path / "broker.p12", ssl_password="pw")
+    b.write_config()
+    props = read_properties(b.config_file)
+    assert props["listeners"].endswith(",SSL://127.0.0.1:19095")
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092,SSL://127.0.0.1:19095"
+    assert props["listener.security.protocol.map"].endswith(",SSL:SSL")
+    assert props["listener.name.ssl.ssl.keystore.location"] == str(tmp_path / "broker.p12")
+    assert props["listener.name.ssl.ssl.keystore.type"] == "PKCS12"
+    assert props["listener.name.ssl.ssl.keystore.password"] == "pw"
+    assert props["listener.name.ssl.ssl.key.password"] == "pw"
+    assert props["inter.broker.listener.name"] == "PLAINTEXT"
+    b._write_state(None)  # a restart through attach() keeps the listener
+    again = LocalBroker.attach(tmp_path / "b")
+    assert (again.ssl_port, again.ssl_keystore, again.ssl_password) == (
+        19095, tmp_path / "broker.p12", "pw")
+    for bad in ({"ssl_port": 19095}, {"ssl_keystore": tmp_path / "k.p12"},
+                {"ssl_port": 19095, "ssl_keystore": tmp_path / "k.p12"}):
+        with pytest.raises(BrokerError, match="SSL listener needs ssl_port, ssl_keystore"):
+            LocalBroker(tmp_path / "c", port=19092, controller_port=19093, **bad)
+    with pytest.raises(BrokerError, match="SSL listener: port 19092 is already used by the "
+                                          "broker"):
+        LocalBroker(tmp_path / "c", port=19092, controller_port=19093, ssl_port=19092,
+                    ssl_keystore=tmp_path / "k.p12", ssl_password="pw")
+
+
 @pytest.mark.parametrize(("listeners", "error"), [
     ({"region-b": (19094, "127.0.0.1:29000")}, "bad extra listener name 'region-b'"),
-    ({"CONTROLLER": (19094, "127.0.0.1:29000")}, "other than PLAINTEXT, CONTROLLER, SASL"),
+    ({"CONTROLLER": (19094, "127.0.0.1:29000")}, "other than PLAINTEXT, CONTROLLER, SASL, SSL"),
     ({"WAN": (19094, "127.0.0.1")}, "'127.0.0.1' is not host:port"),
     ({"WAN": (19092, "127.0.0.1:29000")}, "port 19092 is already used by the broker"),
     ({"A": (19094, "h:1"), "B": (19094, "h:2")}, "port 19094 is already used by listener A"),

@@ -207,10 +207,10 @@ def test_hung_tools_stall_nothing_else(ascii_tokenizer, rule_engine) -> None:
     async def fresh() -> Any:
         return await call_tool("mul", [6, 7], timeout=2.0)
 
-    t0 = time.monotonic()
     res = asyncio.run(fresh())
-    assert res.ok and res.output == "42"
-    assert time.monotonic() - t0 < 2.0  # it did not wait for a pool slot (the bound is loose)
+    # answered within its own 2 s timeout (a call queued behind the hung threads would time
+    # out: ok False, timed_out True)
+    assert res.ok and not res.timed_out and res.output == "42"
 
 
 def test_tool_latency_is_drawn_per_episode_and_recorded(ascii_tokenizer, rule_engine) -> None:

@@ -38,6 +38,7 @@ from astraflow.core.broker.jars import (
     require_java,
     tail_text,
 )
+from astraflow.core.broker.probe import Probe, tail_file
 from astraflow.core.errors import BrokerError
 from astraflow.core.ports import free_port
 
@@ -45,7 +46,7 @@ log = logging.getLogger("astraflow.broker")
 
 _STATE = "broker.json"
 _LISTENER_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
-_RESERVED = ("PLAINTEXT", "CONTROLLER", "SASL")
+_RESERVED = ("PLAINTEXT", "CONTROLLER", "SASL", "SSL")
 
 
 @dataclass(frozen=True)
@@ -75,13 +76,6 @@ def _cluster_id() -> str:
             return cid
 
 
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return tail_text(path.read_text(errors="replace"), lines)
-    except OSError:
-        return ""
-
-
 class LocalBroker:
     """A single-node KRaft Kafka broker in its own JVM, with its data in ``data_dir``.
 
@@ -99,13 +93,22 @@ class LocalBroker:
     users: clients set ``security.protocol=SASL_PLAINTEXT``, ``sasl.mechanism=PLAIN``,
     ``sasl.username`` and ``sasl.password`` (a development broker: the passwords are kept in
     its state file and properties in the clear).
+
+    ``ssl_port`` with ``ssl_keystore`` (a PKCS12 keystore holding the broker's key and
+    certificate, e.g. made by Java's ``keytool -genkeypair -storetype PKCS12``) and
+    ``ssl_password`` (the keystore's and the key's password) adds an ``SSL`` listener on
+    ``127.0.0.1:ssl_port`` (TLS, no client certificate asked): clients set
+    ``security.protocol=SSL`` and ``ssl.ca.location`` (a PEM file of the certificate that
+    signed the broker's; its name must cover 127.0.0.1, as librdkafka checks it).
     """
 
     def __init__(self, data_dir: Path | str, *, port: int | None = None,
                  controller_port: int | None = None, heap: str = "512m",
                  extra_listeners: Mapping[str, tuple[int, str]] | None = None,
                  sasl_port: int | None = None,
-                 sasl_users: Mapping[str, str] | None = None) -> None:
+                 sasl_users: Mapping[str, str] | None = None,
+                 ssl_port: int | None = None, ssl_keystore: Path | str | None = None,
+                 ssl_password: str | None = None) -> None:
         self.data_dir = Path(data_dir).expanduser().resolve()
         state = self._read_state()
         self.port = int(port or state.get("port") or free_port())
@@ -129,6 +132,16 @@ class LocalBroker:
         if bad:
             raise BrokerError("SASL user names and passwords must be non-empty and hold no "
                               "quote, backslash or semicolon")
+        ssl_ = ssl_port if ssl_port is not None else state.get("ssl_port")
+        self.ssl_port = int(ssl_) if ssl_ else None
+        store = ssl_keystore if ssl_keystore is not None else state.get("ssl_keystore")
+        self.ssl_keystore = Path(store).expanduser().resolve() if store else None
+        self.ssl_password = str(ssl_password if ssl_password is not None
+                                else state.get("ssl_password") or "")
+        if (self.ssl_port is None) != (self.ssl_keystore is None) or (
+                self.ssl_port is not None and not self.ssl_password):
+            raise BrokerError("an SSL listener needs ssl_port, ssl_keystore (a PKCS12 keystore: "
+                              "keytool -genkeypair -storetype PKCS12) and ssl_password")
         self._check_extra_listeners()
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -147,9 +160,11 @@ class LocalBroker:
                 raise BrokerError(f"extra listener {name}: port {port} is already used by "
                                   f"{taken[port]}")
             taken[port] = f"listener {name}"
-        if self.sasl_port is not None and self.sasl_port in taken:
-            raise BrokerError(f"SASL listener: port {self.sasl_port} is already used by "
-                              f"{taken[self.sasl_port]}")
+        for name, p in (("SASL", self.sasl_port), ("SSL", self.ssl_port)):
+            if p is not None and p in taken:
+                raise BrokerError(f"{name} listener: port {p} is already used by {taken[p]}")
+            if p is not None:
+                taken[p] = f"the {name} listener"
 
     @classmethod
     def attach(cls, data_dir: Path | str) -> LocalBroker:
@@ -188,15 +203,22 @@ class LocalBroker:
         """The broker's configuration (written to ``server.properties``)."""
         host = "127.0.0.1"
         extra = self.extra_listeners.items()
-        sasl: dict[str, str] = {}
-        sasl_listener: list[str] = []
+        security: dict[str, str] = {}
+        secured: list[str] = []
         if self.sasl_port is not None:
-            sasl_listener = [f"SASL://{host}:{self.sasl_port}"]
+            secured = [f"SASL://{host}:{self.sasl_port}"]
             users = " ".join(f'user_{u}="{p}"' for u, p in self.sasl_users.items())
-            sasl = {"sasl.enabled.mechanisms": "PLAIN",
-                    "listener.name.sasl.plain.sasl.jaas.config":
-                        f"org.apache.kafka.common.security.plain.PlainLoginModule required "
-                        f"{users};"}
+            security = {"sasl.enabled.mechanisms": "PLAIN",
+                        "listener.name.sasl.plain.sasl.jaas.config":
+                            f"org.apache.kafka.common.security.plain.PlainLoginModule required "
+                            f"{users};"}
+        if self.ssl_port is not None:
+            secured.append(f"SSL://{host}:{self.ssl_port}")
+            security.update({"listener.name.ssl.ssl.keystore.type": "PKCS12",
+                             "listener.name.ssl.ssl.keystore.location": str(self.ssl_keystore),
+                             "listener.name.ssl.ssl.keystore.password": self.ssl_password,
+                             "listener.name.ssl.ssl.key.password": self.ssl_password,
+                             "listener.name.ssl.ssl.client.auth": "none"})
         props = {
             "process.roles": "broker,controller",
             "node.id": "1",
@@ -204,15 +226,16 @@ class LocalBroker:
             "listeners": ",".join([f"PLAINTEXT://{host}:{self.port}",
                                    f"CONTROLLER://{host}:{self.controller_port}",
                                    *(f"{n}://{host}:{p}" for n, (p, _) in extra),
-                                   *sasl_listener]),
+                                   *secured]),
             "advertised.listeners": ",".join([f"PLAINTEXT://{host}:{self.port}",
                                               *(f"{n}://{a}" for n, (_, a) in extra),
-                                              *sasl_listener]),
+                                              *secured]),
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": ",".join(
                 ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT",
                  *(f"{n}:PLAINTEXT" for n in self.extra_listeners),
-                 *(["SASL:SASL_PLAINTEXT"] if sasl_listener else [])]),
+                 *(["SASL:SASL_PLAINTEXT"] if self.sasl_port is not None else []),
+                 *(["SSL:SSL"] if self.ssl_port is not None else [])]),
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self.kafka_dir),
             "num.partitions": "1",
@@ -228,7 +251,7 @@ class LocalBroker:
             "group.min.session.timeout.ms": "1000",  # tests use short sessions
             "auto.create.topics.enable": "false",  # topics come from the topic table only
         }
-        return {**props, **sasl}
+        return {**props, **security}
 
     def write_config(self) -> None:
         """Write ``server.properties`` and ``log4j2.properties`` into the data dir."""
@@ -257,6 +280,9 @@ class LocalBroker:
                  "bootstrap": self.bootstrap, "heap": self.heap,
                  "extra_listeners": self.extra_listeners,
                  "sasl_port": self.sasl_port, "sasl_users": self.sasl_users,
+                 "ssl_port": self.ssl_port,
+                 "ssl_keystore": str(self.ssl_keystore) if self.ssl_keystore else None,
+                 "ssl_password": self.ssl_password or None,
                  "kafka_version": kafka_version(), "updated_at": time.time()}
         tmp = self.data_dir / f".{_STATE}.tmp"
         tmp.write_text(json.dumps(state, indent=2) + "\n")
@@ -325,7 +351,7 @@ class LocalBroker:
         java = require_java()
         for port in (self.port, self.controller_port,
                      *(p for p, _ in self.extra_listeners.values()),
-                     *([self.sasl_port] if self.sasl_port is not None else [])):
+                     *(p for p in (self.sasl_port, self.ssl_port) if p is not None)):
             if not _port_free(port):
                 raise BrokerError(f"port {port} on 127.0.0.1 is in use; stop what listens there "
                                   "or choose other ports (--port)")
@@ -352,12 +378,12 @@ class LocalBroker:
 
     def _failure_context(self) -> str:
         parts = [f"--- {p.name} (last lines) ---\n{t}" for p in (self.jvm_log_file, self.log_file)
-                 if (t := _tail(p))]
+                 if (t := tail_file(p))]
         return "\n".join(parts) or f"(no output in {self.jvm_log_file})"
 
     def _wait_ready(self, deadline: float) -> None:
         assert self._proc is not None
-        probe = _Probe(self.bootstrap, self.log_file)
+        probe = Probe(self.bootstrap, self.log_file)
         try:
             while True:
                 code = self._proc.poll()
@@ -415,57 +441,6 @@ class LocalBroker:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
-
-
-class _Probe:
-    """Asks the broker whether it serves clients: metadata through the admin client, or (without
-    confluent-kafka) the "Kafka Server started" line in its log plus an open port."""
-
-    def __init__(self, bootstrap: str, log_file: Path) -> None:
-        self.bootstrap = bootstrap
-        self.log_file = log_file
-        self.admin: Any = None
-        try:
-            from confluent_kafka.admin import AdminClient
-        except ImportError:
-            return
-        conf: dict[str, Any] = {
-            "bootstrap.servers": bootstrap, "logger": _DebugLog(),
-            "error_cb": lambda err: log.debug("probe: %s", err),
-            "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 250,
-        }
-        self.admin = AdminClient(conf)
-
-    def ready(self, timeout: float) -> bool:
-        if self.admin is not None:
-            from confluent_kafka import KafkaException
-
-            try:
-                md = self.admin.list_topics(timeout=timeout)
-            except KafkaException:
-                return False
-            finally:
-                self.admin.poll(0)
-            return bool(md.brokers)
-        host, _, port = self.bootstrap.rpartition(":")
-        if "Kafka Server started" not in _tail(self.log_file, 200):
-            time.sleep(min(timeout, 0.2))
-            return False
-        try:
-            socket.create_connection((host, int(port)), timeout=timeout).close()
-        except OSError:
-            return False
-        return True
-
-    def close(self) -> None:
-        self.admin = None
-
-
-class _DebugLog:
-    """A librdkafka ``logger`` that keeps the probe's connection-refused lines at DEBUG."""
-
-    def log(self, _level: int, fmt: str, *args: object) -> None:
-        log.debug("probe: " + fmt, *args)
 
 
 EXTERNAL_ENV = "ASTRAFLOW_KAFKA_BOOTSTRAP"

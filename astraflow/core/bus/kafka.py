@@ -114,7 +114,9 @@ class KafkaBus:
             return BusError(f"{what} failed on kafka at {self.bootstrap}: authentication "
                             f"failed ({auth or kafka_error(e).str()}); check "
                             "security.protocol, sasl.mechanism, sasl.username and "
-                            "sasl.password (bus.options, or the bus URL's query string)")
+                            "sasl.password, or over TLS ssl.ca.location (the broker "
+                            "certificate's CA, PEM) (bus.options, or the bus URL's query "
+                            "string)")
         return BusError(f"{what} failed on kafka at {self.bootstrap}: {kafka_error(e).str()}. "
                         "Is the broker running? (astraflow broker start)")
 

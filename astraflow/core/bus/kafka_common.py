@@ -107,7 +107,7 @@ class ClientLog:
         self._last_noise = -NOISE_EVERY_S
         self._suppressed = 0
         self.fatal: ck.KafkaError | None = None
-        self.auth_error: str | None = None  # the last authentication failure, if any
+        self.auth_error: str | None = None  # the last authentication (or TLS) failure, if any
 
     def noise(self, text: str) -> None:
         now = time.monotonic()
@@ -132,7 +132,7 @@ class ClientLog:
             log.log(level, "%s", text)
 
     def error(self, err: ck.KafkaError) -> None:
-        if err.code() == E._AUTHENTICATION:
+        if err.code() in (E._AUTHENTICATION, E._SSL):  # a TLS handshake refused: no retry helps
             self.auth_error = err.str()
         if err.fatal():
             self.fatal = err
