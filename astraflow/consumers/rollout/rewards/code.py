@@ -38,7 +38,8 @@ def extract_code(completion: str) -> str:
 @REWARDS.register("code")
 def code_tests(completion: str, reference: Mapping[str, Any], *, timeout_s: float = 10.0,
                memory_mb: int = 1024, max_procs: int = 16, max_output_bytes: int = 64 * 1024,
-               network: bool = False, python: str | None = None) -> dict[str, float]:
+               network: bool = False, python: str | None = None,
+               disk_mb: int = 64) -> dict[str, float]:
     """1.0 if the extracted program passes ``reference["tests"]`` in the sandbox."""
     tests = reference.get("tests")
     if tests is None:
@@ -48,6 +49,6 @@ def code_tests(completion: str, reference: Mapping[str, Any], *, timeout_s: floa
     program = f"{extract_code(completion)}\n\n# --- tests ---\n{tests}\n"
     res = run_python(program, limits=SandboxLimits(
         timeout_s=timeout_s, memory_mb=memory_mb, max_procs=max_procs,
-        max_output_bytes=max_output_bytes, network=network), python=python)
+        max_output_bytes=max_output_bytes, network=network, disk_mb=disk_mb), python=python)
     return {"reward": 1.0 if res.ok else 0.0, "timed_out": float(res.timed_out),
             "sandbox_seconds": res.seconds, "sandbox_unisolated": float(bool(res.unisolated))}

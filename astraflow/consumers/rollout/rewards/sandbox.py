@@ -60,8 +60,9 @@ from astraflow.consumers.rollout.rewards.sandbox_probe import (
     spawn,
 )
 
-__all__ = ["STATS", "SandboxError", "SandboxLimits", "SandboxResult", "SandboxStats",
-           "features", "isolation", "missing", "network_isolation", "run_python"]
+__all__ = ["POLICY", "STATS", "SandboxError", "SandboxLimits", "SandboxPolicy", "SandboxResult",
+           "SandboxStats", "configure", "features", "isolation", "missing", "network_isolation",
+           "run_python"]
 
 log = logging.getLogger("astraflow.rollout.sandbox")
 
@@ -78,6 +79,46 @@ _probe_lock = threading.Lock()
 _isolation: dict[str, Isolation] = {}
 
 
+@dataclass(slots=True)
+class SandboxPolicy:
+    """What the process accepts (``rollout.sandbox``; :func:`configure`)."""
+
+    allow_same_uid: bool = False  # run code as the worker's own uid where no other is possible
+    warned: bool = False  # the same-uid warning was logged (once per process)
+
+
+POLICY = SandboxPolicy()
+
+
+def configure(*, allow_same_uid: bool) -> None:
+    """Set this process's sandbox policy (``rollout.sandbox``); a worker calls it at start."""
+    POLICY.allow_same_uid = allow_same_uid
+
+
+def _check_uid(iso: Isolation) -> None:
+    """Refuse to run code as the worker's own uid unless the config accepts it (warned once):
+    that uid owns the run's checkpoints and config, and the code could use whatever of them it
+    can reach, now or in a later kernel or mount bug."""
+    if iso.own_uid:
+        return
+    uid = os.getuid()
+    if not POLICY.allow_same_uid:
+        why = ("the worker is not root, so it cannot give the code a uid of its own"
+               if not iso.root else "this interpreter cannot run as another user (its files "
+               "are not readable by others)")
+        raise SandboxError(
+            f"refusing to run untrusted code as the worker's own uid {uid}: {why}. Fix: run "
+            "the worker as root (each sandbox then runs as a fresh unprivileged uid), or as "
+            "root give the code reward an interpreter other users can read (its `python` "
+            "keyword argument), or accept the risk with `rollout.sandbox.allow_same_uid: true`")
+    if not POLICY.warned:
+        POLICY.warned = True
+        log.warning("sandbox runs untrusted code as the worker's own uid=%d "
+                    "(rollout.sandbox.allow_same_uid: true): it sees only its own root (system "
+                    "directories read-only, its work directory), but any of that user's files "
+                    "a kernel or mount bug exposed would be its to read and write", uid)
+
+
 @dataclass(frozen=True, slots=True)
 class SandboxLimits:
     timeout_s: float = 10.0  # wall clock
@@ -87,6 +128,7 @@ class SandboxLimits:
     max_file_mb: int = 16  # RLIMIT_FSIZE: any file, stdout and stderr included
     max_output_bytes: int = 64 * 1024  # of stdout/stderr read back
     network: bool = False  # True: leave the network alone
+    disk_mb: int = 64  # everything it writes (work dir, /tmp, /dev/shm) together: one tmpfs
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +235,7 @@ def run_python(code: str, *, limits: SandboxLimits = SandboxLimits(),
     start = time.monotonic()
     py = interpreter(python)
     iso = isolation(py)
+    _check_uid(iso)
     isolate_net = iso.network and not limits.network
     uid = fresh_uid() if iso.own_uid else None
     # RLIMIT_NPROC does not bind uid 0: there, new processes are refused by the filter instead
@@ -221,7 +264,7 @@ def run_python(code: str, *, limits: SandboxLimits = SandboxLimits(),
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             res = spawn(py, iso, script, rlimits=rlimits, timeout=limits.timeout_s, stdout=out,
                         stderr=err, env=env, uid=uid, isolate_net=isolate_net,
-                        no_fork=no_fork, tmpfs_mb=limits.max_file_mb)
+                        no_fork=no_fork, disk_mb=limits.disk_mb)
         STATS.count(unisolated=bool(unisolated), error=bool(res.errors))
         if res.errors:
             raise SandboxError(f"the sandbox could not start the code (python={py}): "
