@@ -4,7 +4,7 @@
 ``assert``\\ s) appended to the program extracted from the completion (the last fenced code
 block, else the whole text). The reward is 1.0 when the program exits with status 0 inside the
 limits, else 0.0; an infinite loop, a fork bomb, a huge print, a memory hog or a network call
-only ever costs the sandbox (see :mod:`.sandbox`). A program that exits with status 0 before the
+only ever costs the sandbox (see :mod:`.sandbox`; ``disk_mb``: what it may write, in all). A program that exits with status 0 before the
 tests run passes: the tests are plain code in the same process, not a separate judge.
 
 ``python``: the interpreter that runs the program (default: the worker's own). A sandbox that

@@ -7,17 +7,19 @@ once per interpreter, :func:`features`):
   killed at the timeout, the kernel kills everything it started (a ``setsid`` child or a
   daemon included), and it sees and can signal only its own processes;
 * **user**: as root, each sandbox runs as a fresh unprivileged uid of its own, with no
-  capabilities and no way to regain them (``no_new_privs``); the interpreter's directories are
-  bound into reach, so a venv under ``/root`` works. Where that interpreter still cannot run
-  as another user, it runs as uid 0 with every capability dropped, and the warning says so.
-  As an ordinary user, the namespaces belong to a user namespace and the code keeps the user's
-  uid without capabilities;
-* **files**: a private mount tree: read-only but for the sandbox's own work directory (deleted
-  afterwards) and fresh tmpfs ``/tmp``, ``/var/tmp``, ``/dev/shm``; ``/root``, ``/home``,
-  ``/run``, ``/mnt``, ``/media`` and the worker's working directory are hidden behind empty
-  directories; ``/dev`` holds only null, zero, full, random and urandom; ``/proc`` shows the
-  sandbox's processes only (the worker's environment is not readable: the environment the code
-  gets is a fixed, clean one);
+  capabilities and no way to regain them (``no_new_privs``). Where that is impossible (a worker
+  that is not root: a user namespace alone keeps the worker's kernel uid, whatever uid it
+  shows inside; as root, an interpreter other users cannot run) the code would run as the
+  worker's own uid, which owns the run's checkpoints and config: refused with
+  :class:`SandboxError` unless ``rollout.sandbox.allow_same_uid`` (:func:`configure`) accepts
+  it, with one warning per process;
+* **files**: a root of its own (``pivot_root``): a tmpfs of ``disk_mb`` holding the system
+  directories (``/usr``, ``/etc``, ``/lib``...) and the interpreter's, bound read-only, its work
+  directory, ``/tmp``, ``/var/tmp``, a ``/dev`` with only null, zero, full, random and urandom,
+  and a ``/proc`` of its own processes. Nothing else of the host is there: not the run
+  directory, not the worker's working directory, not home directories. Everything it writes
+  (work directory, ``/tmp``, ``/dev/shm``) shares that one quota, in memory, never the host's
+  disk; the environment the code gets is a fixed, clean one;
 * **network**: a new, empty network namespace (``limits.network=True`` keeps the host's);
 * **system calls**: a seccomp filter (:mod:`.sandbox_seccomp`) kills a process that uses a
   foreign syscall ABI (32-bit ``int 0x80``, x32) and refuses ``setns``, ``unshare``, new
@@ -36,8 +38,8 @@ each run without full isolation is counted in :data:`STATS` and marked in
 code 0 silently.
 
 This is strong containment of a policy's programs, not a VM: the code runs on the host's kernel
-and can read world-readable files that are not hidden. For hostile code at scale use a
-container or VM runtime as well.
+and can read the world-readable files of the system directories it sees. For hostile code at
+scale use a container or VM runtime as well.
 """
 
 from __future__ import annotations
