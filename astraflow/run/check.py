@@ -182,6 +182,7 @@ def _check_reward(config: ExperimentConfig, sample: TaskSpec | None,
     """The reward resolves, and scores the sample's reference answer (a reward that raises on
     a real task would score every episode 0, silently counted as reward_failures)."""
     from astraflow.consumers.rollout.rewards import build_reward
+    from astraflow.consumers.rollout.rewards.sandbox import configure
 
     rc = config.rollout.reward
     if rc.extract != "none":
@@ -195,6 +196,7 @@ def _check_reward(config: ExperimentConfig, sample: TaskSpec | None,
         # scored without the answer extractor: the reference answer is the bare answer, not a
         # reply in the format the extractor looks for (the extractor's name is checked when
         # the config loads)
+        configure(allow_same_uid=config.rollout.sandbox.allow_same_uid)  # as the workers do
         reward = build_reward(rc.model_copy(update={"extract": "none"}))
     except Exception as e:  # noqa: BLE001 - a module path may raise anything on import
         report.bad("rollout.reward.name", str(e))

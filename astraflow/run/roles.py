@@ -172,7 +172,9 @@ def build_evaluator(config: ExperimentConfig, policy: str, out: str | Path, *, b
     judgement of right and wrong claims when it plays the ``verifier`` role of a
     ``solver_verifier`` team (prompted as the run's workflow prompts it), else its answers."""
     from astraflow.consumers.evaluator import Evaluator
+    from astraflow.consumers.rollout.rewards.sandbox import configure
 
+    configure(allow_same_uid=config.rollout.sandbox.allow_same_uid)  # it runs the reward too
     if policy not in config.policies:
         raise ConfigError(f"unknown policy {policy!r}; valid: {', '.join(config.policies)}")
     kind = evaluation_kind(config, policy)
@@ -227,8 +229,10 @@ def build_team_evaluator(config: ExperimentConfig, out: str | Path, *, bus: Bus,
                          metrics: Any = None) -> TeamEvaluator:
     """The evaluator of the run's ``solver_verifier`` team (every policy of it, the whole
     episode, greedy, on ``launch.eval_problems`` held-out problems)."""
+    from astraflow.consumers.rollout.rewards.sandbox import configure
     from astraflow.consumers.team_evaluator import WORKFLOW, TeamEvaluator
 
+    configure(allow_same_uid=config.rollout.sandbox.allow_same_uid)  # it runs the reward too
     if config.team_workflow() != WORKFLOW:
         raise ConfigError(f"the team evaluator measures a {WORKFLOW} team; this run's "
                           f"workflow is {config.team_workflow() or config.producer.workflow!r} "

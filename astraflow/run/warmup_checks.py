@@ -110,6 +110,7 @@ class HeldOutProbe:
 
         from astraflow.consumers.evaluator import held_out
         from astraflow.consumers.rollout.rewards import build_reward
+        from astraflow.consumers.rollout.rewards.sandbox import configure
         from astraflow.models.tiny import load
 
         if config.launch.threads_per_role is not None:
@@ -122,6 +123,7 @@ class HeldOutProbe:
                               "null for a warm-up of exactly `steps` steps") from None
         self.model, self.tokenizer = load(model_dir(config, policy, out))
         self.model.eval()
+        configure(allow_same_uid=config.rollout.sandbox.allow_same_uid)  # as the workers do
         self.reward = build_reward(config.rollout.reward)
         self.max_new_tokens = config.rollout.engine.max_new_tokens
         self.claims: list[Any] | None = None

@@ -1,13 +1,27 @@
-"""Fixtures of the rollout tests: a bus of each backend, tiny local models (built once)."""
+"""Fixtures of the rollout tests: a bus of each backend, tiny local models (built once), the
+sandbox's same-uid policy for a user who is not root."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from astraflow.core.bus import Bus, connect
+
+
+@pytest.fixture(autouse=True)
+def sandbox_same_uid_when_not_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run as an ordinary user (a developer's laptop, a CI runner), the sandbox's code can only
+    run as that user's uid, which ``rollout.sandbox.allow_same_uid`` must accept: the tests
+    accept it, as such a user would, so that everything else the sandbox does is still tested
+    there (the refusal itself is tested as ``nobody`` and in the uid-0 fallback)."""
+    if os.geteuid() != 0:
+        from astraflow.consumers.rollout.rewards import sandbox
+
+        monkeypatch.setattr(sandbox.POLICY, "allow_same_uid", True)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ The attacks only ever aim at things the test made for the purpose (a planted var
 victim process, a directory, a listening socket), so a sandbox that lets one through harms
 nothing else on the machine. Each runs with what the host offers (``probed``) and, for a root
 worker, also in the fallback for an interpreter no other user can run (``uid0``: uid 0 with
-every capability dropped)."""
+every capability dropped, which the config must accept: ``rollout.sandbox.allow_same_uid``)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
         if not (iso.root and iso.namespaces):
             pytest.skip("the uid-0 fallback is that of a root worker with namespaces")
         monkeypatch.setitem(sandbox._isolation, sys.executable, replace(iso, own_uid=False))
+        monkeypatch.setattr(sandbox.POLICY, "allow_same_uid", True)
     return str(request.param)
 
 
@@ -96,6 +97,7 @@ print('found' if hits else 'clean', hits)
               "from astraflow.consumers.rollout.rewards import sandbox as sb\n"
               f"if {mode!r} == 'uid0':\n"
               "    sb._isolation[sys.executable] = replace(sb.isolation(), own_uid=False)\n"
+              "    sb.configure(allow_same_uid=True)\n"
               "res = sb.run_python(sys.stdin.read(), limits=sb.SandboxLimits(timeout_s=20.0))\n"
               "print(res.returncode, res.stdout, res.stderr)\n")
     out = subprocess.run([sys.executable, "-c", worker], input=code, capture_output=True,
@@ -124,18 +126,20 @@ for name, pid, sig in (('victim', {victim.pid}, signal.SIGKILL), ('worker', {os.
 
 def test_sandbox_cannot_write_outside_its_directory(tmp_path: Path, mode: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Even where the target is not hidden (here /tmp is left visible on purpose), the file
-    system is read-only to the code but for its own directory."""
+    """Even where the target is visible (here a directory is bound into the sandbox on
+    purpose, as the interpreter's are), the file system is read-only to the code but for its
+    own directory."""
     iso = isolation()
-    monkeypatch.setitem(sandbox._isolation, sys.executable,
-                        replace(iso, hide=tuple(h for h in iso.hide if h[0] != "/tmp")))
     outside = tmp_path / "outside"
     outside.mkdir()
     outside.chmod(0o755)
+    monkeypatch.setitem(sandbox._isolation, sys.executable,
+                        replace(iso, reach=(*iso.reach, str(outside))))
     existing = outside / "model.bin"
     existing.write_text("weights")
     existing.chmod(0o644)
     code = f"""
+print('saw', open({str(existing)!r}).read())  # the target is there to be written
 for path in ({str(existing)!r}, {str(outside / 'planted.py')!r}):
     try:
         with open(path, 'w') as f:
@@ -146,6 +150,7 @@ for path in ({str(existing)!r}, {str(outside / 'planted.py')!r}):
 """
     res = run_python(code, limits=LIMITS)
     assert res.ok, res.stderr
+    assert res.stdout.startswith("saw weights"), res.stdout
     assert "wrote" not in res.stdout, res.stdout
     assert existing.read_text() == "weights" and not (outside / "planted.py").exists()
 
@@ -298,6 +303,7 @@ def test_a_host_that_cannot_isolate_is_warned_about_once_and_counted(
     probed = isolation()
     bare = replace(probed, namespaces=False, readonly=False, network=False, own_uid=False)
     monkeypatch.setattr(sandbox, "probe", lambda python: bare)
+    monkeypatch.setattr(sandbox.POLICY, "allow_same_uid", True)  # uid 0 / the worker's uid
     monkeypatch.delitem(sandbox._isolation, sys.executable)
     before = sandbox.STATS.unisolated_runs
     with caplog.at_level("WARNING", logger="astraflow.rollout.sandbox"):

@@ -151,6 +151,19 @@ class RewardConfig(Section):
         return check_extractor(value)
 
 
+class SandboxConfig(Section):
+    """What the code sandbox (``code`` reward, ``python`` tool) accepts; limits: reward kwargs.
+
+    Also read by the evaluator, which runs the reward too."""
+
+    allow_same_uid: bool = pydantic.Field(
+        False, description="run untrusted code as the worker's own uid where the sandbox "
+        "cannot give it one of its own (a worker that is not root; as root, an interpreter "
+        "other users cannot read), with a warning; false: such a run raises SandboxError (a "
+        "counted reward failure). The code then still sees only its own root (system "
+        "directories read-only, its work directory), not the run directory")
+
+
 class WorkflowConfig(Section):
     default: str = pydantic.Field(
         "single_turn", description="workflow of tasks whose `workflow` is empty")
@@ -176,11 +189,12 @@ class WeightSyncConfig(Section):
 
 
 class RolloutConfig(Section):
-    """Rollout workers: engine, workflow, reward, tools, concurrency, weights, draining."""
+    """Rollout workers: engine, workflow, reward, sandbox, tools, concurrency, weights, drain."""
 
     engine: EngineConfig = EngineConfig()
     workflow: WorkflowConfig = WorkflowConfig()
     reward: RewardConfig = RewardConfig()
+    sandbox: SandboxConfig = SandboxConfig()
     tools: dict[str, str] = pydantic.Field(
         default_factory=dict, description="extra tools: name -> 'module:function'")
     tool_timeout: float = pydantic.Field(10.0, gt=0, description="default seconds per tool call")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from astraflow.consumers.rollout.config import SAMPLING_KEYS, RolloutConfig
 from astraflow.consumers.rollout.engines.base import Engine, build_engine
 from astraflow.consumers.rollout.engines.speed import slowed
+from astraflow.consumers.rollout.rewards.sandbox import configure
 from astraflow.consumers.rollout.runtime import Runtime
 from astraflow.consumers.rollout.tools import TOOLS
 from astraflow.consumers.rollout.weights import WeightFollower
@@ -88,6 +89,7 @@ def build_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
     worker releases the tasks its staleness filter would drop; None: it finishes all."""
     out = Path(out)
     worker_id = worker_id or component_id("rollout")
+    configure(allow_same_uid=rc.sandbox.allow_same_uid)
     for module in rc.workflow.modules:
         importlib.import_module(module)
     for name, path in rc.tools.items():

@@ -4,7 +4,7 @@
 ``assert``\\ s) appended to the program extracted from the completion (the last fenced code
 block, else the whole text). The reward is 1.0 when the program exits with status 0 inside the
 limits, else 0.0; an infinite loop, a fork bomb, a huge print, a memory hog or a network call
-only ever costs the sandbox (see :mod:`.sandbox`). A program that exits with status 0 before the
+only ever costs the sandbox (see :mod:`.sandbox`; ``disk_mb``: what it may write, in all). A program that exits with status 0 before the
 tests run passes: the tests are plain code in the same process, not a separate judge.
 
 ``python``: the interpreter that runs the program (default: the worker's own). A sandbox that
@@ -38,7 +38,8 @@ def extract_code(completion: str) -> str:
 @REWARDS.register("code")
 def code_tests(completion: str, reference: Mapping[str, Any], *, timeout_s: float = 10.0,
                memory_mb: int = 1024, max_procs: int = 16, max_output_bytes: int = 64 * 1024,
-               network: bool = False, python: str | None = None) -> dict[str, float]:
+               network: bool = False, python: str | None = None,
+               disk_mb: int = 64) -> dict[str, float]:
     """1.0 if the extracted program passes ``reference["tests"]`` in the sandbox."""
     tests = reference.get("tests")
     if tests is None:
@@ -48,6 +49,6 @@ def code_tests(completion: str, reference: Mapping[str, Any], *, timeout_s: floa
     program = f"{extract_code(completion)}\n\n# --- tests ---\n{tests}\n"
     res = run_python(program, limits=SandboxLimits(
         timeout_s=timeout_s, memory_mb=memory_mb, max_procs=max_procs,
-        max_output_bytes=max_output_bytes, network=network), python=python)
+        max_output_bytes=max_output_bytes, network=network, disk_mb=disk_mb), python=python)
     return {"reward": 1.0 if res.ok else 0.0, "timed_out": float(res.timed_out),
             "sandbox_seconds": res.seconds, "sandbox_unisolated": float(bool(res.unisolated))}

@@ -7,17 +7,19 @@ once per interpreter, :func:`features`):
   killed at the timeout, the kernel kills everything it started (a ``setsid`` child or a
   daemon included), and it sees and can signal only its own processes;
 * **user**: as root, each sandbox runs as a fresh unprivileged uid of its own, with no
-  capabilities and no way to regain them (``no_new_privs``); the interpreter's directories are
-  bound into reach, so a venv under ``/root`` works. Where that interpreter still cannot run
-  as another user, it runs as uid 0 with every capability dropped, and the warning says so.
-  As an ordinary user, the namespaces belong to a user namespace and the code keeps the user's
-  uid without capabilities;
-* **files**: a private mount tree: read-only but for the sandbox's own work directory (deleted
-  afterwards) and fresh tmpfs ``/tmp``, ``/var/tmp``, ``/dev/shm``; ``/root``, ``/home``,
-  ``/run``, ``/mnt``, ``/media`` and the worker's working directory are hidden behind empty
-  directories; ``/dev`` holds only null, zero, full, random and urandom; ``/proc`` shows the
-  sandbox's processes only (the worker's environment is not readable: the environment the code
-  gets is a fixed, clean one);
+  capabilities and no way to regain them (``no_new_privs``). Where that is impossible (a worker
+  that is not root: a user namespace alone keeps the worker's kernel uid, whatever uid it
+  shows inside; as root, an interpreter other users cannot run) the code would run as the
+  worker's own uid, which owns the run's checkpoints and config: refused with
+  :class:`SandboxError` unless ``rollout.sandbox.allow_same_uid`` (:func:`configure`) accepts
+  it, with one warning per process;
+* **files**: a root of its own (``pivot_root``): a tmpfs of ``disk_mb`` holding the system
+  directories (``/usr``, ``/etc``, ``/lib``...) and the interpreter's, bound read-only, its work
+  directory, ``/tmp``, ``/var/tmp``, a ``/dev`` with only null, zero, full, random and urandom,
+  and a ``/proc`` of its own processes. Nothing else of the host is there: not the run
+  directory, not the worker's working directory, not home directories. Everything it writes
+  (work directory, ``/tmp``, ``/dev/shm``) shares that one quota, in memory, never the host's
+  disk; the environment the code gets is a fixed, clean one;
 * **network**: a new, empty network namespace (``limits.network=True`` keeps the host's);
 * **system calls**: a seccomp filter (:mod:`.sandbox_seccomp`) kills a process that uses a
   foreign syscall ABI (32-bit ``int 0x80``, x32) and refuses ``setns``, ``unshare``, new
@@ -36,8 +38,8 @@ each run without full isolation is counted in :data:`STATS` and marked in
 code 0 silently.
 
 This is strong containment of a policy's programs, not a VM: the code runs on the host's kernel
-and can read world-readable files that are not hidden. For hostile code at scale use a
-container or VM runtime as well.
+and can read the world-readable files of the system directories it sees. For hostile code at
+scale use a container or VM runtime as well.
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ from astraflow.consumers.rollout.rewards.sandbox_probe import (
     spawn,
 )
 
-__all__ = ["STATS", "SandboxError", "SandboxLimits", "SandboxResult", "SandboxStats",
-           "features", "isolation", "missing", "network_isolation", "run_python"]
+__all__ = ["POLICY", "STATS", "SandboxError", "SandboxLimits", "SandboxPolicy", "SandboxResult",
+           "SandboxStats", "configure", "features", "isolation", "missing", "network_isolation",
+           "run_python"]
 
 log = logging.getLogger("astraflow.rollout.sandbox")
 
@@ -78,6 +81,46 @@ _probe_lock = threading.Lock()
 _isolation: dict[str, Isolation] = {}
 
 
+@dataclass(slots=True)
+class SandboxPolicy:
+    """What the process accepts (``rollout.sandbox``; :func:`configure`)."""
+
+    allow_same_uid: bool = False  # run code as the worker's own uid where no other is possible
+    warned: bool = False  # the same-uid warning was logged (once per process)
+
+
+POLICY = SandboxPolicy()
+
+
+def configure(*, allow_same_uid: bool) -> None:
+    """Set this process's sandbox policy (``rollout.sandbox``); a worker calls it at start."""
+    POLICY.allow_same_uid = allow_same_uid
+
+
+def _check_uid(iso: Isolation) -> None:
+    """Refuse to run code as the worker's own uid unless the config accepts it (warned once):
+    that uid owns the run's checkpoints and config, and the code could use whatever of them it
+    can reach, now or in a later kernel or mount bug."""
+    if iso.own_uid:
+        return
+    uid = os.getuid()
+    if not POLICY.allow_same_uid:
+        why = ("the worker is not root, so it cannot give the code a uid of its own"
+               if not iso.root else "this interpreter cannot run as another user (its files "
+               "are not readable by others)")
+        raise SandboxError(
+            f"refusing to run untrusted code as the worker's own uid {uid}: {why}. Fix: run "
+            "the worker as root (each sandbox then runs as a fresh unprivileged uid), or as "
+            "root give the code reward an interpreter other users can read (its `python` "
+            "keyword argument), or accept the risk with `rollout.sandbox.allow_same_uid: true`")
+    if not POLICY.warned:
+        POLICY.warned = True
+        log.warning("sandbox runs untrusted code as the worker's own uid=%d "
+                    "(rollout.sandbox.allow_same_uid: true): it sees only its own root (system "
+                    "directories read-only, its work directory), but any of that user's files "
+                    "a kernel or mount bug exposed would be its to read and write", uid)
+
+
 @dataclass(frozen=True, slots=True)
 class SandboxLimits:
     timeout_s: float = 10.0  # wall clock
@@ -87,6 +130,7 @@ class SandboxLimits:
     max_file_mb: int = 16  # RLIMIT_FSIZE: any file, stdout and stderr included
     max_output_bytes: int = 64 * 1024  # of stdout/stderr read back
     network: bool = False  # True: leave the network alone
+    disk_mb: int = 64  # everything it writes (work dir, /tmp, /dev/shm) together: one tmpfs
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +237,7 @@ def run_python(code: str, *, limits: SandboxLimits = SandboxLimits(),
     start = time.monotonic()
     py = interpreter(python)
     iso = isolation(py)
+    _check_uid(iso)
     isolate_net = iso.network and not limits.network
     uid = fresh_uid() if iso.own_uid else None
     # RLIMIT_NPROC does not bind uid 0: there, new processes are refused by the filter instead
@@ -221,7 +266,7 @@ def run_python(code: str, *, limits: SandboxLimits = SandboxLimits(),
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             res = spawn(py, iso, script, rlimits=rlimits, timeout=limits.timeout_s, stdout=out,
                         stderr=err, env=env, uid=uid, isolate_net=isolate_net,
-                        no_fork=no_fork, tmpfs_mb=limits.max_file_mb)
+                        no_fork=no_fork, disk_mb=limits.disk_mb)
         STATS.count(unisolated=bool(unisolated), error=bool(res.errors))
         if res.errors:
             raise SandboxError(f"the sandbox could not start the code (python={py}): "

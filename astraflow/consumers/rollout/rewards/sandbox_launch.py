@@ -36,7 +36,8 @@ CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 _LOCKED = MS_NOSUID | MS_NODEV | MS_NOEXEC | 1024 | 2048 | 4096  # + NOATIME, NODIRATIME, RELATIME
-NR_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE = 442, -100, 0x8000
+NR_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MNT_DETACH = 442, -100, 0x8000, 2
+NR_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 1, 2
 PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_SECUREBITS = 1, 22, 24, 28
 PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
@@ -157,67 +158,90 @@ def init(cfg: dict, report: int) -> None:
 
 
 def setup_mounts(cfg: dict) -> None:
-    """A private mount tree: read-only, fresh tmpfs over the hidden directories (the
-    interpreter's directories and the work directory bound back in), a minimal /dev, a /proc of
-    the new PID namespace."""
+    """A new root of the sandbox's own: a tmpfs of ``disk_mb`` (everything the code can write,
+    its work directory, /tmp, /var/tmp and /dev/shm, shares that one quota) holding only the
+    system directories and the interpreter's (bound read-only), a minimal /dev and a /proc of
+    the new PID namespace. Nothing else of the host is visible: not the run directory, not the
+    worker's working directory, not home directories."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates back to the host
-    keep: dict[str, int] = {}
-    for path in cfg["reach"]:
-        try:
-            keep[path] = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            continue
     work = cfg["work"]
-    work_fd = os.open(work, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    devs = {}
-    for name in DEV_NODES:
-        try:
-            devs[name] = os.open(f"/dev/{name}", os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            continue
-    if cfg["readonly"]:
+    with open(cfg["script"], "rb") as f:
+        script = f.read()
+    # the host's work directory is the mount point; what the worker left there (the script,
+    # the output files it holds open) stays on the host, out of the sandbox's sight
+    root = work
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV,
+          f"mode=0755,size={cfg['disk_mb']}m,nr_inodes={cfg['inodes']}")
+    system = list(cfg["system"])
+    for path in system:
+        bring(path, root, rec_readonly=cfg["readonly"])
+    for path in cfg["reach"]:
+        if not any(path == s or path.startswith(s.rstrip("/") + "/") for s in system):
+            bring(path, root, rec_readonly=cfg["readonly"])
+    for path in ("/tmp", "/var/tmp"):
+        os.makedirs(root + path, exist_ok=True)
+        os.chmod(root + path, 0o1777)
+    private_dev(root)
+    # mounted before the host's root goes: a user namespace may mount a proc only while a
+    # fully visible one is there
+    os.makedirs(root + "/proc", exist_ok=True)
+    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    inside = root + work
+    os.makedirs(inside, exist_ok=True)
+    target = os.path.join(inside, os.path.basename(cfg["script"]))
+    with open(target, "wb") as f:
+        f.write(script)
+    if cfg["uid"] is not None:
+        os.chown(inside, cfg["uid"], cfg["uid"])
+        os.chmod(inside, 0o700)
+    os.chdir(root)
+    _check(libc.syscall(ctypes.c_long(NR_PIVOT_ROOT[platform.machine()]), ctypes.c_char_p(b"."),
+                        ctypes.c_char_p(b".")), "pivot_root into the sandbox's own root")
+    _check(libc.umount2(b".", MNT_DETACH), "detach the host's root")  # the old root, on top
+    os.chdir("/")
+
+
+def bring(path: str, root: str, *, rec_readonly: bool) -> None:
+    """Make host directory ``path`` visible, read-only, at the same path under ``root`` (a
+    symbolic link is copied as a link)."""
+    if not os.path.lexists(path):
+        return
+    target = root + path
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.islink(path):
+        if not os.path.lexists(target):
+            os.symlink(os.readlink(path), target)
+        return
+    if not os.path.isdir(path):
+        return
+    os.makedirs(target, exist_ok=True)
+    mount(path, target, None, MS_BIND | MS_REC)
+    if rec_readonly:  # the whole tree, submounts included
         attr = (ctypes.c_uint64 * 4)(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
         _check(libc.syscall(ctypes.c_long(NR_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD),
-                            ctypes.c_char_p(b"/"), ctypes.c_uint(AT_RECURSIVE),
+                            ctypes.c_char_p(target.encode()), ctypes.c_uint(AT_RECURSIVE),
                             ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))),
-               "make the file system read-only (mount_setattr, Linux 5.12+)")
-    hidden = []
-    for path, mode in cfg["hide"]:
-        if os.path.isdir(path) and not os.path.islink(path):
-            size = cfg["tmpfs_mb"] if mode == "1777" else 1
-            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode},size={size}m")
-            hidden.append(path.rstrip("/") + "/")
-    private_dev(devs, cfg["tmpfs_mb"])
-    for path, fd in keep.items():
-        if any(path.startswith(h) for h in hidden):
-            bind(fd, path, readonly=True)
-    bind(work_fd, work, readonly=False)
-    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for fd in (*keep.values(), work_fd, *devs.values()):
-        os.close(fd)
+               f"make {path} read-only (mount_setattr, Linux 5.12+)")
+        return
+    locked = os.statvfs(target).f_flag & _LOCKED  # flags a remount must keep (user namespaces)
+    mount(None, target, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_RDONLY | locked)
 
 
-def bind(fd: int, path: str, *, readonly: bool) -> None:
-    os.makedirs(path, exist_ok=True)
-    mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-    locked = os.statvfs(path).f_flag & _LOCKED  # flags a remount must keep (user namespaces)
-    mount(None, path, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | locked
-          | (MS_RDONLY if readonly else 0))
-
-
-def private_dev(devs: dict[str, int], tmp_mb: int) -> None:
+def private_dev(root: str) -> None:
     """/dev with only null, zero, full, random, urandom (no disks, no terminals), fd links and
-    a fresh /dev/shm."""
-    mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=1m")
-    for name, fd in devs.items():
-        path = f"/dev/{name}"
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o666))
-        mount(f"/proc/self/fd/{fd}", path, None, MS_BIND)
+    a /dev/shm in the sandbox's tmpfs (its quota)."""
+    dev = root + "/dev"
+    os.makedirs(dev, exist_ok=True)
+    for name in DEV_NODES:
+        if not os.path.exists(f"/dev/{name}"):
+            continue
+        os.close(os.open(f"{dev}/{name}", os.O_CREAT | os.O_WRONLY, 0o666))
+        mount(f"/dev/{name}", f"{dev}/{name}", None, MS_BIND)
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
-        os.symlink(target, f"/dev/{name}")
-    os.mkdir("/dev/shm")
-    mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={tmp_mb}m")
+        os.symlink(target, f"{dev}/{name}")
+    os.mkdir(f"{dev}/shm")
+    os.chmod(f"{dev}/shm", 0o1777)
 
 
 # --- the program -----------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import platform
 import select
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -27,12 +26,11 @@ from astraflow.core.errors import AstraflowError
 log = logging.getLogger("astraflow.rollout.sandbox")
 
 LAUNCHER = Path(__file__).with_name("sandbox_launch.py")
-# hidden behind an empty tmpfs in the sandbox (the interpreter's own directories are bound back
-# in read-only): home directories, runtime sockets, shared temporary directories
-HIDE = ("/root", "/home", "/run", "/mnt", "/media", "/tmp", "/var/tmp")
-TMP_DIRS = ("/tmp", "/var/tmp")  # hidden behind a writable tmpfs (1777)
-_SYSTEM = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/var", "/opt", "/proc", "/sys",
-           "/dev")
+# the host directories a sandbox sees (read-only), besides the interpreter's own; everything
+# else (home directories, the run directory, the worker's working directory, /tmp, /var,
+# /opt, /mnt, /run, /srv, /sys) is simply not there
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+INODES = 16_384  # files and directories the sandbox's tmpfs may hold
 _UID_BASE = 1_900_000_000
 _uids = itertools.count()
 
@@ -47,23 +45,25 @@ class SandboxError(AstraflowError):
 class Isolation:
     """What contains sandboxed code on this host, for one interpreter (probed once)."""
 
-    namespaces: bool = False  # PID, mount, IPC, UTS namespaces (+ hidden dirs, private /dev)
-    readonly: bool = False  # the file system is read-only but for the work dir and tmpfs
+    namespaces: bool = False  # PID, mount, IPC, UTS namespaces: a root of its own, quota'd
+    readonly: bool = False  # the system directories are read-only with every submount
     network: bool = False  # an empty network namespace
     seccomp: bool = False  # the filter of sandbox_seccomp
-    own_uid: bool = False  # root: runs as a uid of its own (else uid 0, capabilities dropped)
+    own_uid: bool = False  # root: runs as a uid of its own (else the worker's, no capabilities)
     root: bool = False  # the worker runs as root
-    reach: tuple[str, ...] = ()  # the interpreter's directories (bound back in when hidden)
-    hide: tuple[tuple[str, str], ...] = ()  # (directory, tmpfs mode) hidden behind a tmpfs
+    reach: tuple[str, ...] = ()  # the interpreter's directories (visible read-only)
+    system: tuple[str, ...] = SYSTEM  # host directories visible read-only
 
     def missing(self) -> tuple[str, ...]:
         """What this host cannot isolate, each with what it means (empty: all of it)."""
         out = []
         if not self.namespaces:
             out.append("no PID/mount namespaces: processes the code starts can outlive it, "
-                       "it sees the host's processes, /dev, /tmp and home directories")
+                       "it sees the host's processes and files (the run directory, home "
+                       "directories) and has no disk quota")
         elif not self.readonly:
-            out.append("no read-only file system (mount_setattr, Linux 5.12+)")
+            out.append("submounts of the system directories stay writable (mount_setattr, "
+                       "Linux 5.12+)")
         if not self.network:
             out.append("no network namespace: sockets are blocked inside Python only (best "
                        "effort)")
@@ -71,10 +71,12 @@ class Isolation:
             out.append("no seccomp filter: setns, ptrace, mount, bpf, io_uring and foreign "
                        "syscall ABIs are not blocked")
         if self.root and not self.own_uid:
-            out.append("runs as uid 0 (capabilities dropped): it can "
-                       + ("read" if self.readonly else "read and write")
-                       + " root-owned files that are not hidden"
-                       + ("" if self.seccomp else ", and start processes without limit"))
+            out.append("runs as uid 0 (capabilities dropped): it can read root-owned files "
+                       "it sees" + ("" if self.seccomp else ", and start processes without "
+                                    "limit"))
+        elif not self.own_uid:
+            out.append("runs as the worker's own uid (the worker is not root): it can read "
+                       "and write that user's files it sees")
         return tuple(out)
 
 
@@ -91,7 +93,7 @@ def fresh_uid() -> int:
 
 def spawn(python: str, iso: Isolation, script: Path, *, rlimits: dict[str, int],
           timeout: float, stdout: Any, stderr: Any, env: dict[str, str], uid: int | None,
-          isolate_net: bool, no_fork: bool, tmpfs_mb: int) -> Spawned:
+          isolate_net: bool, no_fork: bool, disk_mb: int) -> Spawned:
     """Run ``python -I -B script`` under ``iso`` through the launcher; kill it (and, with
     namespaces, everything it started) at ``timeout`` seconds."""
     work = script.parent
@@ -99,7 +101,7 @@ def spawn(python: str, iso: Isolation, script: Path, *, rlimits: dict[str, int],
     cfg = {"python": python, "script": str(script), "work": str(work),
            "namespaces": iso.namespaces, "readonly": iso.readonly, "isolate_net": isolate_net,
            "userns": not iso.root, "uid": uid, "reach": list(iso.reach),
-           "hide": [list(h) for h in iso.hide], "tmpfs_mb": tmpfs_mb, "rlimits": rlimits,
+           "system": list(iso.system), "disk_mb": disk_mb, "inodes": INODES, "rlimits": rlimits,
            "seccomp": iso.seccomp, "no_fork": no_fork,
            "own_pid": iso.seccomp and not iso.namespaces, "status_fd": status_w}
     timed_out = False
@@ -224,37 +226,12 @@ def reach_of(python: str, info: dict[str, Any]) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-def hide_of(reach: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """Directories to hide: :data:`HIDE`, the worker's working directory (where runs keep
-    their files), and the first directory on the way to each interpreter directory that other
-    users may not enter (hidden, so that the interpreter can be bound back into reach)."""
-    dirs = {d: ("1777" if d in TMP_DIRS else "0755") for d in HIDE}
-    cwd = os.path.realpath(os.getcwd())
-    if cwd != "/" and not any(cwd == s or s.startswith(cwd + "/") or cwd.startswith(s + "/")
-                              for s in _SYSTEM):
-        dirs.setdefault(cwd, "0755")
-    for r in reach:
-        parts = Path(r).parts
-        for i in range(2, len(parts)):
-            p = str(Path(*parts[:i]))
-            with contextlib.suppress(OSError):
-                if not os.stat(p).st_mode & stat.S_IXOTH:
-                    dirs.setdefault(p, "0755")
-                    break
-    out: list[tuple[str, str]] = []
-    for d in sorted(dirs, key=len):
-        if (os.path.isdir(d) and not os.path.islink(d)
-                and not any(d.startswith(o + "/") for o, _ in out)):
-            out.append((d, dirs[d]))
-    return tuple(out)
-
-
 def probe(python: str) -> Isolation:
     """The most isolation that runs ``python`` correctly here (it imports what it imports
     outside the sandbox). Raises :class:`SandboxError` when not even a bare run works."""
     info = interpreter_info(python)
     reach = reach_of(python, info)
-    base = Isolation(root=os.geteuid() == 0, reach=reach, hide=hide_of(reach))
+    base = Isolation(root=os.geteuid() == 0, reach=reach)
     if not sys.platform.startswith("linux"):
         return _must_work(python, base, info)
     cand = base
@@ -305,7 +282,7 @@ def _try(python: str, iso: Isolation, info: dict[str, Any]) -> str:
         with open(work / ".out", "w+b") as out, open(work / ".err", "w+b") as err:
             res = spawn(python, iso, script, rlimits={}, timeout=30.0, stdout=out, stderr=err,
                         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, uid=uid,
-                        isolate_net=iso.network, no_fork=False, tmpfs_mb=8)
+                        isolate_net=iso.network, no_fork=False, disk_mb=8)
             out.seek(0)
             err.seek(0)
             stdout, stderr = out.read().decode(errors="replace"), err.read(2000).decode(
