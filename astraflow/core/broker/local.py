@@ -40,6 +40,7 @@ from astraflow.core.broker.jars import (
 )
 from astraflow.core.errors import BrokerError
 from astraflow.core.ports import free_port
+from astraflow.core.secrets import write_private
 
 log = logging.getLogger("astraflow.broker")
 
@@ -235,7 +236,7 @@ class LocalBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         lines = [f"{k}={v}" for k, v in self.server_properties().items()]
         header = "# Written by astraflow (LocalBroker); rewritten at every start.\n"
-        self.config_file.write_text(header + "\n".join(lines) + "\n")
+        write_private(self.config_file, header + "\n".join(lines) + "\n")  # SASL's JAAS
         template = resources.files("astraflow.core.broker").joinpath("log4j2.properties")
         text = template.read_text().replace("@LOG_FILE@", str(self.log_file))
         (self.data_dir / "log4j2.properties").write_text(text)
@@ -258,9 +259,7 @@ class LocalBroker:
                  "extra_listeners": self.extra_listeners,
                  "sasl_port": self.sasl_port, "sasl_users": self.sasl_users,
                  "kafka_version": kafka_version(), "updated_at": time.time()}
-        tmp = self.data_dir / f".{_STATE}.tmp"
-        tmp.write_text(json.dumps(state, indent=2) + "\n")
-        os.replace(tmp, self.data_dir / _STATE)
+        write_private(self.data_dir / _STATE, json.dumps(state, indent=2) + "\n")  # passwords
 
     def _pid_alive(self, pid: int) -> bool:
         if self._proc is not None and self._proc.pid == pid:
