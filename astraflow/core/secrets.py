@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 #: what a dump shows in place of a secret
 REDACTED = "***"
@@ -58,7 +58,10 @@ def redact_url(url: str) -> str:
         if any(secret_key(k) for k, _ in pairs):
             query = urlencode([(k, REDACTED if secret_key(k) else v) for k, v in pairs],
                               safe="*")
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+    if (netloc, query) == (parts.netloc, parts.query):
+        return url  # untouched, byte for byte (``embedded:///abs`` keeps its empty host)
+    fragment = f"#{parts.fragment}" if parts.fragment else ""
+    return f"{parts.scheme}://{netloc}{parts.path}{'?' if query else ''}{query}{fragment}"
 
 
 def _redact_value(key: str | int, value: Any) -> Any:

@@ -122,3 +122,19 @@ def test_a_role_started_on_the_dump_reaches_a_server_with_the_real_token(
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("http://alice:pw-1@host:8470/p", "http://alice:***@host:8470/p"),
+    ("kafka://h:9092?ssl.key.password=k1&sasl.oauthbearer.client.secret=s2&acks=all",
+     "kafka://h:9092?ssl.key.password=***&sasl.oauthbearer.client.secret=***&acks=all"),
+    ("http://host:8470/p", "http://host:8470/p"),
+    ("embedded:///abs/run%23/bus.db", "embedded:///abs/run%23/bus.db"),
+])
+def test_secret_parts_of_urls_are_redacted_and_restored(url: str, shown: str) -> None:
+    from astraflow.core.secrets import redacted_paths, restore, split
+
+    data, kept = split({"weights": {"store": {"url": url}}})
+    assert data["weights"]["store"]["url"] == shown
+    assert bool(redacted_paths(data)) == (url != shown)
+    assert restore(data, kept)["weights"]["store"]["url"] == url
