@@ -184,17 +184,24 @@ def serve(
     token: Annotated[str | None, typer.Option(envvar="ASTRAFLOW_WEIGHTS_TOKEN",
                                               help="Require this bearer token.")] = None,
     max_connections: Annotated[int, typer.Option(
-        help="Connections served at once (lowered to what ulimit -n allows); one more is "
-             "answered 503.", min=1)] = 256,
+        help="Authenticated connections served at once (lowered to what ulimit -n allows); "
+             "one more is answered 503.", min=1)] = 256,
     idle_timeout: Annotated[float, typer.Option(
-        help="Seconds a connection has to send a whole request head, and may stay idle.",
-        min=0.001)] = 30.0,
+        help="Seconds an authenticated connection has to send a whole request head, and may "
+             "stay idle.", min=0.001)] = 30.0,
+    max_unauthenticated: Annotated[int, typer.Option(
+        help="Connections waiting to send their first request with the token; one more "
+             "closes the oldest of them.", min=1)] = 64,
+    auth_timeout: Annotated[float, typer.Option(
+        help="Seconds a new connection has to send its first request head whole.",
+        min=0.001)] = 5.0,
 ) -> None:
     """Serve a weight store over HTTP (ranged, resumable GETs; read-only)."""
     from astraflow.weights.server import make_server
 
     server = make_server(directory, host=host, port=port, token=token,
-                         max_connections=max_connections, idle_timeout_s=idle_timeout)
+                         max_connections=max_connections, idle_timeout_s=idle_timeout,
+                         max_unauthenticated=max_unauthenticated, auth_timeout_s=auth_timeout)
     typer.echo(f"serving {directory} at {server.url}" + (" (token required)" if token else ""))
     try:
         server.serve_forever()
@@ -279,8 +286,7 @@ def mirror(
                        root=serve_dir, rate_limit=rate_limit, keep_versions=keep_versions,
                        deadline_s=w.download_deadline_s, min_rate=w.download_min_rate)
             server = serve_mirror(m, host=host, port=port, token=token, hold_s=hold,
-                                  max_connections=w.server.max_connections,
-                                  idle_timeout_s=w.server.idle_timeout_s)
+                                  **w.server.model_dump())
             server.timeout = 0.25  # handle_request() returns this often to check for a stop
             failed: list[BaseException] = []
 

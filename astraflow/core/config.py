@@ -15,6 +15,14 @@ from typing import Any, TypeVar
 import pydantic
 
 from astraflow.core.errors import ConfigError
+from astraflow.core.secrets import (
+    REDACTED,
+    SECRETS_FILE,
+    read_secrets,
+    redacted_paths,
+    restore,
+    split,
+)
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
@@ -150,12 +158,26 @@ def load(model: type[M], path: str | Path | None = None, overrides: Iterable[str
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections")
         data = loaded or {}
+        if redacted_paths(data):  # a run directory's dump: its secrets are kept beside it
+            restore(data, read_secrets(p.parent))
     problems = _apply(data, overrides)
+    problems += [f"{source}: {k} is redacted ({REDACTED}) and no real value was found: a run "
+                 f"directory keeps it in its {SECRETS_FILE} (mode 0600) beside the config; "
+                 f"copy that file along, or give the real value in the config or with --set"
+                 for k in redacted_paths(data)]
     return validate(model, data, source=source, problems=problems)
 
 
 def dump(config: pydantic.BaseModel) -> str:
-    """The resolved config as YAML (what ``astraflow config show`` prints)."""
+    """The resolved config as YAML (what ``astraflow config show`` prints), every secret
+    (:mod:`astraflow.core.secrets`) shown as ``***``."""
+    return dump_split(config)[0]
+
+
+def dump_split(config: pydantic.BaseModel) -> tuple[str, list[tuple[tuple[str | int, ...], str]]]:
+    """The redacted YAML of :func:`dump` and the secrets it hides, as (path, value) pairs
+    (for :func:`astraflow.core.secrets.keep_secrets`)."""
     import yaml
 
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    data, secrets = split(config.model_dump(mode="json"))
+    return yaml.safe_dump(data, sort_keys=False), secrets

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.config import ExperimentConfig
-from astraflow.core.config import dump
+from astraflow.core.config import dump_split
 from astraflow.core.launcher import cli
+from astraflow.core.secrets import keep_secrets
 from astraflow.run.scaling import initial_workers
 from astraflow.run.supervisor import RoleSpec
 
@@ -17,8 +18,13 @@ RL_CONFIG = "config-rl.yaml"  # in a run directory: the RL phase's config
 
 
 def write_config(config: ExperimentConfig, path: Path) -> Path:
+    """Write ``config`` to ``path`` with its secrets redacted (``***``: the dump is for people
+    to read and share) and keep their real values in the run directory's 0600
+    ``secrets.yaml``, from which every role reading ``path`` gets them back."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dump(config))
+    text, secrets = dump_split(config)
+    keep_secrets(path.parent, secrets)
+    path.write_text(text)
     return path
 
 

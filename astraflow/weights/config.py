@@ -55,12 +55,20 @@ class ServerConfig(Section):
 
     max_connections: int = pydantic.Field(
         default=256, ge=1,
-        description="connections served at once (lowered to what `ulimit -n` allows); one more "
-                    "is answered 503 and closed")
+        description="authenticated connections served at once (lowered to what `ulimit -n` "
+                    "allows); one more is answered 503 and closed")
     idle_timeout_s: float = pydantic.Field(
         default=30.0, gt=0,
         description="a connection must send each request head whole within this long, and is "
                     "closed after this long without reading or writing")
+    max_unauthenticated: int = pydantic.Field(
+        default=64, ge=1,
+        description="connections waiting to send their first request with the token (they "
+                    "hold no slot of max_connections); one more closes the oldest of them")
+    auth_timeout_s: float = pydantic.Field(
+        default=5.0, gt=0,
+        description="a new connection must send its first request head whole within this "
+                    "long, or is closed")
 
 
 class WeightsConfig(Section):

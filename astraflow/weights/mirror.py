@@ -434,9 +434,9 @@ def serve_mirror(mirror: Mirror, *, host: str = "127.0.0.1", port: int = 0,
     """The weight server (:func:`~astraflow.weights.http.make_server`) over the mirror's
     directory, where a request for a blob being mirrored waits up to ``hold_s`` seconds for it
     (keep it under the workers' HTTP timeout, 30 s) before the answer is 404 and the worker
-    takes it from its fallback store. ``limits``: ``max_connections``, ``idle_timeout_s`` of
-    :func:`~astraflow.weights.server.make_server`. Call ``serve_forever()`` or
-    ``handle_request()``."""
+    takes it from its fallback store. ``limits``: ``max_connections``, ``idle_timeout_s``,
+    ``max_unauthenticated``, ``auth_timeout_s`` of :func:`~astraflow.weights.server.make_server`.
+    Call ``serve_forever()`` or ``handle_request()``."""
     server = make_server(mirror.store.root, host=host, port=port, token=token, **limits)
     # the server reads blobs through ``store.local_path`` only
     server.store = cast(FileStore, _HoldingStore(mirror, hold_s))

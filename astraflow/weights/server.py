@@ -6,12 +6,18 @@ bearer token, and the same path checks as :class:`~astraflow.weights.store.FileS
 pull (outbound connections only), so hosts behind NAT reach it. Writes go to the directory
 directly (the trainer's FileStore); the server never accepts uploads.
 
-It is reachable by whoever can reach its port, token or not, so it bounds what a client can
-hold: a connection must send each request head whole within ``idle_timeout_s`` (however
-slowly it drips) and is closed after that long without a request or without reading; at most
-``max_connections`` are open at once — lowered to what the process's descriptor limit allows
-— and one past the cap is answered ``503`` with ``Retry-After`` and closed at once. If
-descriptors still run out, accepting pauses instead of spinning.
+It is reachable by whoever can reach its port, token or not, so a connection holds a worker's
+slot only once it has shown the token: a new connection is *unauthenticated* and must send its
+first request head whole within ``auth_timeout_s`` (however slowly it drips); at most
+``max_unauthenticated`` wait so, and one more closes the oldest waiting one to make room (an
+attacker must outpace every worker's connect-and-send to keep one out, not just hold sockets).
+A request with the token (any complete request when no token is set) moves its connection
+into the ``max_connections`` slots of authenticated ones; past that cap it is answered ``503``
+with ``Retry-After`` and closed. A wrong or missing token is a 401 and the connection closes
+without taking a slot. An authenticated connection must send each later request head whole
+within ``idle_timeout_s`` and is closed after that long without a request or without reading.
+Both caps are lowered to what the process's descriptor limit allows; if descriptors still run
+out, accepting pauses instead of spinning.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import io
 import logging
 import os
 import re
+import socket
 import stat
 import threading
 import time
@@ -39,25 +46,28 @@ log = logging.getLogger("astraflow.weights.server")
 
 DEFAULT_MAX_CONNECTIONS = 256
 DEFAULT_IDLE_TIMEOUT_S = 30.0
+DEFAULT_MAX_UNAUTHENTICATED = 64
+DEFAULT_AUTH_TIMEOUT_S = 5.0
 _FD_RESERVE = 32  # descriptors kept for everything else the process opens
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)", re.ASCII)
 _HUGE = 1 << 62  # stands for a range number of more digits than any file size has
-_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
-         b"Connection: close\r\n\r\n")
 _OUT_OF_FDS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
-def connection_cap(wanted: int) -> int:
-    """``wanted``, lowered so that each connection can hold its socket and an open blob within
-    the process's descriptor limit (with some left for everything else)."""
+def connection_caps(served: int, unauthenticated: int) -> tuple[int, int]:
+    """``(served, unauthenticated)`` lowered so that both fit the process's descriptor limit
+    (with some left for everything else): an unauthenticated connection holds its socket, an
+    authenticated one its socket and an open blob; the waiting ones get at most a quarter."""
     try:
         import resource
     except ImportError:  # not on POSIX
-        return wanted
+        return served, unauthenticated
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
-        return wanted
-    return max(1, min(wanted, (soft - _FD_RESERVE) // 2))
+        return served, unauthenticated
+    room = soft - _FD_RESERVE
+    waiting = max(1, min(unauthenticated, room // 4))
+    return max(1, min(served, (room - waiting) // 2)), waiting
 
 
 class WeightServer(ThreadingHTTPServer):
@@ -66,26 +76,45 @@ class WeightServer(ThreadingHTTPServer):
 
     def __init__(self, root: Path, address: tuple[str, int], token: str | None, *,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S) -> None:
-        if max_connections < 1 or not idle_timeout_s > 0:
-            raise WeightStoreError(f"weight server: max_connections {max_connections} and "
-                                   f"idle_timeout_s {idle_timeout_s} must both be > 0")
+                 idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+                 max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
+                 auth_timeout_s: float = DEFAULT_AUTH_TIMEOUT_S) -> None:
+        if min(max_connections, max_unauthenticated) < 1 or not min(idle_timeout_s,
+                                                                    auth_timeout_s) > 0:
+            raise WeightStoreError(
+                f"weight server: max_connections {max_connections}, max_unauthenticated "
+                f"{max_unauthenticated}, idle_timeout_s {idle_timeout_s} and auth_timeout_s "
+                f"{auth_timeout_s} must all be > 0")
         self.store = FileStore(root)
         self.token = token
-        #: connections served at once (``max_connections`` lowered to the descriptor limit)
-        self.max_connections = connection_cap(max_connections)
+        #: authenticated connections served at once, and unauthenticated ones waiting to send
+        #: their first request (both lowered to the descriptor limit)
+        self.max_connections, self.max_unauthenticated = connection_caps(max_connections,
+                                                                          max_unauthenticated)
         self.idle_timeout_s = idle_timeout_s
+        self.auth_timeout_s = auth_timeout_s
         self.bytes_sent = 0  # blob bytes written to clients: this store's egress
         self.requests = 0  # GET and HEAD requests answered
-        self.connections = 0  # connections open now
+        self.connections = 0  # authenticated connections open now (each holds a slot)
         self.client_errors = 0  # connections that ended with the client gone (reset, pipe)
-        self.refused = 0  # connections past the cap: answered 503 and closed
+        self.refused = 0  # authenticated requests past max_connections: 503 and closed
+        self.unauthorized = 0  # requests without the token: 401 and closed, no slot taken
+        self.evicted = 0  # unauthenticated connections closed to make room for a new one
+        self._waiting: dict[Any, float] = {}  # unauthenticated sockets, oldest first
+        self._served: set[Any] = set()  # authenticated sockets
         self._count = threading.Lock()
         self._accept_failures = 0
-        if self.max_connections < max_connections:
-            log.info("max_connections=%d lowered to %d by the descriptor limit (ulimit -n)",
-                     max_connections, self.max_connections)
+        if (self.max_connections, self.max_unauthenticated) != (max_connections,
+                                                                max_unauthenticated):
+            log.info("max_connections=%d, max_unauthenticated=%d lowered to %d, %d by the "
+                     "descriptor limit (ulimit -n)", max_connections, max_unauthenticated,
+                     self.max_connections, self.max_unauthenticated)
         super().__init__(address, _Handler)
+
+    @property
+    def unauthenticated(self) -> int:
+        """Connections open now that have not yet sent a request with the token."""
+        return len(self._waiting)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away mid-answer (a cut link, a worker killed) is routine: one
@@ -127,37 +156,56 @@ class WeightServer(ThreadingHTTPServer):
             raise
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        """A new connection waits unauthenticated; with ``max_unauthenticated`` already
+        waiting, the oldest of them is closed to make room (it had the longest to speak)."""
         with self._count:
-            full = self.connections >= self.max_connections
-            if full:
-                self.refused += 1
-            else:
-                self.connections += 1
-        if full:
-            if self.refused == 1 or self.refused % 100 == 0:
-                log.warning("connection from %s refused (503): max_connections=%d are open; "
-                            "%d refused so far", client_address[0], self.max_connections,
-                            self.refused)
+            victim = None
+            if len(self._waiting) >= self.max_unauthenticated:
+                victim = next(iter(self._waiting))
+                del self._waiting[victim]
+                self.evicted += 1
+            self._waiting[request] = time.monotonic()
+        if victim is not None:
+            if self.evicted == 1 or self.evicted % 100 == 0:
+                log.warning("max_unauthenticated=%d connections wait for a first request: "
+                            "closed the oldest to make room for %s; %d closed so far",
+                            self.max_unauthenticated, client_address[0], self.evicted)
             with contextlib.suppress(OSError):
-                request.setblocking(False)  # a client that does not read cannot hold us
-                request.send(_BUSY)
-            self.shutdown_request(request)
-            return
+                victim.shutdown(socket.SHUT_RDWR)  # its thread reads EOF and ends
         try:
             super().process_request(request, client_address)  # a thread per connection
         except BaseException:
-            self._release()
+            self._release(request)
             raise
+
+    def authenticated(self, request: Any) -> bool:
+        """Move ``request`` from the waiting connections into a worker's slot; False when
+        every slot is taken (or it was closed to make room meanwhile)."""
+        with self._count:
+            if request in self._served:
+                return True
+            if request not in self._waiting:  # closed to make room meanwhile
+                return False
+            if self.connections >= self.max_connections:
+                self.refused += 1
+                return False
+            del self._waiting[request]
+            self._served.add(request)
+            self.connections += 1
+            return True
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._release()
+            self._release(request)
 
-    def _release(self) -> None:
+    def _release(self, request: Any) -> None:
         with self._count:
-            self.connections -= 1
+            self._waiting.pop(request, None)
+            if request in self._served:
+                self._served.discard(request)
+                self.connections -= 1
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -166,15 +214,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        idle = self.server.idle_timeout_s
-        self.connection.settimeout(idle)  # each read or write on the socket
-        self._reader = DeadlineReader(self.connection, idle, keep=self.rfile)
+        self._slot = False  # holds one of the server's max_connections (authenticated)
+        first = self.server.auth_timeout_s
+        self.connection.settimeout(first)  # each read or write on the socket
+        self._reader = DeadlineReader(self.connection, first, keep=self.rfile)
         self.rfile = io.BufferedReader(self._reader)
 
     def handle_one_request(self) -> None:
-        # the next request head must arrive whole within the idle timeout, however it drips
-        self._reader.deadline = time.monotonic() + self.server.idle_timeout_s
+        # the next request head must arrive whole within the timeout (the short one before
+        # the token was shown), however it drips
+        wait = self.server.idle_timeout_s if self._slot else self.server.auth_timeout_s
+        self._reader.deadline = time.monotonic() + wait
         super().handle_one_request()
+        if not self._slot:  # one try without a slot: a 401, a malformed request, EOF
+            self.close_connection = True
 
     def parse_request(self) -> bool:
         ok = super().parse_request()  # the request line and headers are read now
@@ -208,8 +261,20 @@ class _Handler(BaseHTTPRequestHandler):
         if token is not None:
             got = self.headers.get("Authorization", "")
             if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+                self.server.unauthorized += 1
+                self.close_connection = True
                 self._error(401, "missing or wrong bearer token",
                             {"WWW-Authenticate": 'Bearer realm="astraflow-weights"'})
+                return
+        if not self._slot:
+            self._slot = self.server.authenticated(self.request)
+            if not self._slot:
+                if self.server.refused == 1 or self.server.refused % 100 == 0:
+                    log.warning("request from %s refused (503): max_connections=%d are served; "
+                                "%d refused so far", self.client_address[0],
+                                self.server.max_connections, self.server.refused)
+                self.close_connection = True
+                self._error(503, "the weight server is busy; retry later", {"Retry-After": "1"})
                 return
         path = unquote(urlsplit(self.path).path).removeprefix("/")
         try:
@@ -276,11 +341,14 @@ def _number(digits: str) -> int:
 
 def make_server(root: str | Path, *, host: str = "127.0.0.1", port: int = 0,
                 token: str | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S) -> WeightServer:
+                idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+                max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
+                auth_timeout_s: float = DEFAULT_AUTH_TIMEOUT_S) -> WeightServer:
     """A server for the blobs under ``root`` (call ``serve_forever()``; port 0 picks a free
-    one). ``max_connections`` and ``idle_timeout_s``: see the module's docstring."""
+    one). The limits: see the module's docstring."""
     root = Path(root)
     if not root.is_dir():
         raise WeightStoreError(f"weight store directory {root} does not exist")
     return WeightServer(root, (host, port), token, max_connections=max_connections,
-                        idle_timeout_s=idle_timeout_s)
+                        idle_timeout_s=idle_timeout_s, max_unauthenticated=max_unauthenticated,
+                        auth_timeout_s=auth_timeout_s)

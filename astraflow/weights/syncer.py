@@ -11,9 +11,11 @@ snapshot plus the deltas after it.
 
 Manifests are checked before they are acted on (:class:`~astraflow.weights.follow.ManifestBook`:
 malformed ones and second, different manifests of a blob already seen are refused and
-counted). A blob no store has costs one request and is then left alone for a while (a manifest
-anyone could have forged must not be asked for on every poll, nor spend ``max_heals``, which
-bounds the corrupt blobs met in one sync). Every download has a deadline: ``deadline_s`` plus
+counted). A blob no store has costs one request and is then remembered as missing and never
+asked for again by this syncer (a manifest anyone could have forged must not cost a request on
+every poll, nor spend ``max_heals``, which bounds the corrupt blobs met in one sync). The
+trainer writes a blob before its manifest, so a real blob is never missing when its manifest is
+read; one that a mirror has not fetched yet is waited for through the fallback store instead. Every download has a deadline: ``deadline_s`` plus
 its size at ``min_rate`` bytes/s (or at ``rate_limit`` when that is lower).
 
 >>> syncer = Syncer(bus, run="demo", policy="solver", store=HttpStore(url),
@@ -55,7 +57,6 @@ log = logging.getLogger("astraflow.weights.syncer")
 
 DEFAULT_DEADLINE_S = 60.0  # every download may take this long, plus its size at min_rate
 DEFAULT_MIN_RATE = 1_000_000.0  # bytes/s
-_MISSING_RETRY_S = (1.0, 30.0)  # a blob no store has is asked for again after 1 s, 2 s, ... 30 s
 
 
 @dataclass
@@ -68,7 +69,7 @@ class SyncStats:
     prefetched_bytes: int = 0  # bytes downloaded by prefetch(), ahead of applying
     bad_records: int = 0  # records on the topic that were not manifests of this policy
     refused: int = 0  # manifests refused: malformed, or a second one for a blob already seen
-    missing: int = 0  # blobs no store had (a forged manifest, or one not written yet)
+    missing: int = 0  # blobs no store had (a forged manifest, a pruned version): never asked again
     failures: int = 0  # syncs in run() that failed (store unreachable, ...): retried
 
 
@@ -111,7 +112,7 @@ class Syncer:
         self.prefetch_complete = True  # the last prefetch() got every blob of its route
         self.manifests: list[WeightManifest] = []
         self._book = ManifestBook()
-        self._missing: dict[str, tuple[int, float]] = {}  # uri → (misses, when to ask again)
+        self._missing: set[str] = set()  # blobs no store had: never asked for again
         self._last_failure = ""
         self._shadow: dict[str, tuple[str, np.ndarray]] = {}  # host bits the target lacks
         self._digests: dict[str, str] | None = None  # of the version held, when known
@@ -128,8 +129,8 @@ class Syncer:
         return self._version
 
     def newest(self) -> int | None:
-        """The newest version announced, leaving out manifests whose blob was just found
-        missing everywhere (until it is asked for again)."""
+        """The newest version announced, leaving out manifests whose blob was found missing
+        everywhere."""
         skip = self._skipped()
         return max((m.version for m in self.manifests if m.tensors[0].uri not in skip),
                    default=None)
@@ -160,16 +161,12 @@ class Syncer:
                           exclude=self._skipped())
 
     def _skipped(self) -> set[str]:
-        """Blobs found missing everywhere whose time to be asked for again has not come."""
-        now = time.monotonic()
-        return {uri for uri, (_n, again) in self._missing.items() if again > now}
+        """Blobs found missing everywhere: routed around for good."""
+        return set(self._missing)
 
     def _note_missing(self, uris: set[str]) -> None:
-        for uri in uris:
-            n = self._missing.get(uri, (0, 0.0))[0] + 1
-            first, most = _MISSING_RETRY_S
-            self._missing[uri] = (n, time.monotonic() + min(most, first * 2 ** (n - 1)))
-            self.stats.missing += 1
+        self.stats.missing += len(uris - self._missing)
+        self._missing |= uris
 
     def _deadline_s(self, nbytes: int) -> float:
         """How long a download of ``nbytes`` may take: the floor plus its size at the slowest
@@ -205,6 +202,10 @@ class Syncer:
                                 bucket=self._bucket, deadline_s=deadline_s)
             except WeightStoreError as e:
                 log.info("prefetch of %s stopped policy=%s error=%s", uri, self.policy, e)
+                if isinstance(e, BlobNotFoundError) and (self.fallback is None
+                                                         or uri in self._use_fallback):
+                    with self._lock:  # no store left to ask: as sync_once would remember it
+                        self._note_missing({uri})
                 self.prefetch_complete = False
                 return 0
 
@@ -279,7 +280,7 @@ class Syncer:
                 if not isinstance(e, BaseMismatchError):  # the blob is fine, our base is not
                     bad |= uris
                     self._drop_cached(uris)
-                if missing:  # no store has it: routed around, and not asked for at once again
+                if missing:  # no store has it: routed around, and never asked for again
                     self._note_missing(uris)
                 elif heals > self.max_heals:
                     raise
@@ -402,7 +403,7 @@ class Syncer:
         self._version = m.version
         self.target.commit(m.version)
         self.stats.applied += 1
-        self._missing.pop(uri, None)
+        self._missing.discard(uri)
         self._drop_cached(uris)
 
     def _check_base(self, m: WeightManifest, blob: Blob) -> None:

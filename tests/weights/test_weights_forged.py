@@ -176,3 +176,54 @@ def test_manifest_problems_are_named(history, change) -> None:
     elif isinstance(change.get("tensors"), str):
         change = {"tensors": [entry(e, uri=change["tensors"]) for e in t]}
     assert manifest_problem(edit(real, **change))
+
+
+def test_forged_manifests_cost_one_request_each_once(bus, store, history, tmp_path,
+                                                     monkeypatch) -> None:
+    """100 manifests naming blobs that do not exist, newer than the real ones, served by a
+    real weight server: the first sync asks for each forged blob once and reaches the real
+    newest version; later polls and prefetches — an hour apart on the syncer's clock, past
+    any backoff — never ask for them again (requests counted on the server)."""
+    import threading
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from astraflow.weights import syncer as syncer_module
+    from astraflow.weights.http import HttpStore, make_server
+
+    versions, manifests = history
+    full = next(m for m in manifests if (m.version, m.kind) == (3, "full"))
+    forged = [f"{POLICY}/v{100 + i:010d}.full.{i:08d}.afw" for i in range(100)]
+    forge(bus, *(edit(full, version=100 + i, tensors=[entry(t, uri=uri) for t in full.tensors])
+                 for i, uri in enumerate(forged)))
+    srv = make_server(store.root)
+    asked: Counter[str] = Counter()
+
+    class Counting(srv.RequestHandlerClass):  # type: ignore[name-defined,misc]
+        def parse_request(self) -> bool:
+            ok = super().parse_request()
+            if ok:
+                asked[self.path.removeprefix("/")] += 1
+            return ok
+
+    srv.RequestHandlerClass = Counting
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
+    clock = [time.monotonic()]
+    monkeypatch.setattr(syncer_module, "time", SimpleNamespace(
+        time=time.time, monotonic=lambda: clock[0], sleep=time.sleep))
+    try:
+        target = DictTarget({})
+        syncer = Syncer(bus, run=RUN, policy=POLICY, store=HttpStore(srv.url), target=target,
+                        cache_dir=tmp_path / "cache", max_heals=0)
+        assert syncer.sync_once(5) == 5 and same(target.tensors, versions[5])
+        assert [asked[u] for u in forged] == [1] * 100
+        assert syncer.stats.missing == 100
+        for _ in range(5):
+            clock[0] += 3600.0
+            syncer.prefetch()
+            assert syncer.sync_once() == 5
+        assert sum(asked[u] for u in forged) == 100 and syncer.newest() == 5
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -71,22 +71,80 @@ def closed_within(sock: socket.socket, seconds: float) -> bytes | None:
 
 
 def test_idle_connections_are_closed_and_a_real_client_is_served(serve) -> None:
-    srv = serve(idle_timeout_s=0.5, max_connections=4)
+    srv = serve(idle_timeout_s=0.5, auth_timeout_s=0.5, max_connections=4)
     idle = [connect(srv) for _ in range(4)]
-    assert wait_for(lambda: srv.connections == 4, 5)
-    refused = connect(srv)  # over the cap: answered at once, then closed
-    assert (closed_within(refused, 2) or b"").startswith(b"HTTP/1.1 503")
+    assert wait_for(lambda: srv.unauthenticated == 4, 5)
+    assert srv.connections == 0  # no request yet: no worker's slot taken
     t0 = time.monotonic()
     assert all(closed_within(s, 3) is not None for s in idle)
     assert time.monotonic() - t0 < 2.5
     assert HttpStore(srv.url, timeout=5).read("p/blob.afw") == DATA
+    assert srv.refused == 0
+
+
+def request(sock: socket.socket, token: str | None = None) -> bytes:
+    """One ranged GET on ``sock`` (kept alive); the answer's head and its 4 body bytes."""
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    sock.sendall(f"GET /p/blob.afw HTTP/1.1\r\nHost: x\r\n{auth}Range: bytes=0-3\r\n\r\n"
+                 .encode())
+    got = b""
+    while b"\r\n\r\n" not in got or not got.startswith(b"HTTP/1.1 206") or \
+            not got.endswith(DATA[:4]):
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+def test_past_the_authenticated_cap_a_request_is_answered_503(serve) -> None:
+    srv = serve(idle_timeout_s=5, max_connections=4, token="T")
+    held = [connect(srv) for _ in range(4)]
+    for s in held:  # each served once and kept alive: it holds its slot
+        assert request(s, "T").startswith(b"HTTP/1.1 206")
+    assert srv.connections == 4
+    extra = connect(srv)
+    extra.sendall(b"GET /p/blob.afw HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer T\r\n\r\n")
+    answer = closed_within(extra, 5) or b""
+    assert answer.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in answer
     assert srv.refused == 1
+    held.pop().close()
+    assert wait_for(lambda: srv.connections == 3, 5)
+    assert HttpStore(srv.url, token="T", timeout=5).read("p/blob.afw") == DATA
+
+
+def test_idle_unauthenticated_sockets_never_keep_a_worker_out(serve) -> None:
+    """256 idle sockets and 20 wrong-token clients against a server with 4 worker slots: none
+    of them takes a slot (the idle ones wait in their own pool, the oldest closed to make
+    room; a wrong token is a 401 and a close), and a worker with the token gets its weights
+    at once — not after the idle ones time out (``auth_timeout_s`` is far longer than the
+    test)."""
+    srv = serve(token="T", max_connections=4, max_unauthenticated=8, auth_timeout_s=60)
+    idle = [connect(srv) for _ in range(256)]
+    try:
+        assert wait_for(lambda: srv.evicted == 256 - 8, 10), srv.evicted
+        assert srv.connections == 0 and srv.unauthenticated <= 8
+        for _ in range(20):
+            s = connect(srv)
+            s.sendall(b"GET /p/blob.afw HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer no\r\n\r\n")
+            assert (closed_within(s, 5) or b"").startswith(b"HTTP/1.1 401")  # and closed
+            s.close()
+        assert srv.connections == 0 and srv.unauthorized == 20
+        worker = HttpStore(srv.url, token="T", timeout=5)
+        assert worker.read("p/blob.afw") == DATA
+        more = [connect(srv) for _ in range(64)]  # and again, with idle sockets arriving
+        idle += more
+        assert worker.read("p/blob.afw", 0, 16) == DATA[:16]
+        assert srv.refused == 0
+    finally:
+        for s in idle:
+            s.close()
 
 
 def test_a_request_must_arrive_whole_within_the_idle_timeout(serve) -> None:
     """One header byte every 0.1 s never trips a per-read timeout of 0.6 s; the deadline on
     the whole request head closes it all the same (slowloris)."""
-    srv = serve(idle_timeout_s=0.6)
+    srv = serve(idle_timeout_s=0.6, auth_timeout_s=0.6)
     s = connect(srv)
     t0 = time.monotonic()
     head = b"GET /p/blob.afw HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100

@@ -41,6 +41,7 @@ from astraflow.core.broker.jars import (
 from astraflow.core.broker.probe import Probe, tail_file
 from astraflow.core.errors import BrokerError
 from astraflow.core.ports import free_port
+from astraflow.core.secrets import write_private
 
 log = logging.getLogger("astraflow.broker")
 
@@ -258,7 +259,7 @@ class LocalBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         lines = [f"{k}={v}" for k, v in self.server_properties().items()]
         header = "# Written by astraflow (LocalBroker); rewritten at every start.\n"
-        self.config_file.write_text(header + "\n".join(lines) + "\n")
+        write_private(self.config_file, header + "\n".join(lines) + "\n")  # SASL's JAAS
         template = resources.files("astraflow.core.broker").joinpath("log4j2.properties")
         text = template.read_text().replace("@LOG_FILE@", str(self.log_file))
         (self.data_dir / "log4j2.properties").write_text(text)
@@ -284,9 +285,7 @@ class LocalBroker:
                  "ssl_keystore": str(self.ssl_keystore) if self.ssl_keystore else None,
                  "ssl_password": self.ssl_password or None,
                  "kafka_version": kafka_version(), "updated_at": time.time()}
-        tmp = self.data_dir / f".{_STATE}.tmp"
-        tmp.write_text(json.dumps(state, indent=2) + "\n")
-        os.replace(tmp, self.data_dir / _STATE)
+        write_private(self.data_dir / _STATE, json.dumps(state, indent=2) + "\n")  # passwords
 
     def _pid_alive(self, pid: int) -> bool:
         if self._proc is not None and self._proc.pid == pid:
