@@ -2,8 +2,8 @@
 request's headers (a fresh connection that sends nothing, or sends its headers a byte at a
 time, is closed), a cap on open connections that stays below the process's file-descriptor
 limit (one more is closed at once, quietly), and running out of file descriptors anyway
-(asyncio retries ``accept`` a second later; its error is logged as one line, at most once a
-minute, not a traceback a second).
+(:class:`GuardedLoop` retries ``accept`` once a second, not thousands of times; the error is
+logged as one line, at most once a minute, not a traceback per try).
 
 uvicorn's own settings do the rest: ``timeout_keep_alive`` closes a connection idle between
 requests, ``h11_max_incomplete_event_size`` bounds the headers' size.
@@ -12,6 +12,7 @@ requests, ``h11_max_incomplete_event_size`` bounds the headers' size.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import resource
 import time
@@ -101,6 +102,47 @@ def guarded_protocol(limits: Limits, cap: int, said: RateLimitedLog) -> type[asy
             super().connection_lost(exc)
 
     return GuardedH11Protocol
+
+
+class _OneFailure:
+    """A listening socket whose ``accept`` fails once per loop tick at most: after the first
+    "out of file descriptors" the rest of asyncio's accept loop sees "nothing to accept"."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        self.failed = False
+
+    def accept(self) -> Any:
+        if self.failed:
+            raise BlockingIOError
+        try:
+            return self.sock.accept()
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                self.failed = True
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+class GuardedLoop(asyncio.SelectorEventLoop):  # type: ignore[misc,valid-type]
+    """asyncio's loop, but out of file descriptors it retries ``accept`` once a second, not
+    once per queued connection each second (CPython 3.11's accept loop schedules a retry for
+    every failed ``accept`` of its backlog-long loop and goes on: thousands of retries a
+    second, each logging a traceback: a spin)."""
+
+    def _accept_connection(self, protocol_factory: Any, sock: Any, *args: Any,
+                           **kwargs: Any) -> Any:
+        sock = sock.sock if isinstance(sock, _OneFailure) else sock
+        return super()._accept_connection(protocol_factory, _OneFailure(sock), *args, **kwargs)
+
+    def _start_serving(self, protocol_factory: Any, sock: Any, *args: Any, **kwargs: Any
+                       ) -> Any:
+        sock = sock.sock if isinstance(sock, _OneFailure) else sock
+        if sock.fileno() < 0:
+            return None  # the server closed it meanwhile
+        return super()._start_serving(protocol_factory, sock, *args, **kwargs)
 
 
 def quiet_accept_errors(loop: asyncio.AbstractEventLoop, said: RateLimitedLog) -> None:

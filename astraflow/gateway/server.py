@@ -67,9 +67,12 @@ async def _serve(server: Any) -> None:
 
 
 def run_server(server: Any) -> None:
-    """Run a :func:`server_for` server on a new event loop until it exits."""
-    factory = getattr(server.config, "get_loop_factory", lambda: None)()  # uvicorn >= 0.36
-    with asyncio.Runner(loop_factory=factory) as runner:
+    """Run a :func:`server_for` server until it exits, on a new asyncio loop that stays
+    quiet out of file descriptors (:class:`~astraflow.gateway.connections.GuardedLoop`;
+    uvloop, where installed, is not used)."""
+    from astraflow.gateway.connections import GuardedLoop
+
+    with asyncio.Runner(loop_factory=GuardedLoop) as runner:
         runner.run(_serve(server))
 
 

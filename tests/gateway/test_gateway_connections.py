@@ -113,6 +113,48 @@ def test_running_out_of_file_descriptors_is_one_log_line(caplog: Any) -> None:
         loop.close()
 
 
+ACCEPTOR = """
+import asyncio, sys, time
+from astraflow.gateway.connections import GuardedLoop
+loop = GuardedLoop() if sys.argv[1] == "guarded" else asyncio.SelectorEventLoop()
+failures = 0
+def handle(lp, context):
+    global failures
+    failures += "out of system resource" in context.get("message", "")
+loop.set_exception_handler(handle)
+held = []
+class Hold(asyncio.Protocol):
+    def connection_made(self, t): held.append(t)
+server = loop.run_until_complete(loop.create_server(Hold, "127.0.0.1", 0, backlog=512))
+print(server.sockets[0].getsockname()[1], flush=True)
+sys.stdin.readline()  # the flood is queued
+loop.run_until_complete(asyncio.sleep(2.5))
+print(failures, len(held), flush=True)
+"""
+
+
+def test_out_of_file_descriptors_accept_is_retried_once_a_second() -> None:
+    """At EMFILE, the gateway's loop retries ``accept`` about once a second; CPython's own
+    loop schedules a retry for every queued connection at every retry (the spin of thousands
+    of tracebacks a second). Counted, not timed: 2.5 s of loop time, at most 4 failures."""
+    proc = subprocess.Popen([sys.executable, "-c", ACCEPTOR, "guarded"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, preexec_fn=_nofile(40))
+    flood: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        port = int(proc.stdout.readline())
+        flood = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(100)]
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        failures, held = map(int, proc.stdout.readline().split())
+        assert proc.wait(HANG_GUARD) == 0
+    finally:
+        for s in flood:
+            s.close()
+        proc.kill()
+    assert 1 <= failures <= 4 and 0 < held < 40, (failures, held)
+
+
 def _nofile(n: int) -> Any:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
