@@ -44,6 +44,20 @@ class RateLimitedLog:
         log.warning("%s%s", message, f" ({quiet} more since the last line)" if quiet else "")
 
 
+class _QuietWarnings:
+    """uvicorn's logger, with its per-request warnings ("Invalid HTTP request received.")
+    rate-limited: a flood of malformed requests is one line a minute, not one per request."""
+
+    def __init__(self, logger: logging.Logger, said: RateLimitedLog) -> None:
+        self._logger, self._said = logger, said
+
+    def warning(self, message: str, *args: Any) -> None:
+        self._said.warning(f"uvicorn:{message}", message % args if args else message)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
+
+
 def connection_cap(limits: Limits) -> int:
     """``max_connections``, lowered to leave ``fd_reserve`` file descriptors of the process's
     limit (RLIMIT_NOFILE) to the rest of the gateway (its bus, engines, logs)."""
@@ -62,6 +76,10 @@ def guarded_protocol(limits: Limits, cap: int, said: RateLimitedLog) -> type[asy
 
     class GuardedH11Protocol(H11Protocol):  # type: ignore[misc]
         _header_timer: asyncio.TimerHandle | None = None
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.logger = _QuietWarnings(self.logger, said)  # a malformed request each: a line
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)

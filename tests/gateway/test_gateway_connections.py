@@ -95,6 +95,22 @@ def test_connections_past_the_cap_are_closed_at_once(gateway: Any) -> None:
             time.sleep(0.05)
 
 
+def test_malformed_requests_are_answered_400_and_logged_once(gateway: Any, caplog: Any) -> None:
+    served = gateway(Limits(max_header_bytes=4096))
+    uvicorn_log = logging.getLogger("uvicorn")  # it does not propagate to the root logger
+    uvicorn_log.addHandler(caplog.handler)
+    with caplog.at_level(logging.WARNING):
+        for head in [b"NOT HTTP\r\n\r\n"] * 10 + [
+                b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8192] * 10:  # a head, unfinished
+            with _connect(served.url) as s:
+                s.sendall(head)
+                assert s.recv(65536).startswith(b"HTTP/1.1 400")
+    uvicorn_log.removeHandler(caplog.handler)
+    said = [r.getMessage() for r in caplog.records if "Invalid HTTP request" in r.getMessage()]
+    assert len(said) == 1, said
+    assert httpx.get(f"{served.url}/health", timeout=HANG_GUARD).status_code == 200
+
+
 def test_running_out_of_file_descriptors_is_one_log_line(caplog: Any) -> None:
     """asyncio's error on ``accept`` at EMFILE (once a second while it lasts) is logged as one
     line a minute, without a traceback."""
@@ -165,7 +181,8 @@ def _nofile(n: int) -> Any:
 def test_serve_at_its_fd_limit_refuses_a_flood_quietly(ascii_dir: Path, tmp_path: Path) -> None:
     """``astraflow serve`` with 256 file descriptors and 300 connections that never finish
     their headers: the ones past its cap are closed at once, the rest at the header deadline;
-    then legitimate requests are served, and the log holds a line, not a traceback per try."""
+    then legitimate requests are served (and one over ``max_inflight`` is a 429 with
+    Retry-After), and the log holds a line, not a traceback per try."""
     port = free_port()
     config = tmp_path / "exp.yaml"
     config.write_text(yaml.safe_dump({
@@ -173,7 +190,8 @@ def test_serve_at_its_fd_limit_refuses_a_flood_quietly(ascii_dir: Path, tmp_path
         "bus": {"url": "embedded://{out}/bus.db", "claims": None},
         "models": {"default": {"path": str(ascii_dir)}},
         "rollout": {"engine": {"threads": 1, "max_new_tokens": 4}},
-        "gateway": {"port": port, "header_timeout_s": 2.0}}))
+        "gateway": {"port": port, "header_timeout_s": 2.0, "max_inflight": 2,
+                    "retry_after_s": 3}}))
     log = tmp_path / "serve.log"
     env = {**os.environ, "ASTRAFLOW_LOG_LEVEL": "WARNING"}
     url = f"http://127.0.0.1:{port}"
@@ -209,6 +227,11 @@ def test_serve_at_its_fd_limit_refuses_a_flood_quietly(ascii_dir: Path, tmp_path
                                max_retries=0, timeout=HANG_GUARD)
         for _ in range(4):
             assert client.chat.completions.create(model="default", messages=USER).choices
+        # overloaded: more generations than gateway.max_inflight is a 429 with Retry-After
+        with pytest.raises(openai.RateLimitError) as e:
+            client.chat.completions.create(model="default", messages=USER, n=3)
+        assert e.value.response.headers["Retry-After"] == "3"
+        assert e.value.code == "rate_limit_exceeded"
         assert proc.poll() is None
     finally:
         for s in flood:
