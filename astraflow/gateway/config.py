@@ -84,7 +84,7 @@ class GatewayConfig(Section):
     idle_timeout_s: float = pydantic.Field(
         5.0, gt=0, description="seconds a connection may stay idle between requests")
     max_header_bytes: int = pydantic.Field(
-        64 << 10, ge=1024, description="largest unfinished request head (request line and "
+        16 << 10, ge=1024, description="largest unfinished request head (request line and "
         "headers), bytes; larger: 400")
     max_connections: int = pydantic.Field(
         1024, ge=1, description="open connections; more are closed at once. Lowered to "

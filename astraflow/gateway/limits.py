@@ -40,7 +40,7 @@ class Limits:
     retry_after_s: int = 1
     header_timeout_s: float = 10.0
     idle_timeout_s: float = 5.0
-    max_header_bytes: int = 64 << 10
+    max_header_bytes: int = 16 << 10
     max_connections: int = 1024
     fd_reserve: int = 64
 
