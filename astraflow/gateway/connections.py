@@ -49,6 +49,7 @@ class _QuietWarnings:
     rate-limited: a flood of malformed requests is one line a minute, not one per request."""
 
     def __init__(self, logger: logging.Logger, said: RateLimitedLog) -> None:
+        # a malformed request is a warning each, in uvicorn's own logger
         self._logger, self._said = logger, said
 
     def warning(self, message: str, *args: Any) -> None:
@@ -79,7 +80,7 @@ def guarded_protocol(limits: Limits, cap: int, said: RateLimitedLog) -> type[asy
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.logger = _QuietWarnings(self.logger, said)  # a malformed request each: a line
+            self.logger = _QuietWarnings(self.logger, said)  # type: ignore[assignment]
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -153,14 +154,16 @@ class GuardedLoop(asyncio.SelectorEventLoop):  # type: ignore[misc,valid-type]
     def _accept_connection(self, protocol_factory: Any, sock: Any, *args: Any,
                            **kwargs: Any) -> Any:
         sock = sock.sock if isinstance(sock, _OneFailure) else sock
-        return super()._accept_connection(protocol_factory, _OneFailure(sock), *args, **kwargs)
+        return super()._accept_connection(  # type: ignore[misc]
+            protocol_factory, _OneFailure(sock), *args, **kwargs)
 
     def _start_serving(self, protocol_factory: Any, sock: Any, *args: Any, **kwargs: Any
                        ) -> Any:
         sock = sock.sock if isinstance(sock, _OneFailure) else sock
         if sock.fileno() < 0:
             return None  # the server closed it meanwhile
-        return super()._start_serving(protocol_factory, sock, *args, **kwargs)
+        return super()._start_serving(  # type: ignore[misc]
+            protocol_factory, sock, *args, **kwargs)
 
 
 def quiet_accept_errors(loop: asyncio.AbstractEventLoop, said: RateLimitedLog) -> None:
