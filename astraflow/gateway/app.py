@@ -9,9 +9,10 @@ session routes, and every error in OpenAI's shape.
 * ``POST /sessions`` (open with metadata), ``GET /sessions/{id}``,
   ``POST /sessions/{id}/reward``, ``POST /sessions/{id}/end``.
 * ``Idempotency-Key`` on any POST: a retry answers the recorded response, recorded once.
-* Errors: 400 (malformed JSON, unknown field, bad value, prompt over the context), 404
-  (unknown model, session, route), 409 (reward twice, session ended or closed), 429 with
-  ``Retry-After`` (full), 500 (engine failure); body ``{"error": {message, type, param, code}}``.
+* Errors: 400 (malformed JSON, unknown field, bad value, prompt over the context, too many
+  or too long messages), 404 (unknown model, session, route), 408 (body too slow), 409
+  (reward twice, session ended or closed), 413 (body too large), 429 with ``Retry-After``
+  (full), 500 (engine failure); body ``{"error": {message, type, param, code}}``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from starlette.exceptions import HTTPException
 import astraflow
 from astraflow.gateway.calls import chat_spec, completion_spec
 from astraflow.gateway.errors import GatewayError, error_body
+from astraflow.gateway.limits import BodyLimit, Limits, Tokenizing, check_messages, check_prompt
 from astraflow.gateway.schemas import (
     ChatCompletion,
     ChatRequest,
@@ -129,10 +131,15 @@ async def _meta(request: Request) -> Meta:
 MetaDep = Annotated[Meta, Depends(_meta)]
 
 
-def create_app(gw: Gateway, *, token: str | None = None) -> FastAPI:
+def create_app(gw: Gateway, *, token: str | None = None, limits: Limits | None = None
+               ) -> FastAPI:
     """The ASGI app over ``gw``; its lifespan starts it (rebuilding sessions) and closes it.
     ``token``: every request but ``/health`` must carry it as a bearer token
-    (:mod:`astraflow.gateway.auth`)."""
+    (:mod:`astraflow.gateway.auth`); ``limits``: what one request may cost
+    (:mod:`astraflow.gateway.limits`)."""
+    limits = limits or Limits()
+    tokenizing = Tokenizing(limits.max_tokenizing, limits.max_tokenize_waiting,
+                            limits.retry_after_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -140,14 +147,18 @@ def create_app(gw: Gateway, *, token: str | None = None) -> FastAPI:
         try:
             yield
         finally:
+            tokenizing.close()
             await gw.aclose()
 
     app = FastAPI(title="AstraFlow agent gateway", version=astraflow.__version__,
                   lifespan=lifespan, description=__doc__)
     _handlers(app, gw)
     for prefix, session in (("/v1", False), ("/sessions/{session_id}/v1", True)):
-        _v1(app, gw, prefix, session)
+        _v1(app, gw, prefix, session, limits, tokenizing)
     _sessions(app, gw)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes,  # inside auth (added last)
+                       timeout_s=limits.body_timeout_s,
+                       on_reject=lambda status: gw.count(f"errors.{status}"))
     if token is not None:
         from astraflow.gateway.auth import BearerAuth
 
@@ -175,20 +186,24 @@ SidOfPath = Annotated[str | None, Depends(_sid_of_path)]
 SidOfHeader = Annotated[str | None, Depends(_sid_of_header)]
 
 
-def _v1(app: FastAPI, gw: Gateway, prefix: str, session: bool) -> None:
+def _v1(app: FastAPI, gw: Gateway, prefix: str, session: bool, limits: Limits,
+        tokenizing: Tokenizing) -> None:
     """OpenAI's routes under ``prefix``; the session comes from the path (``session``) or
-    the ``X-Session-Id`` header."""
+    the ``X-Session-Id`` header. Requests are checked against ``limits`` and tokenized on
+    ``tokenizing``'s threads."""
     tag = "session" if session else "v1"
     suffix = "_in_session" if session else ""
 
     async def chat(body: ChatRequest, meta: MetaDep, sid: SidOfHeader) -> Response:
-        spec = chat_spec(gw, body, sid)
+        check_messages(body.messages, limits)
+        spec = await tokenizing.run(chat_spec, gw, body, sid)
         reply = await gw.call(spec, sid=sid, meta=meta.meta, key=meta.key)
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return _answer(reply, body.stream, chat_chunks, usage)
 
     async def completions(body: CompletionRequest, meta: MetaDep, sid: SidOfHeader) -> Response:
-        spec = completion_spec(gw, body, sid)
+        check_prompt(body.prompt, limits)
+        spec = await tokenizing.run(completion_spec, gw, body, sid)
         reply = await gw.call(spec, sid=sid, meta=meta.meta, key=meta.key)
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return _answer(reply, body.stream, completion_chunks, usage)
@@ -202,7 +217,7 @@ def _v1(app: FastAPI, gw: Gateway, prefix: str, session: bool) -> None:
 
     for fn in (chat, completions, models, model):  # the session: from the path, or a header
         fn.__annotations__["sid"] = SidOfPath if session else SidOfHeader
-    errors = _errors(400, 404, 409, 429, 500)
+    errors = _errors(400, 404, 409, 413, 429, 500)
     read = {} if session else HEADER_DOCS  # the GET routes read the headers for X-Session-Id
     app.post(f"{prefix}/chat/completions", tags=[tag], operation_id=f"chat{suffix}",
              responses={**_streamed(ChatCompletion), **errors}, openapi_extra=HEADER_DOCS)(chat)

@@ -61,6 +61,34 @@ class GatewayConfig(Section):
         "a session (in memory; a session's are kept with it, durably)")
     metrics_interval: float = pydantic.Field(2.0, gt=0,
                                              description="seconds between heartbeats")
+    # what one request or connection may cost (astraflow/gateway/limits.py, connections.py)
+    max_body_bytes: int = pydantic.Field(
+        4 << 20, ge=1024, description="largest request body, bytes; a larger one is a 413, "
+        "refused before more of it is read")
+    body_timeout_s: float = pydantic.Field(
+        30.0, gt=0, description="seconds a request's body may take to arrive; slower: 408")
+    max_messages: int = pydantic.Field(2048, ge=1,
+                                       description="messages of one chat request; more: 400")
+    max_message_chars: int = pydantic.Field(
+        1 << 20, ge=1, description="characters of one message (or of a completion's text "
+        "prompt); more: 400")
+    max_tokenizing: int = pydantic.Field(
+        2, ge=1, description="requests tokenized at once, each on its own thread (never on "
+        "the event loop that answers /health and every other session)")
+    max_tokenize_waiting: int = pydantic.Field(
+        64, ge=0, description="requests waiting for a tokenizer thread; more: 429 with "
+        "Retry-After")
+    header_timeout_s: float = pydantic.Field(
+        10.0, gt=0, description="seconds from a connection's start (or its next request's "
+        "first byte) to the end of the request's headers; slower: the connection is closed")
+    idle_timeout_s: float = pydantic.Field(
+        5.0, gt=0, description="seconds a connection may stay idle between requests")
+    max_header_bytes: int = pydantic.Field(
+        16 << 10, ge=1024, description="largest unfinished request head (request line and "
+        "headers), bytes; larger: 400")
+    max_connections: int = pydantic.Field(
+        1024, ge=1, description="open connections; more are closed at once. Lowered to "
+        "leave 64 file descriptors of the process's limit (ulimit -n) to the rest")
 
     @pydantic.field_validator("tool_result_format")
     @classmethod

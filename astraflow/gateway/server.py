@@ -7,6 +7,7 @@ benchmarks, a rollout worker that drives an external agent through the gateway).
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -14,6 +15,7 @@ from typing import Any
 
 from astraflow.core.errors import AstraflowError
 from astraflow.gateway.errors import GatewayError
+from astraflow.gateway.limits import Limits
 
 INSTALL_HINT = "pip install 'astraflow[gateway]'"
 
@@ -26,23 +28,60 @@ def _uvicorn() -> Any:
     return uvicorn
 
 
-def app_for(gateway: Any, *, token: str | None = None) -> Any:
+def app_for(gateway: Any, *, token: str | None = None, limits: Limits | None = None) -> Any:
     """The ASGI app of ``gateway`` (:func:`astraflow.gateway.app.create_app`; ``token``: the
-    bearer token it requires), or an error that says how to install FastAPI."""
+    bearer token it requires; ``limits``: what one request may cost), or an error that says
+    how to install FastAPI."""
     try:
         from astraflow.gateway.app import create_app
     except ImportError as e:  # an optional dependency
         raise AstraflowError(f"the gateway needs {e.name}: {INSTALL_HINT}") from None
-    return create_app(gateway, token=token)
+    return create_app(gateway, token=token, limits=limits)
+
+
+def server_for(app: Any, *, host: str, port: int, log_level: str = "warning",
+               limits: Limits | None = None, **options: Any) -> Any:
+    """A uvicorn server of ``app`` that holds connections within ``limits``
+    (:mod:`astraflow.gateway.connections`: header and idle deadlines, header size, a
+    connection cap below the file-descriptor limit)."""
+    from astraflow.gateway.connections import RateLimitedLog, connection_cap, guarded_protocol
+
+    uvicorn = _uvicorn()
+    limits = limits or Limits()
+    said = RateLimitedLog()
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level,
+        http=guarded_protocol(limits, connection_cap(limits), said),
+        timeout_keep_alive=limits.idle_timeout_s,
+        h11_max_incomplete_event_size=limits.max_header_bytes, **options)
+    server = uvicorn.Server(config)
+    server.said = said
+    return server
+
+
+async def _serve(server: Any) -> None:
+    from astraflow.gateway.connections import quiet_accept_errors
+
+    quiet_accept_errors(asyncio.get_running_loop(), server.said)
+    await server.serve()
+
+
+def run_server(server: Any) -> None:
+    """Run a :func:`server_for` server until it exits, on a new asyncio loop that stays
+    quiet out of file descriptors (:class:`~astraflow.gateway.connections.GuardedLoop`;
+    uvloop, where installed, is not used)."""
+    from astraflow.gateway.connections import GuardedLoop
+
+    with asyncio.Runner(loop_factory=GuardedLoop) as runner:
+        runner.run(_serve(server))
 
 
 def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8000,
-          log_level: str = "warning") -> None:
+          log_level: str = "warning", limits: Limits | None = None) -> None:
     """Serve ``app`` until SIGINT/SIGTERM (uvicorn's own handlers: in-flight requests finish,
     then the lifespan closes the gateway)."""
-    uvicorn = _uvicorn()
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                  timeout_graceful_shutdown=30)).run()
+    run_server(server_for(app, host=host, port=port, log_level=log_level, limits=limits,
+                          timeout_graceful_shutdown=30))
 
 
 class ServerThread:
@@ -50,16 +89,15 @@ class ServerThread:
     started on entry (after the app's startup ran), stopped on exit."""
 
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0,
-                 log_level: str = "warning") -> None:
-        uvicorn = _uvicorn()
+                 log_level: str = "warning", limits: Limits | None = None) -> None:
         if port == 0:
             with socket.socket() as s:
                 s.bind((host, 0))
                 port = int(s.getsockname()[1])
         self.host, self.port = host, port
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
-                                                    log_level=log_level, lifespan="on"))
-        self._thread = threading.Thread(target=self.server.run, daemon=True,
+        self.server = server_for(app, host=host, port=port, log_level=log_level,
+                                 limits=limits, lifespan="on")
+        self._thread = threading.Thread(target=run_server, args=(self.server,), daemon=True,
                                         name=f"af-gateway-{port}")
 
     @property

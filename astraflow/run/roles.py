@@ -378,6 +378,7 @@ def serve_gateway(config: ExperimentConfig, out: str | Path = ".", *,
                   port: int | None = None) -> None:
     """``astraflow serve``: open the run's bus (creating its topics), serve the gateway until
     SIGINT/SIGTERM, close everything."""
+    from astraflow.gateway.limits import limits_of
     from astraflow.gateway.server import app_for, serve
 
     bus = open_bus(config, out)
@@ -389,8 +390,10 @@ def serve_gateway(config: ExperimentConfig, out: str | Path = ".", *,
             from astraflow.gateway.auth import TOKEN_ENV
 
             token = config.gateway.token or os.environ.get(TOKEN_ENV) or None
-            serve(app_for(gateway, token=token), host=host or config.gateway.host,
-                  port=config.gateway.port if port is None else port)
+            limits = limits_of(config.gateway)
+            serve(app_for(gateway, token=token, limits=limits),
+                  host=host or config.gateway.host,
+                  port=config.gateway.port if port is None else port, limits=limits)
         finally:
             for engine in gateway.engines.values():
                 engine.close()

@@ -14,6 +14,7 @@ from astraflow.core.bus.reader import read_all
 from astraflow.core.records import GatewayCall, Trajectory, decode, unpack
 from astraflow.core.topics import run_topics, topic_name
 from astraflow.gateway.app import create_app
+from astraflow.gateway.limits import Limits
 from astraflow.gateway.server import ServerThread
 from astraflow.gateway.service import Gateway
 from astraflow.gateway.store import SessionStore
@@ -59,13 +60,14 @@ class Served:
 
 
 def start(engines: Any, *, bus: Bus, run: str = "r", store_kwargs: Mapping[str, Any] | None = None,
-          **kwargs: Any) -> Served:
-    """A gateway over ``engines`` on ``bus``, served on a free port (started: sessions rebuilt)."""
+          limits: Limits | None = None, **kwargs: Any) -> Served:
+    """A gateway over ``engines`` on ``bus``, served on a free port (started: sessions rebuilt)
+    within ``limits`` (default: the config's defaults)."""
     engines = engines if isinstance(engines, Mapping) else {"default": engines}
     bus.create_topics(run_topics(run, list(engines)))
     store = SessionStore(bus, run=run, **dict(store_kwargs or {}))
     gw = Gateway(engines, store, **kwargs)
-    srv = ServerThread(create_app(gw)).start()
+    srv = ServerThread(create_app(gw, limits=limits), limits=limits).start()
     return Served(srv.url, gw, bus, run, srv)
 
 
