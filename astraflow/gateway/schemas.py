@@ -249,7 +249,10 @@ class SessionInfo(BaseModel):
     group_size: int
     agent: str
     calls: int
-    drift: int
+    drift: int = Field(description="calls whose history differed from what was served "
+                                   "(an edited reply or message): each one counted")
+    branches: int = Field(0, description="calls that went back to an earlier call (a retry "
+                                         "of a turn); the newest decides the trajectory")
     segments: dict[str, int]
     reward: float | None
     ended: bool

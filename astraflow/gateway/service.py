@@ -57,6 +57,7 @@ class Built:
     pieces: list[list[str]]
     hidden: list[int]
     choices: list[GatewayChoice] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)  # per choice, the text it was served as
 
 
 @dataclass
@@ -72,6 +73,8 @@ class CallSpec:
     n_messages: int = 0
     appended: Callable[[int], tuple[list[int], str] | None] | None = None
     role: Callable[[int], str] | None = None
+    reply: Callable[[int], str | None] | None = None  # chat: message k's text if an assistant's
+    prefix: Callable[[int], list[int]] | None = None  # chat: the first k messages rendered
 
 
 Generate = Callable[[str, GenRequest], Awaitable[GenResult]]
@@ -223,6 +226,7 @@ class Gateway:
             raise conflict(f"session {sid!r} has ended; start a new session for more calls",
                            code="session_ended")
         p = plan(s, spec.policy, spec.ids, on_drift=self.on_drift, appended=spec.appended,
+                 reply=spec.reply, prefix=spec.prefix,
                  **({"role": spec.role} if spec.role else {}))
         built = await self._generate(spec, p.prompt)
         raw = msgspec.json.encode(built.body)
@@ -254,7 +258,7 @@ class Gateway:
             self.inflight -= spec.n
         self.count("tokens", sum(len(r.token_ids) for r in results))
         built = spec.build(prompt, list(results))
-        built.choices = choices_of(results, built.hidden)
+        built.choices = choices_of(results, built.hidden, built.texts)
         return built
 
     async def _record(self, s: Session, spec: CallSpec, p: Plan, built: Built, raw: bytes,
@@ -269,7 +273,7 @@ class Gateway:
                 segment=p.segment if p.segment is not None else s.next_segment(spec.policy),
                 parent=p.parent, parent_choice=p.parent_choice, prompt_ids=pack_i32(p.tail),
                 prompt_role=p.role, prompt_len=len(p.prompt), n_messages=spec.n_messages,
-                drift=p.drift, view_drop=p.drop,
+                drift=p.drift, branch=p.branch, view_drop=p.drop,
                 view_ids=b"" if p.view is None else pack_i32(p.view),
                 choices=built.choices, response=raw)
         self.count("calls")
@@ -335,10 +339,13 @@ def scoped(route: str, key: str | None) -> str | None:
     return f"{route}:{key}" if key else None
 
 
-def choices_of(results: Sequence[GenResult], hidden: Sequence[int]) -> list[GatewayChoice]:
-    """The recorded form of ``results`` (their tokens exactly as generated)."""
+def choices_of(results: Sequence[GenResult], hidden: Sequence[int],
+               texts: Sequence[str] = ()) -> list[GatewayChoice]:
+    """The recorded form of ``results`` (their tokens exactly as generated, and the text each
+    was served as)."""
+    texts = list(texts) or [""] * len(results)
     return [GatewayChoice(token_ids=pack_i32(list(r.token_ids)),
                           logprobs=pack_f32(list(r.logprobs)),
                           versions=pack_i32(list(r.versions)), finish_reason=r.finish_reason,
-                          hidden=h)
-            for r, h in zip(results, hidden, strict=True)]
+                          hidden=h, text=t)
+            for r, h, t in zip(results, hidden, texts, strict=True)]

@@ -245,7 +245,7 @@ class SessionStore:
         """What ``GET /sessions/{id}`` answers."""
         return {"id": s.id, "task_id": s.task_id, "group_id": s.group_id,
                 "sample_index": s.sample_index, "group_size": s.group_size, "agent": s.agent,
-                "calls": len(s.calls), "drift": s.drift,
+                "calls": len(s.calls), "drift": s.drift, "branches": s.branches,
                 "segments": {p: len(s.segments(p)) for p in s.policies()},
                 "reward": s.reward, "ended": s.ended, "done": s.done,
                 # the Trajectory records it gives (produced when done): one per segment
