@@ -44,11 +44,13 @@ from astraflow.gateway.trajectory import trajectories
 log = logging.getLogger("astraflow.gateway.store")
 
 T = TypeVar("T")
-SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
 
 def check_session_id(sid: str) -> str:
-    if not SESSION_ID.match(sid):
+    """``sid``, when the whole of it is a valid id (``fullmatch``: a ``$`` would let a
+    trailing newline through); else 400."""
+    if not SESSION_ID.fullmatch(sid):
         raise bad_request(f"invalid session id {sid[:140]!r}: use 1-128 letters, digits, '.', "
                           "'_', ':', '@' or '-', starting with a letter or digit",
                           param="session_id", code="invalid_session_id")
