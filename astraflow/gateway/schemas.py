@@ -262,4 +262,7 @@ class SessionInfo(BaseModel):
     reward: float | None
     ended: bool
     done: bool
+    end_reason: Literal["", "abandoned"] = Field(
+        "", description="abandoned: ended by the gateway, idle past "
+                        "gateway.session_idle_timeout_s")
     trajectories: int = 0

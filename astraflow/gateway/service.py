@@ -7,6 +7,10 @@ token ids → in a session, :func:`~astraflow.gateway.session.plan` where it con
 ``n`` completions on the policy's engine (through rollout's batcher, or the ``generate`` it
 was given) → answer body → record the call (produced and flushed) → answer. Without a session
 nothing is recorded.
+
+Calls, rewards and ends act for a client (``owner``: its name, :mod:`astraflow.gateway.auth`):
+another client's session is 404 to it. Sessions idle past the store's ``idle_timeout_s`` are
+ended as abandoned by a task started with the gateway (:meth:`Gateway.expire`).
 """
 
 from __future__ import annotations
@@ -121,6 +125,7 @@ class Gateway:
         self.loop: asyncio.AbstractEventLoop | None = None  # the loop serving it, once started
         self._batchers: dict[str, Batcher] = {}
         self._ticker: asyncio.Task[None] | None = None
+        self._reaper: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -131,6 +136,27 @@ class Gateway:
             self._batchers = {p: Batcher(e) for p, e in self.engines.items()}
         if self.metrics is not None:
             self._ticker = asyncio.create_task(self._tick(), name="gateway-metrics")
+        if self.store.idle_timeout_s is not None:
+            self._reaper = asyncio.create_task(self._reap(self.store.idle_timeout_s),
+                                               name="gateway-idle")
+
+    async def _reap(self, timeout: float) -> None:
+        while True:
+            await asyncio.sleep(min(max(timeout / 4, 0.05), 5.0))
+            await self.expire()
+
+    async def expire(self, now: float | None = None) -> int:
+        """End the sessions idle at ``now`` (default: now) as abandoned; how many ended."""
+        now = time.time() if now is None else now
+        n = 0
+        for s in self.store.idle(now):
+            try:
+                await self.store.abandon(s, now)
+                n += 1
+            except Exception as e:  # noqa: BLE001 - one session's failure must not stop the rest
+                self.count("errors.expire")
+                log.warning("session=%s could not be ended as abandoned: %s", s.id, e)
+        return n
 
     async def _tick(self) -> None:
         assert self.metrics is not None
@@ -144,10 +170,11 @@ class Gateway:
             await asyncio.sleep(min(1.0, self.metrics.interval))
 
     async def aclose(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+        for task in (self._ticker, self._reaper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for b in self._batchers.values():
             await b.close()
         for f in self.followers:
@@ -197,23 +224,24 @@ class Gateway:
 
     # -- calls -----------------------------------------------------------------------------------
     async def call(self, spec: CallSpec, *, sid: str | None, meta: Mapping[str, Any],
-                   key: str | None) -> Reply:
-        """Run ``spec`` (once per Idempotency-Key ``key``) in session ``sid`` (None: none)."""
+                   key: str | None, owner: str | None = None) -> Reply:
+        """Run ``spec`` (once per Idempotency-Key ``key``) in session ``sid`` (None: none) of
+        client ``owner``."""
         if not key:
-            return await self._call(spec, sid, meta, None)
+            return await self._call(spec, sid, meta, None, owner)
         key = f"{spec.route}:{key}"  # scoped (see scoped())
         while True:
-            hit = self.store.replay(sid, key)
+            hit = self.store.replay(sid, key, owner)
             if hit is not None:
                 self.count("replays")
                 return Reply(msgspec.json.decode(hit), hit)
             with self.store.claim(sid, key) as running:
                 if running is None:
-                    return await self._call(spec, sid, meta, key)
+                    return await self._call(spec, sid, meta, key, owner)
             await asyncio.wait([running])  # the first with this key answered (or failed)
 
     async def _call(self, spec: CallSpec, sid: str | None, meta: Mapping[str, Any],
-                    key: str | None) -> Reply:
+                    key: str | None, owner: str | None) -> Reply:
         if sid is None:
             built = await self._generate(spec, spec.ids)
             raw = msgspec.json.encode(built.body)
@@ -221,16 +249,20 @@ class Gateway:
                 self.store.remember(key, raw)
             self.count("calls_unrecorded")
             return Reply(built.body, raw, built.pieces)
-        s, _ = await self.store.open(sid, meta)
+        s, _ = await self.store.open(sid, meta, owner=owner)
         if s.ended:
             raise conflict(f"session {sid!r} has ended; start a new session for more calls",
                            code="session_ended")
         p = plan(s, spec.policy, spec.ids, on_drift=self.on_drift, appended=spec.appended,
                  reply=spec.reply, prefix=spec.prefix,
                  **({"role": spec.role} if spec.role else {}))
-        built = await self._generate(spec, p.prompt)
-        raw = msgspec.json.encode(built.body)
-        await self._record(s, spec, p, built, raw, key)
+        s.busy += 1  # not abandoned while it generates
+        try:
+            built = await self._generate(spec, p.prompt)
+            raw = msgspec.json.encode(built.body)
+            await self._record(s, spec, p, built, raw, key)
+        finally:
+            s.busy -= 1
         return Reply(built.body, raw, built.pieces)
 
     async def _generate(self, spec: CallSpec, prompt: list[int]) -> Built:
@@ -282,7 +314,7 @@ class Gateway:
 
     # -- sessions ----------------------------------------------------------------------------------
     async def reward(self, sid: str, reward: float, rewards: Mapping[str, float], *,
-                     key: str | None) -> bytes:
+                     key: str | None, owner: str | None = None) -> bytes:
         key = scoped("reward", key)
 
         async def record(s: Session) -> bytes:
@@ -295,10 +327,10 @@ class Gateway:
                                     call_id=key or "", response=raw)
             return raw
 
-        return await self._keyed(sid, key, record)
+        return await self._keyed(sid, key, record, owner)
 
     async def end(self, sid: str, reward: float | None, rewards: Mapping[str, float], *,
-                  key: str | None) -> bytes:
+                  key: str | None, owner: str | None = None) -> bytes:
         key = scoped("end", key)
 
         async def record(s: Session) -> bytes:
@@ -314,17 +346,18 @@ class Gateway:
             await self.store.record(s, kind="end", call_id=key or "", response=raw)
             return raw
 
-        return await self._keyed(sid, key, record)
+        return await self._keyed(sid, key, record, owner)
 
     async def _keyed(self, sid: str, key: str | None,
-                     record: Callable[[Session], Awaitable[bytes]]) -> bytes:
+                     record: Callable[[Session], Awaitable[bytes]],
+                     owner: str | None = None) -> bytes:
         """``record(session)`` under the session's lock, then its trajectories if it is done;
         once per Idempotency-Key ``key``: a retry (also once the session is closed) is
         answered the recorded response."""
-        hit = self.store.closed_key(sid, key) if key else None
+        hit = self.store.closed_key(sid, key, owner) if key else None
         if hit is not None:
             return hit
-        s = self.store.get(sid)
+        s = self.store.get(sid, owner)
         async with self.store.lock(sid):
             if key and key in s.keys:
                 return s.keys[key]

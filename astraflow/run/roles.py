@@ -374,19 +374,22 @@ def serve_gateway(config: ExperimentConfig, out: str | Path = ".", *,
                   port: int | None = None) -> None:
     """``astraflow serve``: open the run's bus (creating its topics), serve the gateway until
     SIGINT/SIGTERM, close everything."""
+    import os
+
+    from astraflow.gateway.auth import TOKEN_ENV, check_exposure, protect
     from astraflow.gateway.server import app_for, serve
 
+    gc = config.gateway
+    token = gc.token or os.environ.get(TOKEN_ENV) or None
+    host = host or gc.host
+    check_exposure(host, authenticated=bool(token or gc.keys),
+                   allow_unauthenticated=gc.allow_unauthenticated)  # before loading anything
     bus = open_bus(config, out)
     try:
         gateway = build_gateway(config, out, bus=bus, policy=policy)
         try:
-            import os
-
-            from astraflow.gateway.auth import TOKEN_ENV
-
-            token = config.gateway.token or os.environ.get(TOKEN_ENV) or None
-            serve(app_for(gateway, token=token), host=host or config.gateway.host,
-                  port=config.gateway.port if port is None else port)
+            serve(protect(app_for(gateway), token=token, keys=gc.keys), host=host,
+                  port=gc.port if port is None else port)
         finally:
             for engine in gateway.engines.values():
                 engine.close()

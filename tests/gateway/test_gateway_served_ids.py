@@ -40,7 +40,7 @@ def _completions(served: Any, ts: list[Any]) -> list[list[int]]:
 
 def test_a_reply_with_a_special_token_keeps_its_sampled_tokens(
         serve: Any, rule_engine: Any, ascii_tokenizer: Any) -> None:
-    served = serve(rule_engine(ascii_tokenizer, _rule))
+    served = serve(rule_engine(ascii_tokenizer, _rule), metrics=True)
     client = served.client("special")
     msgs: list[Any] = [user("one")]
     sampled = []
@@ -55,6 +55,7 @@ def test_a_reply_with_a_special_token_keeps_its_sampled_tokens(
     assert pad in sampled[1] and msgs[3]["content"] == "cd"  # the pad is not in the text
     info = served.post("/sessions/special/end", {"reward": 1.0}).json()
     assert (info["drift"], info["branches"], info["trajectories"]) == (0, 0, 1)
+    assert served.gw.metrics.counters.get("branches", 0.0) == 0.0
     (t,) = served.trajectories()
     assert _completions(served, [t]) == [sampled]  # every sampled token, in one trajectory
 
@@ -63,7 +64,7 @@ def test_a_reply_with_a_special_token_keeps_its_sampled_tokens(
 def test_an_edited_reply_is_drift_and_loses_no_sampled_token(
         serve: Any, rule_engine: Any, ascii_tokenizer: Any, mode: str) -> None:
     served = serve(rule_engine(ascii_tokenizer, lambda p: "ab" if p.endswith("one") else "xy"),
-                   on_drift=mode)
+                   on_drift=mode, metrics=True)
     client = served.client("edits")
     msgs: list[Any] = [user("one")]
     sampled = []
@@ -78,6 +79,8 @@ def test_an_edited_reply_is_drift_and_loses_no_sampled_token(
     sampled.append(r.choices[0].token_ids)  # type: ignore[attr-defined]
     info = served.get("/sessions/edits").json()
     assert (info["drift"], info["branches"]) == (1, 0)  # drift, not a branch at turn 1
+    counters = served.gw.metrics.counters
+    assert (counters.get("drift"), counters.get("branches", 0.0)) == (1.0, 0.0)
     served.post("/sessions/edits/end", {"reward": 1.0})
     ts = served.trajectories()
     runs = [tuple(r) for t in _completions(served, ts) for r in t]
