@@ -246,10 +246,10 @@ def plan(s: Session, policy: str, ids: list[int], *, on_drift: str,
                         last.call.segment, role(last.call.n_messages + 1), drop=drop)
     carried = reply(last.call.n_messages) if reply is not None else None
     if carried is not None:  # the request carries a reply where the newest call's goes
-        got = _served(last, carried, appended, prefix)
-        if got is not None:
-            j, (tail, span) = got
-            return Plan(seq[:last.prompt_end] + last.call.choices[j].token_ids + tail, tail,
+        served = _served(last, carried, appended, prefix)
+        if served is not None:
+            j, (after, span) = served
+            return Plan(seq[:last.prompt_end] + last.call.choices[j].token_ids + after, after,
                         last.call.seq, j, last.call.segment, span, view=ids)
     for link in reversed(links[:-1] if carried is None else []):  # an ancestor (a branch)
         ch = link.call.choices[link.choice]

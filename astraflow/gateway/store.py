@@ -172,8 +172,8 @@ class SessionStore:
         async with self.lock(sid):
             s = self.sessions.get(sid)
             closed = self.closed.get(sid)
-            if not _owns(owner, s.owner if s is not None else
-                         closed[2] if closed is not None else owner):
+            held = s.owner if s is not None else closed[2] if closed is not None else None
+            if held is not None and not _owns(owner, held):
                 raise _no_session(sid)
             if s is not None:
                 if same_meta and any(getattr(s, k) != v for k, v in meta.items()
