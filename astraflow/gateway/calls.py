@@ -218,7 +218,14 @@ def completion_spec(gw: Gateway, req: CompletionRequest, sid: str | None = None)
         built.texts = texts
         return built
 
-    return CallSpec("completions", policy, ids, n, _request(fields), build)
+    def text_of(token_ids: list[int]) -> str:
+        return decode(tok, token_ids, skip_special=False)
+
+    def tokens_of(text: str) -> list[int]:
+        return list(_render(tok, encode, text, special=False))
+
+    return CallSpec("completions", policy, ids, n, _request(fields), build,
+                    text=(text_of, tokens_of))
 
 
 def _texts(tok: Any, results: Sequence[GenResult], stops: Sequence[str], *, skip: bool,

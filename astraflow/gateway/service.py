@@ -79,6 +79,8 @@ class CallSpec:
     role: Callable[[int], str] | None = None
     reply: Callable[[int], str | None] | None = None  # chat: message k's text if an assistant's
     prefix: Callable[[int], list[int]] | None = None  # chat: the first k messages rendered
+    # completions: (the text of token ids, the token ids of a text)
+    text: tuple[Callable[[list[int]], str], Callable[[str], list[int]]] | None = None
 
 
 Generate = Callable[[str, GenRequest], Awaitable[GenResult]]
@@ -254,7 +256,7 @@ class Gateway:
             raise conflict(f"session {sid!r} has ended; start a new session for more calls",
                            code="session_ended")
         p = plan(s, spec.policy, spec.ids, on_drift=self.on_drift, appended=spec.appended,
-                 reply=spec.reply, prefix=spec.prefix,
+                 reply=spec.reply, prefix=spec.prefix, text=spec.text,
                  **({"role": spec.role} if spec.role else {}))
         s.busy += 1  # not abandoned while it generates
         try:

@@ -22,7 +22,8 @@ ancestors:
 
 * the request carries, where the newest call's reply goes, an assistant message whose text is
   exactly the text served for one of its choices (:attr:`Choice.text`), after the messages
-  that call was given: the call continues on the token ids *served* for that choice, however
+  that call was given (a text completion: its prompt is that call's prompt, then text that
+  starts with the text served): the call continues on the token ids *served* for that choice, however
   that text re-tokenizes (a special token the text leaves out, a tokenization the model
   sampled that the tokenizer would not produce). Its prompt is the recorded tokens followed by
   the tokens of the messages after the reply; the request as rendered is its client's view.
@@ -226,12 +227,15 @@ def plan(s: Session, policy: str, ids: list[int], *, on_drift: str,
          appended: Callable[[int], tuple[list[int], str] | None] | None = None,
          role: Callable[[int], str] = lambda k: "other",
          reply: Callable[[int], str | None] | None = None,
-         prefix: Callable[[int], list[int]] | None = None) -> Plan:
+         prefix: Callable[[int], list[int]] | None = None,
+         text: tuple[Callable[[list[int]], str], Callable[[str], list[int]]] | None = None
+         ) -> Plan:
     """Where a call of ``policy`` whose request renders to ``ids`` continues (see the module
     docstring). Chat requests give ``appended(k)``: the tokens and span role of the request's
     messages after its first ``k`` (None when it has no more), ``role(k)``: the span role
     of those messages, ``reply(k)``: the text of its message ``k`` if that is an assistant
-    message (else None), and ``prefix(k)``: its first ``k`` messages rendered as a prompt."""
+    message (else None), and ``prefix(k)``: its first ``k`` messages rendered as a prompt.
+    Text completions give ``text``: (the text of token ids, the token ids of a text)."""
     head = s.heads.get(policy)
     if head is None:
         return Plan(ids, ids)
@@ -251,6 +255,16 @@ def plan(s: Session, policy: str, ids: list[int], *, on_drift: str,
             j, (after, span) = served
             return Plan(seq[:last.prompt_end] + last.call.choices[j].token_ids + after, after,
                         last.call.seq, j, last.call.segment, span, view=ids)
+    if text is not None and carried is None:
+        view = last.view[:last.view_prompt_end]
+        if len(ids) > len(view) and ids[:len(view)] == view:  # the newest call's prompt, more
+            rest = text[0](ids[len(view):])
+            for j, ch in enumerate(last.call.choices):
+                if ch.text and rest.startswith(ch.text):  # ... its served text, then more
+                    after = text[1](rest[len(ch.text):])
+                    return Plan(seq[:last.prompt_end] + ch.token_ids + after, after,
+                                last.call.seq, j, last.call.segment, role(1), view=ids)
+            carried = rest  # something else where its reply goes: an edit, not a branch
     for link in reversed(links[:-1] if carried is None else []):  # an ancestor (a branch)
         ch = link.call.choices[link.choice]
         got = _extends(link.view[:link.view_end], ch.hidden, ids)

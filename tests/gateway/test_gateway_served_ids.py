@@ -92,3 +92,22 @@ def test_an_edited_reply_is_drift_and_loses_no_sampled_token(
     else:  # continued on the tokens served: the model never saw the edit
         (text,) = texts
         assert text == "<bos>oneab<eos>twoxy<eos>threexy<eos>"
+
+
+def test_a_text_completion_sent_back_keeps_its_sampled_tokens(
+        serve: Any, rule_engine: Any, ascii_tokenizer: Any) -> None:
+    served = serve(rule_engine(ascii_tokenizer, _rule), metrics=True)
+    client = served.client("plain")
+    prompt, sampled = "one", []
+    for nxt in ("two", "three", None):
+        r = client.completions.create(model="default", prompt=prompt,
+                                      extra_body={"return_token_ids": True})
+        sampled.append(r.choices[0].token_ids)  # type: ignore[attr-defined]
+        prompt += r.choices[0].text + (nxt or "")
+    assert ascii_tokenizer.pad_token_id in sampled[1]
+    # an edit of the last reply: drift, not a branch
+    client.completions.create(model="default", prompt=prompt[:-2] + "EDITEDone")
+    info = served.post("/sessions/plain/end", {"reward": 1.0}).json()
+    assert (info["drift"], info["branches"]) == (1, 0)
+    ts = served.trajectories()
+    assert _completions(served, ts)[0] == sampled  # the three turns, every sampled token
