@@ -153,8 +153,7 @@ class Gateway:
         n = 0
         for s in self.store.idle(now):
             try:
-                await self.store.abandon(s, now)
-                n += 1
+                n += await self.store.abandon(s, now)
             except Exception as e:  # noqa: BLE001 - one session's failure must not stop the rest
                 self.count("errors.expire")
                 log.warning("session=%s could not be ended as abandoned: %s", s.id, e)

@@ -251,17 +251,18 @@ class SessionStore:
         t = self.idle_timeout_s
         return t is not None and not s.done and not s.busy and now - s.last_active > t
 
-    async def abandon(self, s: Session, now: float) -> int:
+    async def abandon(self, s: Session, now: float) -> bool:
         """End ``s`` as abandoned and produce its trajectories, if it is still idle at ``now``
-        once its lock is held; returns how many trajectories (0: left open)."""
+        once its lock is held; whether it did."""
         async with self.lock(s.id):
             if not self._idle(s, now) or self.sessions.get(s.id) is not s:
-                return 0
+                return False
             await self.record(s, kind="end", reason="abandoned")
             self.count("sessions_abandoned")
             log.info("session=%s abandoned: idle for %.0f s (gateway.session_idle_timeout_s)",
                      s.id, now - s.last_active)
-            return await self.finish(s)
+            await self.finish(s)
+            return True
 
     async def take(self, sid: str) -> Session:
         """Close ``sid`` and hand over its session (its calls as recorded): once its calls in
