@@ -33,6 +33,9 @@ _NAMES = frozenset({"token", "api_key", "apikey", "access_token", "auth_token",
                     "bearer_token", "sasl.oauthbearer.config"})
 #: parts of a key that make its value a secret (Kafka's sasl.password, ssl.key.password,
 #: ssl.keystore.password, sasl.oauthbearer.client.secret, ...)
+#: keys whose mapping holds only secrets, whatever each is called (``gateway.keys``: client
+#: name -> API key)
+_SECRET_MAPS = frozenset({"keys"})
 _PARTS = re.compile(r"password|passwd|secret|\.key\.pem$|private.?key", re.IGNORECASE)
 
 Path_ = tuple[str | int, ...]
@@ -64,10 +67,17 @@ def redact_url(url: str) -> str:
     return f"{parts.scheme}://{netloc}{parts.path}{'?' if query else ''}{query}{fragment}"
 
 
-def _redact_value(key: str | int, value: Any) -> Any:
+def _secret_at(path: Path_) -> bool:
+    """Is the value at ``path`` a secret by where it is (its key, or a mapping of secrets)?"""
+    key = path[-1]
+    return (isinstance(key, str) and secret_key(key)) or (
+        len(path) >= 2 and path[-2] in _SECRET_MAPS)
+
+
+def _redact_value(path: Path_, value: Any) -> Any:
     if not isinstance(value, str) or not value:
         return value
-    if isinstance(key, str) and secret_key(key):
+    if _secret_at(path):
         return REDACTED
     return redact_url(value)
 
@@ -87,7 +97,7 @@ def split(data: Any) -> tuple[Any, list[tuple[Path_, str]]]:
     def walk_leaf(key: str | int, value: Any, path: Path_) -> Any:
         if isinstance(value, dict | list):
             return walk(value, path)
-        hidden = _redact_value(key, value)
+        hidden = _redact_value(path, value)
         if hidden != value:
             secrets.append((path, value))
         return hidden
@@ -108,7 +118,7 @@ def _leaves(node: Any, path: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
 def redacted_paths(data: Any) -> list[str]:
     """The dotted paths of values in ``data`` that are still redacted."""
     return [".".join(map(str, p)) for p, v in _leaves(data) if isinstance(v, str) and (
-        (v == REDACTED and isinstance(p[-1], str) and secret_key(p[-1]))
+        (v == REDACTED and _secret_at(p))
         or _has_redacted_part(v))]
 
 
@@ -127,7 +137,7 @@ def restore(data: Any, secrets: list[tuple[Path_, str]]) -> Any:
             here = node[path[-1]]
         except (KeyError, IndexError, TypeError):
             continue
-        if isinstance(here, str) and here == _redact_value(path[-1], real):
+        if isinstance(here, str) and here == _redact_value(path, real):
             node[path[-1]] = real
     return data
 

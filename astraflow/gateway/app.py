@@ -9,10 +9,13 @@ session routes, and every error in OpenAI's shape.
 * ``POST /sessions`` (open with metadata), ``GET /sessions/{id}``,
   ``POST /sessions/{id}/reward``, ``POST /sessions/{id}/end``.
 * ``Idempotency-Key`` on any POST: a retry answers the recorded response, recorded once.
+* Sessions belong to the client that opened them (its key, :mod:`astraflow.gateway.auth`);
+  another client's session is 404.
 * Errors: 400 (malformed JSON, unknown field, bad value, prompt over the context, too many
-  or too long messages), 404 (unknown model, session, route), 408 (body too slow), 409
-  (reward twice, session ended or closed), 413 (body too large), 429 with ``Retry-After``
-  (full), 500 (engine failure); body ``{"error": {message, type, param, code}}``.
+  or too long messages), 404 (unknown model, session, route; another client's session), 408
+  (body too slow), 409 (reward twice, session ended or closed), 413 (body too large), 429
+  with ``Retry-After`` (full), 500 (engine failure); body ``{"error": {message, type, param,
+  code}}``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 import astraflow
+from astraflow.gateway.auth import protect
 from astraflow.gateway.calls import chat_spec, completion_spec
 from astraflow.gateway.errors import GatewayError, error_body
 from astraflow.gateway.limits import BodyLimit, Limits, Tokenizing, check_messages, check_prompt
@@ -69,12 +73,18 @@ def _streamed(model: type) -> dict[int | str, dict[str, Any]]:
 
 @dataclass
 class Meta:
-    """A call's session (``X-Session-Id``), the metadata of a session it opens, and its
-    ``Idempotency-Key``."""
+    """A call's session (``X-Session-Id``), the metadata of a session it opens, its
+    ``Idempotency-Key``, and its client (:func:`client_of`)."""
 
     sid: str | None
     meta: dict[str, Any]
     key: str | None = None
+    owner: str = ""
+
+
+def client_of(request: Request) -> str:
+    """The client named by the request's credential (``""``: the shared token, or none)."""
+    return str(request.scope.get("state", {}).get("client", ""))
 
 
 #: the headers of a call: (name, JSON schema, description)
@@ -125,18 +135,18 @@ async def _meta(request: Request) -> Meta:
     meta = {"task_id": h.get("x-task-id"), "group_id": h.get("x-group-id"),
             "sample_index": _int_header(h, "X-Sample-Index", 0),
             "group_size": _int_header(h, "X-Group-Size", 1), "agent": h.get("x-agent")}
-    return Meta(None if sid is None else check_session_id(sid), meta, key)
+    return Meta(None if sid is None else check_session_id(sid), meta, key, client_of(request))
 
 
 MetaDep = Annotated[Meta, Depends(_meta)]
 
 
-def create_app(gw: Gateway, *, token: str | None = None, limits: Limits | None = None
-               ) -> FastAPI:
+def create_app(gw: Gateway, *, token: str | None = None,
+               keys: dict[str, str] | None = None, limits: Limits | None = None) -> FastAPI:
     """The ASGI app over ``gw``; its lifespan starts it (rebuilding sessions) and closes it.
-    ``token``: every request but ``/health`` must carry it as a bearer token
-    (:mod:`astraflow.gateway.auth`); ``limits``: what one request may cost
-    (:mod:`astraflow.gateway.limits`)."""
+    ``token`` (shared) and ``keys`` (client name -> key): every request but ``/health`` must
+    carry one as a bearer token (:mod:`astraflow.gateway.auth`); ``limits``: what one request
+    may cost (:mod:`astraflow.gateway.limits`)."""
     limits = limits or Limits()
     tokenizing = Tokenizing(limits.max_tokenizing, limits.max_tokenize_waiting,
                             limits.retry_after_s)
@@ -159,11 +169,7 @@ def create_app(gw: Gateway, *, token: str | None = None, limits: Limits | None =
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes,  # inside auth (added last)
                        timeout_s=limits.body_timeout_s,
                        on_reject=lambda status: gw.count(f"errors.{status}"))
-    if token is not None:
-        from astraflow.gateway.auth import BearerAuth
-
-        app.add_middleware(BearerAuth, token=token)
-    return app
+    return protect(app, token=token, keys=keys)
 
 
 def _answer(reply: Reply, stream: bool | None, chunks: Any, usage: bool) -> Response:
@@ -197,14 +203,14 @@ def _v1(app: FastAPI, gw: Gateway, prefix: str, session: bool, limits: Limits,
     async def chat(body: ChatRequest, meta: MetaDep, sid: SidOfHeader) -> Response:
         check_messages(body.messages, limits)
         spec = await tokenizing.run(chat_spec, gw, body, sid)
-        reply = await gw.call(spec, sid=sid, meta=meta.meta, key=meta.key)
+        reply = await gw.call(spec, sid=sid, meta=meta.meta, key=meta.key, owner=meta.owner)
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return _answer(reply, body.stream, chat_chunks, usage)
 
     async def completions(body: CompletionRequest, meta: MetaDep, sid: SidOfHeader) -> Response:
         check_prompt(body.prompt, limits)
         spec = await tokenizing.run(completion_spec, gw, body, sid)
-        reply = await gw.call(spec, sid=sid, meta=meta.meta, key=meta.key)
+        reply = await gw.call(spec, sid=sid, meta=meta.meta, key=meta.key, owner=meta.owner)
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return _answer(reply, body.stream, completion_chunks, usage)
 
@@ -236,33 +242,37 @@ def _card(gw: Gateway, name: str) -> dict[str, Any]:
 
 def _sessions(app: FastAPI, gw: Gateway) -> None:
     @app.post("/sessions", tags=["sessions"], status_code=201, response_model=SessionInfo,
-              responses=_errors(400, 409, 429))
-    async def open_session(body: SessionRequest | None = None) -> dict[str, Any]:
+              responses=_errors(400, 404, 409, 429))
+    async def open_session(request: Request, body: SessionRequest | None = None
+                           ) -> dict[str, Any]:
         """Open a session with its metadata (where its trajectories go); answers an existing
         one with the same metadata, 409 with other metadata."""
         body = body or SessionRequest.model_validate({})
         sid = body.session_id or uuid.uuid4().hex
         meta = body.model_dump(exclude={"session_id"})
-        s, _ = await gw.store.open(sid, meta, same_meta=True)
+        s, _ = await gw.store.open(sid, meta, same_meta=True, owner=client_of(request))
         return gw.store.info(s)
 
     @app.get("/sessions/{session_id}", tags=["sessions"], response_model=SessionInfo,
              responses=_errors(400, 404))
-    async def session_info(session_id: SessionPath) -> dict[str, Any]:
-        return gw.store.info_of(session_id)
+    async def session_info(session_id: SessionPath, request: Request) -> dict[str, Any]:
+        return gw.store.info_of(session_id, client_of(request))
 
     @app.post("/sessions/{session_id}/reward", tags=["sessions"], response_model=SessionInfo,
               responses=_errors(400, 404, 409))
-    async def reward(session_id: SessionPath, body: RewardRequest, key: Key = None) -> Response:
-        raw = await gw.reward(session_id, body.reward, body.rewards, key=key)
+    async def reward(session_id: SessionPath, body: RewardRequest, request: Request,
+                     key: Key = None) -> Response:
+        raw = await gw.reward(session_id, body.reward, body.rewards, key=key,
+                              owner=client_of(request))
         return Response(raw, media_type="application/json")
 
     @app.post("/sessions/{session_id}/end", tags=["sessions"], response_model=SessionInfo,
               responses=_errors(400, 404, 409))
-    async def end(session_id: SessionPath, body: EndRequest | None = None,
+    async def end(session_id: SessionPath, request: Request, body: EndRequest | None = None,
                   key: Key = None) -> Response:
         body = body or EndRequest.model_validate({})
-        raw = await gw.end(session_id, body.reward, body.rewards, key=key)
+        raw = await gw.end(session_id, body.reward, body.rewards, key=key,
+                           owner=client_of(request))
         return Response(raw, media_type="application/json")
 
     @app.get("/health", tags=["sessions"])

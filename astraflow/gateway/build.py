@@ -71,6 +71,7 @@ def build_gateway(gc: GatewayConfig, rc: RolloutConfig, *, run: str, policies: S
     store = SessionStore(bus, run=run, max_open_sessions=gc.max_open_sessions,
                          retry_after_s=gc.retry_after_s, claims=claims, worker_id=component,
                          metrics=metrics, idempotency_cache=gc.idempotency_cache,
+                         idle_timeout_s=gc.session_idle_timeout_s,
                          versions=lambda: {p: e.version for p, e in engines.items()})
     sampling: dict[str, Any] = {k: getattr(rc.engine, k) for k in SAMPLING_KEYS}
     return Gateway(engines, store, on_drift=gc.on_drift, aliases=gc.aliases, sampling=sampling,

@@ -20,7 +20,14 @@ from typing import Any
 from astraflow.consumers.rollout.engines.base import GenRequest, GenResult
 from astraflow.core.records import ChatMessage
 from astraflow.gateway.errors import GatewayError, bad_request, unsupported
-from astraflow.gateway.messages import CLOSE, new_call_id, parse_calls, span_role, to_chat
+from astraflow.gateway.messages import (
+    CLOSE,
+    new_call_id,
+    parse_calls,
+    span_role,
+    to_chat,
+    tool_text,
+)
 from astraflow.gateway.schemas import ChatRequest, CompletionRequest, Sampling
 from astraflow.gateway.service import Built, CallSpec, Gateway
 from astraflow.gateway.text import (
@@ -124,9 +131,17 @@ def chat_spec(gw: Gateway, req: ChatRequest, sid: str | None = None) -> CallSpec
     def role(k: int) -> str:
         return span_role(msgs[k + offset:]) if len(msgs) > k + offset else "other"
 
+    def reply(k: int) -> str | None:
+        k += offset
+        return msgs[k].content if len(msgs) > k and msgs[k].role == "assistant" else None
+
+    def prefix(k: int) -> list[int]:
+        return list(_rendered(tok, tuple((m.role, m.content, m.name)
+                                         for m in msgs[:k + offset])))
+
     def build(prompt: list[int], results: list[GenResult]) -> Built:
         texts, hidden = _texts(tok, results, stops, skip=skip, keep=keep)
-        choices, contents = [], []
+        choices, contents, served = [], [], []
         for i, (r, text) in enumerate(zip(results, texts, strict=True)):
             calls = parse_calls(text, names) if tools else None
             content = text if calls is None else calls[0]
@@ -138,6 +153,9 @@ def chat_spec(gw: Gateway, req: ChatRequest, sid: str | None = None) -> CallSpec
                                           "function": {"name": name, "arguments": args}}
                                          for name, args in calls[1]]
                 finish = "tool_calls"
+            # the message as a request that sends it back renders it (messages.to_chat)
+            served.append(content + "".join(tool_text(name, args)
+                                            for name, args in (calls[1] if calls else ())))
             choice: dict[str, Any] = {"index": i, "message": message, "finish_reason": finish,
                                       "logprobs": None}
             if req.logprobs:
@@ -145,11 +163,14 @@ def chat_spec(gw: Gateway, req: ChatRequest, sid: str | None = None) -> CallSpec
                                                                req.top_logprobs or 0)}
             choices.append(choice)
             contents.append(content)
-        return _built(req, tok, skip, ("chat.completion", "chatcmpl", model), prompt, results,
-                      choices, contents, hidden)
+        built = _built(req, tok, skip, ("chat.completion", "chatcmpl", model), prompt,
+                       results, choices, contents, hidden)
+        built.texts = served
+        return built
 
     return CallSpec("chat", policy, ids, n, _request(fields), build,
-                    n_messages=len(req.messages), appended=appended, role=role)
+                    n_messages=len(req.messages), appended=appended, role=role, reply=reply,
+                    prefix=prefix)
 
 
 def completion_spec(gw: Gateway, req: CompletionRequest, sid: str | None = None) -> CallSpec:
@@ -192,10 +213,19 @@ def completion_spec(gw: Gateway, req: CompletionRequest, sid: str | None = None)
                     tok, r.token_ids, r.logprobs, top=req.logprobs,
                     as_ids=bool(req.return_tokens_as_token_ids))
             choices.append(choice)
-        return _built(req, tok, skip, ("text_completion", "cmpl", model), prompt, results,
-                      choices, texts, hidden)
+        built = _built(req, tok, skip, ("text_completion", "cmpl", model), prompt, results,
+                       choices, texts, hidden)
+        built.texts = texts
+        return built
 
-    return CallSpec("completions", policy, ids, n, _request(fields), build)
+    def text_of(token_ids: list[int]) -> str:
+        return decode(tok, token_ids, skip_special=False)
+
+    def tokens_of(text: str) -> list[int]:
+        return list(_render(tok, encode, text, special=False))
+
+    return CallSpec("completions", policy, ids, n, _request(fields), build,
+                    text=(text_of, tokens_of))
 
 
 def _texts(tok: Any, results: Sequence[GenResult], stops: Sequence[str], *, skip: bool,

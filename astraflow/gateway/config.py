@@ -27,6 +27,18 @@ class GatewayConfig(Section):
     token: str | None = pydantic.Field(
         None, description="bearer token every request but /health must carry (the OpenAI "
                           "SDK's api_key); default: $ASTRAFLOW_GATEWAY_TOKEN, else none")
+    keys: dict[str, str] = pydantic.Field(
+        default_factory=dict, description="client name -> API key: each client its own "
+        "credential (its SDK's api_key); a session belongs to the client that opened it and "
+        "is 404 to any other (holders of `token` are one client)")
+    allow_unauthenticated: bool = pydantic.Field(
+        False, description="serve a non-loopback host with neither token nor keys (refused "
+        "otherwise: anyone who reaches it could use every session)")
+    session_idle_timeout_s: float | None = pydantic.Field(
+        900.0, gt=0, description="a session with no call, reward or end for this long (and no "
+        "call running) is ended as abandoned: its trajectories are produced with finish_reason "
+        "`abandoned` (not trained on) and it no longer counts against max_open_sessions; "
+        "null: never")
     policies: list[str] | None = pydantic.Field(
         None, description="policies served (each a `model` name); default: rollout.policies, "
                           "else every policy of the run")

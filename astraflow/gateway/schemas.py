@@ -11,9 +11,10 @@ honour with exact behaviour logprobs are taken only at their neutral value.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Strict as PydanticStrict
 
 
 class Strict(BaseModel):
@@ -125,15 +126,19 @@ class SessionRequest(Strict):
     metadata: dict[str, str] = Field(default_factory=dict)
 
 
+#: a reward: a finite JSON number (``true`` or ``"1.5"`` is a 400, not 1.0 or 1.5: a client
+#: that sends those has a bug the trainer should not average over)
+Number = Annotated[float, PydanticStrict(), Field(allow_inf_nan=False)]
+
+
 class RewardRequest(Strict):
-    reward: float = Field(allow_inf_nan=False)
-    rewards: dict[str, float] = Field(default_factory=dict)
+    reward: Number
+    rewards: dict[str, Number] = Field(default_factory=dict)
 
 
 class EndRequest(Strict):
-    reward: float | None = Field(None, allow_inf_nan=False,
-                                 description="the reward, if not given before")
-    rewards: dict[str, float] = Field(default_factory=dict)
+    reward: Number | None = Field(None, description="the reward, if not given before")
+    rewards: dict[str, Number] = Field(default_factory=dict)
 
 
 # -- responses ----------------------------------------------------------------------------------
@@ -249,9 +254,15 @@ class SessionInfo(BaseModel):
     group_size: int
     agent: str
     calls: int
-    drift: int
+    drift: int = Field(description="calls whose history differed from what was served "
+                                   "(an edited reply or message): each one counted")
+    branches: int = Field(0, description="calls that went back to an earlier call (a retry "
+                                         "of a turn); the newest decides the trajectory")
     segments: dict[str, int]
     reward: float | None
     ended: bool
     done: bool
+    end_reason: Literal["", "abandoned"] = Field(
+        "", description="abandoned: ended by the gateway, idle past "
+                        "gateway.session_idle_timeout_s")
     trajectories: int = 0

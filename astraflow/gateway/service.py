@@ -7,6 +7,10 @@ token ids → in a session, :func:`~astraflow.gateway.session.plan` where it con
 ``n`` completions on the policy's engine (through rollout's batcher, or the ``generate`` it
 was given) → answer body → record the call (produced and flushed) → answer. Without a session
 nothing is recorded.
+
+Calls, rewards and ends act for a client (``owner``: its name, :mod:`astraflow.gateway.auth`):
+another client's session is 404 to it. Sessions idle past the store's ``idle_timeout_s`` are
+ended as abandoned by a task started with the gateway (:meth:`Gateway.expire`).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class Built:
     pieces: list[list[str]]
     hidden: list[int]
     choices: list[GatewayChoice] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)  # per choice, the text it was served as
 
 
 @dataclass
@@ -72,6 +77,10 @@ class CallSpec:
     n_messages: int = 0
     appended: Callable[[int], tuple[list[int], str] | None] | None = None
     role: Callable[[int], str] | None = None
+    reply: Callable[[int], str | None] | None = None  # chat: message k's text if an assistant's
+    prefix: Callable[[int], list[int]] | None = None  # chat: the first k messages rendered
+    # completions: (the text of token ids, the token ids of a text)
+    text: tuple[Callable[[list[int]], str], Callable[[str], list[int]]] | None = None
 
 
 Generate = Callable[[str, GenRequest], Awaitable[GenResult]]
@@ -118,6 +127,7 @@ class Gateway:
         self.loop: asyncio.AbstractEventLoop | None = None  # the loop serving it, once started
         self._batchers: dict[str, Batcher] = {}
         self._ticker: asyncio.Task[None] | None = None
+        self._reaper: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -128,6 +138,26 @@ class Gateway:
             self._batchers = {p: Batcher(e) for p, e in self.engines.items()}
         if self.metrics is not None:
             self._ticker = asyncio.create_task(self._tick(), name="gateway-metrics")
+        if self.store.idle_timeout_s is not None:
+            self._reaper = asyncio.create_task(self._reap(self.store.idle_timeout_s),
+                                               name="gateway-idle")
+
+    async def _reap(self, timeout: float) -> None:
+        while True:
+            await asyncio.sleep(min(max(timeout / 4, 0.05), 5.0))
+            await self.expire()
+
+    async def expire(self, now: float | None = None) -> int:
+        """End the sessions idle at ``now`` (default: now) as abandoned; how many ended."""
+        now = time.time() if now is None else now
+        n = 0
+        for s in self.store.idle(now):
+            try:
+                n += await self.store.abandon(s, now)
+            except Exception as e:  # noqa: BLE001 - one session's failure must not stop the rest
+                self.count("errors.expire")
+                log.warning("session=%s could not be ended as abandoned: %s", s.id, e)
+        return n
 
     async def _tick(self) -> None:
         assert self.metrics is not None
@@ -141,10 +171,11 @@ class Gateway:
             await asyncio.sleep(min(1.0, self.metrics.interval))
 
     async def aclose(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+        for task in (self._ticker, self._reaper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for b in self._batchers.values():
             await b.close()
         for f in self.followers:
@@ -194,23 +225,24 @@ class Gateway:
 
     # -- calls -----------------------------------------------------------------------------------
     async def call(self, spec: CallSpec, *, sid: str | None, meta: Mapping[str, Any],
-                   key: str | None) -> Reply:
-        """Run ``spec`` (once per Idempotency-Key ``key``) in session ``sid`` (None: none)."""
+                   key: str | None, owner: str | None = None) -> Reply:
+        """Run ``spec`` (once per Idempotency-Key ``key``) in session ``sid`` (None: none) of
+        client ``owner``."""
         if not key:
-            return await self._call(spec, sid, meta, None)
+            return await self._call(spec, sid, meta, None, owner)
         key = f"{spec.route}:{key}"  # scoped (see scoped())
         while True:
-            hit = self.store.replay(sid, key)
+            hit = self.store.replay(sid, key, owner)
             if hit is not None:
                 self.count("replays")
                 return Reply(msgspec.json.decode(hit), hit)
             with self.store.claim(sid, key) as running:
                 if running is None:
-                    return await self._call(spec, sid, meta, key)
+                    return await self._call(spec, sid, meta, key, owner)
             await asyncio.wait([running])  # the first with this key answered (or failed)
 
     async def _call(self, spec: CallSpec, sid: str | None, meta: Mapping[str, Any],
-                    key: str | None) -> Reply:
+                    key: str | None, owner: str | None) -> Reply:
         if sid is None:
             built = await self._generate(spec, spec.ids)
             raw = msgspec.json.encode(built.body)
@@ -218,15 +250,20 @@ class Gateway:
                 self.store.remember(key, raw)
             self.count("calls_unrecorded")
             return Reply(built.body, raw, built.pieces)
-        s, _ = await self.store.open(sid, meta)
+        s, _ = await self.store.open(sid, meta, owner=owner)
         if s.ended:
             raise conflict(f"session {sid!r} has ended; start a new session for more calls",
                            code="session_ended")
         p = plan(s, spec.policy, spec.ids, on_drift=self.on_drift, appended=spec.appended,
+                 reply=spec.reply, prefix=spec.prefix, text=spec.text,
                  **({"role": spec.role} if spec.role else {}))
-        built = await self._generate(spec, p.prompt)
-        raw = msgspec.json.encode(built.body)
-        await self._record(s, spec, p, built, raw, key)
+        s.busy += 1  # not abandoned while it generates
+        try:
+            built = await self._generate(spec, p.prompt)
+            raw = msgspec.json.encode(built.body)
+            await self._record(s, spec, p, built, raw, key)
+        finally:
+            s.busy -= 1
         return Reply(built.body, raw, built.pieces)
 
     async def _generate(self, spec: CallSpec, prompt: list[int]) -> Built:
@@ -254,7 +291,7 @@ class Gateway:
             self.inflight -= spec.n
         self.count("tokens", sum(len(r.token_ids) for r in results))
         built = spec.build(prompt, list(results))
-        built.choices = choices_of(results, built.hidden)
+        built.choices = choices_of(results, built.hidden, built.texts)
         return built
 
     async def _record(self, s: Session, spec: CallSpec, p: Plan, built: Built, raw: bytes,
@@ -269,7 +306,7 @@ class Gateway:
                 segment=p.segment if p.segment is not None else s.next_segment(spec.policy),
                 parent=p.parent, parent_choice=p.parent_choice, prompt_ids=pack_i32(p.tail),
                 prompt_role=p.role, prompt_len=len(p.prompt), n_messages=spec.n_messages,
-                drift=p.drift, view_drop=p.drop,
+                drift=p.drift, branch=p.branch, view_drop=p.drop,
                 view_ids=b"" if p.view is None else pack_i32(p.view),
                 choices=built.choices, response=raw)
         self.count("calls")
@@ -278,7 +315,7 @@ class Gateway:
 
     # -- sessions ----------------------------------------------------------------------------------
     async def reward(self, sid: str, reward: float, rewards: Mapping[str, float], *,
-                     key: str | None) -> bytes:
+                     key: str | None, owner: str | None = None) -> bytes:
         key = scoped("reward", key)
 
         async def record(s: Session) -> bytes:
@@ -291,10 +328,10 @@ class Gateway:
                                     call_id=key or "", response=raw)
             return raw
 
-        return await self._keyed(sid, key, record)
+        return await self._keyed(sid, key, record, owner)
 
     async def end(self, sid: str, reward: float | None, rewards: Mapping[str, float], *,
-                  key: str | None) -> bytes:
+                  key: str | None, owner: str | None = None) -> bytes:
         key = scoped("end", key)
 
         async def record(s: Session) -> bytes:
@@ -310,17 +347,18 @@ class Gateway:
             await self.store.record(s, kind="end", call_id=key or "", response=raw)
             return raw
 
-        return await self._keyed(sid, key, record)
+        return await self._keyed(sid, key, record, owner)
 
     async def _keyed(self, sid: str, key: str | None,
-                     record: Callable[[Session], Awaitable[bytes]]) -> bytes:
+                     record: Callable[[Session], Awaitable[bytes]],
+                     owner: str | None = None) -> bytes:
         """``record(session)`` under the session's lock, then its trajectories if it is done;
         once per Idempotency-Key ``key``: a retry (also once the session is closed) is
         answered the recorded response."""
-        hit = self.store.closed_key(sid, key) if key else None
+        hit = self.store.closed_key(sid, key, owner) if key else None
         if hit is not None:
             return hit
-        s = self.store.get(sid)
+        s = self.store.get(sid, owner)
         async with self.store.lock(sid):
             if key and key in s.keys:
                 return s.keys[key]
@@ -335,10 +373,13 @@ def scoped(route: str, key: str | None) -> str | None:
     return f"{route}:{key}" if key else None
 
 
-def choices_of(results: Sequence[GenResult], hidden: Sequence[int]) -> list[GatewayChoice]:
-    """The recorded form of ``results`` (their tokens exactly as generated)."""
+def choices_of(results: Sequence[GenResult], hidden: Sequence[int],
+               texts: Sequence[str] = ()) -> list[GatewayChoice]:
+    """The recorded form of ``results`` (their tokens exactly as generated, and the text each
+    was served as)."""
+    texts = list(texts) or [""] * len(results)
     return [GatewayChoice(token_ids=pack_i32(list(r.token_ids)),
                           logprobs=pack_f32(list(r.logprobs)),
                           versions=pack_i32(list(r.versions)), finish_reason=r.finish_reason,
-                          hidden=h)
-            for r, h in zip(results, hidden, strict=True)]
+                          hidden=h, text=t)
+            for r, h, t in zip(results, hidden, texts, strict=True)]

@@ -20,6 +20,16 @@ ancestors:
   a branch; the newest call of a segment decides which branch is trained;
 * the request is exactly the prompt of the chain's first call: a retried first turn.
 
+* the request carries, where the newest call's reply goes, an assistant message whose text is
+  exactly the text served for one of its choices (:attr:`Choice.text`), after the messages
+  that call was given (a text completion: its prompt is that call's prompt, then text that
+  starts with the text served): the call continues on the token ids *served* for that choice, however
+  that text re-tokenizes (a special token the text leaves out, a tokenization the model
+  sampled that the tokenizer would not produce). Its prompt is the recorded tokens followed by
+  the tokens of the messages after the reply; the request as rendered is its client's view.
+
+A request that carries a reply where the newest call's goes but not one it served (the agent
+edited the text), or whose earlier messages differ, is never taken for a branch: it is drift.
 Otherwise the history has **drifted** from what was recorded (the client edited it, or the
 chat template re-renders an earlier turn into other tokens). It is counted, and handled as
 configured: ``continue`` keeps the recorded tokens and appends the tokens of the messages the
@@ -46,11 +56,12 @@ class Choice:
     versions: list[int]
     finish_reason: str
     hidden: int = 0
+    text: str = ""  # the text served for it ("": not recorded)
 
     @classmethod
     def of(cls, c: GatewayChoice) -> Choice:
         return cls(unpack(c.token_ids, "<i4").tolist(), unpack(c.logprobs, "<f4").tolist(),
-                   unpack(c.versions, "<i4").tolist(), c.finish_reason, c.hidden)
+                   unpack(c.versions, "<i4").tolist(), c.finish_reason, c.hidden, c.text)
 
 
 @dataclass(slots=True)
@@ -82,7 +93,7 @@ class Plan:
     drift: bool = False
     branch: bool = False
     drop: int = 0  # the parent's hidden tokens the request's rendering lacks
-    view: list[int] | None = None  # drift continued: the request as rendered
+    view: list[int] | None = None  # the request as rendered, where it is not the recorded
 
 
 @dataclass
@@ -105,18 +116,23 @@ class Session:
     branches: int = 0
     keys: dict[str, bytes] = field(default_factory=dict)  # Idempotency-Key -> response
     opened_at: float = field(default_factory=time.time)
+    owner: str = ""  # the client that opened it (see GatewayCall.owner)
+    end_reason: str = ""  # "": ended by its client; "abandoned": idle past the timeout
+    last_active: float = field(default_factory=time.time)  # its newest event's time
+    busy: int = 0  # its calls being generated now (not expired while > 0)
 
     # -- folding events ------------------------------------------------------------------------
     def apply(self, ev: GatewayCall) -> None:
         """Take one event (live, after it was produced; or read back at a restart)."""
         self.next_seq = max(self.next_seq, ev.seq + 1)
+        self.last_active = max(self.last_active, ev.created_at)
         if ev.call_id:
             self.keys[ev.call_id] = ev.response
         if ev.kind == "open":
             self.task_id, self.group_id = ev.task_id or self.id, ev.group_id or self.id
             self.sample_index, self.group_size = ev.sample_index, ev.group_size
             self.agent, self.metadata = ev.agent, dict(ev.metadata)
-            self.opened_at = ev.created_at
+            self.opened_at, self.owner = ev.created_at, ev.owner
         elif ev.kind == "call":
             self.calls[ev.seq] = Call(ev.seq, ev.policy, ev.segment, ev.parent,
                                       ev.parent_choice, unpack(ev.prompt_ids, "<i4").tolist(),
@@ -126,10 +142,11 @@ class Session:
                                       else None)
             self.heads[ev.policy] = ev.seq
             self.drift += ev.drift
+            self.branches += ev.branch
         elif ev.kind == "reward":
             self.reward, self.rewards = ev.reward, dict(ev.rewards)
         elif ev.kind == "end":
-            self.ended = True
+            self.ended, self.end_reason = True, ev.reason
         elif ev.kind == "done":
             self.done = True
 
@@ -208,11 +225,17 @@ def _extends(recorded: list[int], hidden: int, ids: list[int]) -> tuple[list[int
 
 def plan(s: Session, policy: str, ids: list[int], *, on_drift: str,
          appended: Callable[[int], tuple[list[int], str] | None] | None = None,
-         role: Callable[[int], str] = lambda k: "other") -> Plan:
+         role: Callable[[int], str] = lambda k: "other",
+         reply: Callable[[int], str | None] | None = None,
+         prefix: Callable[[int], list[int]] | None = None,
+         text: tuple[Callable[[list[int]], str], Callable[[str], list[int]]] | None = None
+         ) -> Plan:
     """Where a call of ``policy`` whose request renders to ``ids`` continues (see the module
     docstring). Chat requests give ``appended(k)``: the tokens and span role of the request's
-    messages after its first ``k`` (None when it has no more), and ``role(k)``: the span role
-    of those messages."""
+    messages after its first ``k`` (None when it has no more), ``role(k)``: the span role
+    of those messages, ``reply(k)``: the text of its message ``k`` if that is an assistant
+    message (else None), and ``prefix(k)``: its first ``k`` messages rendered as a prompt.
+    Text completions give ``text``: (the text of token ids, the token ids of a text)."""
     head = s.heads.get(policy)
     if head is None:
         return Plan(ids, ids)
@@ -225,7 +248,24 @@ def plan(s: Session, policy: str, ids: list[int], *, on_drift: str,
             tail, drop = got
             return Plan(seq[:last.prompt_end] + ch.token_ids + tail, tail, last.call.seq, j,
                         last.call.segment, role(last.call.n_messages + 1), drop=drop)
-    for link in reversed(links[:-1]):  # an ancestor, on the choice the chain took
+    carried = reply(last.call.n_messages) if reply is not None else None
+    if carried is not None:  # the request carries a reply where the newest call's goes
+        served = _served(last, carried, appended, prefix)
+        if served is not None:
+            j, (after, span) = served
+            return Plan(seq[:last.prompt_end] + last.call.choices[j].token_ids + after, after,
+                        last.call.seq, j, last.call.segment, span, view=ids)
+    if text is not None and carried is None:
+        view = last.view[:last.view_prompt_end]
+        if len(ids) > len(view) and ids[:len(view)] == view:  # the newest call's prompt, more
+            rest = text[0](ids[len(view):])
+            for j, ch in enumerate(last.call.choices):
+                if ch.text and rest.startswith(ch.text):  # ... its served text, then more
+                    after = text[1](rest[len(ch.text):])
+                    return Plan(seq[:last.prompt_end] + ch.token_ids + after, after,
+                                last.call.seq, j, last.call.segment, role(1), view=ids)
+            carried = rest  # something else where its reply goes: an edit, not a branch
+    for link in reversed(links[:-1] if carried is None else []):  # an ancestor (a branch)
         ch = link.call.choices[link.choice]
         got = _extends(link.view[:link.view_end], ch.hidden, ids)
         if got is not None:
@@ -234,7 +274,7 @@ def plan(s: Session, policy: str, ids: list[int], *, on_drift: str,
                         link.call.segment, role(link.call.n_messages + 1), branch=True,
                         drop=drop)
     root = links[0]
-    if ids == root.view[:root.view_prompt_end]:  # the first turn again
+    if carried is None and ids == root.view[:root.view_prompt_end]:  # the first turn again
         return Plan(ids, ids, segment=root.call.segment, branch=True)
     if on_drift == "continue" and appended is not None and last.call.choices:
         new = appended(last.call.n_messages + 1)
@@ -243,3 +283,19 @@ def plan(s: Session, policy: str, ids: list[int], *, on_drift: str,
             return Plan(recorded + new[0], new[0], last.call.seq, 0, last.call.segment, new[1],
                         drift=True, view=ids)
     return Plan(ids, ids, drift=True)
+
+
+def _served(last: Link, carried: str, appended: Callable[[int], tuple[list[int], str] | None]
+            | None, prefix: Callable[[int], list[int]] | None
+            ) -> tuple[int, tuple[list[int], str]] | None:
+    """(the choice of ``last`` whose served text is ``carried``, the tokens and span role of
+    the request's messages after it) when the request's messages before the reply are the
+    ones ``last`` was given (as its client's view renders them); else None."""
+    n = last.call.n_messages
+    js = [j for j, ch in enumerate(last.call.choices) if ch.text and ch.text == carried]
+    if not js or appended is None or prefix is None:
+        return None
+    if prefix(n) != last.view[:last.view_prompt_end]:
+        return None
+    new = appended(n + 1)
+    return None if new is None else (js[0], new)

@@ -7,6 +7,15 @@ A session whose end and reward are both in is turned into Trajectory records on 
 at the restart: same ids, dropped by the assembler as duplicates). Closed sessions are
 remembered by id, so a late call to one is refused rather than opening a new session.
 
+**Owners** (:mod:`astraflow.gateway.auth`): each session records the client that opened it;
+every lookup on behalf of a client (``owner``) answers 404 for another client's session, open
+or closed, and replays none of its responses. ``owner=None``: the gateway itself (no check).
+
+**Idle sessions** (``idle_timeout_s``, on a bus): a session with no event for that long and no
+call running is ended as abandoned (an ``end`` event with reason ``abandoned``), its
+trajectories produced with finish_reason ``abandoned``, and closed (:meth:`abandon`). A
+restarted gateway gives the sessions it rebuilt a full timeout from its start.
+
 All bus calls run on one thread of their own; sessions are touched on the event loop only,
 each under its own lock while an event of it is being recorded.
 
@@ -23,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -44,11 +54,13 @@ from astraflow.gateway.trajectory import trajectories
 log = logging.getLogger("astraflow.gateway.store")
 
 T = TypeVar("T")
-SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
 
 def check_session_id(sid: str) -> str:
-    if not SESSION_ID.match(sid):
+    """``sid``, when the whole of it is a valid id (``fullmatch``: a ``$`` would let a
+    trailing newline through); else 400."""
+    if not SESSION_ID.fullmatch(sid):
         raise bad_request(f"invalid session id {sid[:140]!r}: use 1-128 letters, digits, '.', "
                           "'_', ':', '@' or '-', starting with a letter or digit",
                           param="session_id", code="invalid_session_id")
@@ -64,19 +76,20 @@ class SessionStore:
                  retry_after_s: int = 1, claims: BlobStore | None = None,
                  worker_id: str = "gateway", metrics: MetricsEmitter | None = None,
                  versions: Callable[[], Mapping[str, int]] = dict,
-                 idempotency_cache: int = 4096) -> None:
+                 idempotency_cache: int = 4096, idle_timeout_s: float | None = None) -> None:
         self.bus = bus
         self.topic = topic_name(run, "gateway") if bus is not None else ""
         self.out_topic = topic_name(run, "trajectories") if bus is not None else ""
         self.max_open_sessions = max_open_sessions
+        self.idle_timeout_s = idle_timeout_s if bus is not None else None
         self.retry_after_s = retry_after_s
         self.claims = claims
         self.worker_id = worker_id
         self.metrics = metrics
         self.versions = versions  # policy -> engine version now (the trajectories' vector)
         self.sessions: dict[str, Session] = {}
-        # closed sessions: their last info, and the responses of their reward/end keys
-        self.closed: dict[str, tuple[dict[str, Any], dict[str, bytes]]] = {}
+        # closed sessions: their last info, the responses of their reward/end keys, their owner
+        self.closed: dict[str, tuple[dict[str, Any], dict[str, bytes], str]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._loose: OrderedDict[str, bytes] = OrderedDict()  # keys of calls without a session
@@ -108,8 +121,10 @@ class SessionStore:
             n += 1
         for sid in [sid for sid, s in self.sessions.items() if s.done]:
             self._close(sid)
+        now = time.time()
         for s in list(self.sessions.values()):
-            if s.ended and s.reward is not None:
+            s.last_active = max(s.last_active, now)  # a full idle timeout from the restart
+            if complete(s):
                 self._produce_trajectories(s)
         log.info("rebuilt %d open sessions from %d events on %s", len(self.sessions), n,
                  self.topic)
@@ -135,25 +150,31 @@ class SessionStore:
     def open_count(self) -> int:
         return len(self.sessions)
 
-    def get(self, sid: str) -> Session:
-        """A known session (open or waiting for its reward); 404 otherwise, 409 if closed."""
+    def get(self, sid: str, owner: str | None = None) -> Session:
+        """A known session (open or waiting for its reward) of ``owner``; 404 otherwise (also
+        another client's), 409 if closed."""
         s = self.sessions.get(check_session_id(sid))
-        if s is None:
-            if sid in self.closed:
+        if s is None or not _owns(owner, s.owner):
+            closed = self.closed.get(sid)
+            if s is None and closed is not None and _owns(owner, closed[2]):
                 raise conflict(f"session {sid!r} is closed: its trajectories were produced",
                                code="session_closed")
-            raise not_found(f"no session {sid!r}: open one with POST /sessions or make a call "
-                            "under /sessions/{id}/v1", param="session_id", code="session_not_found")
+            raise _no_session(sid)
         return s
 
-    async def open(self, sid: str, meta: Mapping[str, Any], *, same_meta: bool = False
-                   ) -> tuple[Session, bool]:
-        """The session ``sid``, opened (recorded) with ``meta`` if new; (session, created).
-        429 when ``max_open_sessions`` are open; 409 if closed, or (``same_meta``) if it
-        exists with other metadata (otherwise ``meta`` is ignored for an existing one)."""
+    async def open(self, sid: str, meta: Mapping[str, Any], *, same_meta: bool = False,
+                   owner: str | None = None) -> tuple[Session, bool]:
+        """The session ``sid``, opened (recorded) with ``meta`` by ``owner`` if new;
+        (session, created). 429 when ``max_open_sessions`` are open; 404 if another client's;
+        409 if closed, or (``same_meta``) if it exists with other metadata (otherwise ``meta``
+        is ignored for an existing one)."""
         check_session_id(sid)
         async with self.lock(sid):
             s = self.sessions.get(sid)
+            closed = self.closed.get(sid)
+            held = s.owner if s is not None else closed[2] if closed is not None else None
+            if held is not None and not _owns(owner, held):
+                raise _no_session(sid)
             if s is not None:
                 if same_meta and any(getattr(s, k) != v for k, v in meta.items()
                                         if v is not None):
@@ -168,7 +189,7 @@ class SessionStore:
                 raise too_many(f"{len(self.sessions)} sessions are open, the most this gateway "
                                "takes (gateway.max_open_sessions); end sessions or retry later",
                                self.retry_after_s)
-            ev = GatewayCall(session_id=sid, seq=0, kind="open",
+            ev = GatewayCall(session_id=sid, seq=0, kind="open", owner=owner or "",
                              **{k: v for k, v in meta.items() if v is not None})
             s = Session(sid)
             await self._record(s, ev)
@@ -198,7 +219,7 @@ class SessionStore:
         """Produce ``s``'s trajectories when it has ended and has its reward, then close it;
         returns how many (0: not yet; in memory: never, :meth:`take` closes). The caller
         holds ``lock(s.id)``."""
-        if not (s.ended and s.reward is not None) or s.done or self.bus is None:
+        if not complete(s) or s.done or self.bus is None:
             return 0
         outs, done = self._closing(s)
         await self.on_bus(self._send, outs)
@@ -222,6 +243,27 @@ class SessionStore:
         self.count("trajectories", n)
         return n
 
+    def idle(self, now: float) -> list[Session]:
+        """The sessions idle past ``idle_timeout_s`` at ``now`` (none without a timeout)."""
+        return [s for s in self.sessions.values() if self._idle(s, now)]
+
+    def _idle(self, s: Session, now: float) -> bool:
+        t = self.idle_timeout_s
+        return t is not None and not s.done and not s.busy and now - s.last_active > t
+
+    async def abandon(self, s: Session, now: float) -> bool:
+        """End ``s`` as abandoned and produce its trajectories, if it is still idle at ``now``
+        once its lock is held; whether it did."""
+        async with self.lock(s.id):
+            if not self._idle(s, now) or self.sessions.get(s.id) is not s:
+                return False
+            await self.record(s, kind="end", reason="abandoned")
+            self.count("sessions_abandoned")
+            log.info("session=%s abandoned: idle for %.0f s (gateway.session_idle_timeout_s)",
+                     s.id, now - s.last_active)
+            await self.finish(s)
+            return True
+
     async def take(self, sid: str) -> Session:
         """Close ``sid`` and hand over its session (its calls as recorded): once its calls in
         flight are recorded, later ones get 409. For the owner of an in-memory session."""
@@ -237,7 +279,7 @@ class SessionStore:
         self._locks.pop(sid, None)
         if s is not None:
             keys = {k: v for k, v in s.keys.items() if len(v) < 4096}
-            self.closed[sid] = (self.info(s), keys)
+            self.closed[sid] = (self.info(s), keys, s.owner)
             if self.bus is None and len(self.closed) > self._loose_max:
                 del self.closed[next(iter(self.closed))]
 
@@ -245,20 +287,25 @@ class SessionStore:
         """What ``GET /sessions/{id}`` answers."""
         return {"id": s.id, "task_id": s.task_id, "group_id": s.group_id,
                 "sample_index": s.sample_index, "group_size": s.group_size, "agent": s.agent,
-                "calls": len(s.calls), "drift": s.drift,
+                "calls": len(s.calls), "drift": s.drift, "branches": s.branches,
                 "segments": {p: len(s.segments(p)) for p in s.policies()},
                 "reward": s.reward, "ended": s.ended, "done": s.done,
+                "end_reason": s.end_reason,
                 # the Trajectory records it gives (produced when done): one per segment
                 "trajectories": sum(len(s.segments(p)) for p in s.policies())}
 
-    def info_of(self, sid: str) -> dict[str, Any]:
+    def info_of(self, sid: str, owner: str | None = None) -> dict[str, Any]:
         closed = self.closed.get(check_session_id(sid))
-        return closed[0] if closed is not None else self.info(self.get(sid))
+        if closed is not None and sid not in self.sessions:
+            if not _owns(owner, closed[2]):
+                raise _no_session(sid)
+            return closed[0]
+        return self.info(self.get(sid, owner))
 
-    def closed_key(self, sid: str, key: str) -> bytes | None:
-        """The response of a reward or end with ``key`` of a closed session, if any."""
+    def closed_key(self, sid: str, key: str, owner: str | None = None) -> bytes | None:
+        """The response of a reward or end with ``key`` of a closed session of ``owner``."""
         closed = self.closed.get(sid)
-        return None if closed is None else closed[1].get(key)
+        return None if closed is None or not _owns(owner, closed[2]) else closed[1].get(key)
 
     def _send(self, outs: list[Output]) -> None:
         assert self.bus is not None  # recorded only on a bus
@@ -275,15 +322,16 @@ class SessionStore:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     # -- idempotency -------------------------------------------------------------------------------
-    def replay(self, sid: str | None, key: str) -> bytes | None:
-        """The response recorded for ``key`` (in session ``sid``, or among calls without one)."""
+    def replay(self, sid: str | None, key: str, owner: str | None = None) -> bytes | None:
+        """The response recorded for ``key`` (in session ``sid`` of ``owner``, or among calls
+        without one)."""
         if sid is None:
             hit = self._loose.get(key)
             if hit is not None:
                 self._loose.move_to_end(key)
             return hit
         s = self.sessions.get(sid)
-        return None if s is None else s.keys.get(key)
+        return None if s is None or not _owns(owner, s.owner) else s.keys.get(key)
 
     def remember(self, key: str, response: bytes) -> None:
         """Keep the response of a call without a session for its key's retries."""
@@ -315,3 +363,17 @@ class SessionStore:
             self._pool.shutdown(wait=True)
             self._producer.close()
 
+
+
+def complete(s: Session) -> bool:
+    """Whether ``s`` gives its trajectories now: ended with its reward, or abandoned."""
+    return s.ended and (s.reward is not None or s.end_reason == "abandoned")
+
+
+def _owns(client: str | None, owner: str) -> bool:
+    return client is None or client == owner
+
+
+def _no_session(sid: str) -> Exception:
+    return not_found(f"no session {sid!r}: open one with POST /sessions or make a call under "
+                     "/sessions/{id}/v1", param="session_id", code="session_not_found")

@@ -59,7 +59,9 @@ def drafts(s: Session) -> list[Draft]:
                              versions=versions, prompt_len=len(chain[0].prompt_ids),
                              spans=spans, reward=0.0 if s.reward is None else s.reward,
                              rewards=dict(s.rewards),
-                             finish_reason=chain[-1].choices[0].finish_reason, agent=s.agent))
+                             finish_reason=("abandoned" if s.end_reason == "abandoned" else
+                                            chain[-1].choices[0].finish_reason),
+                             agent=s.agent))
     return out
 
 

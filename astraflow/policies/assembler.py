@@ -98,7 +98,7 @@ class Assembler:
 
     def __init__(self, *, group_size: int | None = None, min_group_size: int = 2,
                  timeout_s: float = 600.0,
-                 failed_reasons: tuple[str, ...] = ("error", "timeout", "aborted"),
+                 failed_reasons: tuple[str, ...] = ("error", "timeout", "aborted", "abandoned"),
                  policies: tuple[str, ...] = (), eps: float = 1e-6, easy_threshold: float = 0.5,
                  dedup_window: int = 10_000) -> None:
         self.group_size = group_size

@@ -187,8 +187,9 @@ class AssemblerConfig(Section):
         600.0, gt=0, description="a group open this long after its first trajectory is closed "
                                  "with what it has")
     failed_reasons: list[str] = pydantic.Field(
-        ["error", "timeout", "aborted"], description="finish reasons of failed episodes: they count as "
-                                          "arrived but are never trained on")
+        ["error", "timeout", "aborted", "abandoned"],
+        description="finish reasons of failed episodes: they count as arrived but are never "
+                    "trained on (abandoned: a gateway session idle past its timeout)")
 
 
 class StalenessConfig(Section):

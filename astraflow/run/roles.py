@@ -378,22 +378,24 @@ def serve_gateway(config: ExperimentConfig, out: str | Path = ".", *,
                   port: int | None = None) -> None:
     """``astraflow serve``: open the run's bus (creating its topics), serve the gateway until
     SIGINT/SIGTERM, close everything."""
+    import os
+
+    from astraflow.gateway.auth import TOKEN_ENV, check_exposure, protect
     from astraflow.gateway.limits import limits_of
     from astraflow.gateway.server import app_for, serve
 
+    gc = config.gateway
+    token = gc.token or os.environ.get(TOKEN_ENV) or None
+    host = host or gc.host
+    check_exposure(host, authenticated=bool(token or gc.keys),
+                   allow_unauthenticated=gc.allow_unauthenticated)  # before loading anything
     bus = open_bus(config, out)
     try:
         gateway = build_gateway(config, out, bus=bus, policy=policy)
         try:
-            import os
-
-            from astraflow.gateway.auth import TOKEN_ENV
-
-            token = config.gateway.token or os.environ.get(TOKEN_ENV) or None
-            limits = limits_of(config.gateway)
-            serve(app_for(gateway, token=token, limits=limits),
-                  host=host or config.gateway.host,
-                  port=config.gateway.port if port is None else port, limits=limits)
+            limits = limits_of(gc)
+            serve(protect(app_for(gateway, limits=limits), token=token, keys=gc.keys),
+                  host=host, port=gc.port if port is None else port, limits=limits)
         finally:
             for engine in gateway.engines.values():
                 engine.close()

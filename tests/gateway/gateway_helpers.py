@@ -11,6 +11,7 @@ import httpx
 
 from astraflow.core.bus import Bus
 from astraflow.core.bus.reader import read_all
+from astraflow.core.metrics import MetricsEmitter
 from astraflow.core.records import GatewayCall, Trajectory, decode, unpack
 from astraflow.core.topics import run_topics, topic_name
 from astraflow.gateway.app import create_app
@@ -60,13 +61,15 @@ class Served:
 
 
 def start(engines: Any, *, bus: Bus, run: str = "r", store_kwargs: Mapping[str, Any] | None = None,
-          limits: Limits | None = None, **kwargs: Any) -> Served:
+          limits: Limits | None = None, metrics: bool = False, **kwargs: Any) -> Served:
     """A gateway over ``engines`` on ``bus``, served on a free port (started: sessions rebuilt)
-    within ``limits`` (default: the config's defaults)."""
+    within ``limits`` (default: the config's defaults); ``metrics``: with a MetricsEmitter (its
+    counters: ``served.gw.metrics.counters``)."""
     engines = engines if isinstance(engines, Mapping) else {"default": engines}
     bus.create_topics(run_topics(run, list(engines)))
-    store = SessionStore(bus, run=run, **dict(store_kwargs or {}))
-    gw = Gateway(engines, store, **kwargs)
+    emitter = MetricsEmitter(bus, run=run, role="gateway", interval=60) if metrics else None
+    store = SessionStore(bus, run=run, metrics=emitter, **dict(store_kwargs or {}))
+    gw = Gateway(engines, store, metrics=emitter, **kwargs)
     srv = ServerThread(create_app(gw, limits=limits), limits=limits).start()
     return Served(srv.url, gw, bus, run, srv)
 

@@ -46,6 +46,16 @@ CHAT = "/sessions/bad/v1/chat/completions"
     ("/v1/nothing", {}, 404, None, None),
     ("/sessions/bad/reward", {"reward": "lots"}, 400, "invalid_value", "reward"),
     ("/sessions/bad/reward", {}, 400, "invalid_value", "reward"),
+    # a reward is a JSON number: not a boolean, not a numeric string
+    ("/sessions/bad/reward", {"reward": True}, 400, "invalid_value", "reward"),
+    ("/sessions/bad/reward", {"reward": "1.5"}, 400, "invalid_value", "reward"),
+    ("/sessions/bad/reward", {"reward": 1, "rewards": {"a": False}}, 400, "invalid_value",
+     "rewards.a"),
+    ("/sessions/bad/end", {"reward": True}, 400, "invalid_value", "reward"),
+    # the whole id is checked: a trailing newline is not an id
+    ("/sessions/good%0A/v1/completions", {"prompt": "1"}, 400, "invalid_session_id",
+     "session_id"),
+    ("/sessions/good%0A/reward", {"reward": 1}, 400, "invalid_session_id", "session_id"),
 ])
 def test_bad_requests_get_openai_errors(serve: Any, rule_engine: Any, ascii_tokenizer: Any,
                                         path: str, body: Any, status: int, code: str | None,

@@ -138,3 +138,17 @@ def test_secret_parts_of_urls_are_redacted_and_restored(url: str, shown: str) ->
     assert data["weights"]["store"]["url"] == shown
     assert bool(redacted_paths(data)) == (url != shown)
     assert restore(data, kept)["weights"]["store"]["url"] == url
+
+
+def test_the_gateways_client_keys_are_redacted_whatever_the_clients_are_called(
+        tmp_path: Path) -> None:
+    """``gateway.keys`` maps client names (any name) to API keys: every value is a secret."""
+    config = ExperimentConfig.model_validate(
+        {"gateway": {"keys": {"alice": "alice-key-6a1d", "ci-bot": "bot-key-2b7e"}}})
+    path = write_config(config, tmp_path / RL_CONFIG)
+    text = path.read_text()
+    assert "alice-key-6a1d" not in text and "bot-key-2b7e" not in text
+    assert "alice: '***'" in text and "ci-bot: '***'" in text  # the names stay readable
+    assert "bot-key-2b7e" in (tmp_path / SECRETS_FILE).read_text()
+    assert load_experiment(path).gateway.keys == {"alice": "alice-key-6a1d",
+                                                  "ci-bot": "bot-key-2b7e"}

@@ -89,7 +89,7 @@ class Trajectory(Record, tag="Trajectory", kw_only=True):
     # assistant span take the first turn's, others the turn they follow). ``reward`` stays the
     # trajectory's scalar (statistics, filters). Absent ([]): every turn gets ``reward``.
     turn_rewards: list[float] = []
-    finish_reason: Literal["stop", "length", "error", "timeout", "aborted"] = "stop"
+    finish_reason: Literal["stop", "length", "error", "timeout", "aborted", "abandoned"] = "stop"
     error: str | None = None  # set when finish_reason == "error"
     worker_id: str = ""
     timings: dict[str, float] = {}  # seconds: "generate", "reward", "total", ...

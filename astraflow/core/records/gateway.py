@@ -23,6 +23,11 @@ class GatewayChoice(msgspec.Struct, kw_only=True):
     # trailing tokens that the text returned to the client leaves out (an EOS token, a stop
     # string trimmed): a next turn's rendered prompt may lack them and still continue this one
     hidden: int = 0
+    # the text served for this choice, as a chat conversation writes it back (stop string
+    # trimmed, before tool calls are parsed out; special tokens skipped unless asked): an
+    # assistant message with exactly this text continues on ``token_ids``, however it
+    # re-tokenizes. "": none recorded (an older record; only token matching applies)
+    text: str = ""
 
 
 class GatewayCall(Record, tag="GatewayCall", kw_only=True):
@@ -47,6 +52,9 @@ class GatewayCall(Record, tag="GatewayCall", kw_only=True):
     group_size: int = 1
     agent: str = ""
     metadata: dict[str, str] = {}
+    # open: the client that opened the session (a name of ``gateway.keys``; "": the shared
+    # token, or none): only it may use the session
+    owner: str = ""
     # call, reward, end: the client's Idempotency-Key, scoped by route ("chat:KEY",
     # "completions:KEY", "reward:KEY", "end:KEY"); "": none
     call_id: str = ""
@@ -61,6 +69,7 @@ class GatewayCall(Record, tag="GatewayCall", kw_only=True):
     prompt_len: int = 0  # tokens of the whole prompt
     n_messages: int = 0  # chat: messages in the request
     drift: bool = False  # the request's history did not extend the recorded tokens
+    branch: bool = False  # the request went back to an earlier call of its chain
     # The client's view of the conversation (what its next turns' renderings extend) where it
     # differs from the recorded tokens: ``view_drop``, the parent's trailing hidden tokens
     # the request's rendering leaves out (an EOS the chat template does not write back);
@@ -72,4 +81,7 @@ class GatewayCall(Record, tag="GatewayCall", kw_only=True):
     response: bytes = b""  # the JSON body answered (replayed for a retried Idempotency-Key)
     reward: float = 0.0  # reward
     rewards: dict[str, float] = {}  # reward: named components; absent: only ``reward``
+    # end: why the session ended: "" (its client ended it), "abandoned" (idle past
+    # gateway.session_idle_timeout_s; its trajectories get finish_reason "abandoned")
+    reason: Literal["", "abandoned"] = ""
     created_at: float = msgspec.field(default_factory=time.time)
