@@ -31,6 +31,8 @@ class DeadlineReader(io.RawIOBase):
         self.idle = idle
         self.deadline = deadline
         self._keep = keep
+        #: a read ran out of time (its idle timeout or the deadline); the caller may reset it
+        self.timed_out = False
 
     def readable(self) -> bool:
         return True
@@ -40,10 +42,15 @@ class DeadlineReader(io.RawIOBase):
         if self.deadline is not None:
             left = self.deadline - time.monotonic()
             if left <= 0:
+                self.timed_out = True
                 raise TimeoutError("deadline passed")
             wait = left if wait is None else min(wait, left)
         self.sock.settimeout(wait)
-        return self.sock.recv_into(b)
+        try:
+            return self.sock.recv_into(b)
+        except TimeoutError:
+            self.timed_out = True
+            raise
 
     def close(self) -> None:
         if self._keep is not None:

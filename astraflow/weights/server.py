@@ -52,6 +52,9 @@ _FD_RESERVE = 32  # descriptors kept for everything else the process opens
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)", re.ASCII)
 _HUGE = 1 << 62  # stands for a range number of more digits than any file size has
 _OUT_OF_FDS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+#: how long accepting pauses after it failed for want of descriptors: the accept loop then
+#: tries at most 1/ACCEPT_PAUSE_S times a second, however fast the machine
+ACCEPT_PAUSE_S = 0.1
 
 
 def connection_caps(served: int, unauthenticated: int) -> tuple[int, int]:
@@ -100,10 +103,12 @@ class WeightServer(ThreadingHTTPServer):
         self.refused = 0  # authenticated requests past max_connections: 503 and closed
         self.unauthorized = 0  # requests without the token: 401 and closed, no slot taken
         self.evicted = 0  # unauthenticated connections closed to make room for a new one
+        self.timed_out = 0  # connections closed because a request head was late (or stalled)
+        self.accepted = 0  # connections accepted
+        self.accept_failures = 0  # accepts failed for want of descriptors (each then pauses)
         self._waiting: dict[Any, float] = {}  # unauthenticated sockets, oldest first
         self._served: set[Any] = set()  # authenticated sockets
         self._count = threading.Lock()
-        self._accept_failures = 0
         if (self.max_connections, self.max_unauthenticated) != (max_connections,
                                                                 max_unauthenticated):
             log.info("max_connections=%d, max_unauthenticated=%d lowered to %d, %d by the "
@@ -129,10 +134,11 @@ class WeightServer(ThreadingHTTPServer):
             return
         log.exception("weight server: error serving %s", client_address)
 
-    def count(self, requests: int = 0, sent: int = 0) -> None:
+    def count(self, requests: int = 0, sent: int = 0, timed_out: int = 0) -> None:
         with self._count:
             self.requests += requests
             self.bytes_sent += sent
+            self.timed_out += timed_out
 
     @property
     def url(self) -> str:
@@ -143,17 +149,19 @@ class WeightServer(ThreadingHTTPServer):
 
     def get_request(self) -> tuple[Any, Any]:
         try:
-            return super().get_request()
+            got = super().get_request()
         except OSError as e:
             if e.errno in _OUT_OF_FDS:
                 # the listening socket stays readable, so the loop would come straight back:
                 # pause and let connections close
-                self._accept_failures += 1
-                if self._accept_failures == 1 or self._accept_failures % 100 == 0:
+                self.accept_failures += 1
+                if self.accept_failures == 1 or self.accept_failures % 100 == 0:
                     log.warning("accept failed (%s), %d times; pausing: raise ulimit -n or "
-                                "lower max_connections", e, self._accept_failures)
-                time.sleep(0.1)
+                                "lower max_connections", e, self.accept_failures)
+                time.sleep(ACCEPT_PAUSE_S)
             raise
+        self.accepted += 1
+        return got
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """A new connection waits unauthenticated; with ``max_unauthenticated`` already
@@ -225,7 +233,10 @@ class _Handler(BaseHTTPRequestHandler):
         # the token was shown), however it drips
         wait = self.server.idle_timeout_s if self._slot else self.server.auth_timeout_s
         self._reader.deadline = time.monotonic() + wait
+        self._reader.timed_out = False
         super().handle_one_request()
+        if self._reader.timed_out:  # the stdlib closes the connection; counted here
+            self.server.count(timed_out=1)
         if not self._slot:  # one try without a slot: a 401, a malformed request, EOF
             self.close_connection = True
 
