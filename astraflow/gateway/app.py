@@ -203,14 +203,16 @@ def _v1(app: FastAPI, gw: Gateway, prefix: str, session: bool, limits: Limits,
     async def chat(body: ChatRequest, meta: MetaDep, sid: SidOfHeader) -> Response:
         check_messages(body.messages, limits)
         spec = await tokenizing.run(chat_spec, gw, body, sid)
-        reply = await gw.call(spec, sid=sid, meta=meta.meta, key=meta.key, owner=meta.owner)
+        reply = await gw.call(spec, sid=sid, meta=meta.meta, key=meta.key, owner=meta.owner,
+                             offload=tokenizing.run)
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return _answer(reply, body.stream, chat_chunks, usage)
 
     async def completions(body: CompletionRequest, meta: MetaDep, sid: SidOfHeader) -> Response:
         check_prompt(body.prompt, limits)
         spec = await tokenizing.run(completion_spec, gw, body, sid)
-        reply = await gw.call(spec, sid=sid, meta=meta.meta, key=meta.key, owner=meta.owner)
+        reply = await gw.call(spec, sid=sid, meta=meta.meta, key=meta.key, owner=meta.owner,
+                             offload=tokenizing.run)
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return _answer(reply, body.stream, completion_chunks, usage)
 

@@ -167,7 +167,8 @@ def check_prompt(prompt: Any, limits: Limits) -> None:
 # -- tokenization ----------------------------------------------------------------------------------
 
 class Tokenizing:
-    """Runs tokenization (a request's rendering to ids) on ``workers`` threads named
+    """Runs tokenization (a request's rendering to ids; a session call's planning, which
+    tokenizes the messages it adds) on ``workers`` threads named
     ``af-tokenize-*``, never on the event loop; with ``workers + waiting`` already there, a
     request is answered 429 with Retry-After rather than queued without bound."""
 

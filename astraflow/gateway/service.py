@@ -3,7 +3,8 @@ capacity. :mod:`astraflow.gateway.app` puts routes on it; :mod:`astraflow.gatewa
 makes one from the config.
 
 A call runs: route ``model`` to a policy (404 if none) → check the request (400) → render it to
-token ids → in a session, :func:`~astraflow.gateway.session.plan` where it continues → generate
+token ids → in a session, :func:`~astraflow.gateway.session.plan` where it continues (it
+may tokenize: through ``offload``, off the event loop, when the app gives one) → generate
 ``n`` completions on the policy's engine (through rollout's batcher, or the ``generate`` it
 was given) → answer body → record the call (produced and flushed) → answer. Without a session
 nothing is recorded.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -85,6 +87,11 @@ class CallSpec:
 
 Generate = Callable[[str, GenRequest], Awaitable[GenResult]]
 """``generate(policy, request)``: one generation on the policy's engine."""
+
+Offload = Callable[[Callable[[], Plan]], Awaitable[Plan]]
+"""``offload(fn)``: ``fn()`` run off the event loop (the app's tokenizer threads,
+:class:`~astraflow.gateway.limits.Tokenizing`): planning a session call may tokenize (the
+messages a drifted or served-text call adds, the prefix it compares), as long as the request."""
 
 
 class Gateway:
@@ -225,11 +232,13 @@ class Gateway:
 
     # -- calls -----------------------------------------------------------------------------------
     async def call(self, spec: CallSpec, *, sid: str | None, meta: Mapping[str, Any],
-                   key: str | None, owner: str | None = None) -> Reply:
+                   key: str | None, owner: str | None = None,
+                   offload: Offload | None = None) -> Reply:
         """Run ``spec`` (once per Idempotency-Key ``key``) in session ``sid`` (None: none) of
-        client ``owner``."""
+        client ``owner``; where it continues in the session is planned through ``offload``
+        (None: here, on the caller's thread)."""
         if not key:
-            return await self._call(spec, sid, meta, None, owner)
+            return await self._call(spec, sid, meta, None, owner, offload)
         key = f"{spec.route}:{key}"  # scoped (see scoped())
         while True:
             hit = self.store.replay(sid, key, owner)
@@ -238,11 +247,11 @@ class Gateway:
                 return Reply(msgspec.json.decode(hit), hit)
             with self.store.claim(sid, key) as running:
                 if running is None:
-                    return await self._call(spec, sid, meta, key, owner)
+                    return await self._call(spec, sid, meta, key, owner, offload)
             await asyncio.wait([running])  # the first with this key answered (or failed)
 
     async def _call(self, spec: CallSpec, sid: str | None, meta: Mapping[str, Any],
-                    key: str | None, owner: str | None) -> Reply:
+                    key: str | None, owner: str | None, offload: Offload | None) -> Reply:
         if sid is None:
             built = await self._generate(spec, spec.ids)
             raw = msgspec.json.encode(built.body)
@@ -254,11 +263,15 @@ class Gateway:
         if s.ended:
             raise conflict(f"session {sid!r} has ended; start a new session for more calls",
                            code="session_ended")
-        p = plan(s, spec.policy, spec.ids, on_drift=self.on_drift, appended=spec.appended,
-                 reply=spec.reply, prefix=spec.prefix, text=spec.text,
-                 **({"role": spec.role} if spec.role else {}))
-        s.busy += 1  # not abandoned while it generates
+        # plan only reads the session (calls are added to it, never changed): safe on a
+        # thread while this loop records another call of it
+        planning = functools.partial(plan, s, spec.policy, spec.ids, on_drift=self.on_drift,
+                                     appended=spec.appended, reply=spec.reply,
+                                     prefix=spec.prefix, text=spec.text,
+                                     **({"role": spec.role} if spec.role else {}))
+        s.busy += 1  # not abandoned while it is planned and generates
         try:
+            p = planning() if offload is None else await offload(planning)
             built = await self._generate(spec, p.prompt)
             raw = msgspec.json.encode(built.body)
             await self._record(s, spec, p, built, raw, key)

@@ -3,12 +3,14 @@ session, then a client that edits its history, handled per ``gateway.on_drift``.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 from gateway_helpers import arrays
 
 from astraflow.core.records import GatewayCall, GatewayChoice, pack_f32, pack_i32
+from astraflow.gateway.limits import TOKENIZER_THREAD
 from astraflow.gateway.session import Session, plan
 
 EOS = 2
@@ -113,3 +115,50 @@ def test_an_edited_history_is_drift_handled_per_mode(serve: Any, rule_engine: An
                          "<bos>FIRSTok5secondok14<eos>thirdok23<eos>"]
         _, mask, _, _ = arrays(ts[1])
         assert sum(mask) == len("ok14") + 1 + len("ok23") + 1  # the client's "ok5" is prompt
+
+
+class RecordingTokenizer:
+    """The real tokenizer, recording which thread encoded each text (through ``__call__``:
+    no fast backend)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+        self.encoded: list[tuple[str, str]] = []  # (thread name, text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tok, name)
+
+    def __len__(self) -> int:
+        return len(self._tok)
+
+    def __call__(self, text: Any, **kwargs: Any) -> Any:
+        self.encoded.append((threading.current_thread().name, str(text)))
+        return self._tok(text, **kwargs)
+
+    @property
+    def backend_tokenizer(self) -> Any:
+        return None
+
+
+def test_a_continued_drift_is_tokenized_off_the_event_loop(serve: Any, rule_engine: Any,
+                                                           ascii_tokenizer: Any) -> None:
+    """The messages a drifted call adds are tokenized when the call is planned, as long as
+    they are: on a tokenizer thread, never on the event loop that answers /health; the drift
+    is counted and the trajectory is the recorded one, as on the loop."""
+    tok = RecordingTokenizer(ascii_tokenizer)
+    served = serve(rule_engine(tok, lambda prompt: f"ok{len(prompt)}"), on_drift="continue")
+    client = served.client("drifty")
+    a1 = client.chat.completions.create(model="default",
+                                        messages=[user("first")]).choices[0].message
+    tok.encoded.clear()
+    client.chat.completions.create(model="default",
+                                   messages=[user("FIRST"), a1, user("second")])
+    assert served.get("/sessions/drifty").json()["drift"] == 1
+    added = [t for t, text in tok.encoded if text == "second"]
+    assert added, tok.encoded  # the added message, encoded on its own (appended)
+    gateway = [t for t, _ in tok.encoded if not t.startswith("af-engine")]  # not the replies
+    assert all(t.startswith(TOKENIZER_THREAD) for t in [*added, *gateway]), tok.encoded
+    assert served.post("/sessions/drifty/end", {"reward": 1.0}).json()["done"] is True
+    (t,) = served.trajectories()
+    assert ascii_tokenizer.decode(arrays(t)[0]) == "<bos>firstok5<eos>secondok14<eos>"
+    assert [s.role for s in t.spans] == ["prompt", "assistant", "user", "assistant"]
