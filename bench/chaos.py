@@ -45,7 +45,7 @@ from multimodel import ROOT, arm_config, make_warm, read_yaml, warm_models, writ
 
 from astraflow.core.jsonl import log_rows  # noqa: E402
 from astraflow.core.ports import free_ports  # noqa: E402
-from bench.lib.chaos import KINDS, Fault, Injector, Targets, schedule  # noqa: E402
+from bench.lib.chaos import KINDS, Fault, Injector, StepWatch, Targets, schedule  # noqa: E402
 
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 LABELS = {
@@ -196,9 +196,16 @@ def targets(config: Any, run_dir: Path, setup: Setup) -> Targets:
 
 
 def run_with_faults(cfg: Path, setup: Setup, plan: Sequence[tuple[float, str]], *, seed: int,
-                    hold_s: tuple[float, float], log: Path, timeout: float) -> tuple[int, Injector]:
+                    hold_s: tuple[float, float], log: Path, timeout: float,
+                    steps_after: int | None = None) -> tuple[int, Injector]:
     """`astraflow run` of ``cfg`` with an injector following ``plan`` (timed from the moment
-    the roles start); returns the run's exit code and the injector."""
+    the roles start); returns the run's exit code and the injector.
+
+    ``steps_after``: the plan's times are trainer steps (see :class:`StepWatch`), and the run
+    is stopped (SIGINT, the graceful way) once the plan is made and the trainer has gone
+    ``steps_after`` steps past the last fault's step and past every corrupted version: how
+    far the run gets is then a count, not the machine's speed (``launch.timeout_s`` and
+    ``timeout`` stay as guards against a hang)."""
     from astraflow.config import load_experiment
 
     run_dir = setup.run_dir
@@ -210,6 +217,7 @@ def run_with_faults(cfg: Path, setup: Setup, plan: Sequence[tuple[float, str]], 
     injector: Injector | None = None
     thread = None
     deadline = time.monotonic() + timeout
+    steps = StepWatch(run_dir / "metrics.jsonl") if steps_after is not None else None
     try:
         while proc.poll() is None and time.monotonic() < deadline:
             if injector is None and (run_dir / "processes.json").exists():
@@ -217,9 +225,18 @@ def run_with_faults(cfg: Path, setup: Setup, plan: Sequence[tuple[float, str]], 
                 injector = Injector(run_dir, plan, seed=seed,
                                     log_path=setup.args.out / "faults.jsonl",
                                     targets=targets(config, run_dir, setup),
-                                    policies=config.policies, hold_s=hold_s)
+                                    policies=config.policies, hold_s=hold_s, progress=steps)
                 thread = threading.Thread(target=injector.run, daemon=True)
                 thread.start()
+            if steps is not None and injector is not None and injector.done.is_set():
+                goal = steps_after + max([int(t) for t, _ in plan] + [
+                    int(f.details.get("version", 0)) for f in injector.faults
+                    if f.kind == "blob_corrupt"])  # type: ignore[operator]
+                if steps() >= goal:
+                    print(f"  trainer step {steps()} >= {goal}: stopping the run", flush=True)
+                    proc.send_signal(2)
+                    proc.wait(300)
+                    break
             time.sleep(0.2)
         if proc.poll() is None:
             print(f"  the run did not end in {timeout:.0f}s: interrupting it", flush=True)
@@ -617,6 +634,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="config override (also for the warm-up)")
     ap.add_argument("--plan", default=None, help="a fixed plan instead of the seeded one: "
                                                  "SECONDS:KIND,... (tests)")
+    ap.add_argument("--steps-after", type=int, default=None,
+                    help="count in trainer steps, not seconds: --plan's times are steps, and "
+                         "the run stops this many steps past the last fault and every "
+                         "corrupted version (--seconds is then only a hang guard)")
     ap.add_argument("--no-replay", action="store_true")
     return ap.parse_args(argv)
 
@@ -630,6 +651,9 @@ CHAOS_SETS = [
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
+    if args.steps_after is not None and not args.plan:
+        raise SystemExit("--steps-after counts the plan in trainer steps: give one with --plan "
+                         "STEP:KIND,...")
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "faults.jsonl").unlink(missing_ok=True)
@@ -666,7 +690,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         hold = tuple(float(x) for x in args.hold.split(","))
         t0 = time.monotonic()
         rc, injector = run_with_faults(cfg, setup, plan, seed=args.seed, hold_s=hold,  # type: ignore[arg-type]
-                                       log=args.out / "run.log", timeout=args.seconds + 600)
+                                       log=args.out / "run.log", timeout=args.seconds + 600,
+                                       steps_after=args.steps_after)
         print(f"[chaos] astraflow run exit {rc} in {time.monotonic() - t0:.0f} s", flush=True)
         result = analyse(args, setup, injector, rc, command)
     finally:

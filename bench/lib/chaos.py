@@ -148,15 +148,21 @@ class Injector:
     blocks the next until it is undone.
 
     ``hold_s``: how long a lasting fault holds (drawn uniformly from the range).
-    ``window_s``: how long a checkpoint-timed kill waits for its checkpoint."""
+    ``window_s``: how long a checkpoint-timed kill waits for its checkpoint.
+    ``progress``: with it, the plan's times are trainer steps, not seconds: a fault is made
+    once ``progress()`` (e.g. a :class:`StepWatch`) reaches its step, so where it lands in the
+    run does not depend on the machine's speed. :attr:`done` is set once the plan is made."""
 
     def __init__(self, run_dir: Path, plan: Sequence[tuple[float, str]], *, seed: int,
                  log_path: Path, targets: Targets | None = None,
                  policies: Sequence[str] = ("default",),
                  hold_s: tuple[float, float] = (3.0, 10.0), window_s: float = 30.0,
                  slow_ms: tuple[int, int] = (300, 2000),
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 progress: Callable[[], int] | None = None) -> None:
         self.run_dir = Path(run_dir)
+        self.progress = progress
+        self.done = threading.Event()
         self.plan = list(plan)
         self.rng = random.Random(seed ^ 0x5EED)
         self.log_path = Path(log_path)
@@ -199,15 +205,26 @@ class Injector:
             self._stop.wait(min(0.1, left))
         return False
 
+    def _wait_for_step(self, step: int) -> bool:
+        assert self.progress is not None
+        while not self._stop.is_set():
+            self.watch_pids()
+            if self.progress() >= step:
+                return True
+            self._stop.wait(0.1)
+        return False
+
     def run(self) -> list[Fault]:
         """Inject the plan, timed from now; returns every fault (also on :attr:`faults`)."""
         self.started = self.clock()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         for at, kind in self.plan:
-            if not self._sleep_until(self.started + at):
+            if not (self._wait_for_step(int(at)) if self.progress is not None
+                    else self._sleep_until(self.started + at)):
                 break
             fault = self.inject(kind)
             log.info("fault %s", json.dumps(fault.row()))
+        self.done.set()
         while not self._stop.is_set():  # keep recording restarts until stopped
             self.watch_pids()
             self._stop.wait(0.2)
@@ -383,6 +400,36 @@ class Injector:
             kill = Fault(id=-1, kind="kill", target="", t=0.0)
             self.kill_role(kill, role)
             fault.details.update(forced_sync=role, pid=kill.details["pid"], killed_at=kill.t)
+
+
+class StepWatch:
+    """The newest trainer step a run has reported: the largest ``step`` in its
+    ``metrics.jsonl`` (the collector's copy of every heartbeat, the file the run's
+    ``summary.json`` takes ``trainer_steps`` from), read on from where the last call ended.
+    Calling it is cheap; a missing file or a line still being written counts as no step."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._offset = 0
+        self._step = 0
+
+    def __call__(self) -> int:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return self._step
+        end = chunk.rfind(b"\n") + 1  # whole lines only
+        for line in chunk[:end].splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int | float):
+                self._step = max(self._step, int(row["step"]))
+        self._offset += end
+        return self._step
 
 
 def _in_progress(path: Path) -> set[str]:

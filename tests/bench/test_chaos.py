@@ -3,7 +3,8 @@
 Fast tests: the seeded plan, role kinds, the recovery arithmetic, and that every check fails on
 the data it exists to catch (versions going back, an unexplained restart, a failed role, a
 batch trained out of the logged order). The slow one runs bench/chaos.py itself, reduced: the
-quickstart's dataflow on a tiny untrained model for 60 s of RL on the embedded bus, with a
+quickstart's dataflow on a tiny untrained model on the embedded bus, counted in trainer steps
+(faults at given steps, the run stopped 20 steps past the last one), with a
 rollout worker killed, a trainer or stage killed mid-checkpoint and right after one, a delta
 blob corrupted (and a worker forced through it), the run directory's disk filled (where a loop
 mount works) and the weight server's link cut (where Toxiproxy is installed); then every check
@@ -19,7 +20,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.lib.chaos import Fault, blob_to_corrupt, flip_bytes, role_kind, schedule
+from bench.lib.chaos import (
+    Fault,
+    Injector,
+    StepWatch,
+    blob_to_corrupt,
+    flip_bytes,
+    role_kind,
+    schedule,
+)
 from bench.lib.recovery import Beat, recover, restarts, versions_backwards
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +48,39 @@ def test_the_plan_is_seeded_and_covers_every_kind() -> None:
     assert all(b - a >= 2 for a, b in zip(times, times[1:], strict=False))
     with pytest.raises(Exception, match="unknown fault kinds"):
         schedule(0, 1.0, 60, ["kill", "meteor"])
+
+
+def test_a_plan_in_steps_waits_for_the_steps_the_run_reports(tmp_path: Path) -> None:
+    """--steps-after: a fault is made once metrics.jsonl reports its step, however long that
+    takes (no clock in it), and `done` says when the plan is made."""
+    import threading
+
+    metrics = tmp_path / "metrics.jsonl"
+    watch = StepWatch(metrics)
+    assert watch() == 0  # no file yet
+    made: list[int] = []
+    inj = Injector(tmp_path, [(3, "noop"), (5, "noop")], seed=0, log_path=tmp_path / "f.jsonl",
+                   progress=watch)
+    inj.inject = lambda kind: made.append(watch()) or Fault(0, kind, "", 0.0)  # type: ignore[method-assign]
+    thread = threading.Thread(target=inj.run, daemon=True)
+    thread.start()
+    with metrics.open("a") as f:
+        for step in range(1, 7):
+            assert step > 5 or not inj.done.is_set()  # set only once step 5 is reported
+            f.write(json.dumps({"role": "trainer", "step": step}) + "\n")
+            f.write('{"role": "rollout", "episodes": 3}\n')
+            f.flush()
+            if step in (3, 5):
+                for _ in range(100):  # the injector polls every 0.1 s
+                    if len(made) == (1 if step == 3 else 2):
+                        break
+                    threading.Event().wait(0.05)
+            assert len(made) == (0 if step < 3 else 1 if step < 5 else 2), (step, made)
+        f.write('{"step": 99')  # a line still being written: not counted yet
+    assert inj.done.wait(5) and made == [3, 5]
+    assert watch() == 6
+    inj.stop()
+    thread.join(5)
 
 
 def test_role_kinds() -> None:
@@ -187,7 +229,8 @@ def test_a_failed_check_shows_what_the_restarted_process_logged(tmp_path: Path) 
     assert got["trainer_log"][1:] == ["resumed"]  # after the start line's rest
 
 
-REDUCED = ["--warm", "none", "--seconds", "60", "--bus", "embedded", "--hold", "3,4",
+REDUCED = ["--warm", "none", "--seconds", "300", "--steps-after", "20", "--bus", "embedded",
+           "--hold", "3,4",
            "--disk-mb", "768",
            "--set", "data.batch_size=4", "--set", "producer.n_samples=4",
            "--set", "launch.rollout_workers=1", "--set", "launch.evaluate=false",
@@ -207,22 +250,25 @@ REDUCED = ["--warm", "none", "--seconds", "60", "--bus", "embedded", "--hold", "
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # its faults are timed by the wall clock
-@pytest.mark.timeout(240)
+@pytest.mark.alone  # faults and length are counted in steps, but the whole run is heavy:
+# alone, its hang guards (--seconds 300, 420 s) stay far from its length on loaded cores
+@pytest.mark.timeout(420)
 def test_the_reduced_chaos_bench_survives(tmp_path: Path) -> None:
     from bench.lib.disk import can_mount
     from bench.lib.wan import find_toxiproxy
 
-    plan = ["8:kill", "12:kill_in_checkpoint", "16:kill_after_checkpoint"]
+    # counted in trainer steps, not seconds (--steps-after): each fault is made once the run
+    # reports that step, and the run is stopped 20 steps past the last fault and past the
+    # corrupted version, however fast this machine is (a plan in seconds put the faults at
+    # other points of training on a slower host and ended the run wherever 60 s fell)
+    plan = ["5:kill", "10:kill_in_checkpoint", "15:kill_after_checkpoint"]
     if find_toxiproxy() is not None:
         plan.append("20:link_cut")
     if can_mount() is None:
         plan.append("25:disk_full")
-    # last: a worker is held below it until the next full. The run goes on 30 s after it, for
-    # the worker killed with it to restart and sync through it (with 20 s, one CI run on a
-    # slow host ended with it neither detected nor passed over; a sync that had not happened
-    # yet is the likely cause, not confirmed: its files were gone)
-    plan.append("30:blob_corrupt")
+    # last: a worker is held below it until the next full; the run goes on 20 steps past
+    # it, for the worker killed with it to restart and sync through it
+    plan.append("35:blob_corrupt")
     out = tmp_path / "chaos"
     code = bench.main([*REDUCED, "--out", str(out), "--startup", "0", "--plan", ",".join(plan)])
     result = json.loads((out / "chaos.json").read_text())
