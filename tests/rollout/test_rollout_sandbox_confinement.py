@@ -223,10 +223,29 @@ print(json.dumps(out))
 """
 
 
-def _as_nobody(python: str, code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    src = str(Path(astraflow.__file__).parent.parent)
+def _nobody_src() -> Path:
+    """A folder ``nobody`` can import astraflow from: the checkout, or (where a folder above
+    it is closed to others, as a ``mktemp -d`` clone is) a world-readable copy of the
+    package."""
+    src = Path(astraflow.__file__).parent.parent
+    if all(os.stat(d).st_mode & 0o001 for d in (src, *src.parents)):
+        return src
+    import atexit
+    import tempfile
+
+    copy = Path(tempfile.mkdtemp(prefix="af-nobody-src-", dir="/tmp"))
+    atexit.register(shutil.rmtree, copy, True)
+    copy.chmod(0o755)
+    shutil.copytree(src / "astraflow", copy / "astraflow",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for d in (copy, *copy.rglob("*")):
+        d.chmod(0o755 if d.is_dir() else 0o644)
+    return copy
+
+
+def _as_nobody(python: str, code: str, cwd: Path, src: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [python, "-I", "-c", _WORKER.replace("SRC", repr(src))], input=code, cwd=cwd,
+        [python, "-I", "-c", _WORKER.replace("SRC", repr(str(src)))], input=code, cwd=cwd,
         capture_output=True, text=True, timeout=120, check=False, user=NOBODY, group=NOBODY,
         extra_groups=[], env={"PATH": "/usr/bin:/bin", "HOME": str(cwd), "LANG": "C.UTF-8"})
 
@@ -241,10 +260,7 @@ def test_a_worker_that_is_not_root_refuses_unless_allowed_and_still_hides_the_ru
     python = shutil.which("python3", path="/usr/bin:/bin")
     if python is None:
         pytest.skip("no system python3 that nobody may run")
-    src = Path(astraflow.__file__).parent.parent
-    for d in (src, *src.parents):
-        if not os.stat(d).st_mode & 0o001:
-            pytest.skip(f"nobody cannot enter {d} to import astraflow")
+    src = _nobody_src()
     check = subprocess.run([python, "-c", "import sys; print(sys.version_info >= (3, 10))"],
                            capture_output=True, text=True, check=False)
     if check.stdout.strip() != "True":
@@ -255,7 +271,7 @@ def test_a_worker_that_is_not_root_refuses_unless_allowed_and_still_hides_the_ru
     secret = run_dir / "model.safetensors"
     code = _PEEK.replace("PATHS", repr([str(secret), str(run_dir / "config.yaml"),
                                         "model.safetensors"]))
-    res = _as_nobody(python, code, run_dir)
+    res = _as_nobody(python, code, run_dir, src)
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)
     assert "refusing to run untrusted code as the worker's own uid" in got["default"], got
