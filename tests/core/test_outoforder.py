@@ -94,15 +94,22 @@ def test_a_revoked_partition_commits_its_prefix_and_releases_its_work(
             assert stream.tracker.finish((msg.topic, msg.partition), msg.offset, epoch)
         assert bus.committed(group, src) == {}
         other = await asyncio.to_thread(bus.consumer, group, [src], session_timeout=6.0)
-        try:  # the newcomer takes a partition; the full worker still polls (and lets go)
-            await stream.intake(Stop(timeout=30, should_stop=lambda: bool(released)),
-                                lambda: 0, accept)
-            assert len(released) == 1
-            lost: set[tuple[str, int]] = set()
-            for _ in range(60):  # the newcomer's side of the rebalance (Kafka: some polls)
+        lost: set[tuple[str, int]] = set()
+
+        async def newcomer() -> None:  # its side of the rebalance (Kafka: some polls)
+            nonlocal lost
+            for _ in range(240):  # a hang guard: 2 minutes of polls on a loaded machine
                 await asyncio.to_thread(other.consume, 10, 0.5)
                 if lost := set(other.assignment()):
-                    break
+                    return
+
+        try:  # the newcomer takes a partition; the full worker still polls (and lets go);
+            # both poll at once, so neither waits for the other's turn on a busy machine
+            await asyncio.gather(
+                stream.intake(Stop(timeout=120, should_stop=lambda: bool(released)),
+                              lambda: 0, accept),
+                newcomer())
+            assert len(released) == 1
             assert len(lost) == 1
             (_, part), = lost
             assert bus.committed(group, src).get(part) == 1  # its finished prefix: offset 0
