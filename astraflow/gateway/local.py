@@ -36,6 +36,7 @@ import pydantic
 from astraflow.consumers.rollout.engines.base import GenRequest, GenResult
 from astraflow.core.errors import ConfigError
 from astraflow.gateway.config import GatewayConfig
+from astraflow.gateway.limits import Limits
 from astraflow.gateway.service import Gateway
 from astraflow.gateway.session import Session
 from astraflow.gateway.store import SessionStore
@@ -56,6 +57,17 @@ OPTIONS = ("aliases", "on_drift", "max_n", "context_length", "tools_prompt",
 #: max_concurrent_episodes bounds how many run)
 AGENT_THREADS = 1024
 UNBOUNDED = 1 << 30  # the worker bounds sessions and generations, not the gateway
+
+
+def local_limits() -> Limits:
+    """The request limits of a worker's gateway: those of ``astraflow serve`` guard against
+    clients the gateway does not know; here every client is an episode of the worker (behind
+    its token, on loopback), their number bounded by ``max_concurrent_episodes``, and their SDK
+    clients do not retry. So the tokenizer's queue and the connection count are unbounded (the
+    file-descriptor reserve still holds), and a header may take as long as a loaded worker
+    needs to serve it."""
+    return Limits(max_tokenize_waiting=UNBOUNDED, max_connections=UNBOUNDED,
+                  header_timeout_s=300.0)
 
 
 def bridge(batchers: Mapping[str, Batcher], loop: asyncio.AbstractEventLoop
@@ -165,8 +177,9 @@ async def _start(runtime: Runtime, kwargs: dict[str, Any]) -> LocalGateway:
     store = SessionStore(None, max_open_sessions=UNBOUNDED)
     gw = Gateway(runtime.engines, store, sampling=runtime.sampling, max_inflight=UNBOUNDED,
                  generate=bridge(runtime.batchers, loop), **kwargs)
-    token = secrets.token_urlsafe(32)
-    server = await asyncio.to_thread(lambda: ServerThread(app_for(gw, token=token)).start())
+    token, limits = secrets.token_urlsafe(32), local_limits()
+    server = await asyncio.to_thread(
+        lambda: ServerThread(app_for(gw, token=token, limits=limits), limits=limits).start())
     log.info("agent gateway serving policies=%s at %s", ",".join(gw.policies), server.url)
     return LocalGateway(gw, server, loop, token)
 

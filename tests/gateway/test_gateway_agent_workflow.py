@@ -262,3 +262,15 @@ def test_rollout_names_the_agent_workflow_without_importing_the_gateway() -> Non
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "astraflow.gateway.agent_workflow"
+
+
+def test_a_worker_full_of_agents_is_not_refused_by_its_own_gateway(engine: Any) -> None:
+    """The worker's gateway serves as many concurrent sessions as the worker runs episodes:
+    the request limits of ``astraflow serve`` (a tokenizer queue of 64, answered 429 past it)
+    are for clients the gateway does not know, and the agents' SDK clients do not retry (a CI
+    run of the agent example failed 461 episodes that way). 300 agents make their calls at
+    once; every one is served."""
+    rt = runtime(engine, "agent_helpers:async_two_turns")
+    outs = episodes(rt, [task(i, n=10) for i in range(30)])
+    errors = [o.error for o in outs if o.error is not None]
+    assert len(outs) == 300 and errors == [], errors[:3]
