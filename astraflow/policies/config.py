@@ -215,7 +215,7 @@ class ReplayConfig(Section):
 
 
 class DataConfig(Section):
-    """Data-algorithm policies: pre-rollout, post-rollout and batch stages (DESIGN.md §6)."""
+    """Data-algorithm policies: pre-rollout, post-rollout and batch stages (docs/policies.md)."""
 
     pre_rollout: list[str] = pydantic.Field(
         ["gate"], description="tasks.raw -> tasks: gate, greso, or module.path:factory")

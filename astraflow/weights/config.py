@@ -72,7 +72,7 @@ class ServerConfig(Section):
 
 
 class WeightsConfig(Section):
-    """Weight publishing and sync (DESIGN.md §8, docs/weights.md)."""
+    """Weight publishing and sync (docs/weights.md)."""
 
     dtype: Literal["bfloat16", "float16", "float32"] | None = pydantic.Field(
         default="bfloat16",

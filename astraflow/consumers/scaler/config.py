@@ -77,7 +77,7 @@ class PoolConfig(Section):
 
 
 class ScaleConfig(Section):
-    """The reporter and the scaler (DESIGN.md §9)."""
+    """The reporter and the scaler (docs/elastic.md)."""
 
     enabled: bool = pydantic.Field(
         False, description="`astraflow run` starts the reporter and runs the scaler on its "
