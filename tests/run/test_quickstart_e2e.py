@@ -18,7 +18,7 @@ from astraflow.run.warmup import start_models
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
-# Reduced budget: the README's warm-up (SFT until held-out accuracy is inside the quickstart's
+# Reduced budget: the quickstart's warm-up (SFT until held-out accuracy is inside the quickstart's
 # launch.warmup.target_accuracy; the session's fixture), then 150 RL steps instead of 5 minutes
 # (see `learned` for what they do and do not reliably show).
 STEPS = 150
@@ -97,7 +97,7 @@ def learned(out: Path, warmup: Path) -> None:
     band, so it is a high point of a jittering SFT trajectory (0.266 right after 0.19); from
     there three runs measured 0.266 → 0.268 (last two evaluations' mean), 0.266 → 0.244 (CI)
     and 0.266 → 0.286, while runs started from higher landings gained +0.06 and more, and the
-    README's 5-minute runs (650-900 steps) reached 0.58 and 0.70. One evaluation alone can dip
+    5-minute runs of docs/results/quickstart.md (650-900 steps) reached 0.58 and 0.70. One evaluation alone can dip
     by ~0.08 (0.284 → 0.204 in the CI run)."""
     rewards = rl_rewards(out)
     assert len(rewards) == STEPS, len(rewards)
