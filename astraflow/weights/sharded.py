@@ -167,10 +167,14 @@ class ShardedPublisher:
         self._last_full: int | None = None
         self._last_version: int | None = None
 
-    def publish(self, shards: Sequence[Shard], version: int) -> None:
-        """Publish this rank's ``shards`` of ``version``. Every rank calls it, with the same
-        versions in the same order; it returns once the manifest is on the bus (rank 0) or the
-        rank's blob is stored and described to rank 0 (the others)."""
+    def publish(self, shards: Sequence[Shard] | Mapping[str, Any], version: int) -> None:
+        """Publish this rank's ``shards`` of ``version`` (or a model's FSDP2 ``state_dict()``,
+        read by :func:`shards_of`, so the trainer's loop calls this as it calls
+        :meth:`Publisher.publish`). Every rank calls it, with the same versions in the same
+        order; it returns once the manifest is on the bus (rank 0) or the rank's blob is
+        stored and described to rank 0 (the others)."""
+        if isinstance(shards, Mapping):
+            shards = shards_of(shards, self.rank)
         if self._last_version is not None and version <= self._last_version:
             raise AstraflowError(f"version {version} is not newer than the last published "
                                  f"version {self._last_version}; versions must increase")
@@ -292,6 +296,22 @@ class ShardedPublisher:
         log.info("published policy=%s version=%d from %d ranks blobs=%s bytes=%d dense=%d",
                  self.policy, version, self.world_size, kinds,
                  sum(m.total_bytes for m in manifests), dense)
+
+    # the rest of Publisher's interface, as the trainer's loop uses it
+    def flush(self, timeout: float | None = None) -> None:
+        """Nothing to wait for: :meth:`publish` returns when its version is out."""
+
+    def resume(self, tensors: Mapping[str, Any], version: int, *,
+               last_full: int | None = None) -> bool:
+        """Not continued across a restart yet: the next version is a full (every rank says
+        False, so they agree)."""
+        self._last_version = version
+        return False
+
+    def maybe_refresh(self) -> bool:
+        """No refresh of a starved trainer's newest version yet (it would be a collective that
+        every rank must enter at the same point)."""
+        return False
 
     def close(self) -> None:
         if self._producer is not None:

@@ -59,7 +59,7 @@ def main() -> None:
                 # this rank's rows of the version's weights, written into its own shard
                 shard.local.copy_(full[shard.name][shard.start:shard.start + shard.rows])
             owned = {s.name: (s.start, s.rows) for s in shards_of(model.state_dict(), rank)}
-        pub.publish(shards_of(model.state_dict(), rank), version=v)
+        pub.publish(model.state_dict(), version=v)  # read by shards_of, as the loop calls it
     (out / f"rows-{rank}.txt").write_text(repr(sorted(owned.items())))
     pub.close()
     if bus is not None:
