@@ -39,7 +39,7 @@ def follow_one_by_one(syncer: Syncer, count: int) -> dict[int, dict[str, np.ndar
     """The target's bits after each manifest, read one at a time (so every delta applies)."""
     held = {}
     for _ in range(count):
-        assert syncer.poll(timeout=5, max_records=1) == 1
+        assert syncer.poll(timeout=5, max_records=1) == 1, kinds(syncer.manifests)
         v = syncer.sync_once(read=False)
         assert v is not None
         held[v] = {k: b.copy() for k, (_d, b) in
@@ -140,3 +140,97 @@ def test_parts_manifest_checks_and_split() -> None:
                                                              offset=10, length=4)])
     assert manifest_problem(old) is None
     assert split_parts(old) == [old]
+
+
+class ThreadExchange:
+    """The ranks' all_gather of bytes for ranks that are threads of one process."""
+
+    def __init__(self, world: int) -> None:
+        import threading
+
+        self.slots: list[bytes] = [b""] * world
+        self.barrier = threading.Barrier(world)
+
+    def for_rank(self, rank: int):
+        def exchange(data: bytes) -> list[bytes]:
+            self.slots[rank] = data
+            self.barrier.wait()
+            out = list(self.slots)
+            self.barrier.wait()  # nobody writes the next round's slot before all have read
+            return out
+
+        return exchange
+
+
+def test_three_ranks_in_threads_match_one_publisher(tmp_path: Path) -> None:
+    """Without torch.distributed (the exchange is injected): 3 ranks, rows split as FSDP2
+    splits them (ceil(n/3) each, the last ones short or empty), numpy shards, fp32 and bf16."""
+    import threading
+
+    from astraflow.weights.sharded import Shard, ShardedPublisher
+
+    shapes = {"a": (7, 5), "b": (2, 3), "c": (1,), "d": (9,)}
+    dtypes = {"a": np.float32, "b": np.float32, "c": np.float32, "d": np.float16}
+
+    def weights(v: int) -> dict[str, np.ndarray]:
+        r = np.random.default_rng(100)
+        out = {n: r.standard_normal(s).astype(dtypes[n]) for n, s in shapes.items()}
+        for step in range(2, v + 1):
+            r = np.random.default_rng(step)
+            for n in sorted(out):
+                mask = r.random(shapes[n]) < 0.2
+                out[n] = (out[n] + mask * r.standard_normal(shapes[n])).astype(dtypes[n])
+        return out
+
+    world, versions = 3, 5
+    bus = connect(f"embedded://{tmp_path}/bus.db")
+    ex = ThreadExchange(world)
+    pubs = [ShardedPublisher(bus if r == 0 else None, run="t", policy="s",
+                             store=FileStore(tmp_path / "s"), rank=r, world_size=world,
+                             exchange=ex.for_rank(r), full_every=3, dtype=None,
+                             max_delta_fraction=1000.0) for r in range(world)]
+    errors: list[BaseException] = []
+
+    def rank_main(r: int) -> None:
+        try:
+            for v in range(1, versions + 1):
+                shards = []
+                for n, w in weights(v).items():
+                    per = -(-w.shape[0] // world)
+                    lo, hi = min(r * per, w.shape[0]), min((r + 1) * per, w.shape[0])
+                    shards.append(Shard(n, w[lo:hi], w.shape, lo))
+                pubs[r].publish(shards, v)
+        except BaseException as e:  # noqa: BLE001 - re-raised by the test's thread
+            errors.append(e)
+            ex.barrier.abort()
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    ref = Publisher(bus, run="t", policy="ref", store=FileStore(tmp_path / "r"), full_every=3,
+                    dtype=None, max_delta_fraction=1000.0, background=False)
+    sent: list[WeightManifest] = []
+    for v in range(1, versions + 1):
+        ref.publish(weights(v), v)
+        sent += ref.last_manifests
+    ref.close()
+    pubs[0].close()
+    assert kinds(sent) == [(1, "full"), (2, "delta"), (3, "delta"), (4, "delta"), (4, "full"),
+                           (5, "delta")]
+    sharded = Syncer(bus, run="t", policy="s", store=FileStore(tmp_path / "s"),
+                     target=DictTarget(torch=False))
+    got = follow_one_by_one(sharded, len(sent))
+    want = follow_one_by_one(Syncer(bus, run="t", policy="ref", store=FileStore(tmp_path / "r"),
+                                    target=DictTarget(torch=False)), len(sent))
+    assert sorted(got) == sorted(want) == list(range(1, versions + 1))
+    for v in want:
+        for name, bits in want[v].items():
+            assert np.array_equal(got[v][name], bits), (v, name)
+    # "c" has one row: ranks 1 and 2 own none of it; "b": rank 2 owns none
+    m = pubs[0].last_manifests[-1]
+    assert [t.rows for t in m.tensors if t.name == "c"] == [[]]
+    assert sorted(tuple(t.rows) for t in m.tensors if t.name == "b") == [(0, 1), (1, 2)]
+    bus.close()
