@@ -148,7 +148,7 @@ def trainer_memory(model: ModelShape | int, setup: TrainerSetup = TrainerSetup()
     if setup.ranks < 1:
         raise ValueError(f"ranks must be >= 1, got {setup.ranks}")
     shape = model if isinstance(model, ModelShape) else None
-    params = params or (shape.params if shape is not None else int(model))
+    params = params or (model.params if isinstance(model, ModelShape) else int(model))
     if setup.lora_r is not None and shape is None:
         raise ValueError("LoRA needs the model's shape (its linear layers), not a count")
     wbytes = 2 if setup.mixed_precision else 4

@@ -179,7 +179,7 @@ class ShardedPublisher:
             raise AstraflowError(f"version {version} is not newer than the last published "
                                  f"version {self._last_version}; versions must increase")
         self._last_version = version
-        bits: Bits = {}
+        bits: dict[str, tuple[str, Any]] = {}
         rows: dict[str, tuple[tuple[int, ...], int]] = {}
         for s in shards:
             if s.rows:
