@@ -21,6 +21,8 @@ def check(
     weights: Annotated[bool, typer.Option(
         help="Require each model folder's weights (--no-weights: its config and tokenizer "
              "suffice, for a config prepared where the weights are not).")] = True,
+    gpu_gb: Annotated[float, typer.Option(
+        "--gpu-gb", help="GPU memory (GB) the trainer's estimate is compared with.")] = 80.0,
 ) -> None:
     """Load each policy's model config and tokenizer and render one prompt with its chat
     template, read the first rows of every data split, import every module the config names
@@ -30,12 +32,12 @@ def check(
     from astraflow.cli.common import load_config
 
     cfg = load_config(config, overrides)
-    report = run_check(cfg, out or Path("runs") / cfg.run, weights=weights)
+    report = run_check(cfg, out or Path("runs") / cfg.run, weights=weights, gpu_gb=gpu_gb)
     raise typer.Exit(0 if report.ok else 1)
 
 
 def run_check(cfg: ExperimentConfig, out: Path, *, quiet: bool = False,
-              weights: bool = True) -> CheckReport:
+              weights: bool = True, gpu_gb: float = 80.0) -> CheckReport:
     """Run the check with a status line, print its findings (problems only when ``quiet``),
     and return the report."""
     from rich.console import Console
@@ -44,7 +46,7 @@ def run_check(cfg: ExperimentConfig, out: Path, *, quiet: bool = False,
 
     console = Console(stderr=True)
     with console.status("checking the config") as status:
-        report = check_experiment(cfg, out, weights=weights,
+        report = check_experiment(cfg, out, weights=weights, gpu_gb=gpu_gb,
                                   progress=lambda what: status.update(f"checking: {what}"))
     for f in report.findings:
         if f.ok and quiet:

@@ -74,10 +74,12 @@ class CheckFailed(AstraflowError):
 
 
 def check_experiment(config: ExperimentConfig, out: str | Path = ".", *, weights: bool = True,
-                     progress: Callable[[str], None] = lambda _: None) -> CheckReport:
+                     progress: Callable[[str], None] = lambda _: None,
+                     gpu_gb: float = 80.0) -> CheckReport:
     """Every check of :mod:`astraflow.run.check` on ``config`` (run directory ``out``).
     ``weights`` False: a model folder with its config and tokenizer passes without its
-    weights (a config prepared where the weights are not, e.g. a GPU recipe checked in CI)."""
+    weights (a config prepared where the weights are not, e.g. a GPU recipe checked in CI).
+    ``gpu_gb``: the GPU the trainer's memory is compared with (the largest model that fits)."""
     report = CheckReport()
     progress("reading the data")
     sample = _check_data(config, out, report)
@@ -86,7 +88,7 @@ def check_experiment(config: ExperimentConfig, out: str | Path = ".", *, weights
     _check_reward(config, sample, report)
     for policy in config.policies:
         progress(f"loading the tokenizer of {policy}")
-        _check_model(config, policy, out, sample, report, weights=weights)
+        _check_model(config, policy, out, sample, report, weights=weights, gpu_gb=gpu_gb)
     return report
 
 
@@ -220,7 +222,8 @@ def _check_reward(config: ExperimentConfig, sample: TaskSpec | None,
 # models -----------------------------------------------------------------------------------------
 
 def _check_model(config: ExperimentConfig, policy: str, out: str | Path,
-                 sample: TaskSpec | None, report: CheckReport, *, weights: bool) -> None:
+                 sample: TaskSpec | None, report: CheckReport, *, weights: bool,
+                 gpu_gb: float = 80.0) -> None:
     from dataclasses import replace
 
     from astraflow.core.paths import expand
@@ -249,7 +252,7 @@ def _check_model(config: ExperimentConfig, policy: str, out: str | Path,
     if sample is not None:
         _check_prompt(config, policy, tok, sample, report)
     if info.config is not None:
-        _check_memory(config, policy, info.config, report, info.parameters)
+        _check_memory(config, policy, info.config, report, info.parameters, gpu_gb)
 
 
 def _check_prompt(config: ExperimentConfig, policy: str, tok: Any, sample: TaskSpec,
@@ -275,11 +278,12 @@ def _check_prompt(config: ExperimentConfig, policy: str, tok: Any, sample: TaskS
 
 
 def _check_memory(config: ExperimentConfig, policy: str, model_config: dict[str, Any],
-                  report: CheckReport, params: int | None) -> None:
-    from astraflow.run.memory import estimate
+                  report: CheckReport, params: int | None, gpu_gb: float = 80.0) -> None:
+    from astraflow.run.memory import describe_trainer, estimate
 
     est = estimate(model_config, config, policy, params)
     report.good(f"models.{policy}", est.describe())
+    report.good(f"trainer.{policy}.memory", describe_trainer(est, gpu_gb))
     limit = est.available_bytes()
     if limit is not None and est.host_bytes > limit:
         report.bad(f"models.{policy}", f"the roles on this host need about "

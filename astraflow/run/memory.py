@@ -1,12 +1,10 @@
 """A rough memory estimate of one policy's trainer and engines, from the model's config.json
 and the run's settings (for `astraflow check`; no torch).
 
-Trainer: fp32 master weights, gradients and AdamW's two moments (16 bytes a parameter), plus
-activations of one micro-batch (``trainer.micro_batch_tokens`` tokens; ~34 bytes per token,
-layer and hidden unit kept for the backward pass without recomputation in 16-bit training,
-after Korthikanti et al. 2022, twice that in fp32), the micro-batch's logits in fp32 three
-times over (logits, log-softmax, their gradient: a large vocabulary makes this the size of the
-activations), and the bf16 snapshot the publisher encodes from.
+Trainer: per rank as :func:`astraflow.run.trainer_memory.trainer_memory` computes it (model
+states by ZeRO's 16 bytes a trained parameter, divided by the ranks under fsdp; LoRA; CPU
+offload; activations of one micro-batch of ``trainer.micro_batch_tokens`` tokens), plus the
+bf16 snapshot the publisher encodes from (its shard under fsdp), times the ranks on the host.
 Engine: the weights in ``rollout.engine.dtype``, plus the KV cache of a full batch
 (``max_batch_size`` sequences of prompt + ``max_new_tokens``; the prompt taken as 256 tokens
 unless the model's context is shorter). Rough estimates, to catch the order-of-magnitude
@@ -19,14 +17,22 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from astraflow.run.trainer_memory import (
+    ALL_LINEAR,
+    ModelShape,
+    TrainerMemory,
+    TrainerSetup,
+    gib,
+    largest_fitting,
+    trainer_memory,
+)
+
 if TYPE_CHECKING:
     from astraflow.config import ExperimentConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 #: prompt tokens assumed for the engine's KV cache
 PROMPT_TOKENS = 256
-#: activation bytes kept per token, layer and hidden unit for the backward pass (16-bit)
-ACT_PER_TOKEN = 34
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,8 @@ class MemoryEstimate:
     workers: int
     evaluator_bytes: int
     device: str
+    trainer_rank: TrainerMemory | None = None  # one trainer rank's bytes
+    setup: TrainerSetup | None = None
 
     @property
     def host_bytes(self) -> int:
@@ -68,17 +76,16 @@ def estimate(cfg: dict[str, Any], config: ExperimentConfig, policy: str,
     from astraflow.models.source import estimate_parameters
 
     params = params or estimate_parameters(cfg) or 0
-    vocab = int(cfg.get("vocab_size") or 0)
     h = int(cfg.get("hidden_size") or 0)
     layers = int(cfg.get("num_hidden_layers") or 0)
     heads = int(cfg.get("num_attention_heads") or 1)
     kv = int(cfg.get("num_key_value_heads") or heads)
     head_dim = int(cfg.get("head_dim") or (h // max(1, heads)))
-    tc = config.trainer_for(policy)
-    act_scale = 1 if tc.mixed_precision != "no" else 2
-    trainer = (params * (16 + 2)
-               + tc.micro_batch_tokens * layers * h * ACT_PER_TOKEN * act_scale
-               + tc.micro_batch_tokens * vocab * 4 * 3)
+    setup = trainer_setup(config, policy)
+    rank = trainer_memory(ModelShape.from_config(cfg), setup, params=params)
+    # every rank, plus the bf16 snapshot the publisher encodes from (its shard under fsdp)
+    snapshot = params * 2 // (setup.ranks if setup.parallel == "fsdp" else 1)
+    trainer = setup.ranks * (rank.device + rank.offloaded + snapshot)
     ec = config.rollout.engine
     wbytes = DTYPE_BYTES[ec.dtype]
     context = int(cfg.get("max_position_embeddings") or PROMPT_TOKENS + ec.max_new_tokens)
@@ -87,6 +94,47 @@ def estimate(cfg: dict[str, Any], config: ExperimentConfig, policy: str,
     engine = params * wbytes + kv_cache
     evaluator = params * 4 + 2 * layers * kv * head_dim * 4 * seq * 256 \
         if config.launch.evaluate else 0
+    tc = config.trainer_for(policy)
     device = "cpu" if ec.device == "cpu" and tc.device in ("cpu", "auto") else "cuda"
     return MemoryEstimate(params, trainer, engine, config.launch.rollout_workers, evaluator,
-                          device)
+                          device, rank, setup)
+
+
+def trainer_setup(config: ExperimentConfig, policy: str) -> TrainerSetup:
+    """The :class:`TrainerSetup` of ``policy``'s trainer. Keys a build may not have yet
+    (``trainer.parallel``, ``trainer.lora``, ``launch.trainer_ranks``, offload, activation
+    checkpointing) are read with their defaults: ddp, no LoRA, 1 rank, off."""
+    tc = config.trainer_for(policy)
+    lora = getattr(tc, "lora", None)
+    if isinstance(lora, dict):
+        r, targets = lora.get("r"), lora.get("target_modules")
+    else:
+        r, targets = getattr(lora, "r", None), getattr(lora, "target_modules", None)
+    if isinstance(targets, str) or not targets:  # "all-linear" (peft's), or absent
+        targets = ALL_LINEAR
+    known = tuple(t for t in targets if t in ALL_LINEAR) or ALL_LINEAR
+    return TrainerSetup(
+        parallel=str(getattr(tc, "parallel", "ddp") or "ddp"),
+        ranks=int(getattr(config.launch, "trainer_ranks", 1) or 1),
+        mixed_precision=tc.mixed_precision != "no",
+        lora_r=int(r) if r else None, lora_targets=known,
+        offload=bool(getattr(tc, "cpu_offload", False) or getattr(tc, "offload", False)),
+        micro_batch_tokens=tc.micro_batch_tokens,
+        activation_checkpointing=bool(getattr(tc, "activation_checkpointing", False)))
+
+
+def describe_trainer(est: MemoryEstimate, gpu_gb: float) -> str:
+    """One line for `astraflow check`: a trainer rank's bytes and the largest model of the
+    docs' table that fits a GPU of ``gpu_gb`` GB under the same setup."""
+    rank, setup = est.trainer_rank, est.setup
+    assert rank is not None and setup is not None
+    lora = f"LoRA r={setup.lora_r}" if setup.lora_r else "full"
+    text = (f"trainer ({setup.parallel}, {setup.ranks} rank{'s' * (setup.ranks > 1)}, {lora}"
+            f"{', offload' if setup.offload else ''}): {gib(rank.device)} GiB per rank on the "
+            f"device (states {gib(rank.states)}, working set {gib(rank.working)}, activations "
+            f"{gib(rank.activations)} for {setup.micro_batch_tokens} tokens)")
+    if rank.offloaded:
+        text += f", {gib(rank.offloaded)} GiB per rank in host memory"
+    best = largest_fitting(int(gpu_gb * 1e9), setup)
+    return text + (f"; the largest model of the docs' table that fits a {gpu_gb:g} GB GPU so: "
+                   f"{best[0]}" if best else f"; none of the docs' table fits {gpu_gb:g} GB")

@@ -27,6 +27,7 @@ from astraflow.core.registry import Registry
 if TYPE_CHECKING:
     from astraflow.core.bus import Bus
     from astraflow.weights.publisher import Publisher
+    from astraflow.weights.sharded import ShardedPublisher
     from astraflow.weights.store import WeightStore
     from astraflow.weights.syncer import Syncer
 
@@ -149,6 +150,22 @@ def build_publisher(bus: Bus, cfg: WeightsConfig, *, run: str, policy: str,
                      full_every=cfg.full_every, max_delta_fraction=cfg.max_delta_fraction,
                      dtype=cfg.dtype, level=cfg.zstd_level,
                      refresh_full_after_s=cfg.refresh_full_after_s)
+
+
+def build_sharded_publisher(bus: Bus | None, cfg: WeightsConfig, *, run: str, policy: str,
+                            rank: int, world_size: int, out: str | Path = ".",
+                            group: Any = None) -> ShardedPublisher:
+    """A sharded trainer's publisher on rank ``rank`` (every rank has one; rank 0's, given the
+    bus, sends the manifests): each publishes the rows it owns (docs/weights.md, "Publishing
+    from the shards"). ``group``: the torch.distributed process group (None: the default)."""
+    from astraflow.weights.sharded import ShardedPublisher, torch_exchange
+
+    return ShardedPublisher(bus if rank == 0 else None, run=run, policy=policy,
+                            store=build_store(cfg.store, out), rank=rank,
+                            world_size=world_size, exchange=torch_exchange(group),
+                            full_every=cfg.full_every,
+                            max_delta_fraction=cfg.max_delta_fraction, dtype=cfg.dtype,
+                            level=cfg.zstd_level)
 
 
 def build_syncer(bus: Bus, cfg: WeightsConfig, target: Any, *, run: str, policy: str,

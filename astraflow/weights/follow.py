@@ -25,6 +25,7 @@ from astraflow.core.errors import SchemaError, WeightIntegrityError, WeightStore
 from astraflow.core.records import WeightManifest, decode
 from astraflow.weights.bits import DTYPES
 from astraflow.weights.blob import CODEC
+from astraflow.weights.parts import part_key, parts_problem, uris_of
 from astraflow.weights.store import check_path
 
 log = logging.getLogger("astraflow.weights.follow")
@@ -82,13 +83,13 @@ def manifest_problem(m: WeightManifest) -> str | None:
     if not m.tensors:
         return f"version {m.version} lists no tensors"
     uris = {t.uri for t in m.tensors}
-    if len(uris) != 1:
-        return f"version {m.version} spans {len(uris)} blobs; this build reads one per version"
-    (uri,) = uris
-    try:
-        check_path(uri)
-    except WeightStoreError as e:
-        return str(e)
+    if len(uris) != 1 and not m.parts:
+        return f"version {m.version} spans {len(uris)} blobs but lists no parts"
+    for uri in uris | {p.uri for p in m.parts}:
+        try:
+            check_path(uri)
+        except WeightStoreError as e:
+            return str(e)
     if m.codec != CODEC:
         return f"codec {m.codec!r}; this build reads {CODEC!r}"
     if m.version < 0:
@@ -99,16 +100,19 @@ def manifest_problem(m: WeightManifest) -> str | None:
         return f"delta {m.version} has base version {m.base_version}; expected 0 <= base < version"
     if m.total_bytes <= 0 or m.full_bytes < 0:
         return f"total_bytes {m.total_bytes} / full_bytes {m.full_bytes}"
+    if m.parts and (problem := parts_problem(m)) is not None:
+        return problem
     names: set[str] = set()
     for t in m.tensors:
-        if t.name in names:
-            return f"tensor {t.name!r} appears twice"
-        names.add(t.name)
+        if part_key(t) in names:
+            return f"tensor {part_key(t)!r} appears twice"
+        names.add(part_key(t))
         if t.dtype not in DTYPES:
             return f"tensor {t.name!r}: dtype {t.dtype!r}; valid: {', '.join(DTYPES)}"
         if any(d < 0 for d in t.shape):
             return f"tensor {t.name!r}: shape {t.shape}"
-        if t.offset < 0 or t.length < 0 or t.offset + t.length > m.total_bytes:
+        if not m.parts and (t.offset < 0 or t.length < 0
+                            or t.offset + t.length > m.total_bytes):
             return (f"tensor {t.name!r}: range {t.offset}+{t.length} outside the blob's "
                     f"{m.total_bytes} bytes")
     return None
@@ -131,7 +135,7 @@ class ManifestBook:
         problem = manifest_problem(m)
         if problem is not None:
             raise BadManifestError(f"refused manifest: {problem}")
-        uri = m.tensors[0].uri
+        uri = " ".join(uris_of(m))
         first = self._by_uri.get(uri)
         if first is None:
             self._by_uri[uri] = m

@@ -59,6 +59,7 @@ from astraflow.weights.blob import MAX_HEADER, PREFIX_SIZE, Blob, payload_size, 
 from astraflow.weights.files import fsync_dir
 from astraflow.weights.follow import BadManifestError, ManifestBook, decode_manifest, read_new
 from astraflow.weights.http import WeightServer, make_server
+from astraflow.weights.parts import split_parts
 from astraflow.weights.store import (
     BlobNotFoundError,
     FileStore,
@@ -218,9 +219,10 @@ class Mirror:
         self._newest[policy] = max(self._newest.get(policy, m.version), m.version)
         if m.kind == "full":
             self._newest_full[policy] = max(self._newest_full.get(policy, m.version), m.version)
-        uri = m.tensors[0].uri
-        if uri not in self._done and uri not in self._skipped:
-            self._pending[uri] = m
+        for part in split_parts(m):  # a version published from the shards: blob by blob
+            uri = part.tensors[0].uri
+            if uri not in self._done and uri not in self._skipped:
+                self._pending[uri] = part
 
     # -- mirroring ----------------------------------------------------------------------------
     def mirror_once(self, timeout: float = 0.0) -> int:

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from astraflow.core.records import WeightManifest
+from astraflow.weights.parts import part_key
 
 #: a weight state: a key of its (tensor name, digest) pairs; None when some digest is unknown
 State = str | None
@@ -53,14 +54,14 @@ def state_of(digests: Mapping[str, str] | None) -> State:
 
 def after_state(m: WeightManifest) -> State:
     """The state a worker holds after applying ``m``."""
-    return state_of({t.name: t.digest for t in m.tensors})
+    return state_of({part_key(t): t.digest for t in m.tensors})
 
 
 def base_state(m: WeightManifest) -> State:
     """The state a delta applies to (None: a full, or a manifest without base digests)."""
     if m.kind != "delta":
         return None
-    return state_of({t.name: t.base_digest for t in m.tensors})
+    return state_of({part_key(t): t.base_digest for t in m.tensors})
 
 
 def latest_by_version(manifests: Iterable[WeightManifest]

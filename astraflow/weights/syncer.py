@@ -42,6 +42,7 @@ from astraflow.core.topics import topic_name
 from astraflow.weights.bits import blob_digest, digest, dtype_info
 from astraflow.weights.blob import BaseMismatchError, Blob, parse_blob
 from astraflow.weights.follow import BadManifestError, ManifestBook, decode_manifest, read_new
+from astraflow.weights.parts import part_key, split_parts, uris_of
 from astraflow.weights.route import Route, plan_route
 from astraflow.weights.store import (
     BlobNotFoundError,
@@ -132,7 +133,7 @@ class Syncer:
         """The newest version announced, leaving out manifests whose blob was found missing
         everywhere."""
         skip = self._skipped()
-        return max((m.version for m in self.manifests if m.tensors[0].uri not in skip),
+        return max((m.version for m in self.manifests if not skip.intersection(uris_of(m))),
                    default=None)
 
     def poll(self, timeout: float = 0.0, max_records: int | None = None) -> int:
@@ -187,8 +188,9 @@ class Syncer:
         if self.cache_dir is None:
             return 0
         route = self.plan()
-        jobs = {uri: m.total_bytes for m in (route.steps if route is not None else ())
-                for uri in {t.uri for t in m.tensors}
+        jobs = {sub.tensors[0].uri: sub.total_bytes
+                for m in (route.steps if route is not None else ())
+                for sub in split_parts(m) for uri in [sub.tensors[0].uri]
                 if getattr(self._store_for(uri), "local_path", None) is None}
         if not jobs:
             return 0
@@ -371,10 +373,13 @@ class Syncer:
         return self._shadow.get(name)
 
     def _apply(self, m: WeightManifest) -> None:
+        if m.parts:
+            self._apply_parts(m)
+            return
         uris = {t.uri for t in m.tensors}
         if len(uris) != 1:
-            raise WeightIntegrityError(f"manifest of version {m.version} spans {len(uris)} blobs; "
-                                       "this build reads one blob per version")
+            raise WeightIntegrityError(f"manifest of version {m.version} spans {len(uris)} blobs "
+                                       "but lists no parts")
         (uri,) = uris
         blob = self._fetch(uri, m.total_bytes)
         check_manifest(m, blob, whole=True)  # a corrupt blob is caught before anything changes
@@ -394,17 +399,64 @@ class Syncer:
             if t.enc == "delta" and t.changed == 0:
                 continue
             blob.decode_into(t, flat)
-            self.target.apply(t.name, t.dtype, shape, flat)
-            if self.target.host_bits(t.name) is None:
-                self._shadow[t.name] = (t.dtype, flat)
-            else:
-                self._shadow.pop(t.name, None)
+            self._put(t.name, t.dtype, shape, flat)
         self._digests = {t.name: t.digest for t in blob.header.tensors}
+        self._committed(m, uris)
+
+    def _put(self, name: str, dtype: str, shape: tuple[int, ...], flat: np.ndarray) -> None:
+        self.target.apply(name, dtype, shape, flat)
+        if self.target.host_bits(name) is None:
+            self._shadow[name] = (dtype, flat)
+        else:
+            self._shadow.pop(name, None)
+
+    def _committed(self, m: WeightManifest, uris: set[str]) -> None:
         self._version = m.version
         self.target.commit(m.version)
         self.stats.applied += 1
-        self._missing.discard(uri)
+        self._missing -= uris
         self._drop_cached(uris)
+
+    def _apply_parts(self, m: WeightManifest) -> None:
+        """Apply a version published from the shards: every part's blob is fetched and checked
+        (and, for a delta, every slice's base) before anything changes; then each slice is
+        decoded into its rows of the full tensor, in place (dim-0 rows of a C-ordered tensor
+        are one contiguous run of words), and each tensor goes to the target once, whole."""
+        subs = split_parts(m)
+        blobs = []
+        for sub in subs:
+            blob = self._fetch(sub.tensors[0].uri, sub.total_bytes)
+            check_manifest(sub, blob, whole=True)
+            blobs.append(blob)
+        entries = {(t.uri, t.name): t for t in m.tensors}
+        if m.kind == "delta":
+            self._check_base_parts(m)
+        self._version = None  # from here until the end the target is half-applied
+        full: dict[str, np.ndarray] = {}
+        touched: set[str] = set()
+        for sub, blob in zip(subs, blobs, strict=True):
+            for t in blob.header.tensors:
+                e = entries[(sub.tensors[0].uri, t.name)]
+                if e.name not in full:
+                    held = self._bits(e.name)
+                    numel = int(np.prod(e.shape, dtype=np.int64))
+                    if held is not None and held[0] == e.dtype and len(held[1]) == numel:
+                        full[e.name] = held[1]
+                    else:  # a full version: every row comes from its parts
+                        full[e.name] = np.empty(numel, dtype=dtype_info(e.dtype).bits)
+                flat = full[e.name]
+                row = int(np.prod(e.shape[1:], dtype=np.int64))
+                lo, hi = (e.rows or [0, e.shape[0] if e.shape else 1])
+                if t.enc == "delta" and t.changed == 0:
+                    continue
+                blob.decode_into(t, flat[lo * row:hi * row] if e.shape else flat)
+                touched.add(e.name)
+        for e in m.tensors:
+            if e.name in touched:
+                touched.discard(e.name)
+                self._put(e.name, e.dtype, tuple(e.shape), full[e.name])
+        self._digests = {part_key(t): t.digest for t in m.tensors}
+        self._committed(m, set(uris_of(m)))
 
     def _check_base(self, m: WeightManifest, blob: Blob) -> None:
         names = {t.name for t in blob.header.tensors}
@@ -425,6 +477,29 @@ class Syncer:
                     f"tensor {t.name!r}: the held version is not the base of delta {m.version} "
                     f"(digest {known}, expected {t.base_digest})")
 
+    def _check_base_parts(self, m: WeightManifest) -> None:
+        keys = {part_key(t) for t in m.tensors}
+        if self._digests is not None and set(self._digests) != keys:
+            raise BaseMismatchError(f"delta {m.version} has tensor slices "
+                                    f"{sorted(keys ^ set(self._digests))[:3]} that differ "
+                                    f"from version {self._version}")
+        for t in m.tensors:
+            held = self._bits(t.name)
+            numel = int(np.prod(t.shape, dtype=np.int64))
+            if held is None or held[0] != t.dtype or len(held[1]) != numel:
+                raise WeightIntegrityError(
+                    f"tensor {t.name!r}: delta {m.version} expects {t.dtype}{t.shape}; the "
+                    f"target holds {'nothing' if held is None else held[0]}")
+            known = (self._digests or {}).get(part_key(t))
+            if not known:
+                row = int(np.prod(t.shape[1:], dtype=np.int64))
+                lo, hi = t.rows or [0, t.shape[0] if t.shape else 1]
+                known = digest(held[1][lo * row:hi * row] if t.shape else held[1])
+            if known != t.base_digest:
+                self._version, self._digests = None, None  # we hold an unknown version
+                raise BaseMismatchError(
+                    f"tensor {part_key(t)!r}: the held version is not the base of delta "
+                    f"{m.version} (digest {known}, expected {t.base_digest})")
 
 def check_manifest(m: WeightManifest, blob: Blob, *, whole: bool = False) -> None:
     """``blob`` is the blob ``m`` names: its header agrees with the manifest, tensor by tensor

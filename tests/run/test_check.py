@@ -61,6 +61,8 @@ def test_a_good_config_passes_with_a_rendered_prompt_and_a_memory_estimate(
     assert "'exact_match' scores task 't0'" in said and "reference answer 1" in said
     assert "one prompt renders" in said
     assert "M parameters" in said and "GiB for the trainer" in said
+    assert "trainer (ddp, 1 rank, full): " in said and "GiB per rank on the device" in said
+    assert "fits a 80 GB GPU so: 1.5B" in said, said
 
 
 def test_every_problem_is_listed_at_once_with_its_key_path(

@@ -40,6 +40,7 @@ from astraflow.core.records.codec import (
     to_builtins,
 )
 from astraflow.core.records.control import (
+    BlobPart,
     Claim,
     DeadLetter,
     LoadReport,
@@ -69,6 +70,7 @@ from astraflow.core.records.gateway import (
 __all__ = [
     "AnyRecord",
     "Batch",
+    "BlobPart",
     "ChatMessage",
     "Claim",
     "DeadLetter",

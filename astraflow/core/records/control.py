@@ -23,6 +23,19 @@ class TensorEntry(msgspec.Struct, kw_only=True):
     digest: str = ""  # hex digest of the tensor's bytes after applying
     changed: int = -1  # delta only: elements changed; -1: not counted / full
     base_digest: str = ""  # delta only: digest of the base tensor it applies to; "": unknown
+    #: a part of a sharded publish: rows ``[start, stop)`` along dim 0 of ``shape`` (the full
+    #: tensor's), whose bytes, digest and base digest are those of the slice; written by a
+    #: rank of a sharded trainer (weights/sharded.py), read by syncers and mirrors.
+    #: Absent (empty): the whole tensor, as every manifest before sharded publishing
+    rows: list[int] = []
+
+
+class BlobPart(msgspec.Struct, kw_only=True):
+    """One blob of a version published from the shards: each rank writes its own."""
+
+    uri: str  # blob path relative to the weight store
+    total_bytes: int  # the blob's size
+    blob_digest: str = ""  # digest of its bytes (mirrors check it)
 
 
 class WeightManifest(Record, tag="WeightManifest", kw_only=True):
@@ -37,6 +50,10 @@ class WeightManifest(Record, tag="WeightManifest", kw_only=True):
     total_bytes: int  # bytes of blobs to fetch for this version
     full_bytes: int  # bytes of a dense snapshot of the same tensors
     blob_digest: str = ""  # digest of the whole blob's bytes (mirrors check it); "": unknown
+    #: the blobs of a version published from the shards (one per rank that owns rows), each
+    #: tensor entry naming its blob by ``uri`` and its slice by ``rows``; ``total_bytes`` is
+    #: then their sum and ``blob_digest`` empty. Absent (empty): one blob, as before
+    parts: list[BlobPart] = []
     created_at: float = msgspec.field(default_factory=time.time)
 
 
