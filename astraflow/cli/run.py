@@ -64,7 +64,6 @@ def run(
     try:
         cfg = load_experiment(config, sets)
         out = out or Path("runs") / cfg.run
-        check_out(out, fresh=fresh, resume=resume)  # before anything is checked or made
         if warm is not None:
             if warmup_only:
                 raise fail("--warm and --warmup-only: give one (--warm skips the warm-up)")
@@ -72,14 +71,16 @@ def run(
                 raise fail(f"--warm {warm} lies in the run directory {out}, which --fresh "
                            "deletes first: give another --out")
             cfg = from_warm(cfg, warm)
+        check_out(out, fresh=fresh, resume=resume)  # before anything is checked or made
         if check:
             from astraflow.cli.check import run_check
 
             if not run_check(cfg, out, quiet=True).ok:
                 raise typer.Exit(1)
-        progress = not quiet and (not live or not sys.stdout.isatty())
+        # the live view redraws a terminal; in a pipe or a file, plain lines instead
+        live = live and sys.stdout.isatty()
         code = run_experiment(cfg, out, live=live, fresh=fresh, resume=resume,
-                              warmup_only=warmup_only, progress=progress)
+                              warmup_only=warmup_only, progress=not (quiet or live))
     except AstraflowError as e:
         raise fail(str(e)) from None
     raise typer.Exit(code)
