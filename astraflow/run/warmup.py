@@ -361,7 +361,7 @@ def from_warm(config: ExperimentConfig, run_dir: Path) -> ExperimentConfig:
 
 
 def reuse(config: ExperimentConfig, out: Path) -> ExperimentConfig | None:
-    """A continued run (``--no-fresh``) whose warm-up already ended: the RL config it chose
+    """A resumed run (``--resume``) whose warm-up already ended: the RL config it chose
     (its ``warmup.json`` and exported models), or None to run the warm-up."""
     try:
         result = json.loads((out / RESULT).read_text())
