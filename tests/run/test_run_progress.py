@@ -28,6 +28,7 @@ def run(out: Path, *args: str, sets: list[str]) -> subprocess.CompletedProcess[s
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two runs: ~2 min alone, ~4 min on 2 busy cores
 def test_progress_lines_under_a_pipe_then_fresh_and_quiet(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
