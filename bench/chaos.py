@@ -210,8 +210,8 @@ def run_with_faults(cfg: Path, setup: Setup, plan: Sequence[tuple[float, str]], 
 
     run_dir = setup.run_dir
     cmd = [sys.executable, "-m", "astraflow.cli.app", "run", str(cfg), "--out", str(run_dir),
-           "--no-live"]
-    print(f"  $ astraflow run {cfg} --out {run_dir} --no-live", flush=True)
+           "--no-live", "--fresh"]  # an arm's directory: a rerun replaces it
+    print(f"  $ astraflow run {cfg} --out {run_dir} --no-live --fresh", flush=True)
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
     injector: Injector | None = None

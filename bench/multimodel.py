@@ -118,8 +118,8 @@ def write_yaml(data: Mapping[str, Any], path: Path) -> Path:
 def astraflow_run(config: Path, out: Path, log: Path, sets: Sequence[str] = (),
                   flags: Sequence[str] = ()) -> int:
     cmd = [sys.executable, "-m", "astraflow.cli.app", "run", str(config), "--out", str(out),
-           "--no-live", *flags, *[a for s in sets for a in ("--set", s)]]
-    print(f"  $ astraflow run {config} --out {out} {' '.join(flags)} "
+           "--no-live", "--fresh", *flags, *[a for s in sets for a in ("--set", s)]]
+    print(f"  $ astraflow run {config} --out {out} --fresh {' '.join(flags)} "
           f"{' '.join(f'--set {s}' for s in sets)}", flush=True)
     with open(log, "w") as fh:
         return subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT).returncode

@@ -88,7 +88,7 @@ def run_pipeline(name: str, config: Path, out: Path, *, workers: int, bus: str,
                  threshold: float, seconds: float, warm: Path | None, every: int,
                  process: bool = False, seed: int | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "astraflow.cli.app", "run", str(config), "--out", str(out),
-           "--no-live", "--set", f"launch.rollout_workers={workers}",
+           "--no-live", "--fresh", "--set", f"launch.rollout_workers={workers}",
            "--set", f"rollout.engine.process={str(process).lower()}",
            "--set", f"launch.stop_at_accuracy={threshold}",
            "--set", f"launch.timeout_s={seconds}",

@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -33,11 +34,56 @@ def with_env_bus(overrides: list[str] | None) -> list[str]:
     return [f"bus.url={url}", *sets] if url else sets
 
 
+#: ``--out`` of every command that takes an experiment config: one rule, ``runs/<run>``
+OutOption = Annotated[
+    Path | None,
+    typer.Option("--out", help="Run directory: {out} in the config, where the embedded bus "
+                               "lives (default: runs/<run>, <run> the config's run name)."),
+]
+
+
+def run_dir(cfg: Any, out: Path | None) -> Path:
+    """The run directory of a command: ``out``, else ``runs/<run>`` (where `astraflow run`
+    puts a run of that config)."""
+    return out if out is not None else Path("runs") / cfg.run
+
+
+def embedded_bus_file(cfg: Any, out: Path) -> Path | None:
+    """The file of the config's embedded bus in run directory ``out``; None on Kafka."""
+    from astraflow.core.bus.url import parse_url, url_path
+    from astraflow.core.paths import expand
+
+    url = parse_url(expand(cfg.bus.url, out=url_path(out.resolve())))
+    return url.path if url.scheme == "embedded" else None
+
+
+def load_role(path: Any, overrides: list[str] | None, out: Path | None) -> tuple[Any, Path]:
+    """The config of a role (``load_config``) and its run directory (``run_dir``), which must
+    hold the run's embedded bus: a role joins a run, it never starts an empty one (a
+    forgotten ``--out`` used to join a new ``./bus.db`` and wait there forever). On Kafka
+    the directory only holds checkpoints and logs, and is made if missing."""
+    cfg = load_config(path, overrides)
+    d = run_dir(cfg, out)
+    bus = embedded_bus_file(cfg, d)
+    if bus is not None and not bus.exists():
+        from astraflow.core.bus.url import embedded_url
+
+        policies = " ".join(f"--policy {p}" for p in cfg.policies)
+        raise fail(f"no bus in the run directory {d} ({bus} does not exist): a role joins a "
+                   f"run, it does not start one. Start the run with `astraflow run {path} "
+                   f"--out {d}` (it creates the bus and topics), give the directory of a "
+                   f"running run with --out DIR, or create its topics with `astraflow topics "
+                   f"create --run {cfg.run} {policies} --bus {embedded_url(bus)}`")
+    return cfg, d
+
+
 def fail(message: str, code: int = 1) -> typer.Exit:
     """Print an error a person can act on (no traceback) and return the Exit to raise."""
     from rich.console import Console
 
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    # soft wrap: a path or a command in the message stays whole, to be copied
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}",
+                                               highlight=False)
     return typer.Exit(code)
 
 

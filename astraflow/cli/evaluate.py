@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from astraflow.cli.common import OutOption
+
 
 def evaluate(
     config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
@@ -16,8 +18,7 @@ def evaluate(
     team: Annotated[bool, typer.Option(
         "--team", help="Evaluate the solver_verifier team as a whole (every policy).")]
     = False,
-    out: Annotated[Path, typer.Option(help="Run directory ({out} in the config).")]
-    = Path("."),
+    out: OutOption = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a.b=c.")]
     = None,
     max_evals: Annotated[int | None, typer.Option(help="Stop after N evaluations.")] = None,
@@ -27,13 +28,13 @@ def evaluate(
     """Follow weights.<policy> (with --team: of every team policy); for each version reached,
     decode the held-out problems greedily and report on the metrics topic (eval_accuracy;
     with --team system_accuracy). SIGTERM stops it."""
-    from astraflow.cli.common import load_config, role_run
+    from astraflow.cli.common import load_role, role_run
     from astraflow.core.errors import ConfigError
     from astraflow.core.metrics import MetricsEmitter, component_id
     from astraflow.run.resources import open_bus
     from astraflow.run.roles import build_evaluator, build_team_evaluator
 
-    cfg = load_config(config, overrides)
+    cfg, out = load_role(config, overrides, out)
     if team and policy is not None:
         raise ConfigError("give --policy NAME or --team, not both")
     name = "team" if team else policy or cfg.policies[0]

@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 
+from astraflow.cli.common import OutOption
+
 STAGES = ("pre_rollout", "post_rollout", "batch")
 
 
@@ -22,8 +24,7 @@ def policy(
     policy_name: Annotated[str | None, typer.Option(
         "--policy", help="batch stage: the policy to batch for (default: the primary).")]
     = None,
-    out: Annotated[Path, typer.Option(help="Run directory ({out} in the config).")]
-    = Path("."),
+    out: OutOption = None,
     overrides: Annotated[list[str] | None, typer.Option(
         "--set", help="Config override a.b=c (repeatable).")] = None,
     max_records: Annotated[int | None, typer.Option(
@@ -33,12 +34,12 @@ def policy(
 ) -> None:
     """Run one policy stage: consume, apply its chain of policies, produce, checkpoint and
     commit, until stopped (SIGTERM/SIGINT finish the current cycle first)."""
-    from astraflow.cli.common import fail, load_config, role_run
+    from astraflow.cli.common import fail, load_role, role_run
     from astraflow.run.roles import run_stage
 
     if stage not in STAGES:
         raise fail(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
-    cfg = load_config(config, overrides)
+    cfg, out = load_role(config, overrides, out)
     with role_run() as should_stop:
         counters = run_stage(cfg, stage, policy=policy_name, out=out,
                              max_records=max_records, timeout=timeout,

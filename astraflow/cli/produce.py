@@ -11,11 +11,12 @@ from typing import Annotated
 
 import typer
 
+from astraflow.cli.common import OutOption
+
 
 def produce(
     config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
-    out: Annotated[Path, typer.Option(help="Run directory ({out} in the config).")]
-    = Path("."),
+    out: OutOption = None,
     overrides: Annotated[list[str] | None, typer.Option(
         "--set", help="Config override a.b=c (repeatable).")] = None,
     max_tasks: Annotated[int | None, typer.Option(help="Produce at most this many tasks.")]
@@ -24,10 +25,10 @@ def produce(
     """Read the configured dataset (JSONL, Parquet, or synthetic arithmetic) and produce one
     Task per row to `tasks.raw` (or `tasks`), n samples per task, one group id per (task,
     attempt). Re-running skips groups already on the topic."""
-    from astraflow.cli.common import load_config, role_run
+    from astraflow.cli.common import load_role, role_run
     from astraflow.run.roles import produce as run_produce
 
-    cfg = load_config(config, overrides)
+    cfg, out = load_role(config, overrides, out)
     with role_run() as should_stop:
         stats = run_produce(cfg, out, max_tasks=max_tasks, should_stop=should_stop)
     typer.echo(f"produced={stats.produced} skipped={stats.skipped} "

@@ -11,11 +11,12 @@ from typing import Annotated
 
 import typer
 
+from astraflow.cli.common import OutOption
+
 
 def rollout(
     config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
-    out: Annotated[Path, typer.Option(help="Run directory ({out} in the config).")]
-    = Path("."),
+    out: OutOption = None,
     overrides: Annotated[list[str] | None, typer.Option(
         "--set", help="Config override a.b=c (repeatable).")] = None,
     max_tasks: Annotated[int | None, typer.Option(
@@ -29,10 +30,10 @@ def rollout(
     """Run a rollout worker: join the `rollout` group on `tasks`, run episodes, produce
     trajectories. SIGTERM/SIGINT: stop taking tasks, finish or release in-flight ones, commit,
     leave the group, exit 0."""
-    from astraflow.cli.common import load_config, role_run
+    from astraflow.cli.common import load_role, role_run
     from astraflow.run.roles import run_worker
 
-    cfg = load_config(config, overrides)
+    cfg, out = load_role(config, overrides, out)
     with role_run() as should_stop:
         stats = run_worker(cfg, out, max_tasks=max_tasks, timeout=timeout,
                            should_stop=should_stop, worker_id=worker_id)

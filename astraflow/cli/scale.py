@@ -10,31 +10,32 @@ from typing import Annotated
 
 import typer
 
+from astraflow.cli.common import OutOption as OutOpt
+
 ConfigArg = Annotated[Path, typer.Argument(help="Experiment YAML file.")]
-OutOpt = Annotated[Path, typer.Option(help="Run directory ({out} in the config).")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Config override a.b=c "
                                                                 "(repeatable).")]
 TimeoutOpt = Annotated[float | None, typer.Option(help="Stop after this many seconds.")]
 
 
-def report(config: ConfigArg, out: OutOpt = Path("."), overrides: SetOpt = None,
+def report(config: ConfigArg, out: OutOpt = None, overrides: SetOpt = None,
            max_reports: Annotated[int | None, typer.Option(
                help="Write this many reports, then exit.")] = None,
            timeout: TimeoutOpt = None) -> None:
     """Run the reporter: read heartbeats on `metrics` and the run's lags, write a LoadReport
     to `reports` every scale.report_every_steps trainer steps (or scale.report_every_s
     seconds). SIGTERM/SIGINT: exit 0."""
-    from astraflow.cli.common import load_config, role_run
+    from astraflow.cli.common import load_role, role_run
     from astraflow.run.roles import run_reporter
 
-    cfg = load_config(config, overrides)
+    cfg, out = load_role(config, overrides, out)
     with role_run() as should_stop:
         sent = run_reporter(cfg, out, max_reports=max_reports, timeout=timeout,
                             should_stop=should_stop)
     typer.echo(f"reports={len(sent)}")
 
 
-def scale(config: ConfigArg, out: OutOpt = Path("."), overrides: SetOpt = None,
+def scale(config: ConfigArg, out: OutOpt = None, overrides: SetOpt = None,
           max_reports: Annotated[int | None, typer.Option(
               help="Handle this many reports, then exit.")] = None,
           timeout: TimeoutOpt = None) -> None:
@@ -43,10 +44,10 @@ def scale(config: ConfigArg, out: OutOpt = Path("."), overrides: SetOpt = None,
     processes here; command: a templated shell command). Every decision is logged to
     OUT/scaler.jsonl and the `metrics` topic. SIGTERM/SIGINT: stop the processes it started
     (they drain) and exit 0."""
-    from astraflow.cli.common import load_config, role_run
+    from astraflow.cli.common import load_role, role_run
     from astraflow.run.roles import run_scaler
 
-    cfg = load_config(config, overrides)
+    cfg, out = load_role(config, overrides, out)
     with role_run() as should_stop:
         decisions = run_scaler(cfg, config, out, max_reports=max_reports, timeout=timeout,
                                should_stop=should_stop)

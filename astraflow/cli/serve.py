@@ -12,11 +12,12 @@ from typing import Annotated
 
 import typer
 
+from astraflow.cli.common import OutOption
+
 
 def serve(
     config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
-    out: Annotated[Path, typer.Option(help="Run directory ({out} in the config).")]
-    = Path("."),
+    out: OutOption = None,
     policy: Annotated[str | None, typer.Option(
         help="Serve this policy only (default: gateway.policies, else the rollout workers').")]
     = None,
@@ -29,11 +30,11 @@ def serve(
     http://HOST:PORT/sessions/<episode>/v1, then POST /sessions/<episode>/reward and /end;
     the episode becomes Trajectory records on the run's `trajectories` topic. SIGTERM/SIGINT:
     finish the requests in flight, exit."""
-    from astraflow.cli.common import fail, load_config
+    from astraflow.cli.common import fail, load_role
     from astraflow.core.errors import AstraflowError
     from astraflow.run.roles import serve_gateway
 
-    cfg = load_config(config, overrides)
+    cfg, out = load_role(config, overrides, out)
     try:
         serve_gateway(cfg, out, policy=policy, host=host, port=port)
     except AstraflowError as e:

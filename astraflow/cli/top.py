@@ -8,11 +8,13 @@ from typing import Annotated
 
 import typer
 
+from astraflow.cli.common import OutOption
+
 
 def top(
     config: Annotated[Path | None, typer.Argument(help="Experiment YAML (for run and bus).")]
     = None,
-    out: Annotated[Path, typer.Option(help="Run directory ({out} in the bus URL).")] = Path("."),
+    out: OutOption = None,
     bus: Annotated[str | None, typer.Option(help="Bus URL (overrides the config's).")] = None,
     run: Annotated[str | None, typer.Option(help="Run name (overrides the config's).")] = None,
     once: Annotated[bool, typer.Option(help="Print one snapshot and exit.")] = False,
@@ -25,7 +27,7 @@ def top(
     from rich.console import Console
     from rich.live import Live
 
-    from astraflow.cli.common import with_env_bus
+    from astraflow.cli.common import embedded_bus_file, fail, run_dir, with_env_bus
     from astraflow.config import load_experiment
     from astraflow.run.collector import Collector
     from astraflow.run.lag import run_lags
@@ -38,6 +40,11 @@ def top(
     if run:
         overrides.append(f"run={run}")
     cfg = load_experiment(config, overrides)
+    out = run_dir(cfg, out)
+    file = embedded_bus_file(cfg, out)
+    if file is not None and not file.exists():  # a viewer creates nothing, a bus least of all
+        raise fail(f"no bus in the run directory {out} ({file} does not exist): give the "
+                   "directory of a run with --out DIR (default: runs/<run>)")
     b = open_bus(cfg, out, create_topics=False)  # a viewer creates nothing
     collector = Collector(b, cfg.run, policies=cfg.policies)
     console = Console()

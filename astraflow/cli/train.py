@@ -12,13 +12,14 @@ from typing import Annotated
 
 import typer
 
+from astraflow.cli.common import OutOption
+
 
 def train(
     config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
     policy: Annotated[str | None, typer.Option(
         "--policy", help="The policy to train (default: the first of `policies`).")] = None,
-    out: Annotated[Path, typer.Option(help="Run directory ({out} in the config).")]
-    = Path("."),
+    out: OutOption = None,
     overrides: Annotated[list[str] | None, typer.Option(
         "--set", help="Config override a.b=c (repeatable), e.g. trainer.optimizer.lr=1e-4.")]
     = None,
@@ -34,10 +35,10 @@ def train(
     Ctrl-C finish the current step, checkpoint, commit and exit 0."""
     import logging
 
-    from astraflow.cli.common import load_config, role_run
+    from astraflow.cli.common import load_role, role_run
     from astraflow.run.resources import open_bus
 
-    cfg = load_config(config, overrides)
+    cfg, out = load_role(config, overrides, out)
     name = policy or cfg.policies[0]
     if max_steps is not None:
         cfg.trainer.max_steps = max_steps

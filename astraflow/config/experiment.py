@@ -15,6 +15,7 @@ import pydantic
 from pydantic_core import InitErrorDetails
 
 from astraflow.config.checks import again, problems, refuse, trainer_error, unknown
+from astraflow.config.metrics import MetricsConfig
 from astraflow.config.sections import BusConfig, LaunchConfig
 from astraflow.consumers.rollout.config import RolloutConfig
 from astraflow.consumers.scaler.config import ScaleConfig
@@ -52,6 +53,7 @@ class ExperimentConfig(Section):
     launch: LaunchConfig = LaunchConfig()
     scale: ScaleConfig = ScaleConfig()
     gateway: GatewayConfig = GatewayConfig()
+    metrics: MetricsConfig = MetricsConfig()  # issue 38: metric sinks
 
     def model(self, policy: str) -> ModelConfig:
         """The model section of ``policy`` (the defaults when ``models`` does not name it)."""

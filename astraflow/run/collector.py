@@ -84,6 +84,8 @@ class Collector:
     policies: Sequence[str] = ()
     #: the task the evaluators measure (written on every evaluation line); None: not written
     task: str | None = None
+    #: where every line also goes (metrics.sinks, :mod:`astraflow.run.sinks`); closed by close()
+    sinks: Sequence[Any] = ()
     components: dict[str, ComponentState] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     lines: int = 0
@@ -129,7 +131,7 @@ class Collector:
             self.components[m.component] = ComponentState(m, time.time())
         else:
             st.prev, st.metric = st.metric, m
-        if self._fh is None:
+        if self._fh is None and not self.sinks:
             return
         step = m.gauges.get("step")
         if m.role == "trainer" and step is not None and step != self._last_step.get(m.component):
@@ -181,9 +183,15 @@ class Collector:
         return self.policies[0] if len(self.policies) == 1 else named
 
     def _write(self, obj: dict[str, Any], ts: float) -> None:
-        assert self._fh is not None
         line = {"time": ts, "elapsed": round(ts - self.started, 3), **obj}
-        self._fh.write(json.dumps(line) + "\n")
+        if self._fh is not None:
+            self._fh.write(json.dumps(line) + "\n")
+        if self.sinks:
+            from astraflow.run.sinks import scalars
+
+            step, values = scalars(line)
+            for sink in self.sinks:
+                sink.write(values, step, ts)
         self.lines += 1
 
     # -- summaries for the live view and the plots -------------------------------------------
@@ -222,19 +230,31 @@ class Collector:
         evs = self.by_role(TEAM_ROLE)
         return max(evs, key=lambda c: c.metric.ts) if evs else None
 
-    def write_summary(self) -> None:
-        """Append a rollout-throughput line (the supervisor calls this every few seconds)."""
-        if self._fh is None:
+    def write_summary(self, lags: dict[str, int] | None = None) -> None:
+        """Append a rollout line (the supervisor calls this every few seconds): throughput,
+        workers, episodes in flight, the oldest weight version in use and, given ``lags``
+        (label -> records), each group's bus lag as ``lag.<label>``."""
+        if self._fh is None and not self.sinks:
             return
         eps, tps = self.rollout_rates()
+        running = [c for c in self.by_role("rollout") if c.metric.status == "running"]
+        versions = [c.metric.gauges["weight_version"] for c in running
+                    if "weight_version" in c.metric.gauges]
         self._write({"source": "rollout", "step": self.trainer_step(),
                      "episodes_per_s": round(eps, 3), "gen_tokens_per_s": round(tps, 1),
-                     "rollout_workers": len([c for c in self.by_role("rollout")
-                                             if c.metric.status == "running"])}, time.time())
-        self._fh.flush()
+                     "rollout_workers": len(running),
+                     "inflight": sum(c.metric.gauges.get("inflight", 0) for c in running),
+                     **({"weight_version_min": min(versions)} if versions else {}),
+                     **{f"lag.{k.replace('→', '_to_')}": v for k, v in (lags or {}).items()}},
+                    time.time())
+        if self._fh is not None:
+            self._fh.flush()
 
     def close(self) -> None:
         self._reader.close()
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = ()
         if self._fh is not None:
             self._fh.close()
             self._fh = None

@@ -12,6 +12,7 @@ from typing import Any
 from astraflow.config import ExperimentConfig
 from astraflow.core.errors import AstraflowError, BusError, ConfigError
 from astraflow.core.topics import run_topics
+from astraflow.run import exits
 from astraflow.run.launch import (
     RL_CONFIG,
     export_model,
@@ -20,15 +21,37 @@ from astraflow.run.launch import (
     warmup_config,
     write_config,
 )
+from astraflow.run.progress import Ticker, rl_line
 from astraflow.run.resources import create_run_topics, model_dir, open_bus
+from astraflow.run.sinks import check_sinks
 from astraflow.run.supervisor import Supervisor
 
 
-def _prepare_out(out: Path, fresh: bool) -> None:
-    if out.exists() and fresh and any(out.iterdir()):
-        if not (out / "config.yaml").exists():
-            raise AstraflowError(f"{out} exists and is not an AstraFlow run directory; choose "
-                                 "another --out or remove it")
+def check_out(out: Path, *, fresh: bool, resume: bool) -> None:
+    """Refuse what `astraflow run` must not do to ``out``: delete it unasked (an existing,
+    non-empty directory needs ``--fresh`` or ``--resume``), delete a directory that is not a
+    run's, or resume one that is not a run's."""
+    if fresh and resume:
+        raise AstraflowError("--fresh and --resume: give one (--fresh deletes the run "
+                             "directory, --resume continues the run in it)")
+    used = out.exists() and any(out.iterdir())
+    is_run = (out / "config.yaml").exists()
+    if used and not is_run and (fresh or resume):
+        raise AstraflowError(f"{out} exists and is not an AstraFlow run directory (no "
+                             "config.yaml); choose another --out or remove it")
+    if used and not (fresh or resume):
+        raise AstraflowError(
+            f"the run directory {out} exists: nothing was started. Give --fresh to delete it "
+            "and start over, --resume to continue that run (its topics and consumer offsets, "
+            "the warm-up it finished, each trainer's newest checkpoint), or another --out")
+    if resume and not used:
+        raise AstraflowError(f"--resume: {out} holds no run to continue; start one without "
+                             "--resume")
+
+
+def _prepare_out(out: Path, *, fresh: bool, resume: bool) -> None:
+    check_out(out, fresh=fresh, resume=resume)
+    if fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -59,7 +82,7 @@ def _check_unused(config: ExperimentConfig, bus: Any) -> None:
         raise AstraflowError(
             f"run {config.run!r} already has topics on {config.bus.url} ({', '.join(used[:3])}"
             f"{', ...' if len(used) > 3 else ''}): a fresh run needs fresh topics. Choose "
-            f"another name with --set run=NAME, or continue that run with --no-fresh and its "
+            f"another name with --set run=NAME, or continue that run with --resume and its "
             "run directory")
 
 
@@ -77,26 +100,33 @@ def _stop_on_signals() -> None:
 
 
 def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
-                   fresh: bool = True, warmup_only: bool = False) -> int:
+                   fresh: bool = False, resume: bool = False, warmup_only: bool = False,
+                   progress: bool = False) -> int:
     """The whole run; with ``warmup_only``, the warm-up alone: its models, ``warmup.json``,
     ``config-rl.yaml`` (what RL would start from: ``astraflow run --warm``) and
-    ``summary.json``. The exit code: 0, or 1 when a role failed or the warm-up missed."""
+    ``summary.json``. ``fresh`` deletes an existing run directory first, ``resume``
+    continues the run in it; with neither, an existing one is refused (:func:`check_out`).
+    ``progress``: a plain line every ``launch.progress_every_s`` (:mod:`astraflow.run.progress`).
+    The exit code (:mod:`astraflow.run.exits`): 0; 3 when a role failed for good; 1 when
+    the warm-up missed its band."""
     from rich.console import Console
 
     if warmup_only and config.launch.warmup.steps <= 0:
         raise ConfigError("--warmup-only: launch.warmup.steps is 0, so this config has no "
                           "warm-up to run")
+    check_sinks(config.metrics.sinks)  # a missing package is said before anything starts
     _stop_on_signals()
     console = Console()
     out = out.resolve()
-    _prepare_out(out, fresh)
+    _prepare_out(out, fresh=fresh, resume=resume)
+    ticker = Ticker(config.launch.progress_every_s if progress else None)
     write_config(config, out / "config.yaml")
     with console.status("building models") as st:
         for p in config.policies:
             st.update(f"model of policy {p}")
             model_dir(config, p, out)
     bus = _connect(config, out)
-    if fresh:
+    if not resume:
         _check_unused(config, bus)
     create_run_topics(config, bus)
     sup = Supervisor(out, max_restarts=config.launch.max_restarts,
@@ -105,12 +135,13 @@ def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
     try:
         rl = config
         if config.launch.warmup.steps > 0:
-            rl = _warmup(config, out, bus, sup, console, fresh=fresh)
+            rl = _warmup(config, out, bus, sup, console, resume=resume, ticker=ticker)
             if rl is None:
-                return 1
+                return exits.run_code(sup.failed) or exits.ERROR
         if warmup_only:
             return _warmup_only_done(rl, out, console)
-        code = _rl_phase(rl, out, bus, sup, console, live=live, started=time.time())
+        code = _rl_phase(rl, out, bus, sup, console, live=live, started=time.time(),
+                         ticker=ticker)
     except BaseException:
         sup.stop()  # an interrupted warm-up, or an error: no role is left running unattended
         raise
@@ -120,15 +151,15 @@ def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
 
 
 def _warmup(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, console: Any,
-            *, fresh: bool) -> ExperimentConfig | None:
-    """The SFT warm-up (astraflow.run.warmup); a continued run reuses the one it finished."""
+            *, resume: bool, ticker: Ticker) -> ExperimentConfig | None:
+    """The SFT warm-up (astraflow.run.warmup); a resumed run reuses the one it finished."""
     from astraflow.run.warmup import reuse, run_warmup
 
-    done = None if fresh else reuse(config, out)
+    done = reuse(config, out) if resume else None
     if done is not None:
         console.print(f"warm-up already done: RL starts from {out / 'models'}")
         return done
-    return run_warmup(config, out, bus, sup, console)
+    return run_warmup(config, out, bus, sup, console, ticker)
 
 
 def _warmup_only_done(rl: ExperimentConfig, out: Path, console: Any) -> int:
@@ -153,7 +184,7 @@ def _landing(w: dict[str, Any]) -> str:
 
 
 def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, console: Any,
-              *, live: bool, started: float) -> int:
+              *, live: bool, started: float, ticker: Ticker) -> int:
     from rich.live import Live
 
     from astraflow.run.accounting import account
@@ -166,7 +197,7 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
     from astraflow.producers import task_name
 
     col = Collector(bus, config.run, jsonl=out / "metrics.jsonl", policies=config.policies,
-                    task=task_name(config.producer))
+                    task=task_name(config.producer), sinks=_sinks(config, out))
     sup.start(rl_roles(config, path, out))
     scaler = _scaler(config, bus, sup, path, out)
     timeout = config.launch.timeout_s
@@ -185,8 +216,9 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
                 if scaler is not None:
                     scaler.run(None, 0.05)
                 col.poll(0.3)
+                ticker.tick(lambda: rl_line(col, config, run_lags(bus, config), started))
                 if time.monotonic() - last_summary > 5:
-                    col.write_summary()
+                    col.write_summary(run_lags(bus, config))
                     last_summary = time.monotonic()
                     view.update(frame())
                 if not alive:
@@ -216,10 +248,24 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
         scaler.close()
     codes = sup.stop()
     col.poll(1.0)
-    col.write_summary()
+    col.write_summary(run_lags(bus, config))
+    ticker.tick(lambda: rl_line(col, config, run_lags(bus, config), started), force=True)
     col.close()
     return _finish(config, out, bus, sup, console, codes, interrupted, account, plot_run,
                    summary)
+
+
+def _sinks(config: ExperimentConfig, out: Path) -> list[Any]:
+    """The run's metric sinks (``metrics.sinks``), given the run's name and redacted config."""
+    if not config.metrics.sinks:
+        return []
+    import yaml
+
+    from astraflow.core.config import dump_split
+    from astraflow.run.sinks import build_sinks
+
+    return build_sinks(config.metrics.sinks, out=out, run=config.run,
+                       config=yaml.safe_load(dump_split(config)[0]), options=config.metrics)
 
 
 def _scaler(config: ExperimentConfig, bus: Any, sup: Supervisor, path: Path,
@@ -380,7 +426,7 @@ def _finish(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, cons
     console.print(table)
     console.print(f"run directory: {out}  (metrics.jsonl, logs/, plots/ {len(plots)} PNG, "
                   f"final/, summary.json)")
-    return 1 if sup.failed else 0
+    return exits.run_code(sup.failed)
 
 
 class _Null:

@@ -46,6 +46,7 @@ from astraflow.run.launch import (
     warmup_config,
     write_config,
 )
+from astraflow.run.progress import Ticker, warmup_line
 from astraflow.run.resources import create_run_topics, model_dir
 from astraflow.run.supervisor import RoleSpec, Supervisor
 from astraflow.run.warmup_checks import BandWatch, Check, CheckpointWatch, HeldOutProbe
@@ -74,16 +75,17 @@ class PolicyWarmup:
 
 
 def run_warmup(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor,
-               console: Any) -> ExperimentConfig | None:
+               console: Any, ticker: Ticker | None = None) -> ExperimentConfig | None:
     """Run the warm-up; the RL phase's config (each policy's model: the warm-up's result),
-    or None when it failed (the reason is printed)."""
+    or None when it failed (the reason is printed). ``ticker``: progress lines for a log."""
     started = time.time()
+    ticker = ticker or Ticker(None)
     warm = warmup_config(config)
     path = write_config(warm, out / "config-warmup.yaml")
     create_run_topics(warm, bus)
     w = config.launch.warmup
     if all(w.band(p) is None for p in config.policies):
-        return _fixed(config, warm, path, out, bus, sup, console, started)
+        return _fixed(config, warm, path, out, bus, sup, console, started, ticker)
     if any(w.band(p) is None for p in config.policies):
         raise ConfigError("launch.warmup: give every policy a target_accuracy (shared or "
                           "under launch.warmup.policies.<policy>) or none")
@@ -102,7 +104,7 @@ def run_warmup(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor,
             for p in todo:
                 produce_demonstrations(config, warm, p, out, bus)
         sup.start([_trainer_role(config, path, out, p) for p in todo])
-        _follow(config, runs, sup, console)
+        _follow(config, runs, sup, console, ticker, started)
         sup.stop([f"warmup-{p}" for p in todo])
     for r in runs.values():
         if r.outcome is None:  # its trainer failed
@@ -136,7 +138,7 @@ def _measure(r: PolicyWarmup, step: int, weights: Path | None) -> Check:
 
 
 def _follow(config: ExperimentConfig, runs: dict[str, PolicyWarmup], sup: Supervisor,
-            console: Any) -> None:
+            console: Any, ticker: Ticker, started: float) -> None:
     """Measure every new checkpoint until each policy landed in the band or its trainer is
     done; stop a trainer as soon as its policy landed."""
     from rich.progress import Progress
@@ -146,6 +148,10 @@ def _follow(config: ExperimentConfig, runs: dict[str, PolicyWarmup], sup: Superv
         bars = {p: progress.add_task(_label(p, r), total=config.launch.warmup.steps_of(p))
                 for p, r in pending.items()}
         while pending:
+            ticker.tick(lambda: warmup_line(started, [
+                (p, r.checkpoints.seen, config.launch.warmup.steps_of(p),
+                 r.watch.checks[-1].accuracy if r.watch.checks else None)
+                for p, r in runs.items()]))
             sup.check()  # restarts a dead trainer by the launch rules
             if sup.failed:
                 return
@@ -264,7 +270,8 @@ def _start_from(config: ExperimentConfig, runs: dict[str, PolicyWarmup], out: Pa
 
 
 def _fixed(config: ExperimentConfig, warm: ExperimentConfig, path: Path, out: Path, bus: Any,
-           sup: Supervisor, console: Any, started: float) -> ExperimentConfig | None:
+           sup: Supervisor, console: Any, started: float,
+           ticker: Ticker) -> ExperimentConfig | None:
     """``target_accuracy: null``: exactly ``steps`` SFT steps, RL from the last."""
     from rich.progress import Progress
 
@@ -275,12 +282,15 @@ def _fixed(config: ExperimentConfig, warm: ExperimentConfig, path: Path, out: Pa
         for p in config.policies:
             produce_demonstrations(config, warm, p, out, bus)
     sup.start([_trainer_role(config, path, out, p) for p in config.policies])
-    col = Collector(bus, warm.run)
+    col = Collector(bus, warm.run, policies=config.policies)
     with Progress(console=console) as progress:
         task = progress.add_task("SFT warm-up", total=steps)
         while sup.check():
             col.poll(0.5)
             progress.update(task, completed=col.trainer_step())
+            ticker.tick(lambda: warmup_line(started, [
+                (p, col.trainer_step(p), config.launch.warmup.steps_of(p), None)
+                for p in config.policies]))
         progress.update(task, completed=col.trainer_step())
     col.close()
     if sup.failed:
@@ -351,7 +361,7 @@ def from_warm(config: ExperimentConfig, run_dir: Path) -> ExperimentConfig:
 
 
 def reuse(config: ExperimentConfig, out: Path) -> ExperimentConfig | None:
-    """A continued run (``--no-fresh``) whose warm-up already ended: the RL config it chose
+    """A resumed run (``--resume``) whose warm-up already ended: the RL config it chose
     (its ``warmup.json`` and exported models), or None to run the warm-up."""
     try:
         result = json.loads((out / RESULT).read_text())

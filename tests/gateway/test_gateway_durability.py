@@ -80,6 +80,8 @@ def test_sigkilled_serve_loses_no_answered_call(ascii_dir: Path, ascii_engine: A
         "rollout": {"engine": {"threads": 1, "max_new_tokens": 6}},
         "gateway": {"port": port}}))
     out = tmp_path / "run"
+    out.mkdir()
+    connect(f"embedded://{out}/bus.db").close()  # the run's bus: a role joins one, never makes it
     env = {**os.environ, "ASTRAFLOW_LOG_LEVEL": "WARNING"}
     proc = subprocess.Popen([sys.executable, "-m", "astraflow.cli.app", "serve", str(config),
                              "--out", str(out)], env=env, stdout=subprocess.PIPE,

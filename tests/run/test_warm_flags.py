@@ -95,10 +95,10 @@ def test_the_cli_refuses_bad_combinations(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["run", str(QUICKSTART), "--warm", str(run), "--warmup-only",
                                  "--out", str(tmp_path / "out"), "--no-live"])
     assert r.exit_code == 1 and "--warm and --warmup-only: give one" in said(r)
-    # a fresh run deletes its directory first: the warm models must not lie in it
+    # --fresh deletes the run directory first: the warm models must not lie in it
     r = CliRunner().invoke(app, ["run", str(QUICKSTART), "--warm", str(run), "--out",
-                                 str(tmp_path), "--no-live"])
-    assert r.exit_code == 1 and "which a fresh run deletes first" in said(r)
+                                 str(tmp_path), "--no-live", "--fresh"])
+    assert r.exit_code == 1 and "which --fresh deletes first" in said(r)
     assert (run / RL_CONFIG).exists()
     r = CliRunner().invoke(app, ["run", str(QUICKSTART), "--warmup-only", "--set",
                                  "launch.warmup.steps=0", "--out", str(tmp_path / "out"),
