@@ -6,7 +6,7 @@
 Builds the engine as the trainer does (:func:`build_engine`), takes ``--steps`` RL steps on
 ``random_batch(0..steps-1)`` and writes (rank 0) ``OUT/result.json`` (per-step loss and grad
 norm, each rank's local parameter count) and ``OUT/params.safetensors`` (the whole weights
-after the last step). ``--save`` / ``--load`` checkpoint through :class:`CheckpointDir`.
+after the last step) and ``OUT/optim.safetensors`` (the whole AdamW state by parameter name). ``--save`` / ``--load`` checkpoint through :class:`CheckpointDir`.
 """
 
 from __future__ import annotations
@@ -63,6 +63,12 @@ def main() -> None:
         CheckpointDir(args.save, run="r", policy="default").save(
             engine.model, engine.optimizer, TrainerState(version=version))
     full = engine.state_tensors()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    osd = get_optimizer_state_dict(engine.model, engine.optimizer,
+                                   options=StateDictOptions(full_state_dict=True))
+    optim = {f"{name}.{key}": v.detach().to("cpu", copy=True).reshape(-1)
+             for name, st in osd["state"].items() for key, v in st.items()}
     numel = torch.tensor([local_numel(engine.model)])
     if engine.world > 1:
         import torch.distributed as dist
@@ -76,6 +82,7 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in full.items()},
                   str(out / "params.safetensors"))
+        save_file(optim, str(out / "optim.safetensors"))
         total = sum(v.numel() for k, v in engine.model.named_parameters())
         (out / "result.json").write_text(json.dumps({
             "steps": rows, "world": engine.world, "local_numel": [int(n) for n in numels],
