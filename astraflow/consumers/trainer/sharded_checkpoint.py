@@ -146,3 +146,19 @@ def load_full(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
               for g in opt_meta["param_groups"]]
     set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups},
                              options=full)
+
+
+def full_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The whole model weights of the DCP checkpoint at ``path``, by state-dict name, read
+    without a model or a process group (to export a sharded checkpoint as safetensors)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = _reader(path)
+    metadata = reader.read_metadata()
+    state = {key: torch.empty(md.size, dtype=md.properties.dtype)
+             for key, md in metadata.state_dict_metadata.items()
+             if key.startswith("model.") and isinstance(md, TensorStorageMetadata)}
+    nested: dict[str, Any] = {"model": {k[len("model."):]: v for k, v in state.items()}}
+    dcp.load(nested, storage_reader=_reader(path), no_dist=True)
+    return nested["model"]
