@@ -43,6 +43,7 @@ def rank_pid(gang: int, rank: int) -> int | None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the session's warm-up (~1-5 min on a shared host) and the run
 def test_fsdp_trainer_survives_a_killed_rank(tmp_path: Path, quickstart_warmup: Path) -> None:
     out = tmp_path / "run"
     args = ["run", str(QUICKSTART), "--out", str(out), "--no-live", "--warm",
