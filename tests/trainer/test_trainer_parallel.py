@@ -119,6 +119,16 @@ def test_two_ranks_match_one(parallel: str, name: str, models: dict[str, Path],
         assert two["local_numel"] == [total, total]
 
 
+def test_fsdp_sft_matches_one(tiny_dir: Path, tmp_path: Path) -> None:
+    """SFT steps (model in train mode, token-mean NLL) under fsdp: the same as one process."""
+    one = run_worker(tiny_dir, tmp_path / "one", extra=("--mode", "sft"))
+    two = run_worker(tiny_dir, tmp_path / "two", ranks=2, parallel="fsdp",
+                     extra=("--mode", "sft"))
+    start = load_file(str(tiny_dir / "model.safetensors"))
+    one["start"] = {k: start.get(k, start["model.embed_tokens.weight"]) for k in one["params"]}
+    assert_same(one, two)
+
+
 def test_fsdp_rank_without_micro_batches(tiny_dir: Path, tmp_path: Path) -> None:
     """One micro-batch per step (a large token budget): rank 1 has none and runs a filler
     forward/backward so that the collectives match; the result is still one process's."""
