@@ -76,3 +76,24 @@ def test_fsdp_trainer_survives_a_killed_rank(tmp_path: Path, quickstart_warmup: 
     assert len(rewards) == STEPS
     print(f"train reward: first 10 steps {sum(rewards[:10]) / 10:.3f}, "
           f"last 10 {sum(rewards[-10:]) / 10:.3f}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the session's warm-up and 150 steps (~7 min here, alone)
+def test_fsdp_quickstart_learns(tmp_path: Path, quickstart_warmup: Path) -> None:
+    """The quickstart's reduced budget (150 RL steps) with 2 fsdp trainer ranks passes the
+    one-process run's learning check (test_quickstart_e2e.learned: train reward up by 0.02,
+    held-out accuracy not collapsed) with every trajectory accounted for."""
+    from test_quickstart_e2e import BUDGET, STEPS, learned
+
+    out = tmp_path / "run"
+    sets = [*BUDGET, "trainer.parallel=fsdp", "launch.trainer_ranks=2",
+            "launch.timeout_s=900"]
+    args = ["run", str(QUICKSTART), "--out", str(out), "--no-live", "--warm",
+            str(quickstart_warmup), *[a for s in sets for a in ("--set", s)]]
+    with launched(args, out) as (proc, log):
+        proc.wait(1500)
+    summary = check_finished(out, proc.returncode, log.read_text(), steps=STEPS,
+                             per_step=64 * 8)
+    assert summary["roles"]["trainer-default"]["restarts"] == 0
+    learned(out, quickstart_warmup)
