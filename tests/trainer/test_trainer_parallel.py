@@ -138,3 +138,31 @@ def test_fsdp_rank_without_micro_batches(tiny_dir: Path, tmp_path: Path) -> None
     start = load_file(str(tiny_dir / "model.safetensors"))
     one["start"] = {k: start.get(k, start["model.embed_tokens.weight"]) for k in one["params"]}
     assert_same(one, two)
+
+
+def test_activation_checkpointing_changes_nothing(tiny_dir: Path) -> None:
+    """fsdp (one rank) with each block's activations recomputed in the backward: the same
+    losses and weights, bit for bit, as without."""
+    import torch.distributed as dist
+    from trainer_helpers import random_batch
+
+    from astraflow.consumers.trainer.build import build_engine
+    from astraflow.consumers.trainer.config import TrainerConfig
+    from astraflow.consumers.trainer.rl import rl_step
+
+    results = []
+    try:
+        for ac in (False, True):
+            tc = TrainerConfig.model_validate({
+                "parallel": "fsdp", "micro_batch_tokens": 30, "optimizer": {"lr": 1e-3},
+                "fsdp": {"activation_checkpointing": ac}})
+            engine = build_engine(tc, tiny_dir)
+            losses = [rl_step(engine, random_batch(k, groups=5, group_size=4), k)["loss"]
+                      for k in range(2)]
+            results.append((losses, engine.state_tensors()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    (la, wa), (lb, wb) = results
+    assert la == lb
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
