@@ -3,6 +3,8 @@ bus, and what the model learns.
 
     python bench/trainer.py            # about a minute on 2 cores
     python bench/trainer.py --quick    # fewer repeats
+    python bench/trainer.py --parallel fsdp --ranks 2   # sharded vs 1 process (see
+                                                        # bench/trainer_parallel.py)
 
 1. **Step cost.** A quickstart-sized RL batch (64 prompts × 8 samples, 7 prompt + 4 completion
    tokens, half the groups with all-equal rewards) through :func:`rl_step`, with and without
@@ -184,7 +186,19 @@ def part3(model_dir: Path, tmp: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--parallel", choices=["ddp", "fsdp"],
+                    help="compare N ranks of this kind with one process instead")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps (--parallel)")
+    ap.add_argument("--hidden", type=int, default=256, help="model width (--parallel)")
+    ap.add_argument("--layers", type=int, default=4, help="model depth (--parallel)")
     args = ap.parse_args()
+    if args.parallel:
+        from trainer_parallel import compare
+
+        compare(args.parallel, args.ranks, steps=args.steps, hidden=args.hidden,
+                layers=args.layers)
+        return
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

@@ -120,6 +120,10 @@ class LaunchConfig(Section):
     """How `astraflow run` lays the roles out on this host."""
 
     rollout_workers: int = pydantic.Field(2, ge=1, description="rollout processes")
+    trainer_ranks: int = pydantic.Field(
+        1, ge=1, description="processes per policy's trainer (one rank each, one process "
+        "group: trainer.parallel says how they split the work); they run as a gang that "
+        "restarts as a whole, from the last checkpoint, when any rank dies")
     rollout_speeds: list[float] | None = pydantic.Field(
         None, description="per rollout process, its rollout.engine.speed (one per worker, "
         "in (0, 1]), e.g. [1.0, 0.6, 0.3]: workers standing in for GPUs of different speeds; "

@@ -9,6 +9,7 @@ from typing import Any
 
 from astraflow.config import ExperimentConfig
 from astraflow.core.config import dump_split
+from astraflow.core.gang import gang_argv
 from astraflow.core.launcher import cli
 from astraflow.core.secrets import keep_secrets
 from astraflow.run.scaling import initial_workers
@@ -66,7 +67,9 @@ def rl_roles(config: ExperimentConfig, cfg_path: Path, out: Path) -> list[RoleSp
         roles.append(RoleSpec(f"policy-batch-{p}",
                               cli("policy", c, "batch", "--policy", p, "--out", o),
                               restart=restart, env=env))
-        roles.append(RoleSpec(f"trainer-{p}", cli("train", c, "--policy", p, "--out", o),
+        train = cli("train", c, "--policy", p, "--out", o)
+        ranks = config.launch.trainer_ranks
+        roles.append(RoleSpec(f"trainer-{p}", gang_argv(ranks, train) if ranks > 1 else train,
                               restart=restart, terminal=True, env=env))
         if config.launch.evaluate:
             roles.append(RoleSpec(f"evaluator-{p}", cli("evaluate", c, "--policy", p, "--out", o),
@@ -90,7 +93,9 @@ def warmup_config(config: ExperimentConfig) -> ExperimentConfig:
     data = config.model_dump()
     data["run"] = f"{config.run}-warmup"
     t = data["trainer"]
-    t.update(mode="sft", max_steps=w.steps, checkpoint_every=w.steps, grad_clip=w.grad_clip,
+    # one process, single-file checkpoints: the warm-up's checks read each checkpoint's
+    # model.safetensors (run/warmup_checks.py)
+    t.update(mode="sft", parallel="ddp", max_steps=w.steps, checkpoint_every=w.steps, grad_clip=w.grad_clip,
              checkpoint_dir="{out}/checkpoints/warmup-{policy}", publish_initial=False)
     banded = any(w.band(p) is not None for p in config.policies)
     if banded:
@@ -229,7 +234,14 @@ def export_model(checkpoint: Path, base_model: Path, dest: Path) -> Path:
     for f in base_model.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
             shutil.copy2(f, tmp / f.name)
-    shutil.copy2(checkpoint / "model.safetensors", tmp / "model.safetensors")
+    if (checkpoint / "model.safetensors").exists():
+        shutil.copy2(checkpoint / "model.safetensors", tmp / "model.safetensors")
+    else:  # a sharded (fsdp) checkpoint: its whole weights
+        from safetensors.torch import save_file
+
+        from astraflow.consumers.trainer.sharded_checkpoint import full_weights
+
+        save_file(full_weights(checkpoint / "dcp"), str(tmp / "model.safetensors"))
     if dest.exists():
         shutil.rmtree(dest)
     tmp.rename(dest)

@@ -51,3 +51,47 @@ def test_rl_steps_on_cuda(experiment: Any, tmp_path: Path, precision: str) -> No
     again.setup()
     assert again.version == 3 and next(again.engine.model.parameters()).is_cuda
     again.close()
+
+
+@pytest.mark.parametrize("device", [
+    pytest.param("cpu", marks=pytest.mark.slow),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA device")])])
+def test_fsdp_bf16_steps(experiment: Any, tmp_path: Path, device: str) -> None:
+    """FSDP2 on one device (world size 1) with bf16 params and fp32 reduce: 2 steps, weights
+    published (gathered), a sharded checkpoint written and resumed."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    cfg = experiment(trainer={"device": device, "parallel": "fsdp", "max_steps": 2,
+                              "checkpoint_every": 2,
+                              "fsdp": {"param_dtype": "bf16", "reduce_dtype": "fp32"}})
+    bus = open_bus(cfg, tmp_path)
+    produce(bus, cfg.run, [random_batch(s) for s in range(2)])
+    publisher = Publisher(bus, run=cfg.run, policy="default",
+                          store=FileStore(tmp_path / "weights"))
+    try:
+        trainer = build_trainer(cfg, "default", tmp_path, bus=bus, publisher=publisher)
+        p = next(trainer.engine.model.parameters())
+        assert isinstance(p, DTensor) and p.device.type == device
+        assert p.dtype == torch.float32  # the sharded master weights
+        stats = trainer.run(timeout=120)
+        trainer.close()
+        publisher.close()
+        assert stats.version == 2
+        rows = [json.loads(x)
+                for x in (tmp_path / "trainer-default.jsonl").read_text().splitlines()]
+        steps = [r for r in rows if "step" in r]
+        assert len(steps) == 2 and all(math.isfinite(r["loss"]) and r["nonfinite_grad"] == 0
+                                       for r in steps)
+        meta = json.loads((tmp_path / "checkpoints/trainer-default/step-0000000002/meta.json"
+                           ).read_text())
+        assert meta["layout"] == "dcp"
+        again = build_trainer(cfg, "default", tmp_path, bus=bus)
+        again.setup()
+        assert again.version == 2
+        again.close()
+    finally:
+        bus.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,11 +1,13 @@
 """Fault tolerance of the real CLI process: a trainer SIGKILLed between checkpoints and
 restarted, then stopped with SIGTERM and restarted again, ends at bit-identical weights and
 optimizer state to an uninterrupted run on the same batches — no batch lost, none trained
-twice."""
+twice. Once as one process (ddp), once as 2 fsdp ranks in a gang (astraflow.core.gang, as
+`astraflow run` starts them; the signals go to the whole process group)."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -20,16 +22,17 @@ from safetensors.torch import load_file
 from trainer_helpers import produce, random_batch
 
 from astraflow.config import load_experiment
+from astraflow.core.gang import gang_argv
 from astraflow.core.records import WeightManifest, decode
 from astraflow.run.resources import open_bus
 
 FINAL = 8
 
 
-def write_config(out: Path, model: Path, run: str) -> Path:
+def write_config(out: Path, model: Path, run: str, parallel: str = "ddp") -> Path:
     body = {"run": run, "bus": {"url": "embedded://{out}/bus.db"},
             "models": {"default": {"path": str(model)}},
-            "trainer": {"checkpoint_every": 3, "max_steps": FINAL, "threads": 1,
+            "trainer": {"parallel": parallel, "checkpoint_every": 3, "max_steps": FINAL, "threads": 1,
                         "deterministic": True, "session_timeout_s": 1.0,
                         "poll_timeout_s": 0.1, "optimizer": {"lr": 1e-2},
                         "micro_batch_tokens": 40}}
@@ -38,10 +41,17 @@ def write_config(out: Path, model: Path, run: str) -> Path:
     return path
 
 
-def start(config: Path, out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "astraflow.cli.train", str(config),
-                             "--policy", "default", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def start(config: Path, out: Path, ranks: int = 1) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "astraflow.cli.train", str(config), "--policy", "default",
+            "--out", str(out)]
+    return subprocess.Popen(argv if ranks == 1 else gang_argv(ranks, argv),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def signal_all(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """``sig`` to the trainer's process group: the one process, or the gang and its ranks."""
+    os.killpg(proc.pid, sig)
 
 
 def log_rows(out: Path) -> list[dict[str, Any]]:
@@ -91,33 +101,47 @@ def published(bus: Any, run: str) -> dict[int, set[tuple[str, ...]]]:
     return out
 
 
-def tensors(out: Path, version: int) -> dict[str, torch.Tensor]:
+def tensors(out: Path, version: int, model_dir: Path) -> dict[str, torch.Tensor]:
     ckpt = out / "checkpoints" / "trainer-default" / f"step-{version:010d}"
-    return {**{f"model.{k}": v for k, v in load_file(ckpt / "model.safetensors").items()},
-            **{f"opt.{k}": v for k, v in load_file(ckpt / "optimizer.safetensors").items()}}
+    if (ckpt / "model.safetensors").exists():
+        return {**{f"model.{k}": v for k, v in load_file(ckpt / "model.safetensors").items()},
+                **{f"opt.{k}": v
+                   for k, v in load_file(ckpt / "optimizer.safetensors").items()}}
+    # a sharded checkpoint: its whole tensors, read into one unsharded model
+    from astraflow.consumers.trainer.sharded_checkpoint import load_shards
+    from astraflow.models.tiny import load
+
+    model, _ = load(model_dir)
+    opt = torch.optim.AdamW(model.parameters())
+    load_shards(model, opt, ckpt / "dcp")
+    sd = opt.state_dict()["state"]
+    return {**{f"model.{k}": v for k, v in model.state_dict().items()},
+            **{f"opt.{i}.{k}": v for i, st in sd.items() for k, v in st.items()}}
 
 
 @pytest.mark.slow
-def test_sigkill_and_sigterm_resume_bit_identical(tmp_path: Path, tiny_dir: Path) -> None:
+@pytest.mark.parametrize("ranks,parallel", [(1, "ddp"), (2, "fsdp")])
+def test_sigkill_and_sigterm_resume_bit_identical(tmp_path: Path, tiny_dir: Path, ranks: int,
+                                                  parallel: str) -> None:
     batches = [random_batch(s, groups=4, group_size=4) for s in range(FINAL)]
     runs = {}
     for name in ("straight", "killed"):
         out = tmp_path / name
         out.mkdir()
-        config = write_config(out, tiny_dir, run=name)
+        config = write_config(out, tiny_dir, run=name, parallel=parallel)
         cfg = load_experiment(config)
         runs[name] = (out, config, open_bus(cfg, out), cfg)
 
     out, config, bus, cfg = runs["straight"]
     produce(bus, cfg.run, batches)
-    finish(start(config, out))
+    finish(start(config, out, ranks))
 
     out, config, bus, cfg = runs["killed"]
     group, topic = f"af.{cfg.run}.trainer.default", f"af.{cfg.run}.batches.default"
     produce(bus, cfg.run, batches[:5])
-    proc = start(config, out)
+    proc = start(config, out, ranks)
     wait_for_step(proc, out, 5, starts=1)  # steps 4, 5 after the checkpoint at 3
-    proc.send_signal(signal.SIGKILL)
+    signal_all(proc, signal.SIGKILL)
     proc.wait()
     ckpts = out / "checkpoints" / "trainer-default"
     assert sorted(p.name for p in ckpts.iterdir() if p.name.startswith("step-")) == [
@@ -125,14 +149,14 @@ def test_sigkill_and_sigterm_resume_bit_identical(tmp_path: Path, tiny_dir: Path
     assert bus.committed(group, topic) == {0: 3}
 
     produce(bus, cfg.run, batches[5:7])
-    proc = start(config, out)
+    proc = start(config, out, ranks)
     wait_for_step(proc, out, 7, starts=2)
-    proc.send_signal(signal.SIGTERM)  # finish the step, checkpoint, commit, exit 0
+    signal_all(proc, signal.SIGTERM)  # finish the step, checkpoint, commit, exit 0
     finish(proc)
     assert bus.committed(group, topic) == {0: 7}
 
     produce(bus, cfg.run, batches[7:])
-    assert "version=8 steps=1" in finish(start(config, out))
+    assert "version=8 steps=1" in finish(start(config, out, ranks))
 
     rows = log_rows(out)
     starts = [i for i, r in enumerate(rows) if r.get("event") == "start"]
@@ -148,7 +172,7 @@ def test_sigkill_and_sigterm_resume_bit_identical(tmp_path: Path, tiny_dir: Path
     for v, seen in digests["killed"].items():
         assert seen == {next(iter(digests["straight"][v]))}, v
 
-    a, b = tensors(runs["straight"][0], FINAL), tensors(out, FINAL)
+    a, b = tensors(runs["straight"][0], FINAL, tiny_dir), tensors(out, FINAL, tiny_dir)
     assert a.keys() == b.keys()
     differing = [k for k in a if not torch.equal(a[k], b[k])]
     assert differing == []

@@ -90,6 +90,10 @@ def build_engine(tc: TrainerConfig, model_path: str | Path) -> Engine:
     accelerator = _device_settings(tc)
     device = accelerator.device
     model, pad_id = load_model(model_path, device)
+    if tc.parallel == "fsdp":  # before the optimizer: it must hold the shards
+        from astraflow.consumers.trainer.sharding import shard_model
+
+        shard_model(model, tc.fsdp, device)
     oc = tc.optimizer
     optimizer = torch.optim.AdamW(model.parameters(), lr=oc.lr, betas=tuple(oc.betas),
                                   weight_decay=oc.weight_decay, eps=oc.eps)
@@ -107,7 +111,7 @@ def build_engine(tc: TrainerConfig, model_path: str | Path) -> Engine:
         skip_zero=tc.skip_zero_advantage_groups, std_norm=tc.loss.std_norm,
         adv_eps=tc.loss.adv_eps, entropy_metric=tc.loss.entropy_metric, ref_model=ref,
         pad_id=pad_id, autocast=accelerator.autocast, rank=accelerator.process_index,
-        world=accelerator.num_processes)
+        world=accelerator.num_processes, parallel=tc.parallel)
 
 
 def step_function(mode: str) -> StepFn:

@@ -9,6 +9,20 @@ A checkpoint is a directory ``step-<version>`` under the checkpoint root::
                            recent batch ids, optimizer param groups and scalar state,
                            python/numpy RNG states, counters, sha256 of the three files
 
+Under ``trainer.parallel: fsdp`` (a sharded model) the tensors are a
+``torch.distributed.checkpoint`` directory instead (format 2, see :mod:`.sharded_checkpoint`)::
+
+    dcp/                   every rank's shards of the weights and the AdamW state, by
+                           parameter name (loadable at any world size), and DCP's .metadata
+    rng.safetensors        rank 0's generator states
+    meta.json              as above, with layout "dcp", the world size that wrote it and the
+                           sha256 of every file under dcp/
+
+Every rank writes its shards into the same temporary directory (rank 0's pid names it); rank
+0 then writes ``meta.json`` and renames. Either format loads into either kind of trainer: a
+single-file checkpoint into a sharded model (each rank keeps its shards of the whole tensors),
+a DCP one into an unsharded model (whole tensors, read without collectives).
+
 No pickle: tensors go through safetensors and everything else through JSON, so a checkpoint
 can be inspected (and safely read) by anything. It is written into ``.tmp-step-<v>-<pid>``,
 each file fsynced, ``meta.json`` last, then the directory is renamed into place and its parent
@@ -38,7 +52,8 @@ from astraflow.core.errors import AstraflowError
 
 log = logging.getLogger("astraflow.trainer.checkpoint")
 
-FORMAT = 1
+FORMAT = 1  # single-file safetensors
+FORMAT_DCP = 2  # torch.distributed.checkpoint shards (fsdp)
 _STEP = re.compile(r"^step-(\d{10})$")
 
 
@@ -54,6 +69,15 @@ class TrainerState:
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)  # topic -> part -> next
     recent: list[str] = field(default_factory=list)  # ids of the newest batches trained
     counters: dict[str, float] = field(default_factory=dict)
+
+
+def _comm_device() -> torch.device:
+    """Where small collective tensors live: the GPU under NCCL, else the CPU."""
+    import torch.distributed as dist
+
+    if torch.cuda.is_available() and "nccl" in str(dist.get_backend()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -152,28 +176,69 @@ class CheckpointDir:
 
     def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              state: TrainerState) -> Path:
-        """Write a checkpoint of ``state.version`` atomically; prune old ones."""
+        """Write a checkpoint of ``state.version`` atomically; prune old ones. A sharded
+        model's checkpoint is a collective: every rank calls this (only rank 0's ``state``
+        is written)."""
+        from astraflow.consumers.trainer.sharding import is_sharded
+
+        if is_sharded(model):
+            return self._save_sharded(model, optimizer, state)
         self.root.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         tmp = self.root / f".tmp-step-{state.version:010d}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         opt_tensors, opt_meta = _optimizer_parts(optimizer)
-        rng_tensors, rng_meta = _rng_parts()
         files = {"model.safetensors": _own(dict(model.state_dict())),
-                 "optimizer.safetensors": opt_tensors, "rng.safetensors": _own(rng_tensors)}
+                 "optimizer.safetensors": opt_tensors}
         digests = {}
         for name, tensors in files.items():
             save_file(tensors, str(tmp / name))
             _fsync_file(tmp / name)
             digests[name] = _sha256(tmp / name)
-        meta = {"format": FORMAT, "run": self.run, "policy": self.policy,
+        return self._finish(tmp, state, digests, {"format": FORMAT, "optimizer": opt_meta},
+                            started)
+
+    def _save_sharded(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                      state: TrainerState) -> Path:
+        import torch.distributed as dist
+
+        from astraflow.consumers.trainer.sharded_checkpoint import save_shards
+
+        started = time.monotonic()
+        rank, world = dist.get_rank(), dist.get_world_size()
+        pid = torch.tensor([os.getpid()], dtype=torch.int64, device=_comm_device())
+        dist.broadcast(pid, src=0)  # every rank writes into rank 0's temporary directory
+        tmp = self.root / f".tmp-step-{state.version:010d}-{int(pid.item())}"
+        if rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        dist.barrier()
+        save_shards(model, optimizer, tmp / "dcp")  # returns after .metadata is written
+        if rank != 0:
+            return self.path(state.version)
+        digests = {}
+        for file in sorted((tmp / "dcp").iterdir()):
+            _fsync_file(file)
+            digests[f"dcp/{file.name}"] = _sha256(file)
+        _fsync_dir(tmp / "dcp")
+        return self._finish(tmp, state, digests,
+                            {"format": FORMAT_DCP, "layout": "dcp", "world": world}, started)
+
+    def _finish(self, tmp: Path, state: TrainerState, digests: dict[str, str],
+                extra: dict[str, Any], started: float) -> Path:
+        """RNG file, meta.json, rename into place, prune (rank 0)."""
+        rng_tensors, rng_meta = _rng_parts()
+        save_file(_own(rng_tensors), str(tmp / "rng.safetensors"))
+        _fsync_file(tmp / "rng.safetensors")
+        digests["rng.safetensors"] = _sha256(tmp / "rng.safetensors")
+        meta = {**extra, "run": self.run, "policy": self.policy,
                 "version": state.version,
                 "offsets": {t: {str(p): o for p, o in parts.items()}
                             for t, parts in state.offsets.items()},
                 "recent": list(state.recent), "counters": dict(state.counters),
-                "optimizer": opt_meta, "rng": rng_meta, "files": digests,
-                "created_at": time.time()}
+                "rng": rng_meta, "files": digests, "created_at": time.time()}
         with open(tmp / "meta.json", "w") as f:
             json.dump(meta, f)
             f.flush()
@@ -205,9 +270,9 @@ class CheckpointDir:
             meta = json.loads((path / "meta.json").read_text())
         except (OSError, ValueError) as e:
             raise CheckpointError(f"checkpoint {path}: meta.json unreadable ({e})") from None
-        if meta.get("format") != FORMAT:
+        if meta.get("format") not in (FORMAT, FORMAT_DCP):
             raise CheckpointError(f"checkpoint {path} has format {meta.get('format')}; this "
-                                  f"build reads {FORMAT}")
+                                  f"build reads {FORMAT} and {FORMAT_DCP}")
         for name, digest in meta["files"].items():
             if not (path / name).is_file() or _sha256(path / name) != digest:
                 raise CheckpointError(f"checkpoint {path}: {name} is missing or damaged")
@@ -231,15 +296,7 @@ class CheckpointDir:
                     raise
                 log.warning("skipping damaged checkpoint: %s", e)
                 continue
-            weights = load_file(str(path / "model.safetensors"))
-            missing, unexpected = model.load_state_dict(weights, strict=False)
-            if missing or unexpected:
-                raise CheckpointError(f"checkpoint {path} does not fit the model: missing "
-                                      f"{missing[:5]}, unexpected {unexpected[:5]}")
-            # load_state_dict moves each state tensor to its parameter's device (and keeps
-            # AdamW's step counters where torch wants them)
-            _load_optimizer(optimizer, load_file(str(path / "optimizer.safetensors")),
-                            meta["optimizer"])
+            self._load_tensors(path, meta, model, optimizer)
             _load_rng(load_file(str(path / "rng.safetensors")), meta["rng"])
             log.info("resumed policy=%s version=%d from %s", self.policy, version, path)
             return TrainerState(
@@ -248,3 +305,30 @@ class CheckpointDir:
                          for t, parts in meta["offsets"].items()},
                 recent=list(meta["recent"]), counters=dict(meta.get("counters", {})))
         return None
+
+    def _load_tensors(self, path: Path, meta: dict[str, Any], model: torch.nn.Module,
+                      optimizer: torch.optim.Optimizer) -> None:
+        from astraflow.consumers.trainer import sharded_checkpoint as sc
+        from astraflow.consumers.trainer.sharding import is_sharded
+
+        if meta.get("layout") == "dcp":
+            sc.load_shards(model, optimizer, path / "dcp")
+            return
+        weights = load_file(str(path / "model.safetensors"))
+        if is_sharded(model):  # a single-file checkpoint into an fsdp trainer
+            names = set(model.state_dict())
+            if names != set(weights):
+                raise CheckpointError(f"checkpoint {path} does not fit the model: missing "
+                                      f"{sorted(names - set(weights))[:5]}, unexpected "
+                                      f"{sorted(set(weights) - names)[:5]}")
+            sc.load_full(model, optimizer, weights,
+                         load_file(str(path / "optimizer.safetensors")), meta["optimizer"])
+            return
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        if missing or unexpected:
+            raise CheckpointError(f"checkpoint {path} does not fit the model: missing "
+                                  f"{missing[:5]}, unexpected {unexpected[:5]}")
+        # load_state_dict moves each state tensor to its parameter's device (and keeps
+        # AdamW's step counters where torch wants them)
+        _load_optimizer(optimizer, load_file(str(path / "optimizer.safetensors")),
+                        meta["optimizer"])

@@ -102,6 +102,29 @@ class LossConfig(Section):
                                "before log-softmax so ratios compare like with like")
 
 
+class FsdpConfig(Section):
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``) settings, used when
+    ``trainer.parallel: fsdp``: every transformer block and then the root are sharded over
+    the trainer's ranks, so each rank holds 1/N of the weights, gradients and AdamW state."""
+
+    param_dtype: Literal["fp32", "bf16", "fp16"] = pydantic.Field(
+        "fp32", description="dtype the gathered parameters compute in (the sharded master "
+                            "weights and the optimizer stay fp32)")
+    reduce_dtype: Literal["fp32", "bf16"] = pydantic.Field(
+        "fp32", description="dtype gradients are reduce-scattered in (fp32: exact sums "
+                            "across ranks even with bf16 params)")
+    cpu_offload: bool = pydantic.Field(
+        False, description="keep the sharded parameters, gradients and optimizer state in "
+                           "CPU memory (FSDP2 CPUOffloadPolicy; the optimizer steps on CPU)")
+    activation_checkpointing: bool = pydantic.Field(
+        False, description="recompute each transformer block's activations in the backward "
+                           "instead of keeping them (less memory, ~1/3 more compute)")
+    reshard_after_forward: bool = pydantic.Field(
+        True, description="free the gathered block weights after its forward (ZeRO-3); false "
+                          "keeps them until the backward (ZeRO-2-like: more memory, fewer "
+                          "all-gathers)")
+
+
 class TrainerConfig(Section):
     """The trainer: consumes batches.<policy>, steps the optimizer, publishes weights."""
 
@@ -137,6 +160,11 @@ class TrainerConfig(Section):
                              "weights from the committed offsets")
     device: Literal["auto", "cpu", "cuda"] = pydantic.Field(
         "auto", description="auto: cuda when available, else cpu")
+    parallel: Literal["ddp", "fsdp"] = pydantic.Field(
+        "ddp", description="with several ranks: ddp replicates the model on every rank and "
+                           "sums gradients; fsdp shards weights, gradients and optimizer "
+                           "state over the ranks (FSDP2, see trainer.fsdp)")
+    fsdp: FsdpConfig = FsdpConfig()
     mixed_precision: Literal["no", "bf16", "fp16"] = pydantic.Field(
         "no", description="autocast compute dtype; master weights stay fp32")
     seed: int = pydantic.Field(0, description="torch / numpy / python seed")

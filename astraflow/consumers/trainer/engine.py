@@ -12,6 +12,11 @@ the whole batch (rank 0 reads it from the bus and broadcasts it), takes every wo
 micro-batch, and the gradients are **summed** across ranks after accumulation. The token
 weights already carry the batch's global normalisers, so the sum is the gradient of the
 whole batch — no DDP wrapper, no per-rank averaging to correct.
+
+Sharded (``trainer.parallel: fsdp``): the model is FSDP2-sharded over the ranks
+(:mod:`.sharding`); the micro-batches are dealt the same way, FSDP's reduce-scatter sums the
+gradients during the backward (each rank keeps its shard of the sum), and the clipping norm is
+taken over every rank's shards.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class Engine:
     autocast: Callable[[], Any] = contextlib.nullcontext
     rank: int = 0
     world: int = 1
+    parallel: str = "ddp"  # ddp | fsdp (the model's parameters are DTensor shards)
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
@@ -64,7 +70,12 @@ class Engine:
         return self.lr * min(1.0, (version + 1) / self.warmup_steps)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """The master weights by name (what checkpoints and the publisher get)."""
+        """The master weights by name (what checkpoints and the publisher get); whole tensors.
+        Under fsdp a collective: every rank must call it at the same point."""
+        if self.parallel == "fsdp":
+            from astraflow.consumers.trainer.sharding import full_state
+
+            return full_state(self)
         return dict(self.model.state_dict())
 
 
@@ -91,7 +102,7 @@ def apply_gradients(engine: Engine, version: int) -> dict[str, float]:
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    if engine.world > 1:
+    if engine.world > 1 and engine.parallel != "fsdp":  # fsdp summed in the backward
         import torch.distributed as dist
 
         flat = torch.cat([p.grad.reshape(-1) for p in params])
@@ -102,7 +113,12 @@ def apply_gradients(engine: Engine, version: int) -> dict[str, float]:
             p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
             offset += n
     max_norm = engine.grad_clip if engine.grad_clip is not None else math.inf
-    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    if engine.parallel == "fsdp":
+        from astraflow.consumers.trainer.sharding import clip_grad_norm
+
+        norm = clip_grad_norm(params, max_norm)
+    else:
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
     lr = engine.lr_at(version)
     for group in engine.optimizer.param_groups:
         group["lr"] = lr

@@ -38,6 +38,7 @@ from typing import Any
 
 from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState
 from astraflow.consumers.trainer.engine import Engine
+from astraflow.consumers.trainer.sharding import publish_weights
 from astraflow.consumers.trainer.telemetry import Telemetry
 from astraflow.core.bus.types import Bus, Message
 from astraflow.core.claims import BlobStore, unclaim
@@ -205,13 +206,33 @@ class Trainer:
         return stats
 
     def _follow(self, stats: TrainStats) -> TrainStats:
-        """Ranks > 0: train every batch rank 0 hands over until it says stop."""
-        while (data := self._channel.recv()) is not None:
-            self.step_fn(self.engine, decode(data, Batch), self.version)
-            self.version += 1
-            stats.steps += 1
+        """Ranks > 0: train every batch rank 0 hands over, and join the collectives it
+        announces (fsdp: gather to publish, save a sharded checkpoint), until it says stop."""
+        while True:
+            kind, data = self._channel.recv_message()
+            if kind == "stop":
+                break
+            assert data is not None
+            if kind == "batch":
+                self.step_fn(self.engine, decode(data, Batch), self.version)
+                self.version += 1
+                stats.steps += 1
+            elif data == b"gather":
+                publish_weights(self.engine, None, self.version)
+            elif data.startswith(b"save:"):
+                self.checkpoints.save(self.engine.model, self.engine.optimizer,
+                                      TrainerState(version=int(data[5:])))
+            else:
+                raise TrainerError(f"rank {self.engine.rank}: unknown command {data!r} from "
+                                   "rank 0 (ranks of different builds?)")
         stats.version = self.version
         return stats
+
+    def _collective(self, op: bytes) -> None:
+        """Rank 0: have the other ranks join ``op`` (fsdp only: under ddp rank 0 holds the
+        whole model and does these alone)."""
+        if self._channel is not None and self.engine.parallel == "fsdp":
+            self._channel.command(op)
 
     # ------------------------------------------------------------- the handler
 
@@ -237,6 +258,7 @@ class Trainer:
         if self.publisher is not None and hasattr(self.publisher, "resume"):
             # the checkpoint's weights are the version the dead trainer published: the next
             # version goes out as a delta against them, not as a full snapshot
+            self._collective(b"gather")
             self.publisher.resume(self.engine.state_tensors(), state.version)
         return Resume(dict(self._ckpt_offsets), state.version)
 
@@ -249,6 +271,7 @@ class Trainer:
             by_topic: dict[str, dict[int, int]] = {}
             for (t, p), o in offsets.items():
                 by_topic.setdefault(t, {})[p] = o
+            self._collective(f"save:{self.version}".encode())
             self.checkpoints.save(self.engine.model, self.engine.optimizer, TrainerState(
                 version=self.version, offsets=by_topic, recent=list(self.recent),
                 counters=dict(self.telemetry.counters)))
@@ -350,7 +373,8 @@ class Trainer:
     def _publish(self) -> None:
         if self.publisher is None:
             return
-        self.publisher.publish(self.engine.state_tensors(), self.version)
+        self._collective(b"gather")
+        publish_weights(self.engine, self.publisher, self.version)
         self._published = self.version
         self.telemetry.inc("published")
 

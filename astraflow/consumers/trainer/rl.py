@@ -18,6 +18,7 @@ import torch
 from astraflow.consumers.trainer.batching import micro_batches, prepare
 from astraflow.consumers.trainer.engine import Engine, apply_gradients, forward
 from astraflow.consumers.trainer.losses import policy_loss
+from astraflow.consumers.trainer.sharding import filler_passes
 from astraflow.core.records import Batch
 
 _MAXED = ("behav_weight_max", "staleness_max")
@@ -64,6 +65,7 @@ def rl_step(engine: Engine, batch: Batch, version: int) -> dict[str, float]:
         totals["padded_tokens"] += mb.padded_tokens
         totals["seqs_trained"] += mb.input_ids.shape[0]
         totals["micro_batches"] += 1
+    filler_passes(engine, len(mbs), prep)
     totals = _reduce(engine, totals)
     metrics = dict(prep.stats)
     metrics.update(apply_gradients(engine, version))

@@ -15,6 +15,7 @@ import torch
 from astraflow.consumers.trainer.batching import micro_batches, prepare
 from astraflow.consumers.trainer.engine import Engine, apply_gradients, forward
 from astraflow.consumers.trainer.losses import sft_loss
+from astraflow.consumers.trainer.sharding import filler_passes
 from astraflow.core.records import Batch
 
 
@@ -32,6 +33,7 @@ def sft_step(engine: Engine, batch: Batch, version: int) -> dict[str, float]:
         out.loss.backward()
         totals += torch.tensor([float(out.loss.detach()), out.stats["tokens"],
                                 mb.padded_tokens, 1.0], dtype=torch.float64)
+    filler_passes(engine, len(mbs), prep)
     if engine.world > 1:
         import torch.distributed as dist
 

@@ -1,0 +1,194 @@
+"""FSDP2 for the trainer (``trainer.parallel: fsdp``): shard, reduce, clip, gather.
+
+:func:`shard_model` applies ``torch.distributed.fsdp.fully_shard`` to every transformer block
+(the decoder's layer ``ModuleList``, found by :func:`transformer_blocks`) and then to the
+root, so each rank keeps 1/N of every parameter (a ``DTensor`` sharded on dim 0) and the
+optimizer built afterwards keeps 1/N of AdamW's moments.
+
+Gradients are **summed** across ranks, as under ddp (see :mod:`.engine`): the token weights
+carry the whole batch's normalisers, so the sum of the ranks' gradients is the batch's
+gradient. FSDP2 averages by default; :func:`shard_model` sets a divide factor of 1 and asks
+for plain SUM collectives (gloo has no PREMUL_SUM), so the reduce-scatter is a sum.
+
+Every rank must run the same number of forwards and backwards (each is a collective:
+all-gather before, reduce-scatter after). Micro-batches are dealt round-robin, so when their
+count is not a multiple of the world some ranks run :func:`filler_passes`: a forward of two
+pad tokens and a backward of ``0 * logits.sum()``, which adds exactly zero to the gradients.
+
+:func:`clip_grad_norm` computes the total norm over every rank's shards (the norm is a
+``DTensor`` with a partial placement; ``full_tensor()`` all-reduces it), so every rank clips
+with, and skips a non-finite step on, the same number.
+
+:func:`publish_weights` is how the trainer hands weights to the publisher: under fsdp every
+rank gathers the full tensors and rank 0 publishes. It is the one place a sharded publisher
+(each rank encoding its own shard) replaces.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from astraflow.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from astraflow.consumers.trainer.batching import Prepared
+    from astraflow.consumers.trainer.config import FsdpConfig
+    from astraflow.consumers.trainer.engine import Engine
+
+log = logging.getLogger("astraflow.trainer")
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# where Hugging Face causal LMs keep their decoder blocks (Llama, Qwen, Mistral, Gemma: the
+# first; GPT-2 and friends: transformer.h; GPT-NeoX: gpt_neox.layers)
+_BLOCK_PATHS = ("model.layers", "model.model.layers", "transformer.h", "gpt_neox.layers",
+                "model.decoder.layers", "transformer.layers")
+
+
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's transformer blocks: the first known layer list, else the ``ModuleList``
+    holding the most parameters (the decoder stack of any architecture)."""
+    for path in _BLOCK_PATHS:
+        found: Any = model
+        for part in path.split("."):
+            found = getattr(found, part, None)
+            if found is None:
+                break
+        if isinstance(found, torch.nn.ModuleList) and len(found):
+            return list(found)
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    if not lists:
+        raise ConfigError(f"{type(model).__name__} has no ModuleList of transformer blocks "
+                          "to shard; use trainer.parallel: ddp for this model")
+    best = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+    return list(best)
+
+
+def ensure_process_group(device: torch.device) -> None:
+    """FSDP needs a process group even for one rank: a single-process one when nothing
+    (torchrun / accelerate launch) has set it up."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+def _checkpointed(block: torch.nn.Module) -> None:
+    """Recompute ``block``'s forward in the backward (non-reentrant checkpoint). The block's
+    own ``forward`` is wrapped, so FSDP's hooks (on the module call) stay outside the
+    recomputed region, as torchtitan's checkpoint-then-shard order has them."""
+    from torch.utils.checkpoint import checkpoint
+
+    inner = block.forward
+
+    @functools.wraps(inner)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+    block.forward = forward  # type: ignore[method-assign]
+
+
+def shard_model(model: torch.nn.Module, fc: FsdpConfig, device: torch.device) -> Any:
+    """Shard ``model`` in place (blocks, then root); returns the device mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        FSDPModule,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
+
+    ensure_process_group(device)
+    import torch.distributed as dist
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mp = MixedPrecisionPolicy(param_dtype=DTYPES[fc.param_dtype],
+                              reduce_dtype=DTYPES[fc.reduce_dtype])
+    offload = CPUOffloadPolicy() if fc.cpu_offload else OffloadPolicy()
+    blocks = transformer_blocks(model)
+    for block in blocks:
+        if fc.activation_checkpointing:
+            _checkpointed(block)
+        fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload,
+                    reshard_after_forward=fc.reshard_after_forward)
+    # the root holds the embeddings, the final norm and the (possibly tied) head; it is
+    # needed again first in the backward, so it stays gathered after the forward
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload,
+                reshard_after_forward=False)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # a sum, not FSDP's mean (see the module docstring)
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    log.info("fsdp: %d blocks + root sharded over %d ranks param_dtype=%s reduce_dtype=%s "
+             "cpu_offload=%s activation_checkpointing=%s", len(blocks), mesh.size(),
+             fc.param_dtype, fc.reduce_dtype, fc.cpu_offload, fc.activation_checkpointing)
+    return mesh
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def local_numel(model: torch.nn.Module) -> int:
+    """Elements of the parameters this rank holds (its shards under fsdp)."""
+    from torch.distributed.tensor import DTensor
+
+    return sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel()
+               for p in model.parameters())
+
+
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Total 2-norm of the gradients over every rank's shards; clips them to ``max_norm``
+    (every rank gets the same norm, so all skip or all step)."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, 2.0)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    if math.isfinite(max_norm):
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return float(total)
+
+
+def filler_passes(engine: Engine, done: int, prep: Prepared) -> None:
+    """Run the forwards and backwards this rank lacks (it ran ``done``) so that every rank
+    runs ``ceil(micro-batches / world)`` of them (fsdp only; see the module docstring)."""
+    if engine.parallel != "fsdp" or engine.world == 1:
+        return
+    from astraflow.consumers.trainer.batching import pack
+
+    total = len(pack([s.length for s in prep.seqs], engine.token_budget))
+    for _ in range(-(-total // engine.world) - done):
+        ids = torch.full((1, 2), engine.pad_id, dtype=torch.long, device=engine.device)
+        with engine.autocast():
+            out = engine.model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                               use_cache=False)
+        (out.logits.float().sum() * 0.0).backward()
+
+
+def full_state(engine: Engine) -> dict[str, torch.Tensor]:
+    """Every weight by state-dict name as a whole tensor. Under fsdp a collective: every rank
+    must call it at the same point (each gets the full tensors)."""
+    from torch.distributed.tensor import DTensor
+
+    return {k: v.full_tensor() if isinstance(v, DTensor) else v
+            for k, v in engine.model.state_dict().items()}
+
+
+def publish_weights(engine: Engine, publisher: Any, version: int) -> None:
+    """Hand ``version``'s weights to ``publisher``: every rank calls it (under fsdp the
+    gather is a collective), rank 0 publishes. Swap for a sharded publisher here."""
+    tensors = full_state(engine)
+    if engine.rank == 0 and publisher is not None:
+        publisher.publish(tensors, version)

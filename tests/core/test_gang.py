@@ -1,0 +1,81 @@
+"""astraflow.core.gang: N ranks with torchrun's environment that live and die together."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from astraflow.core.gang import gang_argv
+
+RANK = """
+import os, signal, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+rank = os.environ["RANK"]
+def stop(*_):
+    (out / f"stopped{rank}").write_text("")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)  # before the pid file: the test signals once it is there
+(out / f"pid{rank}").write_text(str(os.getpid()))
+(out / f"env{rank}").write_text(" ".join(os.environ[k] for k in (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")))
+mode = sys.argv[2]
+if mode == "exit":
+    sys.exit(0)
+if mode == "die" and rank == "1":
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(120)
+"""
+
+
+def start(tmp_path: Path, mode: str, ranks: int = 2) -> subprocess.Popen[bytes]:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    return subprocess.Popen(gang_argv(ranks, [sys.executable, str(script), str(tmp_path),
+                                              mode]), start_new_session=True)
+
+
+def wait_for(path: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} not written in {timeout} s"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead too (reaped by the gang in the normal case)
+    return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_ranks_get_torchrun_environment(tmp_path: Path) -> None:
+    proc = start(tmp_path, "exit", ranks=3)
+    assert proc.wait(60) == 0
+    envs = [(tmp_path / f"env{r}").read_text().split() for r in range(3)]
+    assert envs == [[str(r), str(r), "3", "127.0.0.1"] for r in range(3)]
+
+
+def test_one_rank_killed_takes_the_gang_down(tmp_path: Path) -> None:
+    proc = start(tmp_path, "die")
+    wait_for(tmp_path / "pid0")
+    rank0 = int((tmp_path / "pid0").read_text())
+    assert proc.wait(60) == 1  # for its launcher to restart it whole
+    assert not alive(rank0)
+    assert not (tmp_path / "stopped0").exists()  # SIGKILLed, not asked to stop
+
+
+def test_sigterm_reaches_every_rank(tmp_path: Path) -> None:
+    proc = start(tmp_path, "wait")
+    wait_for(tmp_path / "pid0")
+    wait_for(tmp_path / "pid1")
+    os.kill(proc.pid, signal.SIGTERM)  # the gang alone: it passes the signal on
+    assert proc.wait(60) == 0
+    assert (tmp_path / "stopped0").exists() and (tmp_path / "stopped1").exists()

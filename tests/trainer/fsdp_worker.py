@@ -1,0 +1,93 @@
+"""A trainer engine on identical batches, run alone or under torchrun (tests of parallelism).
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 fsdp_worker.py \
+        MODEL_DIR OUT --parallel fsdp --steps 5
+
+Builds the engine as the trainer does (:func:`build_engine`), takes ``--steps`` RL steps on
+``random_batch(0..steps-1)`` and writes (rank 0) ``OUT/result.json`` (per-step loss and grad
+norm, each rank's local parameter count) and ``OUT/params.safetensors`` (the whole weights
+after the last step) and ``OUT/optim.safetensors`` (the whole AdamW state by parameter name). ``--save`` / ``--load`` checkpoint through :class:`CheckpointDir`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("out")
+    ap.add_argument("--parallel", default="ddp")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--first", type=int, default=0, help="seq of the first batch")
+    ap.add_argument("--budget", type=int, default=30, help="micro_batch_tokens")
+    ap.add_argument("--save", help="checkpoint root to save into after the steps")
+    ap.add_argument("--load", help="checkpoint root to resume from before the steps")
+    ap.add_argument("--mode", default="rl")
+    args = ap.parse_args()
+
+    import torch
+    from safetensors.torch import save_file
+    from trainer_helpers import random_batch, sft_batch
+
+    from astraflow.consumers.trainer.build import build_engine, step_function
+    from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState
+    from astraflow.consumers.trainer.config import TrainerConfig
+    from astraflow.consumers.trainer.sharding import local_numel
+
+    tc = TrainerConfig.model_validate({
+        "parallel": args.parallel, "micro_batch_tokens": args.budget, "mode": args.mode,
+        "optimizer": {"lr": 1e-3}, "deterministic": True, "threads": 1})
+    engine = build_engine(tc, args.model)
+    step = step_function(tc.mode)
+    version = 0
+    if args.load:
+        state = CheckpointDir(args.load, run="r", policy="default").load(
+            engine.model, engine.optimizer)
+        assert state is not None, "no checkpoint"
+        version = state.version
+    rows = []
+    for k in range(args.first, args.first + args.steps):
+        batch = sft_batch(k, n=12) if args.mode == "sft" else random_batch(k, groups=5,
+                                                                          group_size=4)
+        m = step(engine, batch, version)
+        version += 1
+        rows.append({"loss": m["loss"], "grad_norm": m["grad_norm"], "tokens": m["tokens"]})
+    if args.save:
+        CheckpointDir(args.save, run="r", policy="default").save(
+            engine.model, engine.optimizer, TrainerState(version=version))
+    full = engine.state_tensors()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    osd = get_optimizer_state_dict(engine.model, engine.optimizer,
+                                   options=StateDictOptions(full_state_dict=True))
+    optim = {f"{name}.{key}": v.detach().to("cpu", copy=True).reshape(-1)
+             for name, st in osd["state"].items() for key, v in st.items()}
+    numel = torch.tensor([local_numel(engine.model)])
+    if engine.world > 1:
+        import torch.distributed as dist
+
+        numels = [torch.zeros_like(numel) for _ in range(engine.world)]
+        dist.all_gather(numels, numel)
+    else:
+        numels = [numel]
+    if engine.rank == 0:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in full.items()},
+                  str(out / "params.safetensors"))
+        save_file(optim, str(out / "optim.safetensors"))
+        total = sum(v.numel() for k, v in engine.model.named_parameters())
+        (out / "result.json").write_text(json.dumps({
+            "steps": rows, "world": engine.world, "local_numel": [int(n) for n in numels],
+            "version": version, "params_total": total}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Parallel trainers compute what one process computes: 2 ranks (torchrun, gloo, CPU) under
+``trainer.parallel: fsdp`` and ``ddp`` against 1 rank, same batches, 5 RL steps, on the
+quickstart's tiny Qwen2 and on a 4-layer Llama built from a config.
+
+Tolerances: losses and grad norms within 1e-5 relative; parameters within 1e-5 relative in
+the whole model's norm (||θ₂ - θ₁|| / ||θ₁||) and every element within 2e-5 absolute (1/50 of
+one Adam step at lr 1e-3). Per-tensor relative error is not a fair measure: Adam scales every
+gradient element to a step of about lr, so rounding noise in a gradient that is zero in exact
+arithmetic (a key-projection bias: softmax ignores a constant shift) becomes an lr-sized step
+in a tensor whose norm is itself a few lr.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+WORKER = Path(__file__).parent / "fsdp_worker.py"
+pytestmark = pytest.mark.slow
+
+
+def run_worker(model: Path, out: Path, *, ranks: int = 1, parallel: str = "ddp",
+               extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run fsdp_worker.py on ``ranks`` processes; its result.json and final weights."""
+    launcher = ([sys.executable] if ranks == 1 else
+                [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 "--nproc-per-node", str(ranks)])
+    proc = subprocess.run([*launcher, str(WORKER), str(model), str(out),
+                           "--parallel", parallel, *extra],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    result = json.loads((out / "result.json").read_text())
+    result["params"] = load_file(str(out / "params.safetensors"))
+    return result
+
+
+def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert len(a["steps"]) == len(b["steps"]) == 5
+    for x, y in zip(a["steps"], b["steps"], strict=True):
+        assert y["tokens"] == x["tokens"]
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-5, abs=1e-7)
+        assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-5)
+    pa, pb = a["params"], b["params"]
+    assert pa.keys() == pb.keys()
+    diff = sum(float((pa[k] - pb[k]).double().norm() ** 2) for k in pa) ** 0.5
+    norm = sum(float(pa[k].double().norm() ** 2) for k in pa) ** 0.5
+    assert diff / norm < 1e-5, diff / norm
+    for k in pa:
+        assert torch.allclose(pa[k], pb[k], rtol=0, atol=2e-5), k
+    # and training moved them: equality of untouched weights would prove nothing
+    start = a["start"]
+    moved = sum(float((pa[k] - start[k]).double().norm() ** 2) for k in pa) ** 0.5
+    assert moved > 100 * diff
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-layer Llama (hidden 64) built from a LlamaConfig, saved as a model directory."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from astraflow.models.tiny import build_tokenizer
+
+    tok = build_tokenizer("arith")
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=False, pad_token_id=tok.pad_token_id))
+    path = tmp_path_factory.mktemp("llama") / "model"
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def baselines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    return {}
+
+
+def baseline(models: dict[str, Path], name: str, cache: dict[str, dict[str, Any]],
+             tmp: Path) -> dict[str, Any]:
+    """The one-rank run of model ``name`` (once per module) and its starting weights."""
+    if name not in cache:
+        result = run_worker(models[name], tmp / f"one-{name}")
+        start = load_file(str(models[name] / "model.safetensors"))
+        result["start"] = {k: start.get(k, start.get("model.embed_tokens.weight"))
+                           for k in result["params"]}
+        cache[name] = result
+    return cache[name]
+
+
+@pytest.fixture
+def models(tiny_dir: Path, llama_dir: Path) -> dict[str, Path]:
+    return {"tiny": tiny_dir, "llama": llama_dir}
+
+
+@pytest.mark.parametrize("name", ["tiny", "llama"])
+@pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
+def test_two_ranks_match_one(parallel: str, name: str, models: dict[str, Path],
+                             baselines: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    one = baseline(models, name, baselines, tmp_path)
+    two = run_worker(models[name], tmp_path / "two", ranks=2, parallel=parallel)
+    assert two["world"] == 2
+    two["start"] = one["start"]
+    assert_same(one, two)
+    total = one["params_total"]
+    if parallel == "fsdp":  # each rank holds its half of every parameter (dim-0 shards)
+        assert sum(two["local_numel"]) == total
+        for n in two["local_numel"]:
+            assert 0.45 * total < n < 0.55 * total, (n, total)
+    else:
+        assert two["local_numel"] == [total, total]
+
+
+def test_fsdp_sft_matches_one(tiny_dir: Path, tmp_path: Path) -> None:
+    """SFT steps (model in train mode, token-mean NLL) under fsdp: the same as one process."""
+    one = run_worker(tiny_dir, tmp_path / "one", extra=("--mode", "sft"))
+    two = run_worker(tiny_dir, tmp_path / "two", ranks=2, parallel="fsdp",
+                     extra=("--mode", "sft"))
+    start = load_file(str(tiny_dir / "model.safetensors"))
+    one["start"] = {k: start.get(k, start["model.embed_tokens.weight"]) for k in one["params"]}
+    assert_same(one, two)
+
+
+def test_fsdp_rank_without_micro_batches(tiny_dir: Path, tmp_path: Path) -> None:
+    """One micro-batch per step (a large token budget): rank 1 has none and runs a filler
+    forward/backward so that the collectives match; the result is still one process's."""
+    one = run_worker(tiny_dir, tmp_path / "one", extra=("--budget", "4096"))
+    two = run_worker(tiny_dir, tmp_path / "two", ranks=2, parallel="fsdp",
+                     extra=("--budget", "4096"))
+    start = load_file(str(tiny_dir / "model.safetensors"))
+    one["start"] = {k: start.get(k, start["model.embed_tokens.weight"]) for k in one["params"]}
+    assert_same(one, two)
+
+
+def test_activation_checkpointing_changes_nothing(tiny_dir: Path) -> None:
+    """fsdp (one rank) with each block's activations recomputed in the backward: the same
+    losses and weights, bit for bit, as without."""
+    import torch.distributed as dist
+    from trainer_helpers import random_batch
+
+    from astraflow.consumers.trainer.build import build_engine
+    from astraflow.consumers.trainer.config import TrainerConfig
+    from astraflow.consumers.trainer.rl import rl_step
+
+    results = []
+    try:
+        for ac in (False, True):
+            tc = TrainerConfig.model_validate({
+                "parallel": "fsdp", "micro_batch_tokens": 30, "optimizer": {"lr": 1e-3},
+                "fsdp": {"activation_checkpointing": ac}})
+            engine = build_engine(tc, tiny_dir)
+            losses = [rl_step(engine, random_batch(k, groups=5, group_size=4), k)["loss"]
+                      for k in range(2)]
+            results.append((losses, engine.state_tensors()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    (la, wa), (lb, wb) = results
+    assert la == lb
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
