@@ -47,13 +47,17 @@ def train(
     with role_run() as should_stop:
         try:
             from astraflow.core.metrics import MetricsEmitter, component_id
-            from astraflow.run.roles import build_publisher, build_trainer
+            from astraflow.run.roles import build_publisher, build_rank_publisher, build_trainer
 
             out.mkdir(parents=True, exist_ok=True)
             bus = open_bus(cfg, out)
             trainer = build_trainer(cfg, name, out, bus=bus)
-            if trainer.engine.rank == 0:  # data parallel: rank 0 alone talks to the bus
-                if publish:
+            engine = trainer.engine
+            if publish and engine.parallel == "fsdp":  # every rank publishes its own rows
+                trainer.publisher = publisher = build_rank_publisher(
+                    cfg, name, out, bus, rank=engine.rank, world=engine.world)
+            if engine.rank == 0:  # data parallel: rank 0 alone talks to the bus
+                if publish and publisher is None:
                     trainer.publisher = publisher = build_publisher(cfg, name, out, bus)
                 # the component names the policy: a run's lines tell its trainers apart
                 trainer.metrics = metrics = MetricsEmitter(

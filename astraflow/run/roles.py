@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from astraflow.policies.runner import StageRunner
     from astraflow.producers.producer import ProduceStats
     from astraflow.weights.publisher import Publisher
+    from astraflow.weights.sharded import ShardedPublisher
 
 
 def claims(config: ExperimentConfig, out: str | Path) -> BlobStore | None:
@@ -68,6 +69,16 @@ def build_publisher(config: ExperimentConfig, policy: str, out: str | Path,
     from astraflow.weights.config import build_publisher as build
 
     return build(bus, config.weights, run=config.run, policy=policy, out=out)
+
+
+def build_rank_publisher(config: ExperimentConfig, policy: str, out: str | Path, bus: Bus,
+                         *, rank: int, world: int) -> ShardedPublisher:
+    """Rank ``rank``'s publisher of a sharded (``trainer.parallel: fsdp``) trainer: every
+    rank publishes the rows it owns, rank 0 sends the manifests (docs/weights.md)."""
+    from astraflow.weights.config import build_sharded_publisher
+
+    return build_sharded_publisher(bus, config.weights, run=config.run, policy=policy,
+                                   rank=rank, world_size=world, out=out)
 
 
 # rollout -------------------------------------------------------------------------------------

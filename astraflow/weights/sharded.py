@@ -137,6 +137,8 @@ def _rows_of(where: tuple[tuple[int, ...], int], local_shape: list[int]) -> dict
 class ShardedPublisher:
     """One rank's side of publishing a sharded model; rank 0 also sends the manifests."""
 
+    sharded = True  # the trainer hands it each rank's own shards (trainer/sharding.py)
+
     def __init__(self, bus: Bus | None, *, run: str, policy: str, store: WeightStore,
                  rank: int, world_size: int, exchange: Exchange | None = None,
                  full_every: int = 20, max_delta_fraction: float = 0.5,

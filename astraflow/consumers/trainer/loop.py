@@ -218,7 +218,9 @@ class Trainer:
                 self.version += 1
                 stats.steps += 1
             elif data == b"gather":
-                publish_weights(self.engine, None, self.version)
+                self.engine.state_tensors()
+            elif data == b"publish":
+                publish_weights(self.engine, self.publisher, self.version)
             elif data.startswith(b"save:"):
                 self.checkpoints.save(self.engine.model, self.engine.optimizer,
                                       TrainerState(version=int(data[5:])))
@@ -258,8 +260,11 @@ class Trainer:
         if self.publisher is not None and hasattr(self.publisher, "resume"):
             # the checkpoint's weights are the version the dead trainer published: the next
             # version goes out as a delta against them, not as a full snapshot
-            self._collective(b"gather")
-            self.publisher.resume(self.engine.state_tensors(), state.version)
+            if getattr(self.publisher, "sharded", False):  # its next version is a full one
+                self.publisher.resume({}, state.version)
+            else:
+                self._collective(b"gather")
+                self.publisher.resume(self.engine.state_tensors(), state.version)
         return Resume(dict(self._ckpt_offsets), state.version)
 
     def checkpoint(self, offsets: dict[TP, int], outbox: list[OutRecord], cycle: int
@@ -373,7 +378,7 @@ class Trainer:
     def _publish(self) -> None:
         if self.publisher is None:
             return
-        self._collective(b"gather")
+        self._collective(b"publish")
         publish_weights(self.engine, self.publisher, self.version)
         self._published = self.version
         self.telemetry.inc("published")

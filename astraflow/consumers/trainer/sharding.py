@@ -20,8 +20,9 @@ pad tokens and a backward of ``0 * logits.sum()``, which adds exactly zero to th
 with, and skips a non-finite step on, the same number.
 
 :func:`publish_weights` is how the trainer hands weights to the publisher: under fsdp every
-rank gathers the full tensors and rank 0 publishes. It is the one place a sharded publisher
-(each rank encoding its own shard) replaces.
+rank publishes the rows it owns through its own sharded publisher (``astraflow train`` builds
+one per rank: no rank gathers the model); a whole-model publisher (a test's, a tool's) gets
+the gathered tensors on rank 0.
 """
 
 from __future__ import annotations
@@ -187,8 +188,13 @@ def full_state(engine: Engine) -> dict[str, torch.Tensor]:
 
 
 def publish_weights(engine: Engine, publisher: Any, version: int) -> None:
-    """Hand ``version``'s weights to ``publisher``: every rank calls it (under fsdp the
-    gather is a collective), rank 0 publishes. Swap for a sharded publisher here."""
-    tensors = full_state(engine)
+    """Hand ``version``'s weights to ``publisher``; every rank calls it. A sharded publisher
+    (:class:`~astraflow.weights.sharded.ShardedPublisher`, ``sharded = True``) gets each
+    rank's own shards and no rank gathers the model; any other publisher gets whole tensors
+    (under fsdp gathered by every rank, a collective) and rank 0 publishes."""
+    if getattr(publisher, "sharded", False):
+        publisher.publish(engine.model.state_dict(), version)
+        return
+    tensors = engine.state_tensors()
     if engine.rank == 0 and publisher is not None:
         publisher.publish(tensors, version)
