@@ -401,6 +401,8 @@ class Syncer:
                 self._shadow.pop(t.name, None)
         self._digests = {t.name: t.digest for t in blob.header.tensors}
         self._version = m.version
+        if hasattr(self.target, "set_adapter"):  # LoRA: how the adapter applies (weights/adapter.py)
+            self.target.set_adapter(m.adapter)
         self.target.commit(m.version)
         self.stats.applied += 1
         self._missing.discard(uri)

@@ -26,6 +26,7 @@ import torch
 
 from astraflow.consumers.trainer.batching import MicroBatch
 from astraflow.consumers.trainer.losses import LossSpec, token_entropy, token_logprobs
+from astraflow.core.records import AdapterSpec
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Engine:
     autocast: Callable[[], Any] = contextlib.nullcontext
     rank: int = 0
     world: int = 1
+    adapter: AdapterSpec | None = None  # trainer.lora: the model is a peft LoRA model
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
@@ -64,7 +66,12 @@ class Engine:
         return self.lr * min(1.0, (version + 1) / self.warmup_steps)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """The master weights by name (what checkpoints and the publisher get)."""
+        """The master weights by name (what the publisher gets); with LoRA the adapter's
+        tensors only (:func:`.lora.adapter_tensors`)."""
+        if self.adapter is not None:
+            from astraflow.consumers.trainer.lora import adapter_tensors
+
+            return adapter_tensors(self.model)
         return dict(self.model.state_dict())
 
 

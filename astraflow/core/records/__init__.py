@@ -40,6 +40,7 @@ from astraflow.core.records.codec import (
     to_builtins,
 )
 from astraflow.core.records.control import (
+    AdapterSpec,
     Claim,
     DeadLetter,
     LoadReport,
@@ -83,6 +84,7 @@ __all__ = [
     "SCHEMAS",
     "SCHEMA_HEADER",
     "Task",
+    "AdapterSpec",
     "TensorEntry",
     "TrajRef",
     "Trajectory",
