@@ -4,6 +4,7 @@ checkpointed and resumes exactly; the base weights never move."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -92,3 +93,61 @@ def test_lora_config_validation() -> None:
         TrainerConfig(lora={"r": 0})
     with pytest.raises(ValueError):
         TrainerConfig(lora={"target_modules": []})
+
+
+def test_rl_steps_through_the_loop_publish_adapters_a_rollout_engine_merges(
+        experiment: Any, tmp_path: Path, tiny_dir: Path) -> None:
+    """The real trainer loop with LoRA: the base never moves, every published version is an
+    adapter marked as one, and an hf rollout engine fed those versions computes the logits of
+    the trainer's merged model."""
+    import copy
+
+    from safetensors.torch import load_file
+    from trainer_helpers import produce
+
+    from astraflow.consumers.rollout.engines.hf import HFEngine
+    from astraflow.run.resources import open_bus
+    from astraflow.run.roles import build_trainer
+    from astraflow.weights.publisher import Publisher
+    from astraflow.weights.store import FileStore
+    from astraflow.weights.syncer import Syncer
+
+    cfg = experiment(trainer={"max_steps": 3, "checkpoint_every": 3, "lora": LORA,
+                              "optimizer": {"lr": 1e-2}})
+    bus = open_bus(cfg, tmp_path)
+    produce(bus, cfg.run, [random_batch(s) for s in range(3)])
+    store = FileStore(tmp_path / "weights")
+    # float32 on the wire: the merge is then compared with the trainer's, not with bf16 rounding
+    publisher = Publisher(bus, run=cfg.run, policy="default", store=store, dtype="float32")
+    trainer = build_trainer(cfg, "default", tmp_path, bus=bus, publisher=publisher)
+    try:
+        assert trainer.run(timeout=60).version == 3
+    finally:
+        trainer.close()
+        publisher.close()
+    base = load_file(str(tiny_dir / "model.safetensors"))
+    model = trainer.engine.model
+    for n, p in model.named_parameters():
+        if not p.requires_grad:
+            key = n.removeprefix("base_model.model.").replace(".base_layer.", ".")
+            assert torch.equal(p, base[key]), f"base weight {n} changed"
+    manifests = publisher.last_manifests
+    assert manifests and all(m.adapter is not None and m.adapter.r == 4 for m in manifests)
+    assert all(".lora_" in t.name for m in manifests for t in m.tensors)
+
+    engine = HFEngine(tiny_dir, dtype="float32")
+    syncer = Syncer(bus, run=cfg.run, policy="default", store=store,
+                    target=engine.weight_target(), cache_dir=tmp_path / "cache")
+    assert engine.update_weights(lambda: syncer.sync_once(timeout=5)) == 3
+    assert engine.version == 3
+    merged = copy.deepcopy(model).merge_and_unload().eval()
+    ids = torch.tensor([[1, 4, 13, 5, 16, 6], [1, 9, 14, 3, 16, 12]])
+    with torch.no_grad():
+        want = merged(input_ids=ids).logits
+        got = engine.model(input_ids=ids).logits
+        with model.disable_adapter():
+            before = model.eval()(input_ids=ids).logits
+    assert (want - before).abs().max() > 1e-3, "the adapter did not change the model"
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+    syncer.close()
+    bus.close()
