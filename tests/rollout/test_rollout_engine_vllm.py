@@ -62,8 +62,11 @@ class FakeLLM:
         self.finish = "length"
         self.params: list[Any] = []
         self.shutdowns = 0
+        self.lora_requests: list[Any] = []  # per generate call (None: the base model)
+        self.removed_loras: list[int] = []
         self.llm_engine = types.SimpleNamespace(
-            engine_core=types.SimpleNamespace(shutdown=self._shutdown))
+            engine_core=types.SimpleNamespace(shutdown=self._shutdown),
+            remove_lora=self.removed_loras.append)
 
     def _shutdown(self) -> None:
         self.shutdowns += 1
@@ -71,8 +74,10 @@ class FakeLLM:
     def get_tokenizer(self) -> str:
         return "tokenizer"
 
-    def generate(self, prompts: list[dict], params: list[Any], use_tqdm: bool) -> list[Any]:
+    def generate(self, prompts: list[dict], params: list[Any], use_tqdm: bool,
+                 lora_request: Any = None) -> list[Any]:
         self.params.extend(params)
+        self.lora_requests.append(lora_request)
         outs = []
         for p in prompts:
             ids = [p["prompt_token_ids"][-1] + 1, 9]
@@ -103,6 +108,15 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     vllm.inputs = inputs  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    lora = types.ModuleType("vllm.lora")
+    request = types.ModuleType("vllm.lora.request")
+    # vLLM's LoRARequest(lora_name, lora_int_id, lora_path)
+    request.LoRARequest = lambda lora_name, lora_int_id, lora_path: types.SimpleNamespace(  # type: ignore[attr-defined]
+        lora_name=lora_name, lora_int_id=lora_int_id, lora_path=lora_path)
+    lora.request = request  # type: ignore[attr-defined]
+    vllm.lora = lora  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.lora", lora)
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", request)
 
 
 def make(**kwargs: Any) -> tuple[VLLMEngine, FakeLLM]:
@@ -294,6 +308,72 @@ def test_update_chunk_mb_comes_from_config(fake_vllm: None, tmp_path: Path) -> N
     assert isinstance(engine, VLLMEngine) and engine.update_chunk_bytes == 64 * 2**20
     with pytest.raises(EngineError, match="update_chunk_mb"):
         build_engine("vllm", model_path=tmp_path, update_chunk_mb=0)
+
+
+def test_lora_versions_are_served_as_new_lora_requests(fake_vllm: None, tmp_path: Path
+                                                        ) -> None:
+    """A LoRA trainer's versions: each becomes a peft adapter folder (safetensors with the
+    published bits + adapter_config.json) and a LoRARequest with a new name and id; the old one
+    is removed; no tensor goes to the workers."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    from astraflow.core.records import AdapterSpec
+
+    spec = AdapterSpec(r=2, alpha=4.0, target_modules=["q_proj"], base_model="/m")
+    names = ["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+             "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
+    engine, llm = make(vllm_args={"enable_lora": True, "max_lora_rank": 8},
+                       adapter_dir=tmp_path / "adapters")
+    target = engine.weight_target()
+    folders = []
+    for version in (4, 5):
+        bits = {n: bf16((2, 8) if "lora_A" in n else (8, 2), version + i)
+                for i, n in enumerate(names)}
+
+        def fn(bits: dict = bits, version: int = version) -> None:
+            for name, (dtype, arr) in bits.items():
+                target.apply(name, dtype, arr.shape, arr.reshape(-1))
+            target.set_adapter(spec)
+            target.commit(version)
+
+        engine.update_weights(fn)
+        req = engine.lora_request
+        assert (req.lora_name, req.lora_int_id) == (f"af-v{version}", version + 1)
+        folder = Path(req.lora_path)
+        folders.append(folder)
+        cfg = json.loads((folder / "adapter_config.json").read_text())
+        assert (cfg["r"], cfg["lora_alpha"], cfg["target_modules"]) == (2, 4.0, ["q_proj"])
+        saved = load_file(str(folder / "adapter_model.safetensors"))
+        for n, (_d, arr) in bits.items():
+            assert saved[n].dtype == torch.bfloat16
+            assert np.array_equal(saved[n].view(torch.int16).numpy().view(np.uint16), arr), n
+        engine.generate([GenRequest([1, 2], max_new_tokens=2)])
+        assert llm.lora_requests[-1] is req
+        assert engine.version == version
+    assert llm.removed_loras == [5] and not folders[0].exists() and folders[1].exists()
+    assert llm.rpc_sizes == []  # the adapter never goes through the full-weight route
+    engine.close()
+
+
+def test_lora_versions_need_enable_lora(fake_vllm: None) -> None:
+    from astraflow.core.records import AdapterSpec
+
+    engine, _ = make()
+    target = engine.weight_target()
+
+    def fn() -> None:
+        target.apply("base_model.model.q.lora_A.weight", "bfloat16", (2, 4),
+                     bf16((2, 4), 0)[1].reshape(-1))
+        target.apply("base_model.model.q.lora_B.weight", "bfloat16", (4, 2),
+                     bf16((4, 2), 1)[1].reshape(-1))
+        target.set_adapter(AdapterSpec(r=2, alpha=2.0, target_modules=["q"], base_model="m"))
+        target.commit(1)
+
+    with pytest.raises(EngineError, match="enable_lora"):
+        engine.update_weights(fn)
 
 
 # ---------------------------------------------------------------- GPU: the real vLLM
