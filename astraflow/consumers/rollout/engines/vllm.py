@@ -135,7 +135,7 @@ class VLLMEngine:
         self.adapter_dir = Path(adapter_dir) if adapter_dir else Path(
             tempfile.mkdtemp(prefix="af-vllm-lora-"))
         self.lora_request: Any = None  # the adapter generation uses now (None: the base)
-        self._new_lora: Any = None  # written by the sync, taken at the end of the update
+        self._new_lora: tuple[int, Path, int] | None = None  # (r, folder, version) to serve
         self.gate = StepGate()
         self._version = initial_version
         self._unsent: set[str] = set()  # changed tensors not yet loaded by every worker
@@ -153,14 +153,8 @@ class VLLMEngine:
         """Write version ``version``'s adapter as a peft folder; the update then serves it
         under a new name and id (vLLM caches adapters by id: a reused id would keep serving
         the old tensors)."""
-        from vllm.lora.request import LoRARequest
-
-        if not self.lora_enabled:
-            raise EngineError("the trainer publishes LoRA adapters (trainer.lora) but this vLLM "
-                              "was started without LoRA: set rollout.engine.vllm_args: "
-                              f"{{enable_lora: true, max_lora_rank: {spec.r}}}")
         path = write_adapter_dir(self.adapter_dir / f"v{version:010d}", spec, tensors)
-        self._new_lora = LoRARequest(f"af-v{version}", version + 1, str(path))
+        self._new_lora = (spec.r, path, version)
 
     def close(self) -> None:
         """Stop vLLM's engine core (its process and the GPU memory it holds). vLLM 0.33's ``LLM``
@@ -233,8 +227,8 @@ class VLLMEngine:
                 self._send(sorted(self._unsent))
                 self._reset_cache()
                 self._failed = None
-            if self._new_lora is not None:
-                self._switch_lora(self._new_lora)
+            if self._new_lora is not None:  # kept until served: a refusal is retried
+                self._switch_lora(*self._new_lora)
                 self._new_lora = None
             if self.target.version is not None:
                 self._version = self.target.version
@@ -242,11 +236,19 @@ class VLLMEngine:
 
         return self.gate.update(run)
 
-    def _switch_lora(self, new: Any) -> None:
-        """Serve ``new`` from the next batch on; drop the previous adapter (vLLM's engine
-        ``remove_lora`` where it has one; its LRU of adapters evicts it otherwise) and its
-        folder. The prefix cache needs no reset: vLLM keys cached blocks by adapter."""
-        old, self.lora_request = self.lora_request, new
+    def _switch_lora(self, r: int, path: Path, version: int) -> None:
+        """Serve the adapter in ``path`` from the next batch on; drop the previous adapter
+        (vLLM's engine ``remove_lora`` where it has one; its LRU of adapters evicts it
+        otherwise) and its folder. The prefix cache needs no reset: vLLM keys cached blocks by
+        adapter."""
+        from vllm.lora.request import LoRARequest
+
+        if not self.lora_enabled:
+            raise EngineError("the trainer publishes LoRA adapters (trainer.lora) but this vLLM "
+                              "was started without LoRA: set rollout.engine.vllm_args: "
+                              f"{{enable_lora: true, max_lora_rank: {r}}} (or larger)")
+        old = self.lora_request
+        self.lora_request = LoRARequest(f"af-v{version}", version + 1, str(path))
         if old is None:
             return
         remove = getattr(getattr(self.llm, "llm_engine", None), "remove_lora", None)
