@@ -468,3 +468,67 @@ def test_vllm_takes_new_weights_in_place(vllm_engine: VLLMEngine, arith_dir: Pat
     ref_model = new.to(torch.bfloat16).float()  # what the engine holds: bf16-rounded weights
     ref = processed_logprobs(ref_model, prompt, r.token_ids, temperature=TEMP, top_p=TOP_P)
     assert max(abs(a - b) for a, b in zip(ref, r.logprobs, strict=True)) < 1e-2
+
+
+@pytest.mark.gpu
+def test_vllm_serves_published_lora_adapters(arith_dir: Path, tmp_path: Path) -> None:
+    """A LoRA trainer's versions through publisher -> syncer -> the real vLLM with LoRA
+    enabled: tokens carry the adapter's version and their logprobs are those of the base with
+    the (bf16) adapter merged, for two versions in turn (a new LoRARequest each)."""
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    peft = pytest.importorskip("peft")
+    import copy
+
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from astraflow.consumers.rollout.weights import WeightFollower
+    from astraflow.core.bus import connect
+    from astraflow.core.records import AdapterSpec
+    from astraflow.models.tiny import load
+    from astraflow.weights.publisher import Publisher
+    from astraflow.weights.store import FileStore
+    from astraflow.weights.syncer import Syncer
+
+    base, tok = load(arith_dir)
+    lora_model = peft.get_peft_model(copy.deepcopy(base), peft.LoraConfig(
+        r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    engine = build_engine("vllm", model_path=arith_dir, dtype="float32",
+                          gpu_memory_utilization=0.2, adapter_dir=tmp_path / "adapters",
+                          vllm_args={"enforce_eager": True, "enable_lora": True,
+                                     "max_lora_rank": 8, "max_loras": 2})
+    bus = connect(f"embedded://{tmp_path}/bus.db")
+    store = FileStore(tmp_path / "weights")
+    pub = Publisher(bus, run="v", policy="default", store=store)
+    pub.adapter = AdapterSpec(r=8, alpha=16.0, target_modules=["q_proj", "v_proj"],
+                              base_model=str(arith_dir))
+    follower = WeightFollower(Syncer(bus, run="v", policy="default", store=store,
+                                     target=engine.weight_target()), engine=engine)
+    prompt = tok("12+34=")["input_ids"]
+    try:
+        for version in (1, 2):
+            if version == 2:  # another adapter: B·A negated
+                with torch.no_grad():
+                    for n, p in lora_model.named_parameters():
+                        if ".lora_B." in n:
+                            p.neg_()
+            published = peft.get_peft_model_state_dict(lora_model)
+            pub.publish(published, version)
+            pub.flush()
+            assert follower.sync_now(timeout=30) == version
+            assert engine.lora_request.lora_name == f"af-v{version}"
+            (r,) = engine.generate([GenRequest(prompt, max_new_tokens=4, temperature=TEMP,
+                                               top_p=TOP_P)])
+            assert r.versions == [version] * len(r.token_ids)
+            ref_model = copy.deepcopy(lora_model)
+            peft.set_peft_model_state_dict(
+                ref_model, {k: v.to(torch.bfloat16).float() for k, v in published.items()})
+            ref = processed_logprobs(ref_model.merge_and_unload(), prompt, r.token_ids,
+                                     temperature=TEMP, top_p=TOP_P)
+            assert max(abs(a - b) for a, b in zip(ref, r.logprobs, strict=True)) < 2e-2
+    finally:
+        follower.close()
+        pub.close()
+        bus.close()
+        engine.close()
