@@ -90,8 +90,10 @@ def warmup_config(config: ExperimentConfig) -> ExperimentConfig:
     data = config.model_dump()
     data["run"] = f"{config.run}-warmup"
     t = data["trainer"]
+    # lora=None: the warm-up fine-tunes the whole model; RL's LoRA adapts the warm model
     t.update(mode="sft", max_steps=w.steps, checkpoint_every=w.steps, grad_clip=w.grad_clip,
-             checkpoint_dir="{out}/checkpoints/warmup-{policy}", publish_initial=False)
+             checkpoint_dir="{out}/checkpoints/warmup-{policy}", publish_initial=False,
+             lora=None)
     banded = any(w.band(p) is not None for p in config.policies)
     if banded:
         # `astraflow run` measures each checkpoint while the trainer goes on; a few kept give
@@ -220,16 +222,30 @@ def newest_checkpoint(root: Path) -> Path | None:
     return steps[-1] if steps else None
 
 
-def export_model(checkpoint: Path, base_model: Path, dest: Path) -> Path:
+def export_model(checkpoint: Path, base_model: Path, dest: Path,
+                 lora_scale: float | None = None) -> Path:
     """A Hugging Face model directory: the base's config and tokenizer, the checkpoint's
-    weights (atomically: built aside, then renamed over ``dest``)."""
+    weights (atomically: built aside, then renamed over ``dest``). ``lora_scale`` (alpha / r of
+    a ``trainer.lora`` checkpoint, which holds the adapter only): the base's weights with the
+    adapter merged."""
     tmp = dest.with_name(f".{dest.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for f in base_model.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
             shutil.copy2(f, tmp / f.name)
-    shutil.copy2(checkpoint / "model.safetensors", tmp / "model.safetensors")
+    if lora_scale is None:
+        shutil.copy2(checkpoint / "model.safetensors", tmp / "model.safetensors")
+    else:
+        from safetensors.torch import load_file, save_file
+
+        from astraflow.weights.adapter import merged_weights
+
+        base: dict[str, Any] = {}
+        for f in sorted(base_model.glob("*.safetensors")):
+            base.update(load_file(str(f)))
+        save_file(merged_weights(base, load_file(str(checkpoint / "model.safetensors")),
+                                 lora_scale), str(tmp / "model.safetensors"))
     if dest.exists():
         shutil.rmtree(dest)
     tmp.rename(dest)

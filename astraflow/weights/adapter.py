@@ -218,3 +218,22 @@ class AdapterTarget:
             self.adapter_version = version
             self._changed = False
         self.inner.commit(version)
+
+
+def merged_weights(base: dict[str, Any], adapter: dict[str, Any], scale: float
+                   ) -> dict[str, Any]:
+    """``base`` (a model's state dict, torch tensors) with every module the ``adapter`` names
+    (peft's names, with or without the adapter name ``.default``) merged: ``W0 + scale·B·A``,
+    in fp32, rounded once into ``W0``'s dtype. For exporting a LoRA trainer's checkpoint as a
+    plain model directory."""
+    names = {n.replace(".default.", "."): t for n, t in adapter.items()}
+    out = dict(base)
+    for module, (a_name, b_name) in module_pairs(set(names)).items():
+        key = f"{module}.weight"
+        if key not in base:
+            raise WeightIntegrityError(f"the adapter targets {module!r}, but the base has no "
+                                       f"{key!r}")
+        w0 = base[key]
+        delta = names[b_name].float() @ names[a_name].float()
+        out[key] = (w0.float() + scale * delta).to(w0.dtype).contiguous()
+    return out

@@ -151,3 +151,26 @@ def test_rl_steps_through_the_loop_publish_adapters_a_rollout_engine_merges(
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
     syncer.close()
     bus.close()
+
+
+def test_exported_checkpoint_is_the_merged_model(tiny_dir: Path, tmp_path: Path) -> None:
+    """`astraflow run`'s export of a LoRA checkpoint (adapter only) is a plain model directory
+    with the adapter merged: its logits are peft's merged model's."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from astraflow.run.launch import export_model
+
+    e = lora_engine(tiny_dir)
+    for v in range(2):
+        rl_step(e, random_batch(v), v)
+    path = CheckpointDir(tmp_path / "ck", run="r", policy="p").save(
+        e.model, e.optimizer, TrainerState(version=2))
+    dest = export_model(path, tiny_dir, tmp_path / "final", lora_scale=8.0 / 4)
+    exported = AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32).eval()
+    merged = copy.deepcopy(e.model).merge_and_unload().eval()
+    ids = torch.tensor([[1, 4, 13, 5, 16, 6]])
+    with torch.no_grad():
+        want, got = merged(input_ids=ids).logits, exported(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
