@@ -177,6 +177,7 @@ class AdapterTarget:
         self.spec: AdapterSpec | None = None
         self.adapter_version: int | None = None  # the version on_adapter last took
         self._changed = False
+        self._applied: set[str] = set()  # adapter tensors applied since the last commit
 
     @property
     def version(self) -> int | None:
@@ -186,10 +187,14 @@ class AdapterTarget:
         return self.inner.current_version()
 
     def set_adapter(self, spec: AdapterSpec | None) -> None:
-        """The spec of the manifest being applied (None: full weights)."""
-        if spec is not None and self.spec is not None and (spec.r, spec.target_modules) != (
-                self.spec.r, self.spec.target_modules):
-            self.tensors.clear()  # another adapter shape: the next version is a full one
+        """The spec of the manifest being applied (None: full weights); called after its
+        tensors were applied, before :meth:`commit`."""
+        if spec is not None and self.spec is not None and spec != self.spec:
+            # another adapter (a trainer restarted with other target modules or rank): its
+            # version is a full snapshot (the tensor set changed), so what it did not write
+            # belongs to the old adapter
+            for name in set(self.tensors) - self._applied:
+                del self.tensors[name]
         self.spec = spec
 
     def host_bits(self, name: str) -> tuple[str, np.ndarray] | None:
@@ -206,6 +211,7 @@ class AdapterTarget:
         if held is None or not np.shares_memory(held[2], bits):
             bits = np.array(bits, copy=True).reshape(-1)
         self.tensors[name] = (dtype, tuple(shape), bits)
+        self._applied.add(name)
         self._changed = True
 
     def commit(self, version: int) -> None:
@@ -217,6 +223,7 @@ class AdapterTarget:
             self.on_adapter(self.spec, self.tensors, version)
             self.adapter_version = version
             self._changed = False
+        self._applied.clear()
         self.inner.commit(version)
 
 

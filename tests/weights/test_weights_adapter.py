@@ -126,3 +126,19 @@ def test_manifest_carries_the_spec_and_old_manifests_decode() -> None:
 
     old = {k: v for k, v in msgspec.msgpack.decode(encode(plain)).items() if k != "adapter"}
     assert decode(msgspec.msgpack.encode(old), WeightManifest).adapter is None
+
+
+def test_another_adapter_replaces_the_old_tensors() -> None:
+    taken: list[list[str]] = []
+    t = AdapterTarget(DictTarget(), lambda spec, tensors, v: taken.append(sorted(tensors)))
+    q = "base_model.model.q.lora_A.weight", "base_model.model.q.lora_B.weight"
+    k = tuple(n.replace(".q.", ".k.") for n in q)
+    for name in q:
+        t.apply(name, "bfloat16", (2, 2), np.ones(4, np.uint16))
+    t.set_adapter(SPEC)
+    t.commit(1)
+    for name in k:  # a full snapshot of an adapter on k only
+        t.apply(name, "bfloat16", (2, 2), np.ones(4, np.uint16))
+    t.set_adapter(AdapterSpec(r=2, alpha=6.0, target_modules=["k"], base_model="tiny"))
+    t.commit(2)
+    assert taken == [sorted(q), sorted(k)]
