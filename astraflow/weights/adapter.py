@@ -244,3 +244,21 @@ def merged_weights(base: dict[str, Any], adapter: dict[str, Any], scale: float
         delta = names[b_name].float() @ names[a_name].float()
         out[key] = (w0.float() + scale * delta).to(w0.dtype).contiguous()
     return out
+
+
+def merging_target(model: Any, inner: Any) -> AdapterTarget:
+    """``inner`` (a target over ``model``'s weights) taking adapters too: each adapter
+    version is merged into ``model`` from its pristine base (:func:`merge_lora`). What the hf
+    engines and the evaluator follow a LoRA trainer with."""
+    import logging
+
+    base = PristineBase()
+    log = logging.getLogger("astraflow.weights.adapter")
+
+    def merge(spec: AdapterSpec, tensors: dict[str, tuple[str, tuple[int, ...], np.ndarray]],
+              version: int) -> None:
+        n = merge_lora(model, spec, adapter_tensors_torch(tensors), base)
+        log.info("merged LoRA adapter version=%d into %d modules (r=%d alpha=%g)", version, n,
+                 spec.r, spec.alpha)
+
+    return AdapterTarget(inner, merge)

@@ -27,13 +27,7 @@ from typing import Any, TypeVar
 from astraflow.consumers.rollout.engines.base import EngineError, GenRequest, GenResult
 from astraflow.consumers.rollout.engines.sampling import StopChecker, eos_ids, sample
 from astraflow.consumers.rollout.engines.target import ModelTarget
-from astraflow.core.records import AdapterSpec
-from astraflow.weights.adapter import (
-    AdapterTarget,
-    PristineBase,
-    adapter_tensors_torch,
-    merge_lora,
-)
+from astraflow.weights.adapter import AdapterTarget, merging_target
 
 log = logging.getLogger("astraflow.rollout.hf")
 
@@ -153,8 +147,7 @@ class HFEngine:
         self.target = ModelTarget(model)
         # LoRA versions (weights/adapter.py): adapter tensors stay on the host and are merged
         # into the model from a pristine copy of the targeted base weights at each version
-        self._pristine = PristineBase()
-        self._weights = AdapterTarget(self.target, self._merge_adapter)
+        self._weights = merging_target(model, self.target)
         self.gate = StepGate()
         self.steps = 0  # decoding steps run (forward passes), for tests and metrics
         # called at each step boundary: tests, and engines/speed.py paces a continuous engine here
@@ -179,13 +172,6 @@ class HFEngine:
 
     def weight_target(self) -> AdapterTarget:
         return self._weights
-
-    def _merge_adapter(self, spec: AdapterSpec, tensors: dict[str, Any], version: int) -> None:
-        """Inside the update gate: ``W = W0 + (alpha/r)·B·A`` for every targeted module, from
-        the pristine ``W0`` (:func:`~astraflow.weights.adapter.merge_lora`)."""
-        merged = merge_lora(self.model, spec, adapter_tensors_torch(tensors), self._pristine)
-        log.info("merged LoRA adapter version=%d into %d modules (r=%d alpha=%g)", version,
-                 merged, spec.r, spec.alpha)
 
     def update_weights(self, fn: Callable[[], T]) -> T:
         return self.gate.update(fn)
