@@ -110,7 +110,8 @@ class LoraSection(Section):
     alpha: float = pydantic.Field(16.0, gt=0,
                                   description="scaling numerator: the update is (alpha/r)·B·A")
     dropout: float = pydantic.Field(0.0, ge=0, lt=1,
-                                    description="dropout on the adapter's input while training")
+                                    description="dropout on the adapter's input in SFT (RL steps "
+                                                "run the model in eval mode: no dropout)")
     target_modules: list[str] = pydantic.Field(
         ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
         description="names of the linear modules that get an adapter (peft's target_modules; "
