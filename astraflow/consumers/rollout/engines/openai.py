@@ -312,12 +312,15 @@ class OpenAIEngine:
         timeout = self.admin_timeout + 30
         with self.gate.exclusive():
             try:
-                self._post(f"{prefix}/load_lora_adapter",
-                           {"lora_name": name, "lora_path": str(path)}, timeout)
+                resp = self._post(f"{prefix}/load_lora_adapter",
+                                  {"lora_name": name, "lora_path": str(path)}, timeout)
             except ServerHTTPError as e:
                 if e.status in (404, 405):
                     raise EngineError(f"{e}; {_LORA_HINT[self.admin]}") from None
                 raise
+            if isinstance(resp, dict) and resp.get("success") is False:  # SGLang's answer
+                raise EngineError(f"{self.base_url} refused LoRA adapter {path}: "
+                                  f"{resp.get('error_message') or resp}")
             old, self.lora_name = self.lora_name, name
             self._loaded = self._version = version
             self._broken = None
