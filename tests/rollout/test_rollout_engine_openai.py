@@ -106,9 +106,10 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def _reply(self, code: int, body: Any) -> None:
-        data = json.dumps(body).encode()
+        plain = isinstance(body, str)  # vLLM's LoRA routes answer plain text
+        data = body.encode() if plain else json.dumps(body).encode()
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", "text/plain" if plain else "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -135,12 +136,17 @@ class Handler(BaseHTTPRequestHandler):
         load, unload = LORA_ROUTES[srv.kind]
         if self.path == load:
             srv.load_lora(body["lora_name"], body["lora_path"])
-            return self._reply(200, {"success": True} if srv.kind == "sglang" else "ok")
+            # vLLM's api_server: Response(content="Success: LoRA adapter '<name>' added ...")
+            return self._reply(200, {"success": True, "error_message": None} if srv.kind ==
+                               "sglang" else f"Success: LoRA adapter '{body['lora_name']}' "
+                                             "added successfully.")
         if self.path == unload:
             if body["lora_name"] not in srv.adapters:
                 return self._reply(404, {"detail": f"no adapter {body['lora_name']}"})
             srv.adapters.discard(body["lora_name"])
-            return self._reply(200, {"success": True} if srv.kind == "sglang" else "ok")
+            return self._reply(200, {"success": True, "error_message": None} if srv.kind ==
+                               "sglang" else f"Success: LoRA adapter '{body['lora_name']}' "
+                                             "removed successfully.")
         if "model" in body and self.path == "/v1/completions" and srv.adapters and (
                 body["model"] not in srv.adapters):
             return self._reply(404, {"detail": f"model {body['model']} does not exist"})

@@ -204,7 +204,7 @@ class OpenAIEngine:
 
     # -- HTTP ----------------------------------------------------------------------------------
     def _http(self, method: str, path: str, body: dict[str, Any] | None = None,
-              timeout: float | None = None) -> Any:
+              timeout: float | None = None, text: bool = False) -> Any:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(f"{self.base_url}{path}", data=data, method=method,
                                      headers={"Content-Type": "application/json"})
@@ -213,7 +213,10 @@ class OpenAIEngine:
         where = f"{method} {self.base_url}{path}"
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.request_timeout) as resp:
-                return json.loads(resp.read() or b"{}")
+                raw = resp.read()
+                if text:  # vLLM's LoRA routes answer 200 with plain text ("Success: ...")
+                    return raw.decode("utf-8", "replace")
+                return json.loads(raw or b"{}")
         except urllib.error.HTTPError as e:
             detail = e.read()[:500].decode("utf-8", "replace")
             raise ServerHTTPError(f"{where}: HTTP {e.code}: {detail}", e.code) from None
@@ -312,8 +315,9 @@ class OpenAIEngine:
         timeout = self.admin_timeout + 30
         with self.gate.exclusive():
             try:
-                resp = self._post(f"{prefix}/load_lora_adapter",
-                                  {"lora_name": name, "lora_path": str(path)}, timeout)
+                resp = self._http("POST", f"{prefix}/load_lora_adapter",
+                                  {"lora_name": name, "lora_path": str(path)}, timeout,
+                                  text=self.admin == "vllm")
             except ServerHTTPError as e:
                 if e.status in (404, 405):
                     raise EngineError(f"{e}; {_LORA_HINT[self.admin]}") from None
@@ -325,7 +329,8 @@ class OpenAIEngine:
             self._loaded = self._version = version
             self._broken = None
             if old is not None:
-                self._post(f"{prefix}/unload_lora_adapter", {"lora_name": old}, timeout)
+                self._http("POST", f"{prefix}/unload_lora_adapter", {"lora_name": old},
+                           timeout, text=self.admin == "vllm")
                 shutil.rmtree(self.checkpoint_dir / f"lora-v{int(old.removeprefix('af-v')):010d}",
                               ignore_errors=True)
         log.info("server %s serves LoRA adapter %s (version=%d) from %s", self.base_url, name,
