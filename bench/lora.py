@@ -123,7 +123,8 @@ def part_bytes(models: list[str]) -> None:
                       flush=True)
 
 
-def part_learn(source: Path, steps: int, every: int, lora_lr: float | None) -> None:
+def part_learn(source: Path, steps: int, every: int, lora_lr: float | None,
+               arms: list[str]) -> None:
     from sync_loop import run_sync
 
     from astraflow.config import load_experiment
@@ -134,6 +135,8 @@ def part_learn(source: Path, steps: int, every: int, lora_lr: float | None) -> N
     print(f"## Learning: {steps} GRPO steps from the same warm model ({source})\n")
     curves = {}
     for tag, trainer in (("full", None), ("lora", {"lora": LORA, "optimizer": {"lr": lr}})):
+        if tag not in arms:
+            continue
         t0 = time.perf_counter()
         curves[tag] = run_sync(source, seconds=1e9, max_steps=steps, every=every,
                                trainer=trainer,
@@ -141,13 +144,15 @@ def part_learn(source: Path, steps: int, every: int, lora_lr: float | None) -> N
         curves[tag][-1]["wall_s"] = time.perf_counter() - t0
     print(f"\nLoRA: r={LORA['r']} alpha={LORA['alpha']} on {', '.join(LORA['target_modules'])}"
           f", lr {lr:g} (full: {base_lr:g})\n")
-    print("| step | full accuracy | LoRA accuracy |")
-    print("|---|---|---|")
-    for a, b in zip(curves["full"], curves["lora"], strict=True):
-        print(f"| {a['step']:.0f} | {a['eval_accuracy']:.3f} | {b['eval_accuracy']:.3f} |")
-    fa, la = curves["full"][-1]["eval_accuracy"], curves["lora"][-1]["eval_accuracy"]
-    print(f"\nafter {steps} steps: full {fa:.3f}, LoRA {la:.3f} (LoRA - full = {la - fa:+.3f});"
-          f" start {curves['full'][0]['eval_accuracy']:.3f}")
+    print("| step | " + " | ".join(f"{t} accuracy" for t in curves) + " |")
+    print("|---|" + "---|" * len(curves))
+    for points in zip(*curves.values(), strict=True):
+        print(f"| {points[0]['step']:.0f} | "
+              + " | ".join(f"{p['eval_accuracy']:.3f}" for p in points) + " |")
+    if len(curves) == 2:
+        fa, la = curves["full"][-1]["eval_accuracy"], curves["lora"][-1]["eval_accuracy"]
+        print(f"\nafter {steps} steps: full {fa:.3f}, LoRA {la:.3f} (LoRA - full = "
+              f"{la - fa:+.3f}); start {curves['full'][0]['eval_accuracy']:.3f}")
 
 
 def main() -> None:
@@ -161,6 +166,7 @@ def main() -> None:
     ln.add_argument("--steps", type=int, default=100)
     ln.add_argument("--every", type=int, default=25)
     ln.add_argument("--lora-lr", type=float, default=None, help="default: 10x the config's")
+    ln.add_argument("--arms", nargs="+", default=["full", "lora"], choices=["full", "lora"])
     args = ap.parse_args()
     import torch
 
@@ -168,7 +174,7 @@ def main() -> None:
     if args.part == "bytes":
         part_bytes(args.models)
     else:
-        part_learn(args.source, args.steps, args.every, args.lora_lr)
+        part_learn(args.source, args.steps, args.every, args.lora_lr, args.arms)
 
 
 if __name__ == "__main__":
