@@ -173,7 +173,7 @@ class AdapterTarget:
     def __init__(self, inner: Any, on_adapter: OnAdapter) -> None:
         self.inner = inner
         self.on_adapter = on_adapter
-        self.tensors: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
+        self.adapter_tensors: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
         self.spec: AdapterSpec | None = None
         self.adapter_version: int | None = None  # the version on_adapter last took
         self._changed = False
@@ -182,6 +182,13 @@ class AdapterTarget:
     @property
     def version(self) -> int | None:
         return self.inner.current_version()
+
+    def __getattr__(self, name: str) -> Any:
+        # the wrapped target's own attributes (ModelTarget.tensors, HostTarget.bits, ...): code
+        # that knew the engine's target keeps working through the wrapper
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     def current_version(self) -> int | None:
         return self.inner.current_version()
@@ -193,13 +200,13 @@ class AdapterTarget:
             # another adapter (a trainer restarted with other target modules or rank): its
             # version is a full snapshot (the tensor set changed), so what it did not write
             # belongs to the old adapter
-            for name in set(self.tensors) - self._applied:
-                del self.tensors[name]
+            for name in set(self.adapter_tensors) - self._applied:
+                del self.adapter_tensors[name]
         self.spec = spec
 
     def host_bits(self, name: str) -> tuple[str, np.ndarray] | None:
         if is_adapter_tensor(name):
-            held = self.tensors.get(name)
+            held = self.adapter_tensors.get(name)
             return None if held is None else (held[0], held[2])
         return self.inner.host_bits(name)
 
@@ -207,20 +214,20 @@ class AdapterTarget:
         if not is_adapter_tensor(name):
             self.inner.apply(name, dtype, shape, bits)
             return
-        held = self.tensors.get(name)
+        held = self.adapter_tensors.get(name)
         if held is None or not np.shares_memory(held[2], bits):
             bits = np.array(bits, copy=True).reshape(-1)
-        self.tensors[name] = (dtype, tuple(shape), bits)
+        self.adapter_tensors[name] = (dtype, tuple(shape), bits)
         self._applied.add(name)
         self._changed = True
 
     def commit(self, version: int) -> None:
-        if self.tensors and (self._changed or self.adapter_version is None):
+        if self.adapter_tensors and (self._changed or self.adapter_version is None):
             if self.spec is None:
                 raise WeightIntegrityError(
                     f"version {version} holds LoRA adapter tensors but its manifest has no "
                     "adapter spec (r, alpha): a trainer of an older build? Upgrade it")
-            self.on_adapter(self.spec, self.tensors, version)
+            self.on_adapter(self.spec, self.adapter_tensors, version)
             self.adapter_version = version
             self._changed = False
         self._applied.clear()
