@@ -122,15 +122,21 @@ def sample_groups(model: Any, tok: Any, specs: list[Any], *, n: int, temperature
 def run_sync(source: Path, *, policy: str = "default", seconds: float = 300.0,
              max_steps: int | None = None, every: int | None = None,
              threshold: float | None = None, threads: int = 2, seed: int | None = None,
-             out: Path | None = None, log: Any = print) -> list[dict[str, float]]:
+             out: Path | None = None, log: Any = print,
+             trainer: dict[str, Any] | None = None) -> list[dict[str, float]]:
     """The loop from ``source`` (:func:`start_point`); returns the evaluation points ``{step,
     time, sampling_s, eval_accuracy}`` (time in training seconds, evaluation excluded;
     sampling_s the part of it spent generating and scoring). Evaluates every
     ``every`` steps (default: the config's ``launch.eval_every``); stops at ``seconds``,
     ``max_steps`` or when the accuracy reaches ``threshold``. ``seed``: of the problems drawn
     and the sampling (default: the run's seed), so that repeats draw different learning
-    curves."""
+    curves. ``trainer``: a partial trainer section laid over the config's (bench/lora.py:
+    ``{"lora": {...}}``)."""
     cfg, mdir, run_dir = start_point(source, policy, out)
+    if trainer:
+        from astraflow.consumers.trainer.config import with_overrides
+
+        cfg = cfg.model_copy(update={"trainer": with_overrides(cfg.trainer, trainer)})
     every = every or cfg.launch.eval_every
     engine = build_engine(cfg.trainer, mdir)  # seeds torch with the trainer's seed
     torch.set_num_threads(threads)  # after: build_engine applies trainer.threads (a role's)

@@ -53,12 +53,15 @@ def train(
             bus = open_bus(cfg, out)
             trainer = build_trainer(cfg, name, out, bus=bus)
             engine = trainer.engine
-            if publish and engine.parallel == "fsdp":  # every rank publishes its own rows
+            # fsdp: every rank publishes its own rows; a LoRA adapter (a few MB) is gathered
+            # and published whole by rank 0
+            if publish and engine.parallel == "fsdp" and engine.adapter is None:
                 trainer.publisher = publisher = build_rank_publisher(
                     cfg, name, out, bus, rank=engine.rank, world=engine.world)
             if engine.rank == 0:  # data parallel: rank 0 alone talks to the bus
                 if publish and publisher is None:
                     trainer.publisher = publisher = build_publisher(cfg, name, out, bus)
+                    publisher.adapter = engine.adapter  # LoRA: manifests name the base
                 # the component names the policy: a run's lines tell its trainers apart
                 trainer.metrics = metrics = MetricsEmitter(
                     bus, run=cfg.run, role="trainer", component=component_id(f"trainer-{name}"),

@@ -391,7 +391,9 @@ class Evaluator:
         self.workflow, self.workflow_kwargs = workflow, dict(workflow_kwargs or {})
         self.temperature = temperature
         self.max_new_tokens = max_new_tokens
-        self.target = ModelTarget(self.model)
+        from astraflow.weights.adapter import merging_target
+
+        self.target = merging_target(self.model, ModelTarget(self.model))  # LoRA: merged
         self.syncer = build_syncer(bus, weights, self.target, run=run, policy=policy,
                                    worker="evaluator", out=out)
         self.results: list[EvalResult] = []

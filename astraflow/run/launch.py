@@ -94,9 +94,11 @@ def warmup_config(config: ExperimentConfig) -> ExperimentConfig:
     data["run"] = f"{config.run}-warmup"
     t = data["trainer"]
     # one process, single-file checkpoints: the warm-up's checks read each checkpoint's
-    # model.safetensors (run/warmup_checks.py)
-    t.update(mode="sft", parallel="ddp", max_steps=w.steps, checkpoint_every=w.steps, grad_clip=w.grad_clip,
-             checkpoint_dir="{out}/checkpoints/warmup-{policy}", publish_initial=False)
+    # model.safetensors (run/warmup_checks.py); lora=None: the warm-up fine-tunes the whole
+    # model, RL's LoRA adapts the warm model
+    t.update(mode="sft", parallel="ddp", max_steps=w.steps, checkpoint_every=w.steps,
+             grad_clip=w.grad_clip, checkpoint_dir="{out}/checkpoints/warmup-{policy}",
+             publish_initial=False, lora=None)
     banded = any(w.band(p) is not None for p in config.policies)
     if banded:
         # `astraflow run` measures each checkpoint while the trainer goes on; a few kept give
@@ -225,9 +227,12 @@ def newest_checkpoint(root: Path) -> Path | None:
     return steps[-1] if steps else None
 
 
-def export_model(checkpoint: Path, base_model: Path, dest: Path) -> Path:
+def export_model(checkpoint: Path, base_model: Path, dest: Path,
+                 lora_scale: float | None = None) -> Path:
     """A Hugging Face model directory: the base's config and tokenizer, the checkpoint's
-    weights (atomically: built aside, then renamed over ``dest``)."""
+    weights (atomically: built aside, then renamed over ``dest``). ``lora_scale`` (alpha / r of
+    a ``trainer.lora`` checkpoint, which holds the adapter only): the base's weights with the
+    adapter merged."""
     tmp = dest.with_name(f".{dest.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -235,13 +240,31 @@ def export_model(checkpoint: Path, base_model: Path, dest: Path) -> Path:
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
             shutil.copy2(f, tmp / f.name)
     if (checkpoint / "model.safetensors").exists():
-        shutil.copy2(checkpoint / "model.safetensors", tmp / "model.safetensors")
+        weights_file = checkpoint / "model.safetensors"
     else:  # a sharded (fsdp) checkpoint: its whole weights
         from safetensors.torch import save_file
 
         from astraflow.consumers.trainer.sharded_checkpoint import full_weights
 
-        save_file(full_weights(checkpoint / "dcp"), str(tmp / "model.safetensors"))
+        weights_file = tmp / "whole.safetensors"
+        save_file(full_weights(checkpoint / "dcp"), str(weights_file))
+    if lora_scale is None:
+        if weights_file.parent == tmp:
+            weights_file.rename(tmp / "model.safetensors")
+        else:
+            shutil.copy2(weights_file, tmp / "model.safetensors")
+    else:
+        from safetensors.torch import load_file, save_file
+
+        from astraflow.weights.adapter import merged_weights
+
+        base: dict[str, Any] = {}
+        for f in sorted(base_model.glob("*.safetensors")):
+            base.update(load_file(str(f)))
+        save_file(merged_weights(base, load_file(str(weights_file)), lora_scale),
+                  str(tmp / "model.safetensors"))
+        if weights_file.parent == tmp:
+            weights_file.unlink()
     if dest.exists():
         shutil.rmtree(dest)
     tmp.rename(dest)

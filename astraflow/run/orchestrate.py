@@ -376,9 +376,12 @@ def export_final(config: ExperimentConfig, out: Path) -> dict[str, Path]:
     ``out/final/<policy>``; policies without one are left out."""
     exported: dict[str, Path] = {}
     for p in config.policies:
-        ck = newest_checkpoint(config.trainer_for(p).checkpoint_root(out, p))
+        tc = config.trainer_for(p)
+        ck = newest_checkpoint(tc.checkpoint_root(out, p))
         if ck is not None:
-            exported[p] = export_model(ck, model_dir(config, p, out), out / "final" / p)
+            scale = tc.lora.alpha / tc.lora.r if tc.lora is not None else None  # LoRA: merged
+            exported[p] = export_model(ck, model_dir(config, p, out), out / "final" / p,
+                                       lora_scale=scale)
     return exported
 
 

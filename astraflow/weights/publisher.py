@@ -31,7 +31,7 @@ from typing import Any
 
 from astraflow.core.bus.types import Bus, Message
 from astraflow.core.errors import AstraflowError, WeightIntegrityError, WeightStoreError
-from astraflow.core.records import TensorEntry, WeightManifest, encode
+from astraflow.core.records import AdapterSpec, TensorEntry, WeightManifest, encode
 from astraflow.core.stream import Output, send
 from astraflow.core.topics import record_key, topic_name
 from astraflow.weights.bits import bits_dict, blob_digest, digest
@@ -55,7 +55,8 @@ class PublishStats:
     refreshes: int = 0  # versions published again as a full snapshot (refresh_full)
 
 
-def manifest_for(enc: EncodedVersion, *, policy: str, uri: str) -> WeightManifest:
+def manifest_for(enc: EncodedVersion, *, policy: str, uri: str,
+                 adapter: AdapterSpec | None = None) -> WeightManifest:
     """The manifest of an encoded blob stored at ``uri``: per tensor its range, its digest
     after applying and (delta) the digest of the base it applies to, so a route is planned on
     content, not on version numbers; and the digest of the whole blob, which a mirror checks
@@ -67,7 +68,8 @@ def manifest_for(enc: EncodedVersion, *, policy: str, uri: str) -> WeightManifes
                              offset=enc.payload_start + t.offset, length=t.length,
                              digest=t.digest, changed=t.changed, base_digest=t.base_digest)
                  for t in h.tensors],
-        total_bytes=len(enc.blob), full_bytes=enc.dense_bytes, blob_digest=blob_digest(enc.blob))
+        total_bytes=len(enc.blob), full_bytes=enc.dense_bytes, blob_digest=blob_digest(enc.blob),
+        adapter=adapter)
 
 
 class ManifestTooLargeError(WeightStoreError):
@@ -97,6 +99,9 @@ class Publisher:
         self.refresh_full_after_s = refresh_full_after_s
         self.topic = topic_name(run, "weights", policy)
         self.stats = PublishStats()
+        # LoRA: the tensors published are this adapter, not the model (set by the trainer's
+        # build when trainer.lora is on); every manifest carries it
+        self.adapter: AdapterSpec | None = None
         self.last_manifests: list[WeightManifest] = []
         bus.create_topics({self.topic: 1})
         self._bus = bus
@@ -386,7 +391,8 @@ class Publisher:
         token = uuid.uuid4().hex[:8]  # blob names are never reused, so resumed reads are safe
         uris = [f"{self.policy}/v{version:010d}.{enc.header.kind}.{token}.afw" for enc in encs]
         for enc, uri in zip(encs, uris, strict=True):
-            manifests.append(manifest_for(enc, policy=self.policy, uri=uri))
+            manifests.append(manifest_for(enc, policy=self.policy, uri=uri,
+                                          adapter=self.adapter))
             self._check_fits(manifests[-1])  # before any blob of the version is stored
         try:
             for enc, uri in zip(encs, uris, strict=True):

@@ -412,6 +412,8 @@ class Syncer:
 
     def _committed(self, m: WeightManifest, uris: set[str]) -> None:
         self._version = m.version
+        if hasattr(self.target, "set_adapter"):  # LoRA: how the adapter applies (weights/adapter.py)
+            self.target.set_adapter(m.adapter)
         self.target.commit(m.version)
         self.stats.applied += 1
         self._missing -= uris

@@ -48,6 +48,8 @@ class Server(ThreadingHTTPServer):
         self.hold: threading.Event | None = None  # completions wait on it when set
         self.entered = threading.Event()  # a completion request has arrived
         self._log_lock = threading.Lock()
+        self.adapters: set[str] = set()  # LoRA adapters loaded (the dynamic LoRA routes)
+        self._pristine: Any = None  # the base weights the served adapter is merged onto
 
     @property
     def url(self) -> str:
@@ -75,6 +77,28 @@ class Server(ThreadingHTTPServer):
                     t.copy_(state[name].to(t.dtype))
 
 
+    def load_lora(self, name: str, directory: str) -> None:
+        """What the servers do with an adapter folder, here by merging it into the backend
+        (this fake serves one adapter at a time: the one loaded last)."""
+        from safetensors.torch import load_file
+
+        from astraflow.core.records import AdapterSpec
+        from astraflow.weights.adapter import PristineBase, merge_lora
+
+        cfg = json.loads((Path(directory) / "adapter_config.json").read_text())
+        spec = AdapterSpec(r=cfg["r"], alpha=cfg["lora_alpha"],
+                           target_modules=cfg["target_modules"],
+                           base_model=cfg["base_model_name_or_path"])
+        self._pristine = self._pristine or PristineBase()
+        merge_lora(self.engine.model, spec,
+                   load_file(str(Path(directory) / "adapter_model.safetensors")), self._pristine)
+        self.adapters.add(name)
+
+
+LORA_ROUTES = {"vllm": ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"),
+               "sglang": ("/load_lora_adapter", "/unload_lora_adapter")}
+
+
 class Handler(BaseHTTPRequestHandler):
     server: Server
 
@@ -82,9 +106,10 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def _reply(self, code: int, body: Any) -> None:
-        data = json.dumps(body).encode()
+        plain = isinstance(body, str)  # vLLM's LoRA routes answer plain text
+        data = body.encode() if plain else json.dumps(body).encode()
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", "text/plain" if plain else "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -108,6 +133,23 @@ class Handler(BaseHTTPRequestHandler):
         if srv.kind == "sglang" and self.path == "/update_weights_from_disk":
             srv.load(body["model_path"])
             return self._reply(200, {"success": True, "message": "ok", "num_paused_requests": 0})
+        load, unload = LORA_ROUTES[srv.kind]
+        if self.path == load:
+            srv.load_lora(body["lora_name"], body["lora_path"])
+            # vLLM's api_server: Response(content="Success: LoRA adapter '<name>' added ...")
+            return self._reply(200, {"success": True, "error_message": None} if srv.kind ==
+                               "sglang" else f"Success: LoRA adapter '{body['lora_name']}' "
+                                             "added successfully.")
+        if self.path == unload:
+            if body["lora_name"] not in srv.adapters:
+                return self._reply(404, {"detail": f"no adapter {body['lora_name']}"})
+            srv.adapters.discard(body["lora_name"])
+            return self._reply(200, {"success": True, "error_message": None} if srv.kind ==
+                               "sglang" else f"Success: LoRA adapter '{body['lora_name']}' "
+                                             "removed successfully.")
+        if "model" in body and self.path == "/v1/completions" and srv.adapters and (
+                body["model"] not in srv.adapters):
+            return self._reply(404, {"detail": f"model {body['model']} does not exist"})
         if srv.kind == "vllm" and srv.logprobs_mode is not None:  # dev mode: the dev routes
             if self.path == "/collective_rpc":
                 assert body["method"] == "reload_weights"
@@ -345,6 +387,74 @@ def test_admin_loads_each_new_version(server_factory: Callable[..., Server], ari
     (r,) = client.generate([GenRequest([1, 4, 13, 5, 16], max_new_tokens=3)])
     assert r.versions == [2] * len(r.token_ids)
     assert len(list((tmp_path / "ckpt").glob("v*"))) <= 2  # old checkpoints are removed
+    follower.close()
+    pub.close()
+
+
+@pytest.mark.parametrize("admin", ["vllm", "sglang"])
+def test_lora_versions_go_through_the_dynamic_lora_routes(
+        server_factory: Callable[..., Server], arith_dir: Path, bus: Bus, tmp_path: Path,
+        admin: str) -> None:
+    """A LoRA trainer's versions: an adapter folder per version, loaded under a new name
+    (vLLM /v1/load_lora_adapter, SGLang /load_lora_adapter), the old one unloaded, requests
+    naming the adapter; the server then computes the logits of the base with the adapter
+    merged (peft's merge of the published bf16 adapter)."""
+    import copy
+
+    from peft import (
+        LoraConfig,
+        get_peft_model,
+        get_peft_model_state_dict,
+        set_peft_model_state_dict,
+    )
+
+    from astraflow.consumers.rollout.weights import WeightFollower
+    from astraflow.core.records import AdapterSpec
+    from astraflow.models.tiny import load
+    from astraflow.weights.syncer import Syncer
+
+    server = server_factory(admin)
+    client = client_for(server, arith_dir, admin=admin, checkpoint_dir=tmp_path / "ckpt")
+    store = FileStore(tmp_path / "weights")
+    follower = WeightFollower(Syncer(bus, run="o", policy="default", store=store,
+                                     target=client.weight_target()), engine=client)
+    base, _ = load(arith_dir)
+    peft_model = get_peft_model(copy.deepcopy(base), LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    pub = Publisher(bus, run="o", policy="default", store=store)
+    pub.adapter = AdapterSpec(r=4, alpha=8.0, target_modules=["q_proj", "v_proj"],
+                              base_model=str(arith_dir))
+    load_route, unload_route = LORA_ROUTES[admin]
+    for version in (1, 2):
+        with torch.no_grad():
+            for n, p in peft_model.named_parameters():
+                if ".lora_" in n:
+                    p.add_(0.05 * torch.randn_like(p))
+        published = get_peft_model_state_dict(peft_model)
+        pub.publish(published, version)
+        pub.flush()
+        assert follower.sync_now(timeout=10) == version
+        assert client.version == version and client.lora_name == f"af-v{version}"
+        path = str(tmp_path / "ckpt" / f"lora-v{version:010d}")
+        assert server.bodies(load_route)[-1] == {"lora_name": f"af-v{version}",
+                                                 "lora_path": path}
+    assert server.bodies(unload_route) == [{"lora_name": "af-v1"}]
+    assert server.adapters == {"af-v2"}
+    assert not (tmp_path / "ckpt" / f"lora-v{1:010d}").exists()
+    assert not server.bodies("/update_weights_from_disk") + server.bodies("/collective_rpc")
+    (r,) = client.generate([GenRequest([1, 4, 13, 5, 16], max_new_tokens=3)])
+    assert r.versions == [2] * len(r.token_ids)
+    assert server.bodies("/v1/completions")[-1]["model"] == "af-v2"
+    # the server's model = the base with the published (bf16) adapter merged, as peft merges
+    bf16 = {k: v.to(torch.bfloat16).float() for k, v in published.items()}
+    set_peft_model_state_dict(peft_model, bf16)
+    merged = peft_model.merge_and_unload().eval()
+    ids = torch.tensor([[1, 4, 13, 5, 16, 6]])
+    with torch.no_grad():
+        want, got = merged(input_ids=ids).logits, server.engine.model(input_ids=ids).logits
+        plain = base(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    assert (want - plain).abs().max() > 1e-3
     follower.close()
     pub.close()
 

@@ -62,8 +62,11 @@ class FakeLLM:
         self.finish = "length"
         self.params: list[Any] = []
         self.shutdowns = 0
+        self.lora_requests: list[Any] = []  # per generate call (None: the base model)
+        self.removed_loras: list[int] = []
         self.llm_engine = types.SimpleNamespace(
-            engine_core=types.SimpleNamespace(shutdown=self._shutdown))
+            engine_core=types.SimpleNamespace(shutdown=self._shutdown),
+            remove_lora=self.removed_loras.append)
 
     def _shutdown(self) -> None:
         self.shutdowns += 1
@@ -71,8 +74,10 @@ class FakeLLM:
     def get_tokenizer(self) -> str:
         return "tokenizer"
 
-    def generate(self, prompts: list[dict], params: list[Any], use_tqdm: bool) -> list[Any]:
+    def generate(self, prompts: list[dict], params: list[Any], use_tqdm: bool,
+                 lora_request: Any = None) -> list[Any]:
         self.params.extend(params)
+        self.lora_requests.append(lora_request)
         outs = []
         for p in prompts:
             ids = [p["prompt_token_ids"][-1] + 1, 9]
@@ -103,6 +108,15 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     vllm.inputs = inputs  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    lora = types.ModuleType("vllm.lora")
+    request = types.ModuleType("vllm.lora.request")
+    # vLLM's LoRARequest(lora_name, lora_int_id, lora_path)
+    request.LoRARequest = lambda lora_name, lora_int_id, lora_path: types.SimpleNamespace(  # type: ignore[attr-defined]
+        lora_name=lora_name, lora_int_id=lora_int_id, lora_path=lora_path)
+    lora.request = request  # type: ignore[attr-defined]
+    vllm.lora = lora  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.lora", lora)
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", request)
 
 
 def make(**kwargs: Any) -> tuple[VLLMEngine, FakeLLM]:
@@ -296,6 +310,72 @@ def test_update_chunk_mb_comes_from_config(fake_vllm: None, tmp_path: Path) -> N
         build_engine("vllm", model_path=tmp_path, update_chunk_mb=0)
 
 
+def test_lora_versions_are_served_as_new_lora_requests(fake_vllm: None, tmp_path: Path
+                                                        ) -> None:
+    """A LoRA trainer's versions: each becomes a peft adapter folder (safetensors with the
+    published bits + adapter_config.json) and a LoRARequest with a new name and id; the old one
+    is removed; no tensor goes to the workers."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    from astraflow.core.records import AdapterSpec
+
+    spec = AdapterSpec(r=2, alpha=4.0, target_modules=["q_proj"], base_model="/m")
+    names = ["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+             "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
+    engine, llm = make(vllm_args={"enable_lora": True, "max_lora_rank": 8},
+                       adapter_dir=tmp_path / "adapters")
+    target = engine.weight_target()
+    folders = []
+    for version in (4, 5):
+        bits = {n: bf16((2, 8) if "lora_A" in n else (8, 2), version + i)
+                for i, n in enumerate(names)}
+
+        def fn(bits: dict = bits, version: int = version) -> None:
+            for name, (dtype, arr) in bits.items():
+                target.apply(name, dtype, arr.shape, arr.reshape(-1))
+            target.set_adapter(spec)
+            target.commit(version)
+
+        engine.update_weights(fn)
+        req = engine.lora_request
+        assert (req.lora_name, req.lora_int_id) == (f"af-v{version}", version + 1)
+        folder = Path(req.lora_path)
+        folders.append(folder)
+        cfg = json.loads((folder / "adapter_config.json").read_text())
+        assert (cfg["r"], cfg["lora_alpha"], cfg["target_modules"]) == (2, 4.0, ["q_proj"])
+        saved = load_file(str(folder / "adapter_model.safetensors"))
+        for n, (_d, arr) in bits.items():
+            assert saved[n].dtype == torch.bfloat16
+            assert np.array_equal(saved[n].view(torch.int16).numpy().view(np.uint16), arr), n
+        engine.generate([GenRequest([1, 2], max_new_tokens=2)])
+        assert llm.lora_requests[-1] is req
+        assert engine.version == version
+    assert llm.removed_loras == [5] and not folders[0].exists() and folders[1].exists()
+    assert llm.rpc_sizes == []  # the adapter never goes through the full-weight route
+    engine.close()
+
+
+def test_lora_versions_need_enable_lora(fake_vllm: None) -> None:
+    from astraflow.core.records import AdapterSpec
+
+    engine, _ = make()
+    target = engine.weight_target()
+
+    def fn() -> None:
+        target.apply("base_model.model.q.lora_A.weight", "bfloat16", (2, 4),
+                     bf16((2, 4), 0)[1].reshape(-1))
+        target.apply("base_model.model.q.lora_B.weight", "bfloat16", (4, 2),
+                     bf16((4, 2), 1)[1].reshape(-1))
+        target.set_adapter(AdapterSpec(r=2, alpha=2.0, target_modules=["q"], base_model="m"))
+        target.commit(1)
+
+    with pytest.raises(EngineError, match="enable_lora"):
+        engine.update_weights(fn)
+
+
 # ---------------------------------------------------------------- GPU: the real vLLM
 
 TEMP, TOP_P = 0.8, 0.9
@@ -388,3 +468,67 @@ def test_vllm_takes_new_weights_in_place(vllm_engine: VLLMEngine, arith_dir: Pat
     ref_model = new.to(torch.bfloat16).float()  # what the engine holds: bf16-rounded weights
     ref = processed_logprobs(ref_model, prompt, r.token_ids, temperature=TEMP, top_p=TOP_P)
     assert max(abs(a - b) for a, b in zip(ref, r.logprobs, strict=True)) < 1e-2
+
+
+@pytest.mark.gpu
+def test_vllm_serves_published_lora_adapters(arith_dir: Path, tmp_path: Path) -> None:
+    """A LoRA trainer's versions through publisher -> syncer -> the real vLLM with LoRA
+    enabled: tokens carry the adapter's version and their logprobs are those of the base with
+    the (bf16) adapter merged, for two versions in turn (a new LoRARequest each)."""
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    peft = pytest.importorskip("peft")
+    import copy
+
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from astraflow.consumers.rollout.weights import WeightFollower
+    from astraflow.core.bus import connect
+    from astraflow.core.records import AdapterSpec
+    from astraflow.models.tiny import load
+    from astraflow.weights.publisher import Publisher
+    from astraflow.weights.store import FileStore
+    from astraflow.weights.syncer import Syncer
+
+    base, tok = load(arith_dir)
+    lora_model = peft.get_peft_model(copy.deepcopy(base), peft.LoraConfig(
+        r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    engine = build_engine("vllm", model_path=arith_dir, dtype="float32",
+                          gpu_memory_utilization=0.2, adapter_dir=tmp_path / "adapters",
+                          vllm_args={"enforce_eager": True, "enable_lora": True,
+                                     "max_lora_rank": 8, "max_loras": 2})
+    bus = connect(f"embedded://{tmp_path}/bus.db")
+    store = FileStore(tmp_path / "weights")
+    pub = Publisher(bus, run="v", policy="default", store=store)
+    pub.adapter = AdapterSpec(r=8, alpha=16.0, target_modules=["q_proj", "v_proj"],
+                              base_model=str(arith_dir))
+    follower = WeightFollower(Syncer(bus, run="v", policy="default", store=store,
+                                     target=engine.weight_target()), engine=engine)
+    prompt = tok("12+34=")["input_ids"]
+    try:
+        for version in (1, 2):
+            if version == 2:  # another adapter: B·A negated
+                with torch.no_grad():
+                    for n, p in lora_model.named_parameters():
+                        if ".lora_B." in n:
+                            p.neg_()
+            published = peft.get_peft_model_state_dict(lora_model)
+            pub.publish(published, version)
+            pub.flush()
+            assert follower.sync_now(timeout=30) == version
+            assert engine.lora_request.lora_name == f"af-v{version}"
+            (r,) = engine.generate([GenRequest(prompt, max_new_tokens=4, temperature=TEMP,
+                                               top_p=TOP_P)])
+            assert r.versions == [version] * len(r.token_ids)
+            ref_model = copy.deepcopy(lora_model)
+            peft.set_peft_model_state_dict(
+                ref_model, {k: v.to(torch.bfloat16).float() for k, v in published.items()})
+            ref = processed_logprobs(ref_model.merge_and_unload(), prompt, r.token_ids,
+                                     temperature=TEMP, top_p=TOP_P)
+            assert max(abs(a - b) for a, b in zip(ref, r.logprobs, strict=True)) < 2e-2
+    finally:
+        follower.close()
+        pub.close()
+        bus.close()
+        engine.close()

@@ -90,12 +90,20 @@ def build_engine(tc: TrainerConfig, model_path: str | Path) -> Engine:
     accelerator = _device_settings(tc)
     device = accelerator.device
     model, pad_id = load_model(model_path, device)
+    adapter = None
+    if tc.lora is not None:  # before any sharding: peft wraps the whole model (trainer/lora.py)
+        from astraflow.consumers.trainer import lora
+
+        model = lora.wrap(model, tc.lora)
+        adapter = lora.spec(model, model_path)
     if tc.parallel == "fsdp":  # before the optimizer: it must hold the shards
         from astraflow.consumers.trainer.sharding import shard_model
 
         shard_model(model, tc.fsdp, device)
     oc = tc.optimizer
-    optimizer = torch.optim.AdamW(model.parameters(), lr=oc.lr, betas=tuple(oc.betas),
+    # LoRA: only the adapter requires a gradient, so only it gets AdamW state
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                  lr=oc.lr, betas=tuple(oc.betas),
                                   weight_decay=oc.weight_decay, eps=oc.eps)
     ref = None
     if tc.mode == "rl" and tc.loss.kl != "none":
@@ -111,7 +119,7 @@ def build_engine(tc: TrainerConfig, model_path: str | Path) -> Engine:
         skip_zero=tc.skip_zero_advantage_groups, std_norm=tc.loss.std_norm,
         adv_eps=tc.loss.adv_eps, entropy_metric=tc.loss.entropy_metric, ref_model=ref,
         pad_id=pad_id, autocast=accelerator.autocast, rank=accelerator.process_index,
-        world=accelerator.num_processes, parallel=tc.parallel)
+        world=accelerator.num_processes, parallel=tc.parallel, adapter=adapter)
 
 
 def step_function(mode: str) -> StepFn:
@@ -131,6 +139,8 @@ def build_trainer(tc: TrainerConfig, model: ModelConfig, *, run: str, policy: st
     starting from the model that ``model`` names (built first when it asks for a tiny one);
     ``{out}`` in the paths is the run directory ``out``."""
     engine = build_engine(tc, model_dir(model, policy, out))
+    if publisher is not None and engine.adapter is not None:
+        publisher.adapter = engine.adapter  # manifests say: a LoRA adapter over this base
     checkpoints = CheckpointDir(tc.checkpoint_root(out, policy), run=run, policy=policy,
                                 keep=tc.keep_checkpoints)
     log_path = Path(out).resolve() / f"trainer-{policy}.jsonl" if tc.log_jsonl else None

@@ -106,6 +106,18 @@ def _own(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
 
 
+def _is_peft(model: torch.nn.Module) -> bool:
+    return getattr(model, "peft_config", None) is not None
+
+
+def _model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint holds of the model: every tensor, or with LoRA (a peft model) the
+    trainable ones only, the frozen base being the model directory's."""
+    if _is_peft(model):
+        return {n: p for n, p in model.named_parameters() if p.requires_grad}
+    return dict(model.state_dict())
+
+
 def _optimizer_parts(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor],
                                                                  dict[str, Any]]:
     sd = optimizer.state_dict()
@@ -189,7 +201,7 @@ class CheckpointDir:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         opt_tensors, opt_meta = _optimizer_parts(optimizer)
-        files = {"model.safetensors": _own(dict(model.state_dict())),
+        files = {"model.safetensors": _own(_model_tensors(model)),
                  "optimizer.safetensors": opt_tensors}
         digests = {}
         for name, tensors in files.items():
@@ -325,6 +337,8 @@ class CheckpointDir:
                          load_file(str(path / "optimizer.safetensors")), meta["optimizer"])
             return
         missing, unexpected = model.load_state_dict(weights, strict=False)
+        if _is_peft(model):  # LoRA: the frozen base is the model directory's
+            missing = [k for k in missing if k in _model_tensors(model)]
         if missing or unexpected:
             raise CheckpointError(f"checkpoint {path} does not fit the model: missing "
                                   f"{missing[:5]}, unexpected {unexpected[:5]}")

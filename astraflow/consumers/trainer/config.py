@@ -125,6 +125,22 @@ class FsdpConfig(Section):
                           "all-gathers)")
 
 
+class LoraSection(Section):
+    """LoRA through peft (``trainer.lora``; docs/trainer.md#lora): only the adapter trains and
+    is published; the base model stays frozen at ``models.<policy>``."""
+
+    r: int = pydantic.Field(8, ge=1, description="adapter rank")
+    alpha: float = pydantic.Field(16.0, gt=0,
+                                  description="scaling numerator: the update is (alpha/r)·B·A")
+    dropout: float = pydantic.Field(0.0, ge=0, lt=1,
+                                    description="dropout on the adapter's input in SFT (RL steps "
+                                                "run the model in eval mode: no dropout)")
+    target_modules: list[str] = pydantic.Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
+        description="names of the linear modules that get an adapter (peft's target_modules; "
+                    "[all-linear]: every linear layer but the output head)")
+
+
 class TrainerConfig(Section):
     """The trainer: consumes batches.<policy>, steps the optimizer, publishes weights."""
 
@@ -132,6 +148,9 @@ class TrainerConfig(Section):
         "rl", description="rl: GRPO-family policy loss; sft: cross-entropy on masked tokens")
     optimizer: OptimizerConfig = OptimizerConfig()
     loss: LossConfig = LossConfig()
+    lora: LoraSection | None = pydantic.Field(
+        None, description="LoRA adapter {r, alpha, dropout, target_modules}; null: full "
+                          "fine-tuning")
     grad_clip: float | None = pydantic.Field(1.0, gt=0,
                                              description="clip the global grad norm; null: off")
     micro_batch_tokens: int = pydantic.Field(

@@ -31,6 +31,7 @@ import torch
 
 from astraflow.consumers.trainer.batching import MicroBatch
 from astraflow.consumers.trainer.losses import LossSpec, token_entropy, token_logprobs
+from astraflow.core.records import AdapterSpec
 
 
 @dataclass
@@ -57,6 +58,7 @@ class Engine:
     rank: int = 0
     world: int = 1
     parallel: str = "ddp"  # ddp | fsdp (the model's parameters are DTensor shards)
+    adapter: AdapterSpec | None = None  # trainer.lora: the model is a peft LoRA model
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
@@ -70,8 +72,19 @@ class Engine:
         return self.lr * min(1.0, (version + 1) / self.warmup_steps)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """The master weights by name (what checkpoints and the publisher get); whole tensors.
-        Under fsdp a collective: every rank must call it at the same point."""
+        """The master weights by name (what checkpoints and the publisher get); whole tensors,
+        with LoRA the adapter's only (:func:`.lora.adapter_tensors`). Under fsdp a collective:
+        every rank must call it at the same point."""
+        if self.adapter is not None:
+            from astraflow.consumers.trainer.lora import adapter_tensors
+
+            tensors = adapter_tensors(self.model)
+            if self.parallel == "fsdp":
+                from torch.distributed.tensor import DTensor
+
+                tensors = {k: v.full_tensor() if isinstance(v, DTensor) else v
+                           for k, v in tensors.items()}
+            return tensors
         if self.parallel == "fsdp":
             from astraflow.consumers.trainer.sharding import full_state
 

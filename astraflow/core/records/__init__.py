@@ -40,6 +40,7 @@ from astraflow.core.records.codec import (
     to_builtins,
 )
 from astraflow.core.records.control import (
+    AdapterSpec,
     BlobPart,
     Claim,
     DeadLetter,
@@ -85,6 +86,7 @@ __all__ = [
     "SCHEMAS",
     "SCHEMA_HEADER",
     "Task",
+    "AdapterSpec",
     "TensorEntry",
     "TrajRef",
     "Trajectory",

@@ -38,6 +38,22 @@ class BlobPart(msgspec.Struct, kw_only=True):
     blob_digest: str = ""  # digest of its bytes (mirrors check it)
 
 
+class AdapterSpec(msgspec.Struct, kw_only=True):
+    """A LoRA adapter over a base model (``trainer.lora``): how the tensors of a manifest that
+    carries it apply. Written by the trainer (:mod:`astraflow.consumers.trainer.lora`); read by
+    the rollout engines (:mod:`astraflow.weights.adapter`). Its tensors are peft's adapter
+    state dict (``base_model.model.<module>.lora_A.weight`` [r, in], ``...lora_B.weight``
+    [out, r]); a module's weight becomes ``W0 + (alpha / r) * B @ A``."""
+
+    type: Literal["lora"] = "lora"
+    r: int
+    alpha: float
+    target_modules: list[str]  # module names as peft resolved them (e.g. q_proj, v_proj)
+    base_model: str  # the base model's name (its directory's or the Hub's name_or_path)
+    # sha256 of the base's config.json and its safetensors headers and sizes; "": unknown
+    base_fingerprint: str = ""
+
+
 class WeightManifest(Record, tag="WeightManifest", kw_only=True):
     """The commit marker of a weight version. Key: ``policy``. Trainer → rollout workers."""
 
@@ -55,6 +71,8 @@ class WeightManifest(Record, tag="WeightManifest", kw_only=True):
     #: then their sum and ``blob_digest`` empty. Absent (empty): one blob, as before
     parts: list[BlobPart] = []
     created_at: float = msgspec.field(default_factory=time.time)
+    # LoRA: the tensors are an adapter over this base model, not the model; absent: the model
+    adapter: AdapterSpec | None = None
 
 
 class Metric(Record, tag="Metric", kw_only=True):

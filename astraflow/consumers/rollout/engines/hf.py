@@ -4,7 +4,9 @@ Decoding is our own token-by-token loop over the model's KV cache (not ``generat
 a new weight version can be applied between two decoding steps: the syncer's update runs at the
 next step boundary (:meth:`HFEngine.update_weights`), in-flight sequences continue on the new
 weights, and every token records the version of the weights whose forward pass produced it.
-Batches are left-padded; finished rows leave the batch (their cache rows are dropped).
+A LoRA trainer's versions (adapters) are merged into the model, each from the pristine base
+weights (:mod:`astraflow.weights.adapter`). Batches are left-padded; finished rows leave the
+batch (their cache rows are dropped).
 
 With ``continuous=True`` the engine batches itself instead (iteration-level scheduling): one
 decode thread owns the model, :meth:`HFEngine.submit` hands it a request at any time and the
@@ -25,6 +27,7 @@ from typing import Any, TypeVar
 from astraflow.consumers.rollout.engines.base import EngineError, GenRequest, GenResult
 from astraflow.consumers.rollout.engines.sampling import StopChecker, eos_ids, sample
 from astraflow.consumers.rollout.engines.target import ModelTarget
+from astraflow.weights.adapter import AdapterTarget, merging_target
 
 log = logging.getLogger("astraflow.rollout.hf")
 
@@ -142,6 +145,9 @@ class HFEngine:
             self.eos, default=0)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.target = ModelTarget(model)
+        # LoRA versions (weights/adapter.py): adapter tensors stay on the host and are merged
+        # into the model from a pristine copy of the targeted base weights at each version
+        self._weights = merging_target(model, self.target)
         self.gate = StepGate()
         self.steps = 0  # decoding steps run (forward passes), for tests and metrics
         # called at each step boundary: tests, and engines/speed.py paces a continuous engine here
@@ -164,8 +170,8 @@ class HFEngine:
         v = self.target.version
         return self.initial_version if v is None else v
 
-    def weight_target(self) -> ModelTarget:
-        return self.target
+    def weight_target(self) -> AdapterTarget:
+        return self._weights
 
     def update_weights(self, fn: Callable[[], T]) -> T:
         return self.gate.update(fn)

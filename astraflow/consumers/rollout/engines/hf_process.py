@@ -52,6 +52,7 @@ import msgspec
 
 from astraflow.consumers.rollout.engines.base import EngineError, GenRequest, GenResult
 from astraflow.consumers.rollout.engines.target import ModelTarget
+from astraflow.weights.adapter import AdapterTarget, merging_target
 
 log = logging.getLogger("astraflow.rollout.hf_process")
 
@@ -242,6 +243,8 @@ class ProcessEngine:
         self.model = model.eval()
         self._weights_fd, self._weights, self._layout = share(self.model)
         self.target = ModelTarget(self.model)
+        # LoRA versions: merged into the shared weights (weights/adapter.py)
+        self._weights = merging_target(self.model, self.target)
         self.initial_version = initial_version
         self.max_batch_size = max_batch_size
         self.restarts = 0  # times the engine process was started again after it died
@@ -330,8 +333,8 @@ class ProcessEngine:
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
-    def weight_target(self) -> ModelTarget:
-        return self.target
+    def weight_target(self) -> AdapterTarget:
+        return self._weights
 
     def update_weights(self, fn: Callable[[], T]) -> T:
         with self._updates:

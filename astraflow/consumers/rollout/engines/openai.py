@@ -40,6 +40,15 @@ model directory), then the server is told to load it:
   ``{"new_version"}``.
 * ``custom``: ``POST admin_path`` with ``admin_body``, ``{path}``/``{version}`` filled in.
 
+A LoRA trainer's versions (adapters, :mod:`astraflow.weights.adapter`) are written as peft
+adapter folders (``lora-v<version>`` under ``checkpoint_dir``) and loaded by the servers'
+dynamic LoRA routes under a new name per version, ``af-v<version>``: vLLM ``POST
+/v1/load_lora_adapter`` ``{"lora_name", "lora_path"}`` (started with ``--enable-lora`` and
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``), SGLang ``POST /load_lora_adapter`` (the same body;
+started with ``--enable-lora``); then the previous adapter is unloaded (``unload_lora_adapter``,
+``{"lora_name"}``) and requests name the new one as their ``model``. No prefix-cache reset:
+both servers key cached prefixes by adapter.
+
 Versions per token: requests hold :class:`.openai_server.UpdateGate` shared and an update holds
 it exclusively, so the server never loads weights while one of this engine's requests runs, and
 each request is labelled with the version it ran under, exactly. The price: an update waits for
@@ -71,6 +80,8 @@ from astraflow.consumers.rollout.engines.openai_server import (
     unverified,
 )
 from astraflow.consumers.rollout.engines.target import HostTarget
+from astraflow.core.records import AdapterSpec
+from astraflow.weights.adapter import AdapterTarget, write_adapter_dir
 
 log = logging.getLogger("astraflow.rollout.openai")
 
@@ -83,6 +94,11 @@ NEUTRAL_SAMPLING: dict[str, Any] = {"top_k": -1, "min_p": 0.0, "repetition_penal
                                     "presence_penalty": 0.0, "frequency_penalty": 0.0}
 _VLLM_FIELDS = {"include_stop_str_in_output": True, "return_tokens_as_token_ids": True}
 _SGLANG_FIELDS = {"no_stop_trim": True}
+_LORA_HINT = {
+    "vllm": "vLLM serves /v1/load_lora_adapter only when started with --enable-lora "
+            "--max-lora-rank <r> and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment",
+    "sglang": "SGLang serves /load_lora_adapter when started with --enable-lora "
+              "--max-lora-rank <r> --lora-target-modules <modules>"}
 _VLLM_DEV_HINT = ("vLLM serves /collective_rpc, /reset_prefix_cache and /update_weight_version "
                   "only when started with VLLM_SERVER_DEV_MODE=1 in its environment")
 
@@ -142,6 +158,12 @@ class OpenAIEngine:
         self._version = initial_version
         self._loaded: int | None = None  # the version the server was told to load
         self.target = HostTarget() if admin != "none" else None
+        # LoRA versions: a peft adapter folder per version, loaded by the server's dynamic
+        # LoRA route under a new name, which requests then name as their model
+        self._weights = (AdapterTarget(self.target, self._take_adapter)
+                         if self.target is not None else None)
+        self.lora_name: str | None = None  # the adapter requests name now (None: the base)
+        self._new_lora: tuple[str, Path, int] | None = None  # written by the sync, not loaded
         self._lock = threading.Lock()  # one update at a time
         self.gate = UpdateGate()  # requests vs. updates
         self._info: ServerInfo | None = None
@@ -166,15 +188,23 @@ class OpenAIEngine:
                     log.warning("%s: %s", self.base_url, warning)
             return self._info
 
-    def weight_target(self) -> HostTarget | None:
-        return self.target
+    def weight_target(self) -> AdapterTarget | None:
+        return self._weights
+
+    def _take_adapter(self, spec: AdapterSpec, tensors: dict[str, Any], version: int) -> None:
+        if self.admin not in ("vllm", "sglang"):
+            raise EngineError(f"the trainer publishes LoRA adapters (trainer.lora); admin "
+                              f"{self.admin!r} has no adapter route: use admin: vllm or sglang")
+        name = f"af-v{version}"
+        path = write_adapter_dir(self.checkpoint_dir / f"lora-v{version:010d}", spec, tensors)
+        self._new_lora = (name, path, version)
 
     def close(self) -> None:
         pass
 
     # -- HTTP ----------------------------------------------------------------------------------
     def _http(self, method: str, path: str, body: dict[str, Any] | None = None,
-              timeout: float | None = None) -> Any:
+              timeout: float | None = None, text: bool = False) -> Any:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(f"{self.base_url}{path}", data=data, method=method,
                                      headers={"Content-Type": "application/json"})
@@ -183,7 +213,10 @@ class OpenAIEngine:
         where = f"{method} {self.base_url}{path}"
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.request_timeout) as resp:
-                return json.loads(resp.read() or b"{}")
+                raw = resp.read()
+                if text:  # vLLM's LoRA routes answer 200 with plain text ("Success: ...")
+                    return raw.decode("utf-8", "replace")
+                return json.loads(raw or b"{}")
         except urllib.error.HTTPError as e:
             detail = e.read()[:500].decode("utf-8", "replace")
             raise ServerHTTPError(f"{where}: HTTP {e.code}: {detail}", e.code) from None
@@ -217,7 +250,9 @@ class OpenAIEngine:
             **(_VLLM_FIELDS if kind != "sglang" else {}),
             **(_SGLANG_FIELDS if kind != "vllm" else {}),
         }
-        if self.served_model:
+        if self.lora_name:  # LoRA: the adapter loaded for the current version
+            body["model"] = self.lora_name
+        elif self.served_model:
             body["model"] = self.served_model
         if r.stop:
             body["stop"] = list(r.stop)
@@ -253,6 +288,10 @@ class OpenAIEngine:
             assert self.target is not None
             version = self.target.version
             changed = self.target.take_changed()
+            if self._new_lora is not None:
+                self._switch_lora(*self._new_lora)
+                self._new_lora = None
+                return result
             if version is not None and version != self._loaded and changed:
                 try:
                     path = self._write_checkpoint(version)
@@ -268,6 +307,34 @@ class OpenAIEngine:
                     self.target.changed.update(changed)  # retried at the next sync
                     raise
             return result
+
+    def _switch_lora(self, name: str, path: Path, version: int) -> None:
+        """With no request in flight: load adapter ``name`` from ``path``, name it in requests
+        from now on, and unload the previous one (its folder removed)."""
+        prefix = "/v1" if self.admin == "vllm" else ""
+        timeout = self.admin_timeout + 30
+        with self.gate.exclusive():
+            try:
+                resp = self._http("POST", f"{prefix}/load_lora_adapter",
+                                  {"lora_name": name, "lora_path": str(path)}, timeout,
+                                  text=self.admin == "vllm")
+            except ServerHTTPError as e:
+                if e.status in (404, 405):
+                    raise EngineError(f"{e}; {_LORA_HINT[self.admin]}") from None
+                raise
+            if isinstance(resp, dict) and resp.get("success") is False:  # SGLang's answer
+                raise EngineError(f"{self.base_url} refused LoRA adapter {path}: "
+                                  f"{resp.get('error_message') or resp}")
+            old, self.lora_name = self.lora_name, name
+            self._loaded = self._version = version
+            self._broken = None
+            if old is not None:
+                self._http("POST", f"{prefix}/unload_lora_adapter", {"lora_name": old},
+                           timeout, text=self.admin == "vllm")
+                shutil.rmtree(self.checkpoint_dir / f"lora-v{int(old.removeprefix('af-v')):010d}",
+                              ignore_errors=True)
+        log.info("server %s serves LoRA adapter %s (version=%d) from %s", self.base_url, name,
+                 version, path)
 
     def _write_checkpoint(self, version: int) -> Path:
         from astraflow.weights.safetensors_io import write_safetensors

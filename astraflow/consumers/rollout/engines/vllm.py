@@ -18,6 +18,10 @@ extension (:mod:`.vllm_ext`) that calls the model's ``load_weights`` in place, t
 RLHF examples document. One RPC carries at most ``update_chunk_mb`` of tensor bytes (a single
 larger tensor goes alone): each RPC holds several copies of its bytes in host memory across the
 two processes. After the tensors, the prefix cache is reset (see :meth:`VLLMEngine._reset_cache`).
+A LoRA trainer's versions (adapters, :mod:`astraflow.weights.adapter`) are written as peft
+adapter folders under ``adapter_dir`` and served with ``LoRARequest("af-v<version>",
+version + 1, folder)``: a new name and id per version (vLLM caches adapters by id), the previous
+one removed; vLLM must be built with ``vllm_args: {enable_lora: true, max_lora_rank: r}``.
 Updates land between batches (the batcher's calls), not between decoding steps inside a batch:
 tokens of one batch share one version. Quantized models cannot take tensor deltas (see
 :mod:`.vllm_ext`) and are refused at the first update.
@@ -29,6 +33,8 @@ module; the tests marked ``gpu`` run it for real where vLLM and CUDA are install
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -37,6 +43,8 @@ from astraflow.consumers.rollout.engines.base import EngineError, GenRequest, Ge
 from astraflow.consumers.rollout.engines.hf import StepGate
 from astraflow.consumers.rollout.engines.target import HostTarget
 from astraflow.consumers.rollout.engines.vllm_ext import Payload
+from astraflow.core.records import AdapterSpec
+from astraflow.weights.adapter import AdapterTarget, write_adapter_dir
 
 log = logging.getLogger("astraflow.rollout.vllm")
 
@@ -87,7 +95,8 @@ class VLLMEngine:
     def __init__(self, model_path: str | Path, *, dtype: str = "auto",
                  gpu_memory_utilization: float = 0.85, max_batch_size: int = 256, seed: int = 0,
                  initial_version: int = 0, update_chunk_mb: float = 256,
-                 vllm_args: dict[str, Any] | None = None, **_: Any) -> None:
+                 vllm_args: dict[str, Any] | None = None, adapter_dir: str | Path | None = None,
+                 **_: Any) -> None:
         if update_chunk_mb <= 0:
             raise EngineError(f"update_chunk_mb={update_chunk_mb}: must be > 0 (MB of changed "
                               "weights per collective_rpc call; default 256)")
@@ -119,6 +128,14 @@ class VLLMEngine:
             log.warning("model=%s quantization=%s: weight updates will be refused (tensor "
                         "deltas need an unquantized model)", model_path, self.quantization)
         self.target = HostTarget()
+        # LoRA versions: written as peft adapter folders and served through LoRARequest
+        self._weights = AdapterTarget(self.target, self._take_adapter)
+        self.lora_enabled = bool(args.get("enable_lora"))
+        self._own_adapter_dir = adapter_dir is None  # a temporary one, removed at close
+        self.adapter_dir = Path(adapter_dir) if adapter_dir else Path(
+            tempfile.mkdtemp(prefix="af-vllm-lora-"))
+        self.lora_request: Any = None  # the adapter generation uses now (None: the base)
+        self._new_lora: tuple[int, Path, int] | None = None  # (r, folder, version) to serve
         self.gate = StepGate()
         self._version = initial_version
         self._unsent: set[str] = set()  # changed tensors not yet loaded by every worker
@@ -129,13 +146,22 @@ class VLLMEngine:
     def version(self) -> int:
         return self._version
 
-    def weight_target(self) -> HostTarget:
-        return self.target
+    def weight_target(self) -> AdapterTarget:
+        return self._weights
+
+    def _take_adapter(self, spec: AdapterSpec, tensors: dict[str, Any], version: int) -> None:
+        """Write version ``version``'s adapter as a peft folder; the update then serves it
+        under a new name and id (vLLM caches adapters by id: a reused id would keep serving
+        the old tensors)."""
+        path = write_adapter_dir(self.adapter_dir / f"v{version:010d}", spec, tensors)
+        self._new_lora = (spec.r, path, version)
 
     def close(self) -> None:
         """Stop vLLM's engine core (its process and the GPU memory it holds). vLLM 0.33's ``LLM``
         has no ``shutdown``; the engine-core client's ``shutdown`` is what its finaliser calls."""
         llm, self.llm = getattr(self, "llm", None), None
+        if getattr(self, "_own_adapter_dir", False):
+            shutil.rmtree(self.adapter_dir, ignore_errors=True)
         if llm is None:
             return
         shutdown = getattr(llm, "shutdown", None)  # a later vLLM may add one
@@ -165,7 +191,8 @@ class VLLMEngine:
             if self._failed:
                 raise EngineError(self._failed)
             version = self._version
-            outs = self.llm.generate(prompts, params, use_tqdm=False)
+            lora = {"lora_request": self.lora_request} if self.lora_request is not None else {}
+            outs = self.llm.generate(prompts, params, use_tqdm=False, **lora)
         finally:
             self.gate.release()
         results = []
@@ -200,11 +227,34 @@ class VLLMEngine:
                 self._send(sorted(self._unsent))
                 self._reset_cache()
                 self._failed = None
+            if self._new_lora is not None:  # kept until served: a refusal is retried
+                self._switch_lora(*self._new_lora)
+                self._new_lora = None
             if self.target.version is not None:
                 self._version = self.target.version
             return result
 
         return self.gate.update(run)
+
+    def _switch_lora(self, r: int, path: Path, version: int) -> None:
+        """Serve the adapter in ``path`` from the next batch on; drop the previous adapter
+        (vLLM's engine ``remove_lora`` where it has one; its LRU of adapters evicts it
+        otherwise) and its folder. The prefix cache needs no reset: vLLM keys cached blocks by
+        adapter."""
+        from vllm.lora.request import LoRARequest
+
+        if not self.lora_enabled:
+            raise EngineError("the trainer publishes LoRA adapters (trainer.lora) but this vLLM "
+                              "was started without LoRA: set rollout.engine.vllm_args: "
+                              f"{{enable_lora: true, max_lora_rank: {r}}} (or larger)")
+        old = self.lora_request
+        self.lora_request = LoRARequest(f"af-v{version}", version + 1, str(path))
+        if old is None:
+            return
+        remove = getattr(getattr(self.llm, "llm_engine", None), "remove_lora", None)
+        if remove is not None:
+            remove(old.lora_int_id)
+        shutil.rmtree(old.lora_path, ignore_errors=True)
 
     def _send(self, names: Sequence[str]) -> None:
         """Load ``names`` on every worker, one RPC per run of at most update_chunk_bytes."""

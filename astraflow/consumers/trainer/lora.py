@@ -1,0 +1,76 @@
+"""LoRA on the trainer (``trainer.lora``): wrap the model with peft, train and publish the adapter.
+
+:func:`wrap` turns the loaded model into peft's ``PeftModelForCausalLM`` (``LoraConfig`` +
+``get_peft_model``): the base weights are frozen (``requires_grad`` False), so only the
+adapter's ``lora_A`` / ``lora_B`` get gradients and AdamW state (the engine's optimizer is
+built over the parameters that require a gradient). The adapter is initialised as peft does
+(A random from the seeded torch generator, B zero: the wrapped model starts equal to the base).
+
+What leaves the trainer is the adapter only:
+
+* :func:`adapter_tensors`: peft's adapter state dict (``base_model.model.<module>.lora_A.weight``
+  ...), which the publisher sends (sparse deltas as for full weights) with the manifest marked
+  by :func:`spec` (r, alpha, the resolved target modules, the base model's identity);
+* checkpoints hold the trainable tensors and the optimizer; the base model comes from the model
+  path at restart (:mod:`.checkpoint`).
+
+With FSDP the wrapping comes first: ``fully_shard`` then shards the peft model, frozen base
+parameters included (FSDP2 handles mixed ``requires_grad`` within a module group).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from astraflow.core.errors import ConfigError
+from astraflow.core.records import AdapterSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from astraflow.consumers.trainer.config import LoraSection
+
+
+def wrap(model: torch.nn.Module, lora: LoraSection) -> Any:
+    """``model`` as a peft LoRA model: base frozen, adapters on ``lora.target_modules``."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ConfigError("trainer.lora needs peft: pip install 'astraflow[lora]' "
+                          "(or pip install 'peft>=0.17,<1')") from None
+    targets: Any = lora.target_modules
+    if targets == ["all-linear"]:
+        targets = "all-linear"
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=targets, bias="none", task_type="CAUSAL_LM")
+    try:
+        peft_model = get_peft_model(model, config)
+    except ValueError as e:  # peft: "Target modules {...} not found in the base model"
+        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                        if type(m).__name__ == "Linear"})
+        raise ConfigError(f"trainer.lora.target_modules={lora.target_modules}: {e}; linear "
+                          f"modules of this model: {names}") from None
+    return peft_model
+
+
+def is_lora(model: Any) -> bool:
+    return getattr(model, "peft_config", None) is not None
+
+
+def adapter_tensors(model: Any) -> dict[str, torch.Tensor]:
+    """The adapter's tensors by peft's adapter state-dict names (what a saved adapter holds)."""
+    from peft import get_peft_model_state_dict
+
+    return dict(get_peft_model_state_dict(model))
+
+
+def spec(model: Any, model_path: str | Path) -> AdapterSpec:
+    """The manifest's mark of this adapter: r, alpha, the target modules as peft resolved them,
+    and the base model's name and fingerprint (:func:`astraflow.weights.adapter.fingerprint`)."""
+    from astraflow.weights.adapter import fingerprint
+
+    cfg = model.peft_config["default"]
+    return AdapterSpec(r=int(cfg.r), alpha=float(cfg.lora_alpha),
+                       target_modules=sorted(cfg.target_modules),
+                       base_model=str(model_path), base_fingerprint=fingerprint(model_path))
