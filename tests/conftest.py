@@ -210,3 +210,21 @@ class RuleEngine:
 def rule_engine() -> type[RuleEngine]:
     """:class:`RuleEngine`, to build one per policy: ``rule_engine(tokenizer, rule)``."""
     return RuleEngine
+
+
+@pytest.fixture
+def new_run() -> Callable[[Path, Path], None]:
+    """``new_run(config, out)``: the run's embedded bus and topics in ``out``, as `astraflow
+    run` makes them before its roles start (a role joins a run; it refuses a directory with
+    no bus)."""
+    def make(config: Path, out: Path) -> None:
+        from astraflow.config import load_experiment
+        from astraflow.run.resources import create_run_topics, open_bus
+
+        cfg = load_experiment(config)
+        bus = open_bus(cfg, out)
+        try:
+            create_run_topics(cfg, bus)
+        finally:
+            bus.close()
+    return make

@@ -30,10 +30,18 @@ def serve(
     http://HOST:PORT/sessions/<episode>/v1, then POST /sessions/<episode>/reward and /end;
     the episode becomes Trajectory records on the run's `trajectories` topic. SIGTERM/SIGINT:
     finish the requests in flight, exit."""
-    from astraflow.cli.common import fail, load_role
+    from astraflow.cli.common import fail, load_config, load_role
     from astraflow.core.errors import AstraflowError
-    from astraflow.run.roles import serve_gateway
+    from astraflow.run.roles import gateway_exposure, serve_gateway
 
+    from astraflow.gateway.auth import is_loopback
+
+    early = load_config(config, overrides)
+    if not is_loopback(host or early.gateway.host):
+        try:  # an exposed gateway is refused before the run directory is looked at
+            gateway_exposure(early, host)
+        except AstraflowError as e:
+            raise fail(str(e)) from None
     cfg, out = load_role(config, overrides, out)
     try:
         serve_gateway(cfg, out, policy=policy, host=host, port=port)

@@ -384,22 +384,33 @@ def build_gateway(config: ExperimentConfig, out: str | Path = ".", *, bus: Bus,
                  engines=engines, claims=claims(config, out), follow_weights=follow_weights)
 
 
-def serve_gateway(config: ExperimentConfig, out: str | Path = ".", *,
-                  policy: str | None = None, host: str | None = None,
-                  port: int | None = None) -> None:
-    """``astraflow serve``: open the run's bus (creating its topics), serve the gateway until
-    SIGINT/SIGTERM, close everything."""
+def gateway_exposure(config: ExperimentConfig, host: str | None = None
+                     ) -> tuple[str | None, str]:
+    """The gateway's token and host; refuses (ConfigError) a non-loopback host with no
+    credential unless ``gateway.allow_unauthenticated`` (warns on loopback)."""
     import os
 
-    from astraflow.gateway.auth import TOKEN_ENV, check_exposure, protect
-    from astraflow.gateway.limits import limits_of
-    from astraflow.gateway.server import app_for, serve
+    from astraflow.gateway.auth import TOKEN_ENV, check_exposure
 
     gc = config.gateway
     token = gc.token or os.environ.get(TOKEN_ENV) or None
     host = host or gc.host
     check_exposure(host, authenticated=bool(token or gc.keys),
-                   allow_unauthenticated=gc.allow_unauthenticated)  # before loading anything
+                   allow_unauthenticated=gc.allow_unauthenticated)
+    return token, host
+
+
+def serve_gateway(config: ExperimentConfig, out: str | Path = ".", *,
+                  policy: str | None = None, host: str | None = None,
+                  port: int | None = None) -> None:
+    """``astraflow serve``: open the run's bus (creating its topics), serve the gateway until
+    SIGINT/SIGTERM, close everything."""
+    from astraflow.gateway.auth import protect
+    from astraflow.gateway.limits import limits_of
+    from astraflow.gateway.server import app_for, serve
+
+    gc = config.gateway
+    token, host = gateway_exposure(config, host)  # before loading anything
     bus = open_bus(config, out)
     try:
         gateway = build_gateway(config, out, bus=bus, policy=policy)

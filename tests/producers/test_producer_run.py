@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,13 +97,15 @@ def test_jsonl_without_path_is_a_clear_error(tmp_path: Path) -> None:
         list(tasks(cfg.producer))
 
 
-def test_produce_command_function(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_produce_command_function(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                  new_run: Any) -> None:
     from astraflow.cli.produce import produce as produce_cmd
 
     run = f"c{uuid.uuid4().hex[:6]}"
     path = tmp_path / "exp.yaml"
     path.write_text(f"run: {run}\nbus: {{url: 'embedded://{{out}}/bus.db'}}\n"
                     "producer: {arithmetic: {count: 7}, n_samples: 2}\n")
+    new_run(path, tmp_path)  # a role joins a run: its bus exists
     produce_cmd(config=path, out=tmp_path, overrides=["producer.topic=tasks"], max_tasks=None)
     assert "produced=7 skipped=0 topic=tasks" in capsys.readouterr().out
     produce_cmd(config=path, out=tmp_path, overrides=["producer.topic=tasks"], max_tasks=None)
@@ -126,3 +129,4 @@ def test_producer_counters_show_while_it_produces(tmp_path: Path) -> None:
     # out after the first task)
     assert running[0].counters["tasks_produced"] < 6 and running[0].ts <= metrics[-1].ts
     assert metrics[-1].status == "stopped" and metrics[-1].counters["tasks_produced"] == 6
+

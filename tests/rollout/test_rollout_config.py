@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,7 +41,8 @@ def test_the_rollout_group_is_the_runs_unless_set() -> None:
 
 
 def test_rollout_command_runs_a_worker(tmp_path: Path, arith_dir: Path,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+                                       capsys: pytest.CaptureFixture[str],
+                                       new_run: Any) -> None:
     from astraflow.cli.produce import produce
     from astraflow.cli.rollout import rollout
 
@@ -52,6 +54,7 @@ def test_rollout_command_runs_a_worker(tmp_path: Path, arith_dir: Path,
         f"rollout: {{engine: {{model: '{arith_dir}', threads: 1, max_new_tokens: 4}}}}\n")
     cfg = load_experiment(path)
     assert cfg.rollout.engine.model == str(arith_dir)
+    new_run(path, tmp_path)  # a role joins a run: its bus exists
     produce(config=path, out=tmp_path, overrides=None, max_tasks=None)
     rollout(config=path, out=tmp_path, overrides=["rollout.max_concurrent_episodes=4"],
             max_tasks=6, timeout=None, worker_id="cli-w")

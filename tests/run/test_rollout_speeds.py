@@ -29,9 +29,11 @@ def speeds_config(**launch: Any) -> ExperimentConfig:
 
 
 def test_each_rollout_process_gets_its_own_speed(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 new_run: Any) -> None:
     config = speeds_config(rollout_workers=3, rollout_speeds=[1.0, 0.6, 0.3])
     path = write_config(config, tmp_path / "config.yaml")
+    new_run(path, tmp_path / "run")  # the roles join the run's bus
     roles = rollout_roles(config, tmp_path)
     assert sorted(roles) == ["rollout-0", "rollout-1", "rollout-2"]
 
