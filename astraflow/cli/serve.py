@@ -32,9 +32,8 @@ def serve(
     finish the requests in flight, exit."""
     from astraflow.cli.common import fail, load_config, load_role
     from astraflow.core.errors import AstraflowError
-    from astraflow.run.roles import gateway_exposure, serve_gateway
-
     from astraflow.gateway.auth import is_loopback
+    from astraflow.run.roles import gateway_exposure, serve_gateway
 
     early = load_config(config, overrides)
     if not is_loopback(host or early.gateway.host):
