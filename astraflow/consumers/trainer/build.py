@@ -64,6 +64,12 @@ def _device_settings(tc: TrainerConfig) -> Any:
     # cpu=True also for "auto" without CUDA: under torchrun that is what makes accelerate
     # set up the gloo process group (MULTI_CPU) instead of a lone process per rank
     cpu = tc.device == "cpu" or (tc.device == "auto" and not torch.cuda.is_available())
+    # accelerate keeps one AcceleratorState per process and refuses another precision: a
+    # second trainer in the process (another policy, a test) gets its own; the distributed
+    # state (PartialState) is kept
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()
     return Accelerator(cpu=cpu, mixed_precision=tc.mixed_precision)
 
 
