@@ -178,7 +178,8 @@ def _nofile(n: int) -> Any:
 
 
 @pytest.mark.slow
-def test_serve_at_its_fd_limit_refuses_a_flood_quietly(ascii_dir: Path, tmp_path: Path) -> None:
+def test_serve_at_its_fd_limit_refuses_a_flood_quietly(ascii_dir: Path, tmp_path: Path,
+                                                       new_run: Any) -> None:
     """``astraflow serve`` with 256 file descriptors and 300 connections that never finish
     their headers: the ones past its cap are closed at once, the rest at the header deadline;
     then legitimate requests are served (and one over ``max_inflight`` is a 429 with
@@ -192,6 +193,7 @@ def test_serve_at_its_fd_limit_refuses_a_flood_quietly(ascii_dir: Path, tmp_path
         "rollout": {"engine": {"threads": 1, "max_new_tokens": 4}},
         "gateway": {"port": port, "header_timeout_s": 2.0, "max_inflight": 2,
                     "retry_after_s": 3}}))
+    new_run(config, tmp_path / "run")  # serve joins a run: its bus exists
     log = tmp_path / "serve.log"
     env = {**os.environ, "ASTRAFLOW_LOG_LEVEL": "WARNING"}
     url = f"http://127.0.0.1:{port}"
