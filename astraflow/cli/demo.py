@@ -86,6 +86,7 @@ def demo(
     """A producer and worker processes on the bus; one worker is killed; nothing is lost."""
     from rich.console import Console
     from rich.live import Live
+    from rich.markup import escape
     from rich.table import Table
 
     from astraflow.core.bus import connect, embedded_url
@@ -173,5 +174,5 @@ def demo(
     bad_exit = [n for n, c in codes.items() if n != killed and c != 0]
     if lost or bad_exit:
         for n in bad_exit:
-            console.print(f"[red]{n} exited {codes[n]}:[/]\n{procs[n].tail(30)}")
+            console.print(f"[red]{n} exited {codes[n]}:[/]\n{escape(procs[n].tail(30))}")
         raise typer.Exit(1)

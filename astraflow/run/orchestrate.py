@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +132,7 @@ def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
     create_run_topics(config, bus)
     sup = Supervisor(out, max_restarts=config.launch.max_restarts,
                      grace_s=config.launch.stop_grace_s,
-                     on_event=lambda msg: console.print(f"[yellow]{msg}[/]", highlight=False))
+                     on_event=event_printer(console))
     try:
         rl = config
         if config.launch.warmup.steps > 0:
@@ -441,3 +442,12 @@ class _Null:
 
     def update(self, *_: object) -> None:
         return None
+
+
+def event_printer(console: Any) -> Callable[[str], None]:
+    """Prints the supervisor's events in yellow, as text: an event quotes a role's log, whose
+    brackets (``[rank0]:``, a path in ``[/...]``) are not rich markup (one such line used to
+    end the whole run with a MarkupError)."""
+    from rich.markup import escape
+
+    return lambda msg: console.print(f"[yellow]{escape(msg)}[/]", highlight=False)
