@@ -290,7 +290,9 @@ def test_a_starved_publisher_publishes_the_newest_again_as_a_full(bus, store,
     assert not pub.maybe_refresh()  # not starved yet
     clock = [1000.0]
     monkeypatch.setattr("astraflow.weights.publisher.time.monotonic", lambda: clock[0])
-    pub._last_sent = clock[0]
+    # the publisher's times on the test's clock only: a time taken from the real clock
+    # (the publishes above) against the fake one would make a pace of the machine's uptime
+    pub._last_sent = pub._published_at = clock[0]
     clock[0] += 29.0
     assert not pub.maybe_refresh()
     clock[0] += 2.0
@@ -303,7 +305,11 @@ def test_a_starved_publisher_publishes_the_newest_again_as_a_full(bus, store,
     assert syncer.sync_once(5) == newest and identical(held, versions[newest])
     pub.publish(versions[0], newest + 1)  # a new version: starved again later, refreshed again
     pub.flush()
-    clock[0] += 31.0
+    after = pub.refresh_after_s  # 3x the pace of versions (131 s since the last) by now
+    assert after is not None and after > 30.0
+    clock[0] += after - 1.0
+    assert not pub.maybe_refresh()
+    clock[0] += 2.0
     assert pub.maybe_refresh() and pub.stats.refreshes == 2
     pub.close()
 
