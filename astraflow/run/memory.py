@@ -113,14 +113,16 @@ def trainer_setup(config: ExperimentConfig, policy: str) -> TrainerSetup:
     if isinstance(targets, str) or not targets:  # "all-linear" (peft's), or absent
         targets = ALL_LINEAR
     known = tuple(t for t in targets if t in ALL_LINEAR) or ALL_LINEAR
+    fsdp = getattr(tc, "fsdp", None)  # trainer.fsdp: offload and activation checkpointing
     return TrainerSetup(
         parallel=str(getattr(tc, "parallel", "ddp") or "ddp"),
         ranks=int(getattr(config.launch, "trainer_ranks", 1) or 1),
         mixed_precision=tc.mixed_precision != "no",
         lora_r=int(r) if r else None, lora_targets=known,
-        offload=bool(getattr(tc, "cpu_offload", False) or getattr(tc, "offload", False)),
+        offload=bool(getattr(fsdp, "cpu_offload", False)),
         micro_batch_tokens=tc.micro_batch_tokens,
-        activation_checkpointing=bool(getattr(tc, "activation_checkpointing", False)))
+        activation_checkpointing=bool(getattr(fsdp, "activation_checkpointing", False)),
+        reference=tc.mode == "rl" and tc.loss.kl != "none")
 
 
 def describe_trainer(est: MemoryEstimate, gpu_gb: float) -> str:

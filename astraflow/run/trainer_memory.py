@@ -12,7 +12,9 @@ block while computing one).
 
 LoRA (Hu et al. 2021) trains only the adapters: ``r·(in + out)`` parameters per target linear
 layer, each with the 16 bytes above; the frozen base weights are held once, in 16-bit (2 bytes)
-or fp32 (4 bytes), with no gradient and no optimizer state. CPU offload (FSDP2's
+or fp32 (4 bytes), with no gradient and no optimizer state. A KL penalty (``loss.kl``) adds
+the frozen reference model's fp32 weights (4 bytes a parameter, /N under fsdp, which shards
+it too); LoRA's reference is its own base with the adapter off: nothing more. CPU offload (FSDP2's
 ``CPUOffloadPolicy``) moves the sharded states to host memory: the GPU keeps the working set and
 the activations.
 
@@ -119,6 +121,7 @@ class TrainerSetup:
     offload: bool = False  # fsdp: sharded states in host memory
     micro_batch_tokens: int = 4096
     activation_checkpointing: bool = False
+    reference: bool = False  # loss.kl: a frozen fp32 copy of the model (LoRA: none, the base)
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,8 @@ def trainer_memory(model: ModelShape | int, setup: TrainerSetup = TrainerSetup()
         trained = shape.lora_params(setup.lora_r, setup.lora_targets)
         frozen_bytes = params * wbytes  # the base: weights only
     states = trained * STATE_BYTES + frozen_bytes
+    if setup.reference and setup.lora_r is None:  # LoRA's reference is its own base
+        states += params * 4  # the KL reference: fp32 weights, sharded like the model
     working = 0
     n = setup.ranks if setup.parallel == "fsdp" else 1
     if setup.parallel == "fsdp":

@@ -90,3 +90,37 @@ def test_the_docs_table_is_current() -> None:
     assert out.strip() == table()
     assert table() in (ROOT / "docs" / "trainer.md").read_text(), \
         "docs/trainer.md's memory table is stale: paste `python -m astraflow.run.trainer_memory`"
+
+
+def test_a_kl_reference_is_counted() -> None:
+    """loss.kl holds a frozen fp32 copy of the model (sharded under fsdp); LoRA's reference
+    is its own base, so nothing more."""
+    full = trainer_memory(TINY, TrainerSetup(micro_batch_tokens=T, reference=True))
+    assert full.states == 16 * 1352 + 4 * 1352
+    fsdp = trainer_memory(TINY, TrainerSetup(parallel="fsdp", ranks=2, micro_batch_tokens=T,
+                                             reference=True))
+    assert fsdp.states == (16 + 4) * 1352 // 2
+    lora = trainer_memory(TINY, TrainerSetup(lora_r=2, lora_targets=("q_proj", "v_proj"),
+                                             micro_batch_tokens=T, reference=True))
+    assert lora.states == 112 * 16 + 1352 * 2
+
+
+def test_the_setup_is_read_from_the_config() -> None:
+    """astraflow check's setup comes from trainer.parallel, trainer.fsdp.*, trainer.lora,
+    loss.kl and launch.trainer_ranks."""
+    from astraflow.config import ExperimentConfig
+    from astraflow.run.memory import trainer_setup
+
+    cfg = ExperimentConfig.model_validate({
+        "run": "m", "models": {"default": {"build": "tiny-arith"}},
+        "trainer": {"parallel": "fsdp", "micro_batch_tokens": 64,
+                    "fsdp": {"cpu_offload": True, "activation_checkpointing": True},
+                    "loss": {"kl": "k3", "kl_coef": 0.01}},
+        "launch": {"trainer_ranks": 4}})
+    assert trainer_setup(cfg, "default") == TrainerSetup(
+        parallel="fsdp", ranks=4, micro_batch_tokens=64, offload=True,
+        activation_checkpointing=True, reference=True, mixed_precision=False)  # default "no"
+    plain = ExperimentConfig.model_validate({"run": "m",
+                                             "models": {"default": {"build": "tiny-arith"}}})
+    assert trainer_setup(plain, "default") == TrainerSetup(
+        micro_batch_tokens=plain.trainer.micro_batch_tokens, mixed_precision=False)

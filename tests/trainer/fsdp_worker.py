@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--save", help="checkpoint root to save into after the steps")
     ap.add_argument("--load", help="checkpoint root to resume from before the steps")
     ap.add_argument("--mode", default="rl")
+    ap.add_argument("--kl", action="store_true", help="loss.kl k3 against a reference model")
     args = ap.parse_args()
 
     import torch
@@ -43,7 +44,8 @@ def main() -> None:
 
     tc = TrainerConfig.model_validate({
         "parallel": args.parallel, "micro_batch_tokens": args.budget, "mode": args.mode,
-        "optimizer": {"lr": 1e-3}, "deterministic": True, "threads": 1})
+        "optimizer": {"lr": 1e-3}, "deterministic": True, "threads": 1,
+        **({"loss": {"kl": "k3", "kl_coef": 0.5}} if args.kl else {})})
     engine = build_engine(tc, args.model)
     step = step_function(tc.mode)
     version = 0
@@ -58,7 +60,8 @@ def main() -> None:
                                                                           group_size=4)
         m = step(engine, batch, version)
         version += 1
-        rows.append({"loss": m["loss"], "grad_norm": m["grad_norm"], "tokens": m["tokens"]})
+        rows.append({"loss": m["loss"], "grad_norm": m["grad_norm"], "tokens": m["tokens"],
+                     "kl": m.get("kl")})
     if args.save:
         CheckpointDir(args.save, run="r", policy="default").save(
             engine.model, engine.optimizer, TrainerState(version=version))
@@ -69,7 +72,8 @@ def main() -> None:
                                    options=StateDictOptions(full_state_dict=True))
     optim = {f"{name}.{key}": v.detach().to("cpu", copy=True).reshape(-1)
              for name, st in osd["state"].items() for key, v in st.items()}
-    numel = torch.tensor([local_numel(engine.model)])
+    ref = engine.ref_model
+    numel = torch.tensor([local_numel(engine.model), local_numel(ref) if ref is not None else 0])
     if engine.world > 1:
         import torch.distributed as dist
 
@@ -85,7 +89,8 @@ def main() -> None:
         save_file(optim, str(out / "optim.safetensors"))
         total = sum(v.numel() for k, v in engine.model.named_parameters())
         (out / "result.json").write_text(json.dumps({
-            "steps": rows, "world": engine.world, "local_numel": [int(n) for n in numels],
+            "steps": rows, "world": engine.world, "local_numel": [int(n[0]) for n in numels],
+            "ref_local_numel": [int(n[1]) for n in numels],
             "version": version, "params_total": total}))
 
 

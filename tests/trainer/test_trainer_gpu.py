@@ -95,3 +95,32 @@ def test_fsdp_bf16_steps(experiment: Any, tmp_path: Path, device: str) -> None:
         bus.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fsdp_cpu_offload_steps_on_cuda(experiment: Any, tmp_path: Path) -> None:
+    """FSDP2 with ``cpu_offload`` on a GPU: the sharded weights stay in (pinned) CPU memory,
+    the forward and backward run on the GPU, the optimizer steps on the CPU; 2 finite steps."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    cfg = experiment(trainer={"device": "cuda", "parallel": "fsdp", "max_steps": 2,
+                              "fsdp": {"cpu_offload": True}})
+    bus = open_bus(cfg, tmp_path)
+    produce(bus, cfg.run, [random_batch(s) for s in range(2)])
+    try:
+        trainer = build_trainer(cfg, "default", tmp_path, bus=bus)
+        p = next(trainer.engine.model.parameters())
+        assert isinstance(p, DTensor) and p.device.type == "cpu"
+        stats = trainer.run(timeout=120)
+        trainer.close()
+        assert stats.version == 2
+        rows = [json.loads(x)
+                for x in (tmp_path / "trainer-default.jsonl").read_text().splitlines()]
+        steps = [r for r in rows if "step" in r]
+        assert len(steps) == 2 and all(math.isfinite(r["loss"]) for r in steps)
+    finally:
+        bus.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -82,6 +82,35 @@ def test_checkpoint_holds_the_adapter_and_resumes_exactly(tiny_dir: Path,
         assert torch.equal(a, b), n
 
 
+def test_the_kl_reference_of_a_lora_model_is_its_base(tiny_dir: Path) -> None:
+    """With ``loss.kl`` on, a LoRA trainer holds no second model: its reference is the base
+    (the adapter switched off). It computes what a separate frozen copy of the base computes,
+    step for step, and the KL starts at exactly 0 (a fresh adapter adds zero)."""
+    from astraflow.consumers.trainer.build import load_model
+
+    def engine():
+        return build_engine(TrainerConfig(device="cpu", optimizer={"lr": 1e-2}, lora=LORA,
+                                          loss={"kl": "k3", "kl_coef": 0.5}), tiny_dir)
+
+    own, copy = engine(), engine()
+    assert own.ref_model is None  # no second copy held
+    copy.ref_model, _ = load_model(tiny_dir, torch.device("cpu"))
+    copy.ref_model.eval().requires_grad_(False)
+    kls = []
+    for v in range(3):
+        a, b = rl_step(own, random_batch(v), v), rl_step(copy, random_batch(v), v)
+        assert a["loss"] == b["loss"] and a["kl"] == b["kl"], (v, a, b)
+        kls.append(a["kl"])
+    assert kls[0] == 0.0 and kls[-1] > 0.0, kls
+    # the adapter is on again after the reference forwards: the model is not its base
+    ids = torch.tensor([[1, 5, 6, 7, 8]])
+    with torch.no_grad():
+        on = own.model(input_ids=ids).logits
+        with own.model.disable_adapter():
+            off = own.model(input_ids=ids).logits
+    assert not torch.equal(on, off)
+
+
 def test_unknown_target_module_names_the_linear_layers(tiny_dir: Path) -> None:
     with pytest.raises(ConfigError, match="q_proj"):
         lora_engine(tiny_dir, target_modules=["attn_qkv"])

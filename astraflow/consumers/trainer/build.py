@@ -112,10 +112,16 @@ def build_engine(tc: TrainerConfig, model_path: str | Path) -> Engine:
                                   lr=oc.lr, betas=tuple(oc.betas),
                                   weight_decay=oc.weight_decay, eps=oc.eps)
     ref = None
-    if tc.mode == "rl" and tc.loss.kl != "none":
+    # LoRA's reference is its own base (the adapter switched off: engine.reference); a full
+    # model's is a frozen copy, sharded like the model under fsdp (1/N of it per rank)
+    if tc.mode == "rl" and tc.loss.kl != "none" and adapter is None:
         ref, _ = load_model(model_path, device)
         ref.eval()
         ref.requires_grad_(False)
+        if tc.parallel == "fsdp":
+            from astraflow.consumers.trainer.sharding import shard_model
+
+            shard_model(ref, tc.fsdp, device, frozen=True)
     return Engine(
         model=model, optimizer=optimizer, device=device, mode=tc.mode, spec=loss_spec(tc),
         # SFT learns the model's own distribution: the sampling temperature is an RL matter

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +90,21 @@ class Engine:
 
             return full_state(self)
         return dict(self.model.state_dict())
+
+
+@contextlib.contextmanager
+def reference(engine: Engine) -> Iterator[torch.nn.Module]:
+    """The frozen initial model the KL penalty compares with, for the ``with`` block: the
+    reference copy (sharded like the model under fsdp), or with LoRA the model itself with its
+    adapter switched off (the base: a fresh adapter adds zero, so the base is the initial
+    policy, and no second copy is held)."""
+    if engine.ref_model is not None:
+        yield engine.ref_model
+    elif engine.adapter is not None:
+        with engine.model.disable_adapter():  # type: ignore[operator]
+            yield engine.model
+    else:
+        raise ValueError(f"loss.kl={engine.spec.kl} needs a reference model")
 
 
 def forward(engine: Engine, model: torch.nn.Module, mb: MicroBatch, *,

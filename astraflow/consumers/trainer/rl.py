@@ -16,7 +16,7 @@ from collections import defaultdict
 import torch
 
 from astraflow.consumers.trainer.batching import micro_batches, prepare
-from astraflow.consumers.trainer.engine import Engine, apply_gradients, forward
+from astraflow.consumers.trainer.engine import Engine, apply_gradients, forward, reference
 from astraflow.consumers.trainer.losses import policy_loss
 from astraflow.consumers.trainer.sharding import filler_passes
 from astraflow.core.records import Batch
@@ -45,10 +45,8 @@ def rl_step(engine: Engine, batch: Batch, version: int) -> dict[str, float]:
         logp, ent = forward(engine, engine.model, mb, entropy=entropy)
         ref = None
         if spec.kl != "none":
-            if engine.ref_model is None:
-                raise ValueError(f"loss.kl={spec.kl} needs a reference model")
-            with torch.no_grad():
-                ref, _ = forward(engine, engine.ref_model, mb)
+            with torch.no_grad(), reference(engine) as ref_model:
+                ref, _ = forward(engine, ref_model, mb)
         out = policy_loss(logp, mb.behav, mb.adv, mb.mask, spec, ref_logp=ref, entropy=ent,
                           weights=mb.weights)
         out.loss.backward()

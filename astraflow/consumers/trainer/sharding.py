@@ -95,8 +95,11 @@ def _checkpointed(block: torch.nn.Module) -> None:
     block.forward = forward  # type: ignore[method-assign]
 
 
-def shard_model(model: torch.nn.Module, fc: FsdpConfig, device: torch.device) -> Any:
-    """Shard ``model`` in place (blocks, then root); returns the device mesh."""
+def shard_model(model: torch.nn.Module, fc: FsdpConfig, device: torch.device, *,
+                frozen: bool = False) -> Any:
+    """Shard ``model`` in place (blocks, then root); returns the device mesh. ``frozen``: a
+    model that only runs forwards without a graph (the KL reference): no activation
+    checkpointing, and the root is freed after its forward too."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,
@@ -112,24 +115,28 @@ def shard_model(model: torch.nn.Module, fc: FsdpConfig, device: torch.device) ->
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[fc.param_dtype],
                               reduce_dtype=DTYPES[fc.reduce_dtype])
-    offload = CPUOffloadPolicy() if fc.cpu_offload else OffloadPolicy()
+    # pinned host memory speeds the copies to a GPU; without one there is nothing to pin
+    # (and pinning needs a CUDA driver: a CPU-only host would fail at the first shard)
+    offload = (CPUOffloadPolicy(pin_memory=device.type == "cuda") if fc.cpu_offload
+               else OffloadPolicy())
     blocks = transformer_blocks(model)
     for block in blocks:
-        if fc.activation_checkpointing:
+        if fc.activation_checkpointing and not frozen:
             _checkpointed(block)
         fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload,
                     reshard_after_forward=fc.reshard_after_forward)
     # the root holds the embeddings, the final norm and the (possibly tied) head; it is
     # needed again first in the backward, so it stays gathered after the forward
     fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload,
-                reshard_after_forward=False)
+                reshard_after_forward=frozen)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             # a sum, not FSDP's mean (see the module docstring)
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
-    log.info("fsdp: %d blocks + root sharded over %d ranks param_dtype=%s reduce_dtype=%s "
-             "cpu_offload=%s activation_checkpointing=%s", len(blocks), mesh.size(),
+    log.info("fsdp: %d blocks + root of the %s sharded over %d ranks param_dtype=%s "
+             "reduce_dtype=%s cpu_offload=%s activation_checkpointing=%s", len(blocks),
+             "reference" if frozen else "model", mesh.size(),
              fc.param_dtype, fc.reduce_dtype, fc.cpu_offload, fc.activation_checkpointing)
     return mesh
 
@@ -168,6 +175,7 @@ def filler_passes(engine: Engine, done: int, prep: Prepared) -> None:
     if engine.parallel != "fsdp" or engine.world == 1:
         return
     from astraflow.consumers.trainer.batching import pack
+    from astraflow.consumers.trainer.engine import reference
 
     total = len(pack([s.length for s in prep.seqs], engine.token_budget))
     for _ in range(-(-total // engine.world) - done):
@@ -175,6 +183,9 @@ def filler_passes(engine: Engine, done: int, prep: Prepared) -> None:
         with engine.autocast():
             out = engine.model(input_ids=ids, attention_mask=torch.ones_like(ids),
                                use_cache=False)
+        if engine.mode == "rl" and engine.spec.kl != "none":  # its gathers too, in order
+            with torch.no_grad(), reference(engine) as ref, engine.autocast():
+                ref(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
         (out.logits.float().sum() * 0.0).backward()
 
 
