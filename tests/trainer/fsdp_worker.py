@@ -30,7 +30,10 @@ def main() -> None:
     ap.add_argument("--save", help="checkpoint root to save into after the steps")
     ap.add_argument("--load", help="checkpoint root to resume from before the steps")
     ap.add_argument("--mode", default="rl")
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--kl", action="store_true", help="loss.kl k3 against a reference model")
+    ap.add_argument("--batches", help="a file of the RL batches to train on, one encoded "
+                                      "Batch record a line (hex), instead of random_batch")
     args = ap.parse_args()
 
     import torch
@@ -44,7 +47,7 @@ def main() -> None:
 
     tc = TrainerConfig.model_validate({
         "parallel": args.parallel, "micro_batch_tokens": args.budget, "mode": args.mode,
-        "optimizer": {"lr": 1e-3}, "deterministic": True, "threads": 1,
+        "optimizer": {"lr": args.lr}, "deterministic": True, "threads": 1,
         **({"loss": {"kl": "k3", "kl_coef": 0.5}} if args.kl else {})})
     engine = build_engine(tc, args.model)
     step = step_function(tc.mode)
@@ -54,10 +57,16 @@ def main() -> None:
             engine.model, engine.optimizer)
         assert state is not None, "no checkpoint"
         version = state.version
+    given = None
+    if args.batches:
+        from astraflow.core.records import Batch, decode
+
+        given = [decode(bytes.fromhex(x), Batch)
+                 for x in Path(args.batches).read_text().split()]
     rows = []
     for k in range(args.first, args.first + args.steps):
-        batch = sft_batch(k, n=12) if args.mode == "sft" else random_batch(k, groups=5,
-                                                                          group_size=4)
+        batch = (given[k] if given is not None else sft_batch(k, n=12) if args.mode == "sft"
+                 else random_batch(k, groups=5, group_size=4))
         m = step(engine, batch, version)
         version += 1
         rows.append({"loss": m["loss"], "grad_norm": m["grad_norm"], "tokens": m["tokens"],

@@ -8,7 +8,9 @@ the whole model's norm (||θ₂ - θ₁|| / ||θ₁||) and every element within 
 one Adam step at lr 1e-3). Per-tensor relative error is not a fair measure: Adam scales every
 gradient element to a step of about lr, so rounding noise in a gradient that is zero in exact
 arithmetic (a key-projection bias: softmax ignores a constant shift) becomes an lr-sized step
-in a tensor whose norm is itself a few lr.
+in a tensor whose norm is itself a few lr. SmolLM2 (TOLERANCE below): losses and grad norms
+within 1e-4 relative after the first step, every element within one Adam step; its 30
+layers summed in another order drift further than the small models' (measured: 1.6e-5).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
+from trainer_helpers import random_batch
 
 WORKER = Path(__file__).parent / "fsdp_worker.py"
 pytestmark = pytest.mark.slow
@@ -42,21 +45,23 @@ def run_worker(model: Path, out: Path, *, ranks: int = 1, parallel: str = "ddp",
     return result
 
 
-def assert_same(a: dict[str, Any], b: dict[str, Any], *, loss_abs: float = 1e-7) -> None:
+def assert_same(a: dict[str, Any], b: dict[str, Any], *, loss_abs: float = 1e-7,
+                rel: float = 1e-5, atol: float = 2e-5) -> None:
     """``loss_abs``: the absolute tolerance of a loss near 0 (a sum of terms of either sign,
-    whose rounding is relative to the terms, not to their sum)."""
+    whose rounding is relative to the terms, not to their sum); ``rel``: of the losses and
+    grad norms; ``atol``: of each parameter element."""
     assert len(a["steps"]) == len(b["steps"]) == 5
     for x, y in zip(a["steps"], b["steps"], strict=True):
         assert y["tokens"] == x["tokens"]
-        assert y["loss"] == pytest.approx(x["loss"], rel=1e-5, abs=loss_abs)
-        assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-5)
+        assert y["loss"] == pytest.approx(x["loss"], rel=rel, abs=loss_abs)
+        assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=rel)
     pa, pb = a["params"], b["params"]
     assert pa.keys() == pb.keys()
     diff = sum(float((pa[k] - pb[k]).double().norm() ** 2) for k in pa) ** 0.5
     norm = sum(float(pa[k].double().norm() ** 2) for k in pa) ** 0.5
     assert diff / norm < 1e-5, diff / norm
     for k in pa:
-        assert torch.allclose(pa[k], pb[k], rtol=0, atol=2e-5), k
+        assert torch.allclose(pa[k], pb[k], rtol=0, atol=atol), k
     # and training moved them: equality of untouched weights would prove nothing
     start = a["start"]
     moved = sum(float((pa[k] - start[k]).double().norm() ** 2) for k in pa) ** 0.5
@@ -88,10 +93,10 @@ def baselines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
 
 
 def baseline(models: dict[str, Path], name: str, cache: dict[str, dict[str, Any]],
-             tmp: Path) -> dict[str, Any]:
+             tmp: Path, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """The one-rank run of model ``name`` (once per module) and its starting weights."""
     if name not in cache:
-        result = run_worker(models[name], tmp / f"one-{name}")
+        result = run_worker(models[name], tmp / f"one-{name}", extra=extra)
         start = load_file(str(models[name] / "model.safetensors"))
         result["start"] = {k: start.get(k, start.get("model.embed_tokens.weight"))
                            for k in result["params"]}
@@ -107,6 +112,24 @@ def smollm2_dir() -> Path:
     return cached_shortcut("smollm2-135m-instruct")
 
 
+@pytest.fixture(scope="module")
+def smollm2_batches(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """5 RL batches of ordinary BPE tokens (ids 1000-4999) whose logprobs are SmolLM2's own:
+    the made-up logprobs of random_batch are far above a real model's for random tokens, which
+    makes every importance ratio ~0 and the gradients ~1e-6 (nothing left to compare)."""
+    from trainer_helpers import on_policy
+
+    from astraflow.consumers.trainer.build import load_model
+    from astraflow.core.records import encode
+
+    model, _ = load_model(smollm2_dir, torch.device("cpu"))
+    batches = [on_policy(random_batch(k, groups=5, group_size=4, vocab=(1000, 5000)),
+                         model.eval()) for k in range(5)]
+    path = tmp_path_factory.mktemp("smollm2-batches") / "batches.hex"
+    path.write_text("\n".join(encode(b).hex() for b in batches))
+    return path
+
+
 @pytest.fixture
 def models(request: pytest.FixtureRequest, tiny_dir: Path, llama_dir: Path) -> dict[str, Path]:
     out = {"tiny": tiny_dir, "llama": llama_dir}
@@ -115,15 +138,37 @@ def models(request: pytest.FixtureRequest, tiny_dir: Path, llama_dir: Path) -> d
     return out
 
 
-@pytest.mark.parametrize("name", ["tiny", "llama"])
+@pytest.fixture
+def batches(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """The worker's arguments for the model under test (SmolLM2: on-policy batches and a
+    fine-tuning learning rate: at 1e-3 the real model's steps are large enough that fp32
+    rounding differences grow from step to step)."""
+    if "smollm2" in request.node.name:
+        return ("--batches", str(request.getfixturevalue("smollm2_batches")),
+                "--lr", str(SMOLLM2_LR))
+    return ()
+
+
+SMOLLM2_LR = 1e-5
+# SmolLM2 (30 layers, 2 ranks' partial sums added in another order): measured with ddp, the
+# first step equal, steps 2-5 within 1.6e-5 relative (loss, grad norm; a loss of 0.0913 off by
+# 1.5e-6), the parameters 7e-9 relative in the model's norm and every element within 0.26 of
+# one Adam step (2.6e-6 at lr 1e-5)
+TOLERANCE: dict[str, dict[str, float]] = {
+    "smollm2": {"rel": 1e-4, "loss_abs": 1e-6, "atol": SMOLLM2_LR}}
+
+
+@pytest.mark.parametrize("name", ["tiny", "llama", "smollm2"])
 @pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
 def test_two_ranks_match_one(parallel: str, name: str, models: dict[str, Path],
-                             baselines: dict[str, dict[str, Any]], tmp_path: Path) -> None:
-    one = baseline(models, name, baselines, tmp_path)
-    two = run_worker(models[name], tmp_path / "two", ranks=2, parallel=parallel)
+                             batches: tuple[str, ...], baselines: dict[str, dict[str, Any]],
+                             tmp_path: Path) -> None:
+    one = baseline(models, name, baselines, tmp_path, batches)
+    two = run_worker(models[name], tmp_path / "two", ranks=2, parallel=parallel,
+                     extra=batches)
     assert two["world"] == 2
     two["start"] = one["start"]
-    assert_same(one, two)
+    assert_same(one, two, **TOLERANCE.get(name, {}))
     total = one["params_total"]
     if parallel == "fsdp":  # each rank holds its half of every parameter (dim-0 shards)
         assert sum(two["local_numel"]) == total
