@@ -42,15 +42,15 @@ def rank_pid(gang: int, rank: int) -> int | None:
     return None
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # the session's warm-up (~1-5 min on a shared host) and the run
-def test_fsdp_trainer_survives_a_killed_rank(tmp_path: Path, quickstart_warmup: Path) -> None:
-    out = tmp_path / "run"
-    args = ["run", str(QUICKSTART), "--out", str(out), "--no-live", "--warm",
-            str(quickstart_warmup), *[a for s in SETS for a in ("--set", s)]]
+def run_killing_rank_1(out: Path, warm: Path, sets: list[str], *,
+                       deadline_s: float) -> tuple[int, str]:
+    """`astraflow run` of the quickstart from ``warm`` with ``sets``, trainer rank 1 SIGKILLed
+    once the trainer has taken 12 steps; the run's exit code and output."""
+    args = ["run", str(QUICKSTART), "--out", str(out), "--no-live", "--warm", str(warm),
+            *[a for s in sets for a in ("--set", s)]]
     killed = None
     with launched(args, out) as (proc, log):
-        deadline = time.monotonic() + 1200
+        deadline = time.monotonic() + deadline_s
         while proc.poll() is None and time.monotonic() < deadline:
             if killed is None and trainer_step(out) >= 12:
                 gang = json.loads((out / "processes.json").read_text())["trainer-default"]
@@ -59,9 +59,16 @@ def test_fsdp_trainer_survives_a_killed_rank(tmp_path: Path, quickstart_warmup: 
                 os.kill(killed, signal.SIGKILL)
             time.sleep(0.5)
         proc.wait(60)
-    output = log.read_text()
     assert killed is not None, "the run ended before the kill"
-    summary = check_finished(out, proc.returncode, output, steps=STEPS, per_step=64 * 8)
+    return proc.returncode, log.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the session's warm-up (~1-5 min on a shared host) and the run
+def test_fsdp_trainer_survives_a_killed_rank(tmp_path: Path, quickstart_warmup: Path) -> None:
+    out = tmp_path / "run"
+    rc, output = run_killing_rank_1(out, quickstart_warmup, SETS, deadline_s=1200)
+    summary = check_finished(out, rc, output, steps=STEPS, per_step=64 * 8)
     trainer = summary["roles"]["trainer-default"]
     assert trainer["restarts"] >= 1 and 1 in trainer["exit_codes"], trainer
     assert "rank 1 of 2 exited with -9" in (out / "logs" / "trainer-default.log").read_text()
