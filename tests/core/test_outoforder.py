@@ -107,8 +107,12 @@ def test_a_revoked_partition_commits_its_prefix_and_releases_its_work(
 
         try:  # the newcomer takes a partition; the full worker still polls (and lets go);
             # both poll at once, so neither waits for the other's turn on a busy machine
+            # the full worker polls until the newcomer holds its partition: a cooperative
+            # rebalance takes two rounds (revoke, then assign), and the second completes only
+            # once every member has polled again (a worker never stops polling; the test's
+            # intake stopped at the revoke once, and the newcomer got nothing in 2 minutes)
             await asyncio.gather(
-                stream.intake(Stop(timeout=120, should_stop=lambda: bool(released)),
+                stream.intake(Stop(timeout=150, should_stop=lambda: bool(released and lost)),
                               lambda: 0, accept),
                 newcomer())
             state = (released, lost, stream.commits, stream.commit_errors)

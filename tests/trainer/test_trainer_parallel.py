@@ -8,9 +8,10 @@ the whole model's norm (||θ₂ - θ₁|| / ||θ₁||) and every element within 
 one Adam step at lr 1e-3). Per-tensor relative error is not a fair measure: Adam scales every
 gradient element to a step of about lr, so rounding noise in a gradient that is zero in exact
 arithmetic (a key-projection bias: softmax ignores a constant shift) becomes an lr-sized step
-in a tensor whose norm is itself a few lr. SmolLM2 (TOLERANCE below): losses and grad norms
-within 1e-4 relative after the first step, every element within one Adam step; its 30
-layers summed in another order drift further than the small models' (measured: 1.6e-5).
+in a tensor whose norm is itself a few lr. SmolLM2 (TOLERANCE below): grad norms within
+1e-4 relative, losses within 1e-5 absolute, every element within one Adam step; its 30
+layers summed in another order drift further than the small models' (measured: 1.6e-5
+relative, 1.8e-6 absolute).
 """
 
 from __future__ import annotations
@@ -150,12 +151,12 @@ def batches(request: pytest.FixtureRequest) -> tuple[str, ...]:
 
 
 SMOLLM2_LR = 1e-5
-# SmolLM2 (30 layers, 2 ranks' partial sums added in another order): measured with ddp, the
-# first step equal, steps 2-5 within 1.6e-5 relative (loss, grad norm; a loss of 0.0913 off by
-# 1.5e-6), the parameters 7e-9 relative in the model's norm and every element within 0.26 of
-# one Adam step (2.6e-6 at lr 1e-5)
+# SmolLM2 (30 layers, 2 ranks' partial sums added in another order): measured, grad norms
+# within 1.6e-5 relative (ddp and fsdp), losses (sums of terms of ~0.15 of either sign, some
+# near 0) within 1.8e-6 absolute (a loss of -0.0169 in a CI run, fsdp), the parameters 7e-9
+# relative in the model's norm and every element within 0.26 of one Adam step
 TOLERANCE: dict[str, dict[str, float]] = {
-    "smollm2": {"rel": 1e-4, "loss_abs": 1e-6, "atol": SMOLLM2_LR}}
+    "smollm2": {"rel": 1e-4, "loss_abs": 1e-5, "atol": SMOLLM2_LR}}
 
 
 @pytest.mark.parametrize("name", ["tiny", "llama", "smollm2"])
