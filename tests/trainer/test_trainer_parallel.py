@@ -93,14 +93,18 @@ def baselines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
     return {}
 
 
+def starting_weights(model: Path, names: Any) -> dict[str, torch.Tensor]:
+    """The weights ``names`` as saved in ``model`` (a tied head: the input embeddings)."""
+    start = load_file(str(model / "model.safetensors"))
+    return {k: start.get(k, start.get("model.embed_tokens.weight")) for k in names}
+
+
 def baseline(models: dict[str, Path], name: str, cache: dict[str, dict[str, Any]],
              tmp: Path, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """The one-rank run of model ``name`` (once per module) and its starting weights."""
     if name not in cache:
         result = run_worker(models[name], tmp / f"one-{name}", extra=extra)
-        start = load_file(str(models[name] / "model.safetensors"))
-        result["start"] = {k: start.get(k, start.get("model.embed_tokens.weight"))
-                           for k in result["params"]}
+        result["start"] = starting_weights(models[name], result["params"])
         cache[name] = result
     return cache[name]
 
@@ -186,8 +190,7 @@ def test_fsdp_with_a_kl_reference_matches_one(tiny_dir: Path, tmp_path: Path) ->
     KL included, are one process's."""
     one = run_worker(tiny_dir, tmp_path / "one", extra=("--kl",))
     two = run_worker(tiny_dir, tmp_path / "two", ranks=2, parallel="fsdp", extra=("--kl",))
-    start = load_file(str(tiny_dir / "model.safetensors"))
-    one["start"] = {k: start.get(k, start["model.embed_tokens.weight"]) for k in one["params"]}
+    one["start"] = starting_weights(tiny_dir, one["params"])
     # KL (kl_coef 0.5, ~0.1 a token) and the policy term (~0.2) partly cancel: a loss of
     # -0.0064 differed by 1.2e-7 here, 1e-6 of its terms' size, as the other tests' do
     assert_same(one, two, loss_abs=1e-6)
@@ -205,8 +208,7 @@ def test_fsdp_sft_matches_one(tiny_dir: Path, tmp_path: Path) -> None:
     one = run_worker(tiny_dir, tmp_path / "one", extra=("--mode", "sft"))
     two = run_worker(tiny_dir, tmp_path / "two", ranks=2, parallel="fsdp",
                      extra=("--mode", "sft"))
-    start = load_file(str(tiny_dir / "model.safetensors"))
-    one["start"] = {k: start.get(k, start["model.embed_tokens.weight"]) for k in one["params"]}
+    one["start"] = starting_weights(tiny_dir, one["params"])
     assert_same(one, two)
 
 
@@ -216,8 +218,7 @@ def test_fsdp_rank_without_micro_batches(tiny_dir: Path, tmp_path: Path) -> None
     one = run_worker(tiny_dir, tmp_path / "one", extra=("--budget", "4096"))
     two = run_worker(tiny_dir, tmp_path / "two", ranks=2, parallel="fsdp",
                      extra=("--budget", "4096"))
-    start = load_file(str(tiny_dir / "model.safetensors"))
-    one["start"] = {k: start.get(k, start["model.embed_tokens.weight"]) for k in one["params"]}
+    one["start"] = starting_weights(tiny_dir, one["params"])
     assert_same(one, two)
 
 
