@@ -159,6 +159,16 @@ class LaunchConfig(Section):
     threads_per_role: int | None = pydantic.Field(
         1, ge=1, description="OMP/MKL/torch threads per role process (many processes share "
                              "few cores); null: the libraries' defaults")
+    share_cores: bool = pydantic.Field(
+        True, description="the trainer and the rollout workers of a CPU host share its cores: "
+        "each has a share (launch.cores / their number, at least 1) and an idle one lends its "
+        "share to the busy ones (the trainer takes every core while the worker waits for new "
+        "weights, the worker while the trainer waits for a batch), checked before every "
+        "decoder block and decoding step (docs/results/real-model.md measures it); false: "
+        "each keeps launch.threads_per_role / its own threads setting")
+    cores: int | None = pydantic.Field(
+        None, ge=1, description="cores the shared roles may use (launch.share_cores); null: "
+        "every core this process may run on")
     timeout_s: float | None = pydantic.Field(
         None, gt=0, description="stop the RL phase after this long (the warm-up not counted)")
     stop_at_accuracy: float | None = pydantic.Field(

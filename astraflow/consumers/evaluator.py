@@ -437,6 +437,7 @@ class Evaluator:
                 self.metrics.set(k, v)
             self.metrics.set("weight_version", version)
             self.metrics.inc("evaluations")
+            self.metrics.inc("time.evaluate_s", res.seconds)  # where its time goes
             self.metrics.emit()
         return res
 

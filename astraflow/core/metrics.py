@@ -52,6 +52,19 @@ def named_policy(m: Metric) -> str | None:
     return None
 
 
+def process_age() -> float | None:
+    """Seconds since this process started (Linux's /proc; None elsewhere): a role's wall
+    time, of which its ``time.<phase>_s`` counters say where it went."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class MetricsEmitter:
     """Counts and gauges for one process, sent to the run's ``metrics`` topic."""
 
@@ -112,7 +125,10 @@ class MetricsEmitter:
 
     def emit(self, status: str = "running") -> None:
         """Emit now. A bus failure is logged, not raised: metrics never stop the work."""
+        age = process_age()
         with self._lock:
+            if age is not None:
+                self.counters["time.alive_s"] = age
             rec = Metric(component=self.component, role=self.role, host=self._host,
                          pid=os.getpid(), status=status,  # type: ignore[arg-type]
                          counters=dict(self.counters), gauges=dict(self.gauges))

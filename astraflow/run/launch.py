@@ -38,6 +38,53 @@ def role_env(config: ExperimentConfig) -> dict[str, str]:
     return {**quiet, "OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
 
 
+def sharing_roles(config: ExperimentConfig) -> list[str]:
+    """The roles of `astraflow run` that share the host's cores (``launch.share_cores``):
+    each policy's trainer of one rank and the rollout workers of an ``hf`` engine (a role on a
+    GPU opts out by itself: it never registers)."""
+    if not config.launch.share_cores:
+        return []
+    roles = []
+    if config.launch.trainer_ranks == 1:
+        roles += [f"trainer-{p}" for p in config.policies]
+    if config.rollout.engine.type == "hf" and not config.rollout.engine.process:
+        roles += [f"rollout-{i}" for i in range(initial_workers(config))]
+    return roles
+
+
+def core_split(config: ExperimentConfig) -> tuple[int, int, list[str]]:
+    """(cores, each role's share, the sharing roles): ``launch.cores`` (or this host's) split
+    evenly, at least one core each."""
+    from astraflow.core.cores import machine_cores
+
+    roles = sharing_roles(config)
+    cores = config.launch.cores or machine_cores()
+    return cores, max(1, cores // max(1, len(roles))), roles
+
+
+def share_env(config: ExperimentConfig, out: Path) -> dict[str, str]:
+    """The environment that makes a role share the cores (empty when nothing is shared)."""
+    from astraflow.core.cores import ENV, env_value
+
+    cores, share, roles = core_split(config)
+    if not roles:
+        return {}
+    return {ENV: env_value(out.resolve() / "cores", cores, share)}
+
+
+def describe_split(config: ExperimentConfig) -> str:
+    """What `astraflow run` prints of the core split it chose."""
+    cores, share, roles = core_split(config)
+    if not roles:
+        why = ("launch.share_cores: false" if not config.launch.share_cores
+               else "no role on this host's CPU shares them")
+        n = config.launch.threads_per_role
+        threads = str(n) if n else "the libraries' default"
+        return f"cores: not shared ({why}); threads per role: {threads}"
+    return (f"cores: {cores} shared by {', '.join(roles)} ({share} each); an idle role lends "
+            "its share to the busy ones (launch.share_cores)")
+
+
 def rollout_args(config: ExperimentConfig, worker: int) -> list[str]:
     """The extra arguments of `astraflow rollout` for rollout worker number ``worker``: its
     own engine speed when ``launch.rollout_speeds`` gives one."""
@@ -51,9 +98,11 @@ def rl_roles(config: ExperimentConfig, cfg_path: Path, out: Path) -> list[RoleSp
     c, o = str(cfg_path), str(out)
     restart = config.launch.restart
     env = role_env(config)
+    shared = {**env, **share_env(config, out)}  # the roles that share the cores
+    sharing = sharing_roles(config)
     roles = [RoleSpec("producer", cli("produce", c, "--out", o), restart=restart, env=env)]
     roles += [RoleSpec(f"rollout-{i}", cli("rollout", c, "--out", o, *rollout_args(config, i)),
-                       restart=restart, env=env)
+                       restart=restart, env=shared if f"rollout-{i}" in sharing else env)
               for i in range(initial_workers(config))]
     if config.scale.enabled:  # the scaler itself runs in `astraflow run` (run/scaling.py)
         roles.append(RoleSpec("reporter", cli("report", c, "--out", o), restart=restart,
@@ -70,7 +119,8 @@ def rl_roles(config: ExperimentConfig, cfg_path: Path, out: Path) -> list[RoleSp
         train = cli("train", c, "--policy", p, "--out", o)
         ranks = config.launch.trainer_ranks
         roles.append(RoleSpec(f"trainer-{p}", gang_argv(ranks, train) if ranks > 1 else train,
-                              restart=restart, terminal=True, env=env))
+                              restart=restart, terminal=True,
+                              env=shared if f"trainer-{p}" in sharing else env))
         if config.launch.evaluate:
             roles.append(RoleSpec(f"evaluator-{p}", cli("evaluate", c, "--policy", p, "--out", o),
                                   restart=restart, env=env, nice=config.launch.eval_nice))

@@ -199,6 +199,9 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
 
     col = Collector(bus, config.run, jsonl=out / "metrics.jsonl", policies=config.policies,
                     task=task_name(config.producer), sinks=_sinks(config, out))
+    from astraflow.run.launch import describe_split
+
+    console.print(describe_split(config), highlight=False)
     sup.start(rl_roles(config, path, out))
     scaler = _scaler(config, bus, sup, path, out)
     timeout = config.launch.timeout_s
@@ -252,8 +255,11 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
     col.write_summary(run_lags(bus, config))
     ticker.tick(lambda: rl_line(col, config, run_lags(bus, config), started), force=True)
     col.close()
+    from astraflow.run.breakdown import time_breakdown
+
+    spent = time_breakdown(c.metric for c in col.components.values())
     return _finish(config, out, bus, sup, console, codes, interrupted, account, plot_run,
-                   summary)
+                   summary, spent)
 
 
 def _sinks(config: ExperimentConfig, out: Path) -> list[Any]:
@@ -274,10 +280,13 @@ def _scaler(config: ExperimentConfig, bus: Any, sup: Supervisor, path: Path,
     """The run's scaler (``scale.enabled``), acting through ``sup``; None when off."""
     if not config.scale.enabled:
         return None
-    from astraflow.run.launch import role_env
+    from astraflow.run.launch import role_env, share_env, sharing_roles
     from astraflow.run.scaling import run_scaler
 
-    return run_scaler(config, bus, sup, path, out, role_env(config))
+    env = role_env(config)
+    if any(r.startswith("rollout-") for r in sharing_roles(config)):
+        env = {**env, **share_env(config, out)}  # workers it adds share the cores too
+    return run_scaler(config, bus, sup, path, out, env)
 
 
 def _team_evaluated(config: ExperimentConfig) -> bool:
@@ -388,7 +397,7 @@ def export_final(config: ExperimentConfig, out: Path) -> dict[str, Path]:
 
 def _finish(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, console: Any,
             codes: dict[str, int | None], interrupted: bool, account: Any, plot_run: Any,
-            summary: Any) -> int:
+            summary: Any, spent: dict[str, Any] | None = None) -> int:
     from rich.table import Table
 
     export_final(config, out)
@@ -400,15 +409,21 @@ def _finish(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, cons
                            "exit_codes": r.exit_codes} for n, r in sup.roles.items()}
     result["failed_roles"] = sup.failed
     result["interrupted"] = interrupted
+    if spent:
+        result["time"] = spent  # where every second went, per role (run/breakdown.py)
     if (out / "warmup.json").exists():  # where RL started and how the warm-up got there
         result["warmup"] = json.loads((out / "warmup.json").read_text())
     (out / "summary.json").write_text(json.dumps(result, indent=2))
     table = Table(title=f"run {config.run}")
     table.add_column("")
     table.add_column("value", justify="right")
-    for k in ("trainer_steps", "elapsed_s", "eval_first", "eval_last", "eval_best",
-              "episodes_per_s_mean", "wait_ratio_mean"):
+    for k in ("trainer_steps", "elapsed_s", "first_version_s", "eval_first", "eval_last",
+              "eval_best", "episodes_per_s_mean", "wait_ratio_mean"):
         table.add_row(k, str(result.get(k)))
+    from astraflow.run.breakdown import describe
+
+    for role, row in (spent or {}).items():
+        table.add_row(f"time {role}", describe(row))
     evals = result.get("eval", {})
     for p, e in evals.items() if len(evals) > 1 else ():
         table.add_row(f"eval {p} ({e['kind']}) first/last/best",

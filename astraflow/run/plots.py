@@ -136,6 +136,9 @@ def summary(metrics: Path) -> dict[str, Any]:
         "eval_best": max((r["eval_accuracy"] for r in primary), default=None),
         "episodes_per_s_mean": round(sum(eps) / len(eps), 2) if eps else None,
         "wait_ratio_mean": round(sum(waits) / len(waits), 3) if waits else None,
+        # start-up: RL-phase seconds until a trainer reported its first trained version
+        "first_version_s": min((r["elapsed"] for r in rows if "wait_ratio" in r
+                                and r.get("step", 0) >= 1 and "elapsed" in r), default=None),
     }
     trained = {p: max(r["step"] for r in rs)
                for p, rs in _groups(rows, "reward_mean").items() if p is not None}

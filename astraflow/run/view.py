@@ -138,6 +138,12 @@ def render(collector: Collector, *, lags: dict[str, int] | None = None,
         table.add_row(m.role, m.component, f"[{style}]{m.status}[/]", f"{age:.0f}s ago",
                       _detail(c))
     parts: list[Any] = [head, table]
+    from astraflow.run.breakdown import describe, time_breakdown
+
+    spent = time_breakdown(c.metric for c in collector.components.values())
+    if spent:
+        parts.append(Text("where the time goes:\n" + "\n".join(
+            f"  {role}: {describe(row)}" for role, row in spent.items())))
     if processes:
         parts.append(Text("processes: " + "  ".join(f"{k}={v}" for k, v in processes.items())))
     if lags:

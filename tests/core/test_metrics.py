@@ -22,6 +22,8 @@ def test_emitter_sends_heartbeats_with_counters_and_gauges(tmp_path: Path) -> No
     recs = [decode(x.value, Metric) for x in c.consume(10, 2.0)]
     c.close()
     assert [r.status for r in recs] == ["running", "stopped"]
+    age = recs[0].counters.pop("time.alive_s")  # the process's age: its wall time so far
+    assert 0 < age <= recs[1].counters["time.alive_s"] < 24 * 3600
     assert recs[0].counters == {"episodes": 3.0} and recs[0].gauges == {"inflight": 4.0}
     assert recs[0].component.startswith("rollout-") and recs[0].role == "rollout"
     bus.close()

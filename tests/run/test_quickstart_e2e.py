@@ -51,6 +51,17 @@ def check_run(out: Path, rc: int, output: str) -> dict:
                                   if k not in ("produced", "unaccounted", "trained_twice"))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert all("time" in r and "step" in r for r in rows)
+    # the core split it chose, and where every second of the compute roles went
+    assert "cores: " in output and "shared by trainer-default, rollout-0" in output, output
+    spent = summary["time"]
+    trainer, rollout = spent["trainer-default"], spent["rollout"]
+    assert {"load", "wait", "train", "publish", "other"} <= set(trainer), trainer
+    assert {"load", "generate", "other"} <= set(rollout), rollout
+    for row in (trainer, rollout):
+        phases = sum(v for k, v in row.items() if k not in ("alive", "processes", "other"))
+        assert 0 < phases <= row["alive"] + 1.0, row
+    assert trainer["train"] > 0 and rollout["generate"] > 0
+    assert 0 < summary["first_version_s"] < summary["elapsed_s"], summary
     evals = [r for r in rows if "eval_accuracy" in r]
     assert evals[0]["step"] == 0 and evals[-1]["step"] == STEPS
     assert {p.name for p in (out / "plots").glob("*.png")} >= {

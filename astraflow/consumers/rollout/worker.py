@@ -47,7 +47,7 @@ from astraflow.core.bus.types import Bus, Message
 from astraflow.core.claims import BlobStore
 from astraflow.core.errors import SchemaError
 from astraflow.core.limits import send_or_shrink
-from astraflow.core.metrics import MetricsEmitter, component_id
+from astraflow.core.metrics import MetricsEmitter, component_id, process_age
 from astraflow.core.outoforder import BusThread, Coalesced, OutOfOrder
 from astraflow.core.records import Task, Trajectory, decode
 from astraflow.core.registry import RegistryError
@@ -205,6 +205,9 @@ class RolloutWorker:
             await stream.join()
             self._letters = DeadLetters(self.dlq_topic, component=self.worker_id,
                                         label=f"worker={self.worker_id} ")
+            age = process_age()  # from the process's start: imports, engines, weights
+            if age is not None:
+                self.metrics.set_total("time.load_s", age)
             await self._call(self.metrics.emit, "starting")
             log.info("worker=%s joined group=%s topic=%s", self.worker_id, self.group,
                      self.tasks_topic)
@@ -446,8 +449,10 @@ class RolloutWorker:
         self.metrics.set("inflight", self._claimed)
         self.metrics.set("max_inflight", self.max_concurrent)  # the reporter's utilization
         self.metrics.set("inflight_tasks", len(self._running))
-        slowed = 0.0
+        slowed = busy = 0.0
         for i, (policy, engine) in enumerate(self.runtime.engines.items()):
+            if hasattr(engine, "busy_seconds"):
+                busy += engine.busy_seconds()
             self.metrics.set(f"weight_version.{policy}", engine.version)
             if i == 0:
                 self.metrics.set("weight_version", engine.version)
@@ -455,6 +460,8 @@ class RolloutWorker:
             slowed += getattr(engine, "slowed_s", 0.0)
         # seconds the engines were held asleep by rollout.engine.speed (a running total)
         self.metrics.set_total("engine.slowed_s", slowed)
+        # where the worker's time goes: decoding (summed over its engines)
+        self.metrics.set_total("time.generate_s", busy)
         for f in self.followers:  # a far worker's weight sync: lag, and where the time goes
             self.metrics.set(f"weights.lag.{f.policy}", f.lag)
             self.metrics.set_total(f"weights.fetch_s.{f.policy}", f.fetch_s)

@@ -156,6 +156,18 @@ def build_trainer(tc: TrainerConfig, model: ModelConfig, *, run: str, policy: st
     checkpoints = CheckpointDir(tc.checkpoint_root(out, policy), run=run, policy=policy,
                                 keep=tc.keep_checkpoints)
     log_path = Path(out).resolve() / f"trainer-{policy}.jsonl" if tc.log_jsonl else None
+    cores = None
+    if engine.world == 1 and engine.device.type == "cpu":
+        # one machine's cores shared with the rollout workers (`astraflow run` on a CPU host):
+        # the threads follow who is busy, checked before every decoder block's forward and
+        # backward (core/cores.py)
+        from astraflow.core.cores import from_env
+
+        cores = from_env(f"trainer-{policy}")
+        if cores is not None:
+            from astraflow.consumers.trainer.sharding import transformer_blocks
+
+            cores.hook(engine.model, transformer_blocks(engine.model))
     return Trainer(
         bus=bus, run=run, policy=policy, engine=engine, step_fn=step_function(tc.mode),
         checkpoints=checkpoints, publisher=publisher, checkpoint_every=tc.checkpoint_every,
@@ -163,4 +175,4 @@ def build_trainer(tc: TrainerConfig, model: ModelConfig, *, run: str, policy: st
         max_version=tc.max_steps, session_timeout=tc.session_timeout_s,
         poll_timeout=tc.poll_timeout_s, dedup_window=tc.dedup_window,
         on_missing_checkpoint=tc.on_missing_checkpoint, log_path=log_path, metrics=metrics,
-        claims=claims)
+        claims=claims, cores=cores)

@@ -42,9 +42,10 @@ from astraflow.consumers.trainer.sharding import publish_weights
 from astraflow.consumers.trainer.telemetry import Telemetry
 from astraflow.core.bus.types import Bus, Message
 from astraflow.core.claims import BlobStore, unclaim
+from astraflow.core.cores import CoreShare
 from astraflow.core.errors import AstraflowError, SchemaError
 from astraflow.core.fetch import RecordGoneError, fetch
-from astraflow.core.metrics import MetricsEmitter
+from astraflow.core.metrics import MetricsEmitter, process_age
 from astraflow.core.records import Batch, Group, Trajectory, decode, encode
 from astraflow.core.stream import TP, Input, OutRecord, Processor, Resume
 from astraflow.core.topics import group_name, topic_name
@@ -84,8 +85,9 @@ class Trainer:
                  poll_timeout: float = 0.5, dedup_window: int = 10_000,
                  on_missing_checkpoint: str = "error", log_path: str | Path | None = None,
                  metrics: MetricsEmitter | None = None, component: str = "",
-                 claims: BlobStore | None = None) -> None:
+                 claims: BlobStore | None = None, cores: CoreShare | None = None) -> None:
         self.bus = bus
+        self.cores = cores  # the machine's cores shared with other roles (core/cores.py)
         self.claims = claims  # where claimed (oversized) records are
         self.run_name = run
         self.policy = policy
@@ -166,10 +168,17 @@ class Trainer:
             self._publish()
         log.info("trainer policy=%s version=%d resumed=%s offsets=%s", self.policy,
                  self.version, self._resumed, self._ckpt_offsets)
+        age = process_age()  # from the process's start to here: imports, model, checkpoint
+        if age is not None:
+            self.telemetry.phase("load", age)
+        self._idle_since = time.monotonic()
 
     def close(self) -> None:
         """Flush the publisher, leave the group, close files; rank 0 tells the other ranks
         to stop. Idempotent."""
+        if self.cores is not None:
+            self.cores.close()
+            self.cores = None
         if self._channel is not None and self.engine.rank == 0:
             self._channel.send(None)
         self._channel = None
@@ -272,6 +281,7 @@ class Trainer:
         """Write a checkpoint when the version moved; otherwise the newest one stands (the
         records skipped since are skipped again after a restart)."""
         if self.version > self._checkpointed:
+            started = time.monotonic()
             self._runtime_counts()
             by_topic: dict[str, dict[int, int]] = {}
             for (t, p), o in offsets.items():
@@ -284,6 +294,7 @@ class Trainer:
             self._ckpt_offsets = dict(offsets)
             self._stats.checkpoints += 1
             self.telemetry.inc("checkpoints")
+            self.telemetry.phase("checkpoint", time.monotonic() - started)
         return dict(self._ckpt_offsets)
 
     def delivered(self, cycle: int) -> None:
@@ -360,13 +371,23 @@ class Trainer:
         started = time.monotonic()
         if self._channel is not None:  # the resolved batch: other ranks have no bus
             self._channel.send(encode(batch))
-        metrics = self.step_fn(self.engine, batch, self.version)
-        self.version += 1
-        self._remember(batch.id)
-        step_s = time.monotonic() - started
-        if self.version % self.publish_every == 0:
-            self._publish()
+        if self.cores is not None:
+            self.cores.enter()
+        try:
+            metrics = self.step_fn(self.engine, batch, self.version)
+            self.version += 1
+            self._remember(batch.id)
+            step_s = time.monotonic() - started
+            if self.cores is not None:
+                metrics["threads"] = float(self.cores.threads)
+            if self.version % self.publish_every == 0:
+                self._publish()
+        finally:
+            if self.cores is not None:
+                self.cores.leave()
         busy = time.monotonic() - started
+        self.telemetry.phase("train", step_s)
+        self.telemetry.phase("publish", busy - step_s)
         self.telemetry.step({
             "step": self.version, "time": time.time(), "batch_id": batch.id,
             "batch_seq": batch.seq, "origin": msg.origin, **metrics, "step_s": step_s,

@@ -19,7 +19,7 @@ from astraflow.core.metrics import MetricsEmitter
 
 #: step metrics also sent as gauges on the metrics topic
 GAUGES = ("loss", "reward_mean", "wait_ratio", "train_tokens_per_s", "grad_norm", "kl", "entropy",
-          "clip_frac", "lr", "staleness_mean", "adv_abs_mean", "adv_std")
+          "clip_frac", "lr", "staleness_mean", "adv_abs_mean", "adv_std", "threads")
 
 
 class Telemetry:
@@ -52,6 +52,12 @@ class Telemetry:
     def waited(self, seconds: float) -> None:
         self._open_wait += seconds
         self.inc("wait_s", seconds)
+        self.phase("wait", seconds)
+
+    def phase(self, name: str, seconds: float) -> None:
+        """Add ``seconds`` to the time spent in ``name`` (``time.<name>_s``: where every
+        second of the role goes, summed per role in the run's summary)."""
+        self.inc(f"time.{name}_s", seconds)
 
     def wait_ratio(self) -> float:
         wait = sum(w for w, _ in self._window) + self._open_wait

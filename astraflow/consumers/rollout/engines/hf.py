@@ -17,8 +17,11 @@ request joins the running batch at the next step boundary (see
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -29,6 +32,7 @@ from astraflow.consumers.rollout.engines.sampling import StopChecker, eos_ids, s
 from astraflow.consumers.rollout.engines.target import ModelTarget
 from astraflow.weights.adapter import AdapterTarget, merging_target
 
+_ENGINES = itertools.count()  # tells a process's engines apart in the cores folder
 log = logging.getLogger("astraflow.rollout.hf")
 
 T = TypeVar("T")
@@ -121,6 +125,15 @@ class HFEngine:
 
         if threads is not None:
             torch.set_num_threads(threads)  # process-wide: a worker hosts its engines alone
+        # the machine's cores shared with the trainer (`astraflow run` on a CPU host,
+        # core/cores.py): busy while decoding, threads checked before every decoding step
+        self.cores: Any = None
+        if device == "cpu":
+            from astraflow.core.cores import from_env
+
+            self.cores = from_env(f"rollout-{os.getpid()}-{next(_ENGINES)}")
+        self.busy_s = 0.0  # seconds spent decoding (where a worker's time goes)
+        self._busy_since: float | None = None
         if model is None:
             if model_path is None:
                 raise EngineError("the hf engine needs model_path (a Hugging Face model "
@@ -179,6 +192,26 @@ class HFEngine:
     def close(self) -> None:
         if self.decoder is not None:
             self.decoder.close()
+        if self.cores is not None:
+            self.cores.close()
+
+    def busy(self, on: bool) -> None:
+        """The engine starts (``on``) or stops decoding: its busy seconds, its core share."""
+        now = time.monotonic()
+        if on and self._busy_since is None:
+            self._busy_since = now
+            if self.cores is not None:
+                self.cores.enter()
+        elif not on and self._busy_since is not None:
+            self.busy_s += now - self._busy_since
+            self._busy_since = None
+            if self.cores is not None:
+                self.cores.leave()
+
+    def busy_seconds(self) -> float:
+        """Seconds spent decoding so far, the running stretch included."""
+        since = self._busy_since
+        return self.busy_s + (time.monotonic() - since if since is not None else 0.0)
 
     def submit(self, request: GenRequest) -> Future[GenResult]:
         """Continuous engines: queue ``request`` to join the running batch at the next step
@@ -194,10 +227,12 @@ class HFEngine:
         if self.decoder is not None:  # continuous: each request joins the running batch
             return [f.result() for f in [self.decoder.submit(r) for r in requests]]
         self.gate.acquire()
+        self.busy(True)
         try:
             with torch.inference_mode():
                 return self._generate(list(requests))
         finally:
+            self.busy(False)
             self.gate.release()
 
     # -- decoding ------------------------------------------------------------------------------
@@ -207,6 +242,8 @@ class HFEngine:
             kw[self._cache_kw] = cache
         if self._keep_kw:
             kw[self._keep_kw] = 1
+        if self.cores is not None:
+            self.cores.adjust()
         out = self.model(input_ids=ids, attention_mask=att, position_ids=pos, **kw)
         new_cache = out.get("cache") if "cache" in out else out.get("past_key_values")
         self.steps += 1

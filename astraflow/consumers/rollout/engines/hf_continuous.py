@@ -184,6 +184,7 @@ class ContinuousDecoder:
                     with self._cv:
                         idle = not self.rows and not self._pending
                     if idle and held:  # idle: updates run at once from now on
+                        self.engine.busy(False)
                         gate.release()
                         held = False
                     with self._cv:
@@ -193,6 +194,7 @@ class ContinuousDecoder:
                     if not held:
                         gate.acquire()
                         held = True
+                        self.engine.busy(True)
                     self.iterations += 1
                     if self.engine.step_hook is not None:
                         self.engine.step_hook(self.iterations)
@@ -209,6 +211,7 @@ class ContinuousDecoder:
             self.rows = []
             self._cache = None
             if held:
+                self.engine.busy(False)
                 gate.release()
             self._fail_pending(err)
 
