@@ -50,6 +50,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 PIPELINES = {  # name: (rollout workers, bus, engine in a process of its own)
     "embedded-2": (2, "embedded", False),
     "embedded-1": (1, "embedded", False),
+    # launch.share_cores off: each role on its fixed threads (the split before cores were
+    # shared), to measure what sharing gives in the same invocation
+    "embedded-1-fixed": (1, "embedded", False),
     "embedded-2p": (2, "embedded", True),
     "embedded-1p": (1, "embedded", True),
     "kafka-2": (2, "kafka", False),
@@ -84,11 +87,16 @@ def steps_per_s(rows: list[dict[str, Any]]) -> float | None:
                  / (steps[-1]["elapsed"] - steps[0]["elapsed"]), 2)
 
 
+#: arms that differ from their tuple's run by config alone
+ARM_SETS = {"embedded-1-fixed": ["launch.share_cores=false"]}
+
+
 def run_pipeline(name: str, config: Path, out: Path, *, workers: int, bus: str,
                  threshold: float, seconds: float, warm: Path | None, every: int,
                  process: bool = False, seed: int | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "astraflow.cli.app", "run", str(config), "--out", str(out),
            "--no-live", "--fresh", "--set", f"launch.rollout_workers={workers}",
+           *[a for s in ARM_SETS.get(name, []) for a in ("--set", s)],
            "--set", f"rollout.engine.process={str(process).lower()}",
            "--set", f"launch.stop_at_accuracy={threshold}",
            "--set", f"launch.timeout_s={seconds}",
@@ -118,7 +126,10 @@ def run_pipeline(name: str, config: Path, out: Path, *, workers: int, bus: str,
               "eval_first": evals[0] if evals else None,
               "eval_last": evals[-1] if evals else None,
               "eval_best": max(evals) if evals else None, "evaluated": measured,
-              "unaccounted": summary.get("accounting", {}).get("unaccounted")}
+              "unaccounted": summary.get("accounting", {}).get("unaccounted"),
+              # start-up: RL seconds to the first trained version; where each role's time went
+              "first_version_s": summary.get("first_version_s"),
+              "time": summary.get("time")}
     print(f"[{name}] {result}", flush=True)
     return result
 
@@ -253,6 +264,13 @@ def main() -> int:
               f"{' '.join(f'{s:g}:{a:.3f}' for s, a in r.get('evaluated') or [])}")
         if r["eval_first"] is not None and r["eval_first"] >= args.threshold:
             print(f"  {r['name']} started at or above the threshold: raise --threshold")
+    for r in results:  # start-up and where every second went (astraflow run's summary)
+        if r.get("first_version_s") is not None:
+            print(f"  {r['name']} first trained version at {r['first_version_s']:.1f} s of RL")
+        for role, row in (r.get("time") or {}).items():
+            from astraflow.run.breakdown import describe
+
+            print(f"  {r['name']} {role}: {describe(row)}")
     if arms:
         print(f"\nover {args.repeats} repeats (median; a run that missed the threshold counts "
               f"as the budget, {args.seconds:.0f} s)")
@@ -262,6 +280,10 @@ def main() -> int:
             print(f"{a['arm']:<15}{fmt(a['time_to_threshold_s'], '.1f'):>16}"
                   f"{fmt(a['steps_per_s']):>9}{fmt(a.get('advantage')):>13}"
                   f"{' '.join(fmt(x) for x in a.get('paired', [])):>28}")
+    for r in results:  # the ratios last: the baseline's time to the threshold over each arm's
+        if r["arm"] != "sync":
+            print(f"ratio {r['name']}: sync / pipeline time to {args.threshold} = "
+                  f"{fmt(r.get('async_advantage'))}")
     return 0 if all(r["exit"] == 0 for r in results) else 1
 
 

@@ -201,7 +201,7 @@ def _rl_phase(config: ExperimentConfig, out: Path, bus: Any, sup: Supervisor, co
                     task=task_name(config.producer), sinks=_sinks(config, out))
     from astraflow.run.launch import describe_split
 
-    console.print(describe_split(config), highlight=False)
+    console.print(describe_split(config), highlight=False, soft_wrap=True)
     sup.start(rl_roles(config, path, out))
     scaler = _scaler(config, bus, sup, path, out)
     timeout = config.launch.timeout_s

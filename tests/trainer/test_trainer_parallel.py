@@ -163,8 +163,10 @@ TOLERANCE: dict[str, dict[str, float]] = {
     "smollm2": {"rel": 1e-4, "loss_abs": 1e-5, "atol": SMOLLM2_LR}}
 
 
-@pytest.mark.parametrize("name", ["tiny", "llama", "smollm2"])
-@pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
+# SmolLM2 under fsdp only: ddp's code path is the small models' (and the real model's ddp
+# case took ~2 minutes of CI for no path of its own)
+@pytest.mark.parametrize(("parallel", "name"), [
+    ("fsdp", "tiny"), ("fsdp", "llama"), ("fsdp", "smollm2"), ("ddp", "tiny"), ("ddp", "llama")])
 def test_two_ranks_match_one(parallel: str, name: str, models: dict[str, Path],
                              batches: tuple[str, ...], baselines: dict[str, dict[str, Any]],
                              tmp_path: Path) -> None:
