@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from astraflow.core.cores import machine_cores
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     err = bf16_logprob_error(model, vocab, args.seq_len) if "bf16" in args.precision else None
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"model": args.model, "rows": rows, "bf16_logprob_abs_err": err,
-              "torch": torch.__version__, "cpu_count": torch.get_num_threads()}
+              "torch": torch.__version__, "cores": machine_cores()}
     (args.out / "cpu_throughput.json").write_text(json.dumps(result, indent=2))
     for kind in ("train", "generate"):
         best = max((r for r in rows if r["kind"] == kind), key=lambda r: r["tokens_per_s"])

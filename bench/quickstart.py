@@ -264,12 +264,12 @@ def main() -> int:
               f"{' '.join(f'{s:g}:{a:.3f}' for s, a in r.get('evaluated') or [])}")
         if r["eval_first"] is not None and r["eval_first"] >= args.threshold:
             print(f"  {r['name']} started at or above the threshold: raise --threshold")
+    from astraflow.run.breakdown import describe
+
     for r in results:  # start-up and where every second went (astraflow run's summary)
         if r.get("first_version_s") is not None:
             print(f"  {r['name']} first trained version at {r['first_version_s']:.1f} s of RL")
         for role, row in (r.get("time") or {}).items():
-            from astraflow.run.breakdown import describe
-
             print(f"  {r['name']} {role}: {describe(row)}")
     if arms:
         print(f"\nover {args.repeats} repeats (median; a run that missed the threshold counts "

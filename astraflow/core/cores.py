@@ -186,7 +186,7 @@ class CoreShare:
             self.threads = n
         return n
 
-    def hook(self, model: Any, blocks: list[Any]) -> list[Any]:
+    def hook(self, blocks: list[Any]) -> list[Any]:
         """Call :meth:`adjust` before each of ``blocks``' forward passes and, when the forward
         records a graph, before its backward too (a hook on the block's output gradient).
         Returns the hook handles (``.remove()`` each to undo)."""

@@ -135,7 +135,7 @@ def test_hooks_adjust_before_each_block_forward_and_backward(tmp_path):
     s.adjust = counting  # type: ignore[method-assign]
     blocks = [torch.nn.Linear(4, 4) for _ in range(3)]
     model = torch.nn.Sequential(*blocks)
-    handles = s.hook(model, blocks)
+    handles = s.hook(blocks)
     x = torch.randn(2, 4)
     with torch.no_grad():
         model(x)

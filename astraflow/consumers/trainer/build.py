@@ -167,7 +167,7 @@ def build_trainer(tc: TrainerConfig, model: ModelConfig, *, run: str, policy: st
         if cores is not None:
             from astraflow.consumers.trainer.sharding import transformer_blocks
 
-            cores.hook(engine.model, transformer_blocks(engine.model))
+            cores.hook(transformer_blocks(engine.model))
     return Trainer(
         bus=bus, run=run, policy=policy, engine=engine, step_fn=step_function(tc.mode),
         checkpoints=checkpoints, publisher=publisher, checkpoint_every=tc.checkpoint_every,

@@ -28,6 +28,7 @@ restart resumes at the checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -371,9 +372,7 @@ class Trainer:
         started = time.monotonic()
         if self._channel is not None:  # the resolved batch: other ranks have no bus
             self._channel.send(encode(batch))
-        if self.cores is not None:
-            self.cores.enter()
-        try:
+        with self.cores.busy() if self.cores is not None else contextlib.nullcontext():
             metrics = self.step_fn(self.engine, batch, self.version)
             self.version += 1
             self._remember(batch.id)
@@ -382,9 +381,6 @@ class Trainer:
                 metrics["threads"] = float(self.cores.threads)
             if self.version % self.publish_every == 0:
                 self._publish()
-        finally:
-            if self.cores is not None:
-                self.cores.leave()
         busy = time.monotonic() - started
         self.telemetry.phase("train", step_s)
         self.telemetry.phase("publish", busy - step_s)
