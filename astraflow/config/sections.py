@@ -162,10 +162,11 @@ class LaunchConfig(Section):
     share_cores: bool = pydantic.Field(
         True, description="the trainer and the rollout workers of a CPU host share its cores: "
         "each has a share (launch.cores / their number, at least 1) and an idle one lends its "
-        "share to the busy ones (the trainer takes every core while the worker waits for new "
-        "weights, the worker while the trainer waits for a batch), checked before every "
-        "decoder block and decoding step (docs/results/real-model.md measures it); false: "
-        "each keeps launch.threads_per_role / its own threads setting")
+        "share to the busy rollout workers (a worker takes the trainer's core while the "
+        "trainer waits for a batch), checked before every decoding step; the trainer keeps "
+        "its own threads, so that its steps are bit-for-bit the same whoever else is busy "
+        "(docs/metrics.md); false: each keeps launch.threads_per_role / its own threads "
+        "setting")
     cores: int | None = pydantic.Field(
         None, ge=1, description="cores the shared roles may use (launch.share_cores); null: "
         "every core this process may run on")

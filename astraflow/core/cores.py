@@ -1,17 +1,23 @@
 """Cores shared by the compute roles of one machine: an idle role lends its cores to the busy.
 
 On one host the trainer and the rollout workers compete for the same cores. A fixed split
-wastes them: with one thread each on two cores, the trainer (the slow side) trains on one core
-while the worker, its batch done, waits for the next weights on the other. Here every
-compute role has a *share* (its own cores, at least one) and says when it is busy; before
-each unit of work (a decoding step, a decoder layer's forward or backward, at most every
-``every_s``) a role sets its torch threads to
+wastes them: with one thread each on two cores, a worker whose batch is done waits for the
+next weights on one core while the other worker (or the trainer's waiting core) sits idle.
+Here every compute role has a *share* (its own cores, at least one) and says when it is busy;
+before each unit of work (a decoding step, at most every ``every_s``) a role that *borrows*
+sets its torch threads to
 
     threads = max(share, cores − Σ shares of the *other* roles that are busy now)
 
-so a role alone at work takes the whole machine, and two at work each take their own share.
-Nobody waits for anybody: a role never blocks on the budget, and a split that is briefly off
-(the other role woke up mid-layer) costs one unit of oversubscription.
+so a borrower alone at work takes the whole machine, and two at work each take their own
+share. Nobody waits for anybody: a role never blocks on the budget, and a split that is
+briefly off (the other role woke up mid-step) costs one step of oversubscription.
+
+The trainer lends and never borrows (``borrow=False``): the order of a CPU kernel's partial
+sums follows its thread count, so a trainer whose threads followed the workers would give
+steps that differ in the last bits from run to run, and a run could no longer be replayed
+bit for bit from its log (measured: 25 of 27 tensors off by up to 1.2e-7 after 60 steps).
+Sampling has no such promise to keep.
 
 Busy is an exclusive ``flock`` on the role's file in the run's ``cores/`` folder, held while
 the role computes; others test it without blocking. The kernel drops the lock of a process
@@ -80,7 +86,7 @@ class CoreShare:
     unit of it, :meth:`close`."""
 
     def __init__(self, folder: str | Path, name: str, *, cores: int, share: int = 1,
-                 every_s: float = 0.05, set_threads: Any = None) -> None:
+                 borrow: bool = True, every_s: float = 0.05, set_threads: Any = None) -> None:
         if not 1 <= share <= cores:
             raise ConfigError(f"core share {share} of role {name!r} is not in 1..{cores}")
         self.folder = Path(folder)
@@ -88,6 +94,7 @@ class CoreShare:
         self.name = name
         self.cores = cores
         self.share = share
+        self.borrow = borrow  # False: lends its share while idle, keeps its own threads
         self.every_s = every_s
         self._set_threads = set_threads or _torch_threads
         self._lock_path = self.folder / f"{name}.busy"
@@ -147,7 +154,8 @@ class CoreShare:
 
     # -- the role's side ---------------------------------------------------------------------
     def enter(self) -> None:
-        """Mark this role busy (re-entrant; pair with :meth:`leave`) and set its threads."""
+        """Mark this role busy (re-entrant; pair with :meth:`leave`) and set its threads (a
+        borrower's)."""
         with self._mutex:
             self._depth += 1
             if self._depth == 1:
@@ -171,7 +179,10 @@ class CoreShare:
 
     def adjust(self, force: bool = False) -> int:
         """Set the threads to :meth:`want` (at most every ``every_s`` unless ``force``); call it
-        on the thread that computes (OpenMP's thread count is per calling thread)."""
+        on the thread that computes (OpenMP's thread count is per calling thread). A role that
+        does not borrow keeps the threads it has (returns 0)."""
+        if not self.borrow:
+            return self.threads
         now = time.monotonic()
         if not force and now - self._checked_at < self.every_s:
             return self.threads
@@ -185,28 +196,6 @@ class CoreShare:
             self._set_threads(n)
             self.threads = n
         return n
-
-    def hook(self, blocks: list[Any]) -> list[Any]:
-        """Call :meth:`adjust` before each of ``blocks``' forward passes and, when the forward
-        records a graph, before its backward too (a hook on the block's output gradient).
-        Returns the hook handles (``.remove()`` each to undo)."""
-
-        def before_backward(grad: Any) -> None:
-            self.adjust()
-
-        def pre(_module: Any, _args: Any) -> None:
-            self.adjust()
-
-        def post(_module: Any, _args: Any, output: Any) -> None:
-            t = output[0] if isinstance(output, tuple) else output
-            if getattr(t, "requires_grad", False):
-                t.register_hook(before_backward)
-
-        handles = []
-        for b in blocks:
-            handles.append(b.register_forward_pre_hook(pre))
-            handles.append(b.register_forward_hook(post))
-        return handles
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -40,8 +40,9 @@ def role_env(config: ExperimentConfig) -> dict[str, str]:
 
 def sharing_roles(config: ExperimentConfig) -> list[str]:
     """The roles of `astraflow run` that share the host's cores (``launch.share_cores``):
-    each policy's trainer of one rank and the rollout workers of an ``hf`` engine (a role on a
-    GPU opts out by itself: it never registers)."""
+    each policy's trainer of one rank (it lends its share while it waits, and keeps its own
+    threads) and the rollout workers of an ``hf`` engine (they lend and borrow); a role on a
+    GPU opts out by itself: it never registers."""
     if not config.launch.share_cores:
         return []
     roles = []
@@ -82,7 +83,8 @@ def describe_split(config: ExperimentConfig) -> str:
         threads = str(n) if n else "the libraries' default"
         return f"cores: not shared ({why}); threads per role: {threads}"
     return (f"cores: {cores} shared by {', '.join(roles)} ({share} each); an idle role lends "
-            "its share to the busy ones (launch.share_cores)")
+            "its share to the busy rollout workers, the trainer keeps its own threads "
+            "(launch.share_cores)")
 
 
 def rollout_args(config: ExperimentConfig, worker: int) -> list[str]:

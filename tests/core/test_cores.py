@@ -121,30 +121,15 @@ def test_env_round_trip_and_errors(tmp_path):
         CoreShare(tmp_path, "t", cores=2, share=3)
 
 
-def test_hooks_adjust_before_each_block_forward_and_backward(tmp_path):
-    torch = pytest.importorskip("torch")
-    calls: list[str] = []
-    s = CoreShare(tmp_path, "t", cores=2, share=1, every_s=0.0,
-                  set_threads=lambda n: calls.append("set"))
-    orig = s.adjust
-
-    def counting(force=False):
-        calls.append("adjust")
-        return orig(force)
-
-    s.adjust = counting  # type: ignore[method-assign]
-    blocks = [torch.nn.Linear(4, 4) for _ in range(3)]
-    model = torch.nn.Sequential(*blocks)
-    handles = s.hook(blocks)
-    x = torch.randn(2, 4)
-    with torch.no_grad():
-        model(x)
-    assert calls.count("adjust") == 3  # a forward: one per block, no backward hook
-    calls.clear()
-    model(x).sum().backward()
-    assert calls.count("adjust") == 6  # three forwards, three backwards
-    for h in handles:
-        h.remove()
-    calls.clear()
-    model(x)
-    assert calls == []
+def test_a_lender_keeps_its_threads_and_lends_its_share_while_idle(tmp_path):
+    """The trainer lends and never borrows: its thread count (and so the order of its kernels'
+    sums) is the same whoever else is busy, while a worker takes its core when it waits."""
+    trainer, t_threads = share(tmp_path, "trainer-default", borrow=False)
+    worker, w_threads = share(tmp_path, "rollout-0")
+    with worker.busy():
+        assert w_threads[-1] == 2  # the trainer waits for a batch: its core is lent
+        with trainer.busy():
+            assert trainer.adjust() == 0 and t_threads == []  # never set by the budget
+            assert worker.adjust() == 1  # the trainer is busy: its share comes back
+        assert worker.adjust() == 2
+    assert t_threads == []

@@ -159,15 +159,11 @@ def build_trainer(tc: TrainerConfig, model: ModelConfig, *, run: str, policy: st
     cores = None
     if engine.world == 1 and engine.device.type == "cpu":
         # one machine's cores shared with the rollout workers (`astraflow run` on a CPU host):
-        # the threads follow who is busy, checked before every decoder block's forward and
-        # backward (core/cores.py)
+        # the trainer lends its share while it waits for a batch and keeps its own threads
+        # (steps bit-for-bit the same whoever else is busy: core/cores.py)
         from astraflow.core.cores import from_env
 
-        cores = from_env(f"trainer-{policy}")
-        if cores is not None:
-            from astraflow.consumers.trainer.sharding import transformer_blocks
-
-            cores.hook(transformer_blocks(engine.model))
+        cores = from_env(f"trainer-{policy}", borrow=False)
     return Trainer(
         bus=bus, run=run, policy=policy, engine=engine, step_fn=step_function(tc.mode),
         checkpoints=checkpoints, publisher=publisher, checkpoint_every=tc.checkpoint_every,

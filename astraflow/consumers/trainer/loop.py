@@ -377,8 +377,6 @@ class Trainer:
             self.version += 1
             self._remember(batch.id)
             step_s = time.monotonic() - started
-            if self.cores is not None:
-                metrics["threads"] = float(self.cores.threads)
             if self.version % self.publish_every == 0:
                 self._publish()
         busy = time.monotonic() - started

@@ -19,7 +19,7 @@ from astraflow.core.metrics import MetricsEmitter
 
 #: step metrics also sent as gauges on the metrics topic
 GAUGES = ("loss", "reward_mean", "wait_ratio", "train_tokens_per_s", "grad_norm", "kl", "entropy",
-          "clip_frac", "lr", "staleness_mean", "adv_abs_mean", "adv_std", "threads")
+          "clip_frac", "lr", "staleness_mean", "adv_abs_mean", "adv_std")
 
 
 class Telemetry:
