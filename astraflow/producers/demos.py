@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from astraflow.core.bus.types import Bus
 from astraflow.core.records import (
     Batch,
+    ChatMessage,
     Group,
     Trajectory,
     pack_f32,
@@ -44,27 +46,48 @@ def demonstration(tokenizer: Any, spec: TaskSpec, answer_key: str = "answer") ->
         prompt_len=n, reward=1.0, worker_id="demos")
 
 
-def turns_demonstration(tokenizer: Any, spec: TaskSpec, turns: Sequence[tuple[str, bool]], *,
+@dataclass(frozen=True)
+class Turn:
+    """One turn of a demonstrated episode after its prompt: a message; whether the loss
+    covers it (``trained``: only the model's own turns can be); for an assistant turn, whether
+    the model ended it with ``<eos>`` (``eos``; False: a stop string ended it, as ``</tool>``
+    ends a tool call)."""
+
+    message: ChatMessage
+    trained: bool = False
+    eos: bool = True
+
+
+def turns_demonstration(tokenizer: Any, spec: TaskSpec, turns: Sequence[Turn], *,
                         kind: str = "sft-turns") -> Trajectory:
     """An SFT trajectory of a multi-turn episode, laid out token for token as a workflow's
-    conversation lays it out under a concatenating chat template: the rendered prompt, then
-    each turn's text (``(text, trained)``: trained turns are the model's, masked 1; the others,
-    tool results or user turns, masked 0); ``<eos>`` follows the last turn (the model's final
-    answer ends with it) and any turn that ends with ``eos`` in the workflow is given it in its
-    text's place by the caller. ``kind`` prefixes the ids."""
-    from astraflow.models.prompt import encode as encode_text
-    from astraflow.models.prompt import render_prompt
+    conversation (:class:`astraflow.consumers.rollout.context.Conversation`) lays it out under
+    the tokenizer's chat template: the rendered prompt; each assistant turn as the model's
+    tokens (its text, then ``<eos>`` where the model ends it so); each other message (a tool's
+    result, a user turn) as the text the template adds for it up to the next generation
+    prompt (its role markers, the end of the turn before). Only ``trained`` turns are masked
+    1. ``kind`` prefixes the ids."""
+    from astraflow.models.prompt import appended_text, decode, encode, render_prompt
 
-    if not turns or not turns[-1][1]:
-        raise ValueError("a demonstration ends with a turn of the model's (trained)")
-    _, prompt = render_prompt(tokenizer, spec.prompt)
+    if not turns or not turns[-1].trained or turns[-1].message.role != "assistant":
+        raise ValueError("a demonstration ends with a trained turn of the model's")
+    text, prompt = render_prompt(tokenizer, spec.prompt)
+    messages = list(spec.prompt)
     ids, mask = list(prompt), [0] * len(prompt)
-    for i, (text, trained) in enumerate(turns):
-        part = encode_text(tokenizer, text, special=False)
-        if i == len(turns) - 1:
-            part.append(tokenizer.eos_token_id)
+    for turn in turns:
+        m = turn.message
+        if m.role == "assistant":
+            part = encode(tokenizer, m.content, special=False)
+            if turn.eos:
+                part.append(tokenizer.eos_token_id)
+            text += decode(tokenizer, part, skip_special=False)
+        else:
+            delta = appended_text(tokenizer, messages, [m], text=text)
+            part = encode(tokenizer, delta, special=False) if delta else []
+            text += delta
+        messages.append(m)
         ids += part
-        mask += [int(trained)] * len(part)
+        mask += [int(turn.trained and m.role == "assistant")] * len(part)
     return Trajectory(
         id=f"{kind}/{spec.id}", task_id=spec.id, group_id=f"{kind}/{spec.id}", sample_index=0,
         group_size=1, token_ids=pack_i32(ids), loss_mask=pack_u8(mask),
@@ -78,10 +101,11 @@ def retry_demonstration(tokenizer: Any, spec: TaskSpec, *, first: str, feedback:
     workflow lays out its conversation: the prompt, a rejected ``first`` answer and ``<eos>``,
     the ``feedback`` user turn (the verifier's text and the retry prompt), all masked 0; then
     the reference answer and ``<eos>``, masked 1 (only the retry is taught)."""
-    eos = tokenizer.eos_token or ""
     return turns_demonstration(tokenizer, spec, [
-        (first + eos + feedback, False), (str(spec.reference[answer_key]), True)],
-        kind="sft-retry")
+        Turn(ChatMessage(role="assistant", content=first)),
+        Turn(ChatMessage(role="user", content=feedback)),
+        Turn(ChatMessage(role="assistant", content=str(spec.reference[answer_key])),
+             trained=True)], kind="sft-retry")
 
 
 def demo_batches(tokenizer: Any, specs: Iterator[TaskSpec], *, policy: str, batch_size: int,

@@ -220,15 +220,18 @@ OP_TOOLS = {"*": "mul", "+": "add"}
 
 def tool_demonstrations(config: ExperimentConfig, tokenizer: Any, specs: list[Any]) -> list[Any]:
     """The ``multi_turn_tools`` warm-up: for each arithmetic problem ``a<op>b=``, the episode a
-    tool user writes: the call ``<tool>TOOL(a,b)</tool>`` (trained), the tool's real output in
-    the workflow's ``result_format`` (masked 0), the answer and ``<eos>`` (trained). The tool
-    is the one :data:`OP_TOOLS` names for the operator; a problem with another operator, or
-    whose tool the workflow's ``tools`` leaves out, is answered directly (one turn)."""
+    tool user writes, laid out under the tokenizer's chat template as the workflow lays it
+    out: the call ``<tool>TOOL(a,b)</tool>`` (trained; ``</tool>`` ends the turn, no
+    ``<eos>``), the tool's real output as a ``tool`` message in the workflow's
+    ``result_format`` (masked 0), the answer and ``<eos>`` (trained). The tool is the one
+    :data:`OP_TOOLS` names for the operator; a problem with another operator, or whose tool
+    the workflow's ``tools`` leaves out, is answered directly (one turn)."""
     import re
 
     from astraflow.consumers.rollout.tools import TOOLS
     from astraflow.consumers.rollout.workflows.multi_turn import CLOSE, OPEN
-    from astraflow.producers.demos import turns_demonstration
+    from astraflow.core.records import ChatMessage
+    from astraflow.producers.demos import Turn, turns_demonstration
 
     kw = config.workflow_kwargs()
     fmt = str(kw.get("result_format", "<result>{output}</result>"))
@@ -236,17 +239,20 @@ def tool_demonstrations(config: ExperimentConfig, tokenizer: Any, specs: list[An
     out = []
     for spec in specs:
         problem = "".join(m.content for m in spec.prompt if m.role != "system")
-        answer = str(spec.reference["answer"])
+        answer = Turn(ChatMessage(role="assistant", content=str(spec.reference["answer"])),
+                      trained=True)
         m = re.fullmatch(r"\s*(-?\d+)\s*([*+])\s*(-?\d+)\s*=\s*", problem)
         tool = OP_TOOLS.get(m.group(2)) if m else None
         if tool is None or (allowed is not None and tool not in allowed):
-            out.append(turns_demonstration(tokenizer, spec, [(answer, True)], kind="sft"))
+            out.append(turns_demonstration(tokenizer, spec, [answer], kind="sft"))
             continue
         a, b = int(m.group(1)), int(m.group(3))
         output = str(TOOLS.resolve(tool)(a, b))
         out.append(turns_demonstration(tokenizer, spec, [
-            (f"{OPEN}{tool}({a},{b}){CLOSE}", True), (fmt.format(output=output), False),
-            (answer, True)], kind="sft-tools"))
+            Turn(ChatMessage(role="assistant", content=f"{OPEN}{tool}({a},{b}){CLOSE}"),
+                 trained=True, eos=False),
+            Turn(ChatMessage(role="tool", name=tool, content=fmt.format(output=output))),
+            answer], kind="sft-tools"))
     return out
 
 

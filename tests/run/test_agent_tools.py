@@ -33,12 +33,13 @@ pytestmark = pytest.mark.xdist_group("agent-tools")
 def tool_user(wrong: int = 0) -> Callable[[str], str]:
     """What a perfect tool user writes (a rule for the ``rule_engine``):
     ``<tool>mul(a,b)</tool>`` for ``a*b=``, then the tool's result line copied (``+ wrong``
-    added to it: a model that copies badly)."""
+    added to it: a model that copies badly). Under a chat template the rule reads the problem
+    and the result out of the rendered text."""
     def rule(seen: str) -> str:
+        a, b = re.search(r"(\d+)\*(\d+)=", seen).groups()
         if "<tool>" not in seen:
-            a, b = re.fullmatch(r"(\d+)\*(\d+)=", seen).groups()
             return f"<tool>mul({a},{b})</tool>"
-        return str(int(seen.rstrip("\n").rsplit("</tool>", 1)[1]) + wrong)
+        return str(int(re.findall(r"(\d+)\n", seen.rsplit("</tool>", 1)[1])[0]) + wrong)
 
     return rule
 
@@ -48,9 +49,19 @@ def specs(*problems: tuple[int, int]) -> list[TaskSpec]:
                      reference={"answer": str(a * b)}) for a, b in problems]
 
 
-def test_demonstrations_lay_out_the_episode_as_the_workflow_does(rule_engine) -> None:
+#: a template that marks roles and ends every turn with <eos>, as ChatML does (SmolLM2's
+#: "<|im_start|>tool\n391\n<|im_end|>"): a tool's result is more than its text
+ROLE_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<eos>\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+@pytest.mark.parametrize("template", ["concatenating", "roles"])
+def test_demonstrations_lay_out_the_episode_as_the_workflow_does(rule_engine,
+                                                                 template: str) -> None:
     cfg = load_experiment(EXAMPLE)
-    tok = build_tokenizer("tools")
+    tok = build_tokenizer("ascii" if template == "roles" else "tools")
+    if template == "roles":
+        tok.chat_template = ROLE_TEMPLATE
     problems = specs((17, 23), (99, 99), (10, 10))
     demos = tool_demonstrations(cfg, tok, problems)
     outs = greedy_episodes({"default": rule_engine(tok, tool_user())}, problems, workflow="multi_turn_tools",
@@ -67,7 +78,10 @@ def test_demonstrations_lay_out_the_episode_as_the_workflow_does(rule_engine) ->
         untrained = tok.decode([t for t, m in zip(ids, mask, strict=True) if not m])
         a, b = demo.task_id.removeprefix("arith/").split("*")
         assert text == f"<tool>mul({a},{b})</tool>{int(a) * int(b)}<eos>"
-        assert untrained.endswith(f"={int(a) * int(b)}\n")
+        if template == "roles":  # the tool's turn as the template writes it
+            assert untrained.endswith(f"<eos>\ntool: {int(a) * int(b)}\n<eos>\nassistant: ")
+        else:
+            assert untrained.endswith(f"={int(a) * int(b)}\n")
         assert [s.role for s in draft.spans] == ["prompt", "assistant", "tool", "assistant"]
 
 
