@@ -3,16 +3,19 @@ synchronous loop on the same model, task, tool and latency (issue 14), in one in
 
     python bench/agentic.py                          # p99/p50 = 40 (p50 0.05 s, p99 2 s)
     python bench/agentic.py --ratios 1 10 40         # the curve of the ratio against the tail
+    python bench/agentic.py --p50 1                  # a slower tool: p50 1 s, p99 40 s
     python bench/agentic.py --warm runs/agent-tools  # reuse that run's warm model
     python bench/agentic.py --seconds 60 --only sync
     python bench/agentic.py --repeats 3                # interleaved; medians, per-step means
     python bench/agentic.py --from A/agentic.json B/agentic.json   # summarise earlier runs
 
-The task is examples/agent_tools.yaml: ``a*b=`` for two-digit a, b; the model calls
-``<tool>mul(a,b)</tool>``, the tool answers after a latency drawn per call (p50 0.05 s and p99
-``ratio`` × p50: lognormal, or fixed 0.05 s for ratio 1; seeded by task id, sample and turn, so
-both arms wait the same draws), the model copies the result. Every arm starts RL from the
-same warm model (the example's SFT warm-up, run once here unless --warm).
+The task is examples/agent_tools.yaml (the tiny model) or, with ``--config
+examples/smollm2_tools.yaml``, the same on SmolLM2-135M-Instruct: ``a*b=`` for two-digit a, b;
+the model calls ``<tool>mul(a,b)</tool>``, the tool answers after a latency drawn per call (p50
+--p50, 0.05 s by default, and p99 ``ratio`` × p50: lognormal, or fixed p50 for ratio 1; seeded
+by task id, sample and turn, so both arms wait the same draws), the model copies the result.
+Every arm starts RL from the same warm model (the example's SFT warm-up, run once here unless
+--warm).
 
 * ``pipeline-<ratio>``: ``astraflow run`` as a subprocess, RL only, launch.timeout_s =
   --seconds + --startup (its processes start inside that budget): producer, gate, 2 rollout
@@ -262,7 +265,7 @@ def report(results: Mapping[str, Mapping[str, Any]], ratios: Sequence[float],
     return "\n".join(lines), rows
 
 
-def plot(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
+def plot(rows: Sequence[Mapping[str, Any]], path: Path, p50: float = P50) -> Path | None:
     """The ratio curve: sync / pipeline (s/step and time to target) against p99/p50."""
     pts = [r for r in rows if r.get("step_time_ratio") is not None]
     if len(pts) < 2:
@@ -281,7 +284,7 @@ def plot(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
                 label="time to target")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log")
-    ax.set_xlabel("tool latency p99 / p50 (p50 0.05 s)")
+    ax.set_xlabel(f"tool latency p99 / p50 (p50 {p50:g} s)")
     ax.set_ylabel("sync / pipeline")
     ax.set_title("agent_tools: pipeline speed-up over a synchronous loop")
     ax.legend()
@@ -300,7 +303,9 @@ def main() -> int:
     ap.add_argument("--startup", type=float, default=25.0,
                     help="pipeline: seconds added to launch.timeout_s for its processes")
     ap.add_argument("--ratios", type=float, nargs="+", default=[40.0],
-                    help="tool latency p99/p50 of each pair of arms (p50 0.05 s)")
+                    help="tool latency p99/p50 of each pair of arms (p50: --p50)")
+    ap.add_argument("--p50", type=float, default=P50,
+                    help=f"the tool latency's median in seconds (default {P50:g})")
     ap.add_argument("--every", type=int, default=5, help="sync: evaluate every N steps")
     ap.add_argument("--target", type=float, default=None)
     ap.add_argument("--gain", type=float, default=0.15,
@@ -352,7 +357,7 @@ def main() -> int:
     results: dict[str, dict[str, Any]] = {}
     for rep, ratio, kind in ((r, ratio, kind) for r in range(args.repeats)
                              for ratio in args.ratios for kind in kinds):
-        lat = latency(ratio)
+        lat = latency(ratio, args.p50)
         label = f"delayed{args.sync_delay}" if kind == "delayed" else kind
         name = f"{label}-{ratio:g}" + (f"-r{rep + 1}" if args.repeats > 1 else "")
         t0 = time.monotonic()
@@ -378,15 +383,16 @@ def main() -> int:
               f"{f(res.get('s_per_iter'), '.3f')}, steps {res.get('iterations')}, "
               f"time to target {f(res.get('time_to_target_s'), '.1f')}", flush=True)
         (args.out / "agentic.json").write_text(json.dumps(
-            {"target": target, "results": results}, indent=1, default=str))
+            {"target": target, "p50": args.p50, "results": results}, indent=1, default=str))
     table, rows = report(results, args.ratios, target)
     steps_table, steps_rows = per_step(list(results.items()), target, args.per_step_until)
     (args.out / "agentic.json").write_text(json.dumps(
-        {"target": target, "results": results, "ratios": rows, "per_step": steps_rows},
+        {"target": target, "p50": args.p50, "results": results, "ratios": rows,
+         "per_step": steps_rows},
         indent=1, default=str))
     print(table)
     print(f"\n{steps_table}")
-    png = plot(rows, args.out / "ratio.png")
+    png = plot(rows, args.out / "ratio.png", args.p50)
     if png is not None:
         print(f"ratio curve: {png}")
     print(f"\n{len(results)} arms in {time.monotonic() - started:.0f} s; results: "
