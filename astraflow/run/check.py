@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -26,6 +26,7 @@ from astraflow.core.errors import AstraflowError
 if TYPE_CHECKING:
     from astraflow.config import ExperimentConfig
     from astraflow.producers.sources import TaskSpec
+    from astraflow.run.memory import MemoryEstimate
 
 #: demonstrations or tasks read per split: enough to find a bad file, few enough to be quick
 ROWS = 3
@@ -86,9 +87,14 @@ def check_experiment(config: ExperimentConfig, out: str | Path = ".", *, weights
     progress("importing modules and scoring a sample")
     _check_modules(config, report)
     _check_reward(config, sample, report)
+    estimates = []
     for policy in config.policies:
         progress(f"loading the tokenizer of {policy}")
-        _check_model(config, policy, out, sample, report, weights=weights, gpu_gb=gpu_gb)
+        est = _check_model(config, policy, out, sample, report, weights=weights, gpu_gb=gpu_gb)
+        if est is not None:
+            estimates.append(est)
+    if len(config.policies) > 1 and len(estimates) == len(config.policies):
+        _check_run_memory(config, estimates, report)
     return report
 
 
@@ -223,7 +229,8 @@ def _check_reward(config: ExperimentConfig, sample: TaskSpec | None,
 
 def _check_model(config: ExperimentConfig, policy: str, out: str | Path,
                  sample: TaskSpec | None, report: CheckReport, *, weights: bool,
-                 gpu_gb: float = 80.0) -> None:
+                 gpu_gb: float = 80.0) -> MemoryEstimate | None:
+    """The checks of ``policy``'s model; its memory estimate where its config is known."""
     from dataclasses import replace
 
     from astraflow.core.paths import expand
@@ -238,21 +245,22 @@ def _check_model(config: ExperimentConfig, policy: str, out: str | Path,
     for problem in info.problems:
         report.bad(key, problem)
     if info.problems:
-        return
+        return None
     report.good(key, info.describe())
     if info.folder is None:  # built at start (a tiny model)
-        return
+        return None
     try:
         from astraflow.models.load import load_tokenizer
 
         tok = load_tokenizer(info.folder)
     except Exception as e:  # noqa: BLE001 - a broken tokenizer file may raise anything
         report.bad(key, f"cannot load the tokenizer of {info.folder}: {type(e).__name__}: {e}")
-        return
+        return None
     if sample is not None:
         _check_prompt(config, policy, tok, sample, report)
-    if info.config is not None:
-        _check_memory(config, policy, info.config, report, info.parameters, gpu_gb)
+    if info.config is None:
+        return None
+    return _check_memory(config, policy, info.config, report, info.parameters, gpu_gb)
 
 
 def _check_prompt(config: ExperimentConfig, policy: str, tok: Any, sample: TaskSpec,
@@ -278,7 +286,8 @@ def _check_prompt(config: ExperimentConfig, policy: str, tok: Any, sample: TaskS
 
 
 def _check_memory(config: ExperimentConfig, policy: str, model_config: dict[str, Any],
-                  report: CheckReport, params: int | None, gpu_gb: float = 80.0) -> None:
+                  report: CheckReport, params: int | None,
+                  gpu_gb: float = 80.0) -> MemoryEstimate:
     from astraflow.run.memory import describe_trainer, estimate
 
     est = estimate(model_config, config, policy, params)
@@ -290,3 +299,27 @@ def _check_memory(config: ExperimentConfig, policy: str, model_config: dict[str,
                    f"{est.host_bytes / 2**30:.1f} GiB ({est.describe()}), more than its "
                    f"{limit / 2**30:.1f} GiB: fewer launch.rollout_workers, a smaller "
                    "rollout.engine.max_batch_size, or a bigger machine")
+    return est
+
+
+def _check_run_memory(config: ExperimentConfig, estimates: Sequence[MemoryEstimate],
+                      report: CheckReport) -> None:
+    """Several policies on one CPU host: their roles together (a trainer and an evaluator
+    each, every rollout worker holding an engine of each, a team's evaluator all its models)
+    against the host's memory; each policy's own check does not see the others."""
+    from astraflow.run.memory import run_host_bytes
+
+    limit = estimates[0].available_bytes()
+    if limit is None or any(e.device != "cpu" for e in estimates):
+        return
+    team = config.launch.evaluate and config.team_workflow() == "solver_verifier"
+    need = run_host_bytes(estimates, team_evaluator=team)
+    gib = 2**30
+    what = (f"the roles of the {len(estimates)} policies on this host need about "
+            f"{need / gib:.1f} GiB together")
+    if need > limit:
+        report.bad("policies", f"{what}, more than its {limit / gib:.1f} GiB: a smaller "
+                   "trainer.micro_batch_tokens, fewer launch.rollout_workers, a smaller "
+                   "rollout.engine.max_batch_size, or a bigger machine")
+    else:
+        report.good("policies", f"{what} (of {limit / gib:.1f} GiB)")

@@ -14,6 +14,7 @@ mistakes (a 7B model on a 16 GiB host), not to plan a cluster.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +68,18 @@ class MemoryEstimate:
                 f"for the trainer, {self.engine_bytes / gib:.2f} GiB per engine "
                 f"(x{self.workers} workers), {self.evaluator_bytes / gib:.2f} GiB for the "
                 f"evaluator ({self.device})")
+
+
+def run_host_bytes(estimates: Sequence[MemoryEstimate], *, team_evaluator: bool) -> int:
+    """What the roles of a run of several policies hold together on one host (one
+    :class:`MemoryEstimate` a policy): each policy's trainer and evaluator, every rollout
+    worker an engine of each policy (a worker hosts them all), and with ``team_evaluator``
+    one more evaluator holding every policy's model."""
+    workers = max((e.workers for e in estimates), default=0)
+    evaluators = sum(e.evaluator_bytes for e in estimates)
+    return (sum(e.trainer_bytes for e in estimates)
+            + workers * sum(e.engine_bytes for e in estimates)
+            + evaluators * (2 if team_evaluator else 1))
 
 
 def estimate(cfg: dict[str, Any], config: ExperimentConfig, policy: str,

@@ -65,6 +65,42 @@ def test_a_good_config_passes_with_a_rendered_prompt_and_a_memory_estimate(
     assert "fits a 80 GB GPU so: 1.5B" in said, said
 
 
+def test_several_policies_are_checked_against_the_hosts_memory_together(
+        tmp_path: Path, tiny_dir: Path, data: tuple[Path, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # each policy alone fits; the run's roles of both (a trainer and an evaluator each, every
+    # worker an engine of each) do not: a two-policy SmolLM2 run was killed by the kernel
+    # while each policy's own check passed
+    from astraflow.run.memory import MemoryEstimate, run_host_bytes
+
+    train, test = data
+    config = load_experiment(None, [
+        "policies=[solver,verifier]", f"models.solver.path={tiny_dir}",
+        f"models.verifier.path={tiny_dir}", "producer.source=jsonl", f"producer.path=[{train}]",
+        f"producer.test_path=[{test}]", "launch.warmup.steps=0", "launch.rollout_workers=2"])
+    report = check_experiment(config, tmp_path)
+    assert report.ok, report.describe_problems()
+    said = {f.key: f.message for f in report.findings}
+    assert "roles of the 2 policies on this host need about" in said["policies"], said
+    # (parameters, trainer, engine, workers, evaluator bytes, device)
+    each = [MemoryEstimate(10, 100, 7, 2, 5, "cpu"), MemoryEstimate(10, 200, 11, 2, 3, "cpu")]
+    # trainers 300, two workers holding both engines 36, evaluators 8 (with a team's: 16)
+    assert run_host_bytes(each, team_evaluator=False) == 344
+    assert run_host_bytes(each, team_evaluator=True) == 352
+    # a host between one policy's roles and both policies' roles
+    from astraflow.run.memory import estimate
+
+    model = json.loads((tiny_dir / "config.json").read_text())
+    real = [estimate(model, config, p) for p in config.policies]
+    alone, both = real[0].host_bytes, run_host_bytes(real, team_evaluator=False)
+    assert both > 1.5 * alone
+    monkeypatch.setattr(MemoryEstimate, "available_bytes", lambda self: (alone + both) // 2)
+    problems = _problems(check_experiment(config, tmp_path))
+    assert set(problems) == {"policies"}, problems
+    assert "more than its" in problems["policies"] and "micro_batch_tokens" in problems[
+        "policies"]
+
+
 def test_every_problem_is_listed_at_once_with_its_key_path(
         tmp_path: Path, data: tuple[Path, Path]) -> None:
     train, _ = data
