@@ -15,7 +15,9 @@ config gives the trainer section, the reward (with its ``extract``), the samplin
 (temperature, top_p, max_new_tokens), the producer's train split (the tasks it releases,
 ``system_prompt`` first), the group size and the batch size. All prompts of a step are
 sampled in one left-padded ``generate`` call, stopping at every EOS id the rollout engine
-stops at; the step is the trainer's own ``rl_step``. Held-out greedy accuracy is measured
+stops at, by the model in the engine's dtype (``rollout.engine.dtype``: a copy of the
+trainer's weights refreshed after every step, where it is not float32); the step is the
+trainer's own ``rl_step``. Held-out greedy accuracy is measured
 every --every steps (default: the config's ``launch.eval_every``, the versions the run's
 evaluator measures) on the problems the run's evaluator uses; the clock excludes evaluation
 (the run's evaluator is a separate process), so the baseline is not charged for it.
@@ -71,6 +73,17 @@ def start_point(source: Path, policy: str = "default",
         raise ConfigError(f"{source}: no policy {policy!r}; valid: {', '.join(cfg.policies)}")
     out = out or ROOT / "runs" / "sync-loop"
     return cfg, model_dir(cfg, policy, out), out
+
+
+def serving_copy(model: Any, dtype: str) -> Any:
+    """The model the loop samples from: ``model`` itself for ``rollout.engine.dtype``
+    float32 (or auto), else a copy in that dtype (as the pipeline's engine serves it), which
+    the loop refreshes after every step."""
+    if dtype in ("float32", "auto"):
+        return model
+    import copy
+
+    return copy.deepcopy(model).to(getattr(torch, dtype)).eval()
 
 
 def sample_groups(model: Any, tok: Any, specs: list[Any], *, n: int, temperature: float,
@@ -143,6 +156,7 @@ def run_sync(source: Path, *, policy: str = "default", seconds: float = 300.0,
     seed = cfg.seed if seed is None else seed
     torch.manual_seed(seed)
     model = engine.model
+    sampler = serving_copy(model, cfg.rollout.engine.dtype)
     tok = load_tokenizer(mdir)
     reward = build_reward(cfg.rollout.reward)
     test = held_out(cfg.producer, cfg.launch.eval_problems, run_dir)
@@ -169,12 +183,16 @@ def run_sync(source: Path, *, policy: str = "default", seconds: float = 300.0,
     while clock < seconds and (max_steps is None or step < max_steps):
         t0 = time.perf_counter()
         specs = rng.sample(train, cfg.data.batch_size)
-        groups = sample_groups(model, tok, specs, n=cfg.producer.n_samples,
+        groups = sample_groups(sampler, tok, specs, n=cfg.producer.n_samples,
                                temperature=engine_cfg.temperature, top_p=engine_cfg.top_p,
                                max_new_tokens=engine_cfg.max_new_tokens, reward=reward,
                                step=step)
         sampling_s += time.perf_counter() - t0
         rl_step(engine, Batch(id=str(step), policy=policy, seq=step, groups=groups), step)
+        if sampler is not model:  # the new weights into the sampling copy
+            with torch.no_grad():
+                for dst, src in zip(sampler.parameters(), model.parameters(), strict=True):
+                    dst.copy_(src)
         step += 1
         clock += time.perf_counter() - t0
         if step % every == 0:
