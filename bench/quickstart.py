@@ -10,6 +10,7 @@ started from the same model in the same run.
     # a real model, no warm-up (SmolLM2-135M-Instruct on chain_sum; greedy starts near 0.41)
     python bench/quickstart.py --config examples/smollm2_chain_sum.yaml --only embedded-1 sync \
         --no-kafka --threshold 0.55 --seconds 900 --every 5
+    python bench/quickstart.py ... --set rollout.engine.dtype=float32   # every arm overridden
 
 With a config that warms up (``launch.warmup.steps`` > 0, the quickstart's), the first
 pipeline run does the SFT warm-up; every other run (and the baseline) starts RL from that
@@ -157,6 +158,17 @@ def run_baseline(source: Path, *, threshold: float, seconds: float, every: int,
             "curve": curve}
 
 
+def with_overrides(config: Path, sets: list[str], dest: Path) -> Path:
+    """``config`` with the ``--set`` overrides applied, written to ``dest``."""
+    import yaml
+
+    from astraflow.core.config import apply_overrides
+
+    data = apply_overrides(yaml.safe_load(config.read_text()) or {}, sets)
+    dest.write_text(yaml.safe_dump(data, sort_keys=False))
+    return dest
+
+
 def warm_model(run_dir: Path, policy: str = "default") -> Path:
     """The model ``run_dir``'s RL phase started from (its warm-up's export, or the model as
     configured when the warm-up kept step 0)."""
@@ -179,6 +191,9 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=None,
                     help=f"subset of {', '.join([*PIPELINES, 'sync'])}")
     ap.add_argument("--kafka", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every arm, the baseline included (e.g. "
+                         "rollout.engine.dtype=float32)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run every arm this many times, interleaved, and report medians")
     ap.add_argument("--warm", type=Path, default=None,
@@ -188,7 +203,10 @@ def main() -> int:
     args = ap.parse_args()
     from astraflow.config import load_experiment
 
-    config = load_experiment(args.config)
+    config = load_experiment(args.config, args.sets)
+    if args.sets:  # every arm runs the overridden config (the baseline reads a file)
+        args.out.mkdir(parents=True, exist_ok=True)
+        args.config = with_overrides(args.config, args.sets, args.out / args.config.name)
     warms = config.launch.warmup.steps > 0  # else every run starts from the config's model
     every = args.every or config.launch.eval_every
     names = args.only or [*DEFAULT, "sync"]
