@@ -184,6 +184,7 @@ def system_accuracy(cfg: Any, engines: Mapping[str, Any]) -> float:
 
     return team_episodes(engines, held_out(cfg.producer, cfg.launch.eval_problems),
                          reward=cfg.rollout.reward.name, reward_kwargs=cfg.rollout.reward.kwargs,
+                         extract=cfg.rollout.reward.extract,
                          workflow_kwargs=cfg.rollout.workflow.kwargs.get(WORKFLOW, {}),
                          max_new_tokens=cfg.rollout.engine.max_new_tokens).system_accuracy
 

@@ -169,3 +169,28 @@ def test_the_lockstep_keeps_turn_rewards(tmp_path: Path) -> None:
         assert all(t.turn_rewards == [] for t in loop.trained["verifier"])
     finally:
         loop.close()
+
+
+def test_the_system_accuracy_scores_answers_as_the_reward_extracts_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a real model answers in a sentence ("The answer is 5"): the team's final answer is
+    # scored on what the reward extracts, as the run's team evaluator scores it (without the
+    # extractor a SmolLM2 team measured 0.0 here while its evaluator said 0.39)
+    import multimodel
+
+    from astraflow.config import load_experiment
+    from astraflow.consumers.team_evaluator import TeamResult
+
+    cfg = load_experiment(ROOT / "examples" / "smollm2_solver_verifier.yaml",
+                          ["launch.eval_problems=2"])
+    seen: dict[str, Any] = {}
+
+    def episodes(engines: Any, specs: Any, **kwargs: Any) -> Any:
+        seen.update(kwargs)
+        return TeamResult(versions={}, system_accuracy=0.5, first_accuracy=0.5,
+                          retry_rate=0.0, unclear_rate=0.0, error_rate=0.0, n=2)
+
+    monkeypatch.setattr("astraflow.consumers.team_evaluator.team_episodes", episodes)
+    assert multimodel.system_accuracy(cfg, {}) == 0.5
+    assert seen["extract"] == cfg.rollout.reward.extract == "last_number"
+    assert seen["reward"] == "reasoning_gym"
