@@ -7,7 +7,7 @@ time went, as counters on the ``metrics`` topic:
   (waiting for a batch), ``time.train_s`` (the optimizer step), ``time.publish_s`` (handing
   the weights to the publisher), ``time.checkpoint_s``;
 * rollout worker: ``time.load_s`` (start to joining its group: imports, engines, first weight
-  sync), ``time.generate_s`` (its engines decoding);
+  sync), ``time.generate_s`` (any of its engines decoding, counted once);
 * evaluator: ``time.evaluate_s`` (measuring versions).
 
 :func:`time_breakdown` sums them per role (a role's processes together: rollout workers, a

@@ -193,3 +193,36 @@ def test_the_eos_ids_include_the_generation_configs_end_of_turn_tokens() -> None
     assert eos_ids(tok, SimpleNamespace(eos_token_id=151643),
                    SimpleNamespace(eos_token_id=[151645, 151643])) == {151643, 151645}
     assert eos_ids(tok, None, SimpleNamespace(eos_token_id=None)) == {151645}
+
+
+def test_decoding_time_counts_overlapping_engines_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a worker with an engine per policy decodes with both at once: its time.generate_s is
+    # the wall time any of them decoded, not the sum of their busy seconds
+    from astraflow.consumers.rollout.engines import hf
+
+    clock = [100.0]
+    monkeypatch.setattr(hf.time, "monotonic", lambda: clock[0])
+    decoding = hf.Decoding()
+    decoding.enter()           # t=100: the solver's engine starts
+    clock[0] = 101.0
+    decoding.enter()           # t=101: the verifier's too
+    clock[0] = 103.0
+    decoding.leave()           # t=103: one stops, the other goes on
+    assert decoding.seconds() == 3.0
+    clock[0] = 104.0
+    decoding.leave()           # t=104: both idle
+    clock[0] = 110.0
+    decoding.enter()           # t=110..112: one alone
+    clock[0] = 112.0
+    decoding.leave()
+    clock[0] = 120.0
+    assert decoding.seconds() == 6.0  # 4 + 2, the idle stretches left out
+
+
+def test_engines_of_one_process_share_its_decoding_time(engine: HFEngine) -> None:
+    from astraflow.consumers.rollout.engines import hf
+
+    before, mine = hf.DECODING.seconds(), engine.busy_seconds()
+    engine.generate([GenRequest(prompt_ids=[1, 2, 3], max_new_tokens=4, temperature=0.0)])
+    spent = engine.busy_seconds() - mine
+    assert spent > 0 and hf.DECODING.seconds() - before == pytest.approx(spent, abs=0.05)

@@ -449,10 +449,10 @@ class RolloutWorker:
         self.metrics.set("inflight", self._claimed)
         self.metrics.set("max_inflight", self.max_concurrent)  # the reporter's utilization
         self.metrics.set("inflight_tasks", len(self._running))
-        slowed = busy = 0.0
+        slowed = 0.0
+        timed = False  # an engine that times its decoding (hf)
         for i, (policy, engine) in enumerate(self.runtime.engines.items()):
-            if hasattr(engine, "busy_seconds"):
-                busy += engine.busy_seconds()
+            timed = timed or hasattr(engine, "busy_seconds")
             self.metrics.set(f"weight_version.{policy}", engine.version)
             if i == 0:
                 self.metrics.set("weight_version", engine.version)
@@ -460,8 +460,12 @@ class RolloutWorker:
             slowed += getattr(engine, "slowed_s", 0.0)
         # seconds the engines were held asleep by rollout.engine.speed (a running total)
         self.metrics.set_total("engine.slowed_s", slowed)
-        # where the worker's time goes: decoding (summed over its engines)
-        self.metrics.set_total("time.generate_s", busy)
+        # where the worker's time goes: decoding, by any of its engines (their stretches
+        # overlap: counted once)
+        if timed:
+            from astraflow.consumers.rollout.engines.hf import DECODING
+
+            self.metrics.set_total("time.generate_s", DECODING.seconds())
         for f in self.followers:  # a far worker's weight sync: lag, and where the time goes
             self.metrics.set(f"weights.lag.{f.policy}", f.lag)
             self.metrics.set_total(f"weights.fetch_s.{f.policy}", f.fetch_s)
