@@ -556,7 +556,8 @@ def main() -> int:
                          "processes (the lockstep clock starts after loading its models)")
     ap.add_argument("--steps", type=int, default=None, help="lockstep: at most this many")
     ap.add_argument("--every", type=int, default=10,
-                    help="lockstep: solver held-out accuracy every N steps")
+                    help="held-out accuracy every N steps (lockstep) or versions (the "
+                         "pipeline's launch.eval_every)")
     ap.add_argument("--target", type=float, default=None,
                     help="the solver's held-out accuracy for time to target (default: the "
                          "warm solver's + --gain)")
@@ -603,8 +604,10 @@ def main() -> int:
         latency = args.tail if arm.endswith("-tail") else None
         pipeline = arm.startswith("pipeline")
         budget = args.seconds + (args.startup if pipeline else 0.0)
-        cfg_path = write_yaml(arm_config(base, args.sets, warm, seconds=budget,
-                                         latency=latency), args.out / f"{arm}.yaml")
+        data = arm_config(base, args.sets, warm, seconds=budget, latency=latency)
+        # both arms evaluate on the same grid of steps: time to target is read off it
+        data["launch"]["eval_every"] = args.every
+        cfg_path = write_yaml(data, args.out / f"{arm}.yaml")
         print(f"[{arm}] {args.seconds:.0f} s of RL"
               f"{f', verifier latency {tail}' if latency else ''}", flush=True)
         if pipeline:
