@@ -226,3 +226,29 @@ def test_engines_of_one_process_share_its_decoding_time(engine: HFEngine) -> Non
     engine.generate([GenRequest(prompt_ids=[1, 2, 3], max_new_tokens=4, temperature=0.0)])
     spent = engine.busy_seconds() - mine
     assert spent > 0 and hf.DECODING.seconds() - before == pytest.approx(spent, abs=0.05)
+
+
+def test_bf16_autocast_decodes_in_bf16_and_samples_from_fp32_logits(arith_dir: Path) -> None:
+    # rollout.engine.mixed_precision: bf16: the forward's products in bf16 (the weights stay
+    # fp32), the logits back in fp32; its logprobs match a bf16-autocast teacher-forced pass
+    with pytest.raises(Exception, match="'no' or 'bf16'"):
+        build_engine("hf", model_path=arith_dir, mixed_precision="fp8")
+    eng = build_engine("hf", model_path=arith_dir, threads=1, seed=1, mixed_precision="bf16")
+    assert {p.dtype for p in eng.model.parameters()} == {torch.float32}
+    seen: list[torch.dtype] = []
+    hook = eng.model.get_output_embeddings().register_forward_hook(
+        lambda _m, _i, out: seen.append(out.dtype))
+    tok = eng.tokenizer
+    prompts = [tok(t)["input_ids"] for t in ("1+1=", "12+34=", "987*6=")]
+    try:
+        results = eng.generate([GenRequest(p, max_new_tokens=5, temperature=1.0)
+                                for p in prompts])
+    finally:
+        hook.remove()
+    assert seen and set(seen) == {torch.bfloat16}
+    for p, r in zip(prompts, results, strict=True):
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = eng.model(input_ids=torch.tensor([p + r.token_ids])).logits[0].float()
+        want = [torch.log_softmax(logits[len(p) - 1 + j], -1)[t].item()
+                for j, t in enumerate(r.token_ids)]
+        assert r.logprobs == pytest.approx(want, abs=0.1)

@@ -48,6 +48,11 @@ class EngineConfig(Section):
     device: str = pydantic.Field("cpu", description="hf/vllm: cpu, cuda, cuda:1, ...")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = pydantic.Field(
         "float32", description="dtype the model runs in (auto: the checkpoint's)")
+    mixed_precision: Literal["no", "bf16"] = pydantic.Field(
+        "no", description="hf: the forward under bf16 autocast (the weights stay in `dtype`, "
+                          "the logits and logprobs fp32); on a CPU with bf16 matrix units it "
+                          "can decode faster than fp32 where bf16 weights (`dtype: bfloat16`) "
+                          "do not (bench/cpu_throughput.py measures autocast on a model)")
     max_batch_size: int = pydantic.Field(
         64, ge=1, description="hf/vllm: sequences per batched forward; openai: requests in "
                               "flight to the server")

@@ -153,8 +153,16 @@ class HFEngine:
     def __init__(self, model_path: str | Path | None = None, *, model: Any = None,
                  tokenizer: Any = None, device: str = "cpu", dtype: str = "float32",
                  max_batch_size: int = 64, threads: int | None = None, seed: int = 0,
-                 initial_version: int = 0, continuous: bool = False, **_: Any) -> None:
+                 initial_version: int = 0, continuous: bool = False,
+                 mixed_precision: str = "no", **_: Any) -> None:
         import torch
+
+        if mixed_precision not in ("no", "bf16"):
+            raise EngineError(f"rollout.engine.mixed_precision: 'no' or 'bf16', got "
+                              f"{mixed_precision!r}")
+        # bf16 autocast: the forward's matrix products in bf16, the weights as loaded, the
+        # logits back in fp32 before sampling (and the behaviour logprobs)
+        self.autocast = mixed_precision == "bf16"
 
         if threads is not None:
             torch.set_num_threads(threads)  # process-wide: a worker hosts its engines alone
@@ -279,10 +287,17 @@ class HFEngine:
             kw[self._keep_kw] = 1
         if self.cores is not None:
             self.cores.adjust()
-        out = self.model(input_ids=ids, attention_mask=att, position_ids=pos, **kw)
+        if self.autocast:
+            import torch
+
+            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+                out = self.model(input_ids=ids, attention_mask=att, position_ids=pos, **kw)
+        else:
+            out = self.model(input_ids=ids, attention_mask=att, position_ids=pos, **kw)
         new_cache = out.get("cache") if "cache" in out else out.get("past_key_values")
         self.steps += 1
-        return out.logits[:, -1, :], new_cache
+        logits = out.logits[:, -1, :]
+        return (logits.float() if self.autocast else logits), new_cache
 
     def _generate(self, reqs: list[GenRequest]) -> list[GenResult]:
         import torch
