@@ -16,8 +16,9 @@ config gives the trainer section, the reward (with its ``extract``), the samplin
 ``system_prompt`` first), the group size and the batch size. All prompts of a step are
 sampled in one left-padded ``generate`` call, stopping at every EOS id the rollout engine
 stops at, by the model in the engine's dtype (``rollout.engine.dtype``: a copy of the
-trainer's weights refreshed after every step, where it is not float32); the step is the
-trainer's own ``rl_step``. Held-out greedy accuracy is measured
+trainer's weights refreshed after every step, where it is not float32) and under bf16
+autocast where the engine's ``mixed_precision`` is; the step is the trainer's own
+``rl_step``. Held-out greedy accuracy is measured
 every --every steps (default: the config's ``launch.eval_every``, the versions the run's
 evaluator measures) on the problems the run's evaluator uses; the clock excludes evaluation
 (the run's evaluator is a separate process), so the baseline is not charged for it.
@@ -88,7 +89,7 @@ def serving_copy(model: Any, dtype: str) -> Any:
 
 def sample_groups(model: Any, tok: Any, specs: list[Any], *, n: int, temperature: float,
                   max_new_tokens: int, reward: Any, step: int,
-                  top_p: float = 1.0) -> list[Group]:
+                  top_p: float = 1.0, autocast: bool = False) -> list[Group]:
     """``n`` sampled completions of every spec in one batched generate call, as groups."""
     pad = tok.pad_token_id
     # the rollout engine's stop set: an instruct model's end-of-turn ids too
@@ -102,7 +103,7 @@ def sample_groups(model: Any, tok: Any, specs: list[Any], *, n: int, temperature
     starts = torch.tensor([width - len(p) for p in prompts for _ in range(n)])
     att = (torch.arange(width)[None, :] >= starts[:, None]).long()
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         out = model.generate(input_ids=ids, attention_mask=att, do_sample=True,
                              temperature=temperature, top_p=top_p, top_k=0,
                              max_new_tokens=max_new_tokens, pad_token_id=pad,
@@ -186,7 +187,7 @@ def run_sync(source: Path, *, policy: str = "default", seconds: float = 300.0,
         groups = sample_groups(sampler, tok, specs, n=cfg.producer.n_samples,
                                temperature=engine_cfg.temperature, top_p=engine_cfg.top_p,
                                max_new_tokens=engine_cfg.max_new_tokens, reward=reward,
-                               step=step)
+                               step=step, autocast=engine_cfg.mixed_precision == "bf16")
         sampling_s += time.perf_counter() - t0
         rl_step(engine, Batch(id=str(step), policy=policy, seq=step, groups=groups), step)
         if sampler is not model:  # the new weights into the sampling copy

@@ -1,6 +1,7 @@
 """bench/sync_loop.py, the synchronous baseline of bench/quickstart.py: it samples with the
-model in the rollout engine's dtype (a bf16 engine's pipeline is compared with a loop that also
-samples in bf16), and that copy follows the trainer's weights after every step."""
+model in the rollout engine's dtype and autocast (a bf16 engine's pipeline is compared with a
+loop that also samples in bf16), and that copy follows the trainer's weights after every
+step."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def test_a_bf16_engine_samples_from_a_bf16_copy_refreshed_after_every_step(
     from astraflow.config import load_experiment
 
     config = load_experiment(ROOT / "examples" / "quickstart.yaml", [
-        "launch.warmup.steps=0", "rollout.engine.dtype=bfloat16", "data.batch_size=2",
+        "launch.warmup.steps=0", "rollout.engine.dtype=bfloat16",
+        "rollout.engine.mixed_precision=bf16", "data.batch_size=2",
         "producer.n_samples=4", "launch.eval_problems=8", "trainer.optimizer.lr=0.05",
         "trainer.optimizer.warmup_steps=0"])
     path = tmp_path / "config.yaml"
@@ -56,9 +58,18 @@ def test_a_bf16_engine_samples_from_a_bf16_copy_refreshed_after_every_step(
         return out
 
     monkeypatch.setattr(sync_loop, "rl_step", step_that_moves)
+    sample_groups = sync_loop.sample_groups
+    autocast: list[bool] = []
+
+    def sampled(*args, **kwargs):  # the engine's autocast, the loop's sampling too
+        autocast.append(kwargs["autocast"])
+        return sample_groups(*args, **kwargs)
+
+    monkeypatch.setattr(sync_loop, "sample_groups", sampled)
     sync_loop.run_sync(path, seconds=1e9, max_steps=2, every=1, out=tmp_path / "run",
                        log=lambda _: None)
     model, copy, start = seen["model"], seen["copy"], seen["start"]
+    assert autocast == [True, True]
     assert copy is not model
     assert {p.dtype for p in copy.parameters()} == {torch.bfloat16}
     # the steps changed the weights, and the copy holds them (rounded to bf16), not its own
