@@ -397,6 +397,10 @@ def main() -> int:
         print(f"ratio curve: {png}")
     print(f"\n{len(results)} arms in {time.monotonic() - started:.0f} s; results: "
           f"{args.out / 'agentic.json'}")
+    for r in rows:  # the ratios last
+        print(f"ratio, tool latency p99/p50 {r['ratio']:g} (p50 {args.p50:g} s): sync / pipeline "
+              f"s/step {f(r.get('step_time_ratio'), '.2f')}, time to {f(target, '.2f')} "
+              f"{f(r.get('time_to_target_ratio'), '.2f')}")
     return 0
 
 
