@@ -66,6 +66,7 @@ class Decoding:
 
 #: this process's engines decoding (``time.generate_s`` of its rollout worker)
 DECODING = Decoding()
+
 log = logging.getLogger("astraflow.rollout.hf")
 
 T = TypeVar("T")
