@@ -49,6 +49,15 @@ def appended_text(tokenizer: Any, messages: Sequence[ChatMessage], new: Sequence
                                                                   generation_prompt=True)
 
 
+def appended(tokenizer: Any, messages: Sequence[ChatMessage], new: Sequence[ChatMessage], *,
+             text: str) -> tuple[str, list[int]]:
+    """The text (:func:`appended_text`) and token ids that appending ``new`` to a
+    conversation adds, as the rollout's conversations and the warm-up's demonstrations both
+    append them."""
+    delta = appended_text(tokenizer, messages, new, text=text)
+    return delta, (encode(tokenizer, delta, special=False) if delta else [])
+
+
 def encode(tokenizer: Any, text: str, *, special: bool) -> list[int]:
     """Token ids of ``text``; through the fast tokenizer's backend when there is one (the
     ``__call__`` path costs several times more per call, which shows at thousands of episodes

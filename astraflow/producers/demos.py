@@ -67,7 +67,7 @@ def turns_demonstration(tokenizer: Any, spec: TaskSpec, turns: Sequence[Turn], *
     result, a user turn) as the text the template adds for it up to the next generation
     prompt (its role markers, the end of the turn before). Only ``trained`` turns are masked
     1. ``kind`` prefixes the ids."""
-    from astraflow.models.prompt import appended_text, decode, encode, render_prompt
+    from astraflow.models.prompt import appended, decode, encode, render_prompt
 
     if not turns or not turns[-1].trained or turns[-1].message.role != "assistant":
         raise ValueError("a demonstration ends with a trained turn of the model's")
@@ -82,8 +82,7 @@ def turns_demonstration(tokenizer: Any, spec: TaskSpec, turns: Sequence[Turn], *
                 part.append(tokenizer.eos_token_id)
             text += decode(tokenizer, part, skip_special=False)
         else:
-            delta = appended_text(tokenizer, messages, [m], text=text)
-            part = encode(tokenizer, delta, special=False) if delta else []
+            delta, part = appended(tokenizer, messages, [m], text=text)
             text += delta
         messages.append(m)
         ids += part

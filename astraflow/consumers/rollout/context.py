@@ -26,7 +26,7 @@ from astraflow.consumers.rollout.rewards.base import Score, score
 from astraflow.consumers.rollout.tools import ToolResult, call_tool
 from astraflow.core.errors import AstraflowError
 from astraflow.core.records import ChatMessage, Task, TurnSpan, assistant_turns
-from astraflow.models.prompt import appended_text, decode, encode
+from astraflow.models.prompt import appended, decode
 
 if TYPE_CHECKING:
     from astraflow.consumers.rollout.runtime import Runtime
@@ -139,8 +139,7 @@ class Conversation:
         new = as_messages(list(messages))
         # falls back to the rendering without the generated turn where the template writes it
         # differently (e.g. drops special tokens)
-        delta = appended_text(self.tokenizer, self.messages, new, text=self.text)
-        ids = encode(self.tokenizer, delta, special=False) if delta else []
+        delta, ids = appended(self.tokenizer, self.messages, new, text=self.text)
         self._append(ids, new[0].role if len({m.role for m in new}) == 1 else "other")
         self.messages.extend(new)
         self.text += delta

@@ -16,6 +16,7 @@ request joins the running batch at the next step boundary (see
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import logging
@@ -288,17 +289,20 @@ class HFEngine:
             kw[self._keep_kw] = 1
         if self.cores is not None:
             self.cores.adjust()
-        if self.autocast:
-            import torch
-
-            with torch.autocast(self.device.type, dtype=torch.bfloat16):
-                out = self.model(input_ids=ids, attention_mask=att, position_ids=pos, **kw)
-        else:
+        with self._precision():
             out = self.model(input_ids=ids, attention_mask=att, position_ids=pos, **kw)
         new_cache = out.get("cache") if "cache" in out else out.get("past_key_values")
         self.steps += 1
         logits = out.logits[:, -1, :]
         return (logits.float() if self.autocast else logits), new_cache
+
+    def _precision(self) -> Any:
+        """bf16 autocast around the forward (``mixed_precision: bf16``), else nothing."""
+        if not self.autocast:
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     def _generate(self, reqs: list[GenRequest]) -> list[GenResult]:
         import torch
