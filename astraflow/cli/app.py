@@ -106,8 +106,11 @@ def _root(
         help="Log level of the astraflow logger (every role of `astraflow run` inherits the "
              "environment variable).")] = "WARNING",
 ) -> None:
+    from astraflow.core.redact import redact_log_handlers
+
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("astraflow").setLevel(log_level.upper())
+    redact_log_handlers()  # no token, password or key reaches a log line
     from astraflow.core.launcher import stop_when_orphaned
 
     stop_when_orphaned()  # a role of `astraflow run` ends with its launcher
@@ -121,7 +124,9 @@ def main() -> None:
     except AstraflowError as e:
         from rich.console import Console
 
-        Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False)
+        from astraflow.core.redact import redact_text
+
+        Console(stderr=True).print(f"[bold red]error:[/] {redact_text(str(e))}", highlight=False)
         sys.exit(1)
 
 

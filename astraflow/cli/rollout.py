@@ -44,8 +44,11 @@ def main() -> None:
     import logging
     import os
 
+    from astraflow.core.redact import redact_log_handlers
+
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("astraflow").setLevel(os.environ.get("ASTRAFLOW_LOG_LEVEL", "WARNING"))
+    redact_log_handlers()  # no token, password or key reaches a log line
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(rollout)
     app()

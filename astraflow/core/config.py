@@ -15,12 +15,14 @@ from typing import Any, TypeVar
 import pydantic
 
 from astraflow.core.errors import ConfigError
+from astraflow.core.redact import redact_text, secret_key, secret_shape
 from astraflow.core.secrets import (
     REDACTED,
     SECRETS_FILE,
     read_secrets,
     redacted_paths,
     restore,
+    secret_at,
     split,
 )
 
@@ -70,14 +72,22 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return [p for p in key.strip().split(".")], value
 
 
+def _shown(path: list[str], value: Any) -> str:
+    """An override as an error quotes it: ``key=***`` when its key or value is a secret."""
+    secret = (secret_at(tuple(path)) or any(secret_key(p) for p in path)
+              or (isinstance(value, str) and secret_shape(value)))
+    return f"{'.'.join(path)}={REDACTED if secret else value}"
+
+
 def _apply(data: dict[str, Any], overrides: Iterable[str]) -> list[str]:
-    """Apply the overrides that can be applied; the problems of those that cannot."""
+    """Apply the overrides that can be applied; the problems of those that cannot (never
+    quoting a secret's value)."""
     problems: list[str] = []
     for text in overrides:
         try:
             path, value = parse_override(text)
         except ConfigError as e:
-            problems += e.problems
+            problems += [redact_text(p) for p in e.problems]
             continue
         node = data
         for i, part in enumerate(path[:-1]):
@@ -85,7 +95,8 @@ def _apply(data: dict[str, Any], overrides: Iterable[str]) -> list[str]:
             if nxt is None:
                 nxt = node[part] = {}
             if not isinstance(nxt, dict):
-                problems.append(f"override {text!r}: {'.'.join(path[:i + 1])} is not a section")
+                problems.append(f"override {_shown(path, value)!r}: "
+                                f"{'.'.join(path[:i + 1])} is not a section")
                 break
             node = nxt
         else:
@@ -117,22 +128,26 @@ def _hint(err: Mapping[str, Any], model: type[pydantic.BaseModel]) -> str:
             parent, "model_fields") else []
         suffix = f"; valid keys here: {', '.join(valid)}" if valid else ""
         return f"{loc}: unknown key{suffix}"
-    got = f" (got {err['input']!r})" if "input" in err and not isinstance(
-        err["input"], dict) else ""
+    got = ""
+    if "input" in err and not isinstance(err["input"], dict):
+        # a secret's value is never quoted, whatever its type (a numeric token is a token)
+        got = (" (the value is not shown: a secret)" if secret_at(tuple(err["loc"]))
+               else f" (got {err['input']!r})")
     return f"{loc}: {err['msg']}{got}"
 
 
 def validate(model: type[M], data: Mapping[str, Any], *, source: str = "config",
              problems: Iterable[str] = ()) -> M:
     """Validate ``data`` against ``model``; raise one ConfigError listing every problem
-    (``problems``: ones found before, e.g. overrides that could not be applied)."""
+    (``problems``: ones found before, e.g. overrides that could not be applied), none of
+    them showing a secret (:func:`astraflow.core.redact.redact_text`)."""
     found = list(problems)
     try:
         result = model.model_validate(dict(data))
     except pydantic.ValidationError as e:
         found += [f"{source}: {_hint(err, model)}" for err in e.errors()]
     if found:
-        raise ConfigError(found) from None
+        raise ConfigError([redact_text(p) for p in found]) from None
     return result
 
 
@@ -153,8 +168,8 @@ def load(model: type[M], path: str | Path | None = None, overrides: Iterable[str
             raise ConfigError(f"{p}: not UTF-8 text ({e})") from None
         except OSError as e:  # a directory, no permission, ...
             raise ConfigError(f"config file {p} cannot be read: {e.strerror or e}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        except yaml.YAMLError as e:  # its message quotes the line, which may hold a secret
+            raise ConfigError(redact_text(f"{p}: not valid YAML: {e}")) from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections")
         data = loaded or {}

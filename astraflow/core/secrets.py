@@ -4,8 +4,11 @@ private file that keeps them for the roles.
 A run directory's ``config.yaml`` (and ``config-rl.yaml``, ``config-warmup.yaml``) is what a
 person reads, copies into a bug report and leaves world-readable; the tokens and passwords in
 it (``gateway.token``, a weight store's ``token``, an engine's ``api_key``, Kafka's
-``sasl.password`` in ``bus.options`` or the bus URL's query) are not. So a dump writes each
-secret as ``***`` and the real values go to :data:`SECRETS_FILE` beside it, created ``0600``
+``sasl.password`` in ``bus.options`` or the bus URL's query, an ``hf_token`` or an
+``Authorization`` header in a workflow's or an engine's keyword arguments) are not. Which
+values are secrets, by their key's name and by their own shape (``Bearer ...``, ``hf_...``,
+``sk-...``, a JWT, a long random string), is :mod:`astraflow.core.redact`'s. So a dump writes
+each secret as ``***`` and the real values go to :data:`SECRETS_FILE` beside it, created ``0600``
 (never written wider and narrowed after). :func:`astraflow.core.config.load` puts them back
 when it reads a dump whose value is exactly the redacted form of the kept one, so every role
 the supervisor starts with the dump's path gets the real secret; a value still redacted after
@@ -23,27 +26,20 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-#: what a dump shows in place of a secret
-REDACTED = "***"
+from astraflow.core.redact import REDACTED, random_looking, redact_shapes, secret_key
+
 #: in a run directory: the real values of the redacted fields of its config dumps (mode 0600)
 SECRETS_FILE = "secrets.yaml"
 _VERSION = 1
-#: keys whose string value is a secret, wherever they are (a config field or an option name)
-_NAMES = frozenset({"token", "api_key", "apikey", "access_token", "auth_token",
-                    "bearer_token", "sasl.oauthbearer.config"})
-#: parts of a key that make its value a secret (Kafka's sasl.password, ssl.key.password,
-#: ssl.keystore.password, sasl.oauthbearer.client.secret, ...)
 #: keys whose mapping holds only secrets, whatever each is called (``gateway.keys``: client
 #: name -> API key)
 _SECRET_MAPS = frozenset({"keys"})
-_PARTS = re.compile(r"password|passwd|secret|\.key\.pem$|private.?key", re.IGNORECASE)
+#: ``***`` standing alone (not inside ``***bold***``): a value that still holds a redaction
+_STANDALONE = re.compile(r"(?<![\w*])\*\*\*(?![\w*])")
 
 Path_ = tuple[str | int, ...]
-
-
-def secret_key(name: str) -> bool:
-    """Is the value under a key of this name a secret?"""
-    return name.lower() in _NAMES or bool(_PARTS.search(name))
+__all__ = ["REDACTED", "SECRETS_FILE", "keep_secrets", "read_secrets", "redact_url",
+           "redacted_paths", "restore", "secret_at", "secret_key", "split", "write_private"]
 
 
 def redact_url(url: str) -> str:
@@ -67,19 +63,27 @@ def redact_url(url: str) -> str:
     return f"{parts.scheme}://{netloc}{parts.path}{'?' if query else ''}{query}{fragment}"
 
 
-def _secret_at(path: Path_) -> bool:
-    """Is the value at ``path`` a secret by where it is (its key, or a mapping of secrets)?"""
-    key = path[-1]
-    return (isinstance(key, str) and secret_key(key)) or (
-        len(path) >= 2 and path[-2] in _SECRET_MAPS)
+def secret_at(path: Path_) -> bool:
+    """Is the value at ``path`` a secret by where it is (its key, the key of the list it is
+    in, or a mapping of secrets)?"""
+    names = [k for k in path if isinstance(k, str)]
+    return bool(names) and (secret_key(names[-1]) or (
+        len(path) >= 2 and path[-2] in _SECRET_MAPS))
 
 
 def _redact_value(path: Path_, value: Any) -> Any:
-    if not isinstance(value, str) or not value:
+    """``value`` as a dump shows it: whole, or ``***`` under a secret's key (a number too: a
+    numeric token is a token), or with its secret parts (a URL's password, a ``Bearer ...``,
+    an ``hf_...``) as ``***``; a long random-looking string is taken for a secret whole."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
         return value
-    if _secret_at(path):
+    if secret_at(path):
+        return REDACTED if value != "" else value
+    if not isinstance(value, str):
+        return value
+    if random_looking(value):
         return REDACTED
-    return redact_url(value)
+    return redact_shapes(redact_url(value))
 
 
 def split(data: Any) -> tuple[Any, list[tuple[Path_, str]]]:
@@ -117,13 +121,8 @@ def _leaves(node: Any, path: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
 
 def redacted_paths(data: Any) -> list[str]:
     """The dotted paths of values in ``data`` that are still redacted."""
-    return [".".join(map(str, p)) for p, v in _leaves(data) if isinstance(v, str) and (
-        (v == REDACTED and _secret_at(p))
-        or _has_redacted_part(v))]
-
-
-def _has_redacted_part(url: str) -> bool:
-    return "://" in url and (f":{REDACTED}@" in url or f"={REDACTED}" in url)
+    return [".".join(map(str, p)) for p, v in _leaves(data)
+            if isinstance(v, str) and _STANDALONE.search(v)]
 
 
 def restore(data: Any, secrets: list[tuple[Path_, str]]) -> Any:
@@ -151,8 +150,14 @@ def read_secrets(directory: Path) -> list[tuple[Path_, str]]:
     except FileNotFoundError:
         return []
     entries = loaded.get("secrets", []) if isinstance(loaded, dict) else []
-    return [(tuple(e["path"]), str(e["value"])) for e in entries
+    return [(tuple(e["path"]), _kept(e["value"])) for e in entries
             if isinstance(e, dict) and isinstance(e.get("path"), list) and "value" in e]
+
+
+def _kept(value: Any) -> Any:
+    """A kept value as it was (a numeric token stays a number), anything else as text."""
+    return value if isinstance(value, str | int | float) and not isinstance(
+        value, bool) else str(value)
 
 
 def keep_secrets(directory: Path, secrets: list[tuple[Path_, str]]) -> None:
