@@ -2,7 +2,9 @@
 
 ``astraflow weights serve DIR`` runs :func:`make_server`: ``GET``/``HEAD /<blob path>`` with
 single ``Range: bytes=`` requests (206 partial content, 416 when unsatisfiable), an optional
-bearer token, and the same path checks as :class:`~astraflow.weights.store.FileStore`. Workers
+bearer token, and the same path checks as :class:`~astraflow.weights.store.FileStore`. Only
+regular files are served: a FIFO, a socket, a device or a directory under the store is a
+``404`` at once (opened non-blocking, never waited on), a symlink leading out of it a ``403``. Workers
 pull (outbound connections only), so hosts behind NAT reach it. Writes go to the directory
 directly (the trainer's FileStore); the server never accepts uploads.
 
@@ -30,7 +32,6 @@ import logging
 import os
 import re
 import socket
-import stat
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,8 +40,9 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from astraflow.core.errors import WeightStoreError
+from astraflow.weights.files import open_regular
 from astraflow.weights.netio import DeadlineReader
-from astraflow.weights.store import FileStore
+from astraflow.weights.store import FileStore, OutsideStoreError
 
 log = logging.getLogger("astraflow.weights.server")
 
@@ -289,20 +291,20 @@ class _Handler(BaseHTTPRequestHandler):
                 return
         path = unquote(urlsplit(self.path).path).removeprefix("/")
         try:
-            file = self.server.store.local_path(path)
-            f = open(file, "rb")  # noqa: SIM115 - closed below; opened once, then fstat'ed
+            # only a regular file is served, opened without waiting: a FIFO left in the store
+            # would otherwise hold this thread in open() for ever
+            f = open_regular(self.server.store.local_path(path))
+        except OutsideStoreError:  # a symlink that leads out of the store
+            self._error(403, f"blob {path!r} is outside the store")
+            return
         except WeightStoreError as e:
             self._error(400, str(e))
             return
-        except OSError:  # absent, a directory, pruned meanwhile
+        except OSError:  # absent, a directory, a FIFO or a device, pruned meanwhile
             self._error(404, f"no blob {path!r}")
             return
         with f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                self._error(404, f"no blob {path!r}")
-                return
-            self._send(f, st.st_size, path, body)
+            self._send(f, os.fstat(f.fileno()).st_size, path, body)
 
     def _send(self, f: io.BufferedReader, size: int, path: str, body: bool) -> None:
         start, end = 0, size  # [start, end)

@@ -19,13 +19,14 @@ import errno
 import http.client
 import os
 import re
+import stat
 import threading
 import time
 from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
 
 from astraflow.core.errors import WeightStoreError
-from astraflow.weights.files import fsync_dir, write_atomic
+from astraflow.weights.files import NotRegularFileError, fsync_dir, open_regular, write_atomic
 
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,127}", re.ASCII)  # fullmatch only
 MAX_PATH = 512
@@ -41,6 +42,10 @@ class StoreFullError(WeightStoreError):
 
 class UnsafePathError(WeightStoreError):
     """A blob path (from a manifest) was refused: it could reach outside the store."""
+
+
+class OutsideStoreError(UnsafePathError):
+    """A well-formed blob path that resolves outside the store (a symlink leads out)."""
 
 
 def check_path(path: str) -> str:
@@ -95,7 +100,8 @@ class FileStore:
         """The file of blob ``path`` (checked to stay inside the root, symlinks resolved)."""
         p = (self.root / check_path(path)).resolve()
         if not p.is_relative_to(self.root):
-            raise UnsafePathError(f"refused blob path {path!r}: it resolves outside {self.root}")
+            raise OutsideStoreError(f"refused blob path {path!r}: it resolves outside "
+                                    f"{self.root}")
         return p
 
     def put(self, path: str, data: bytes | memoryview) -> None:
@@ -110,10 +116,14 @@ class FileStore:
             raise
 
     def open(self, path: str, offset: int = 0, *, deadline: float | None = None) -> BinaryIO:
+        """The blob's file; only a regular file is a blob (a FIFO or a device in the directory
+        is refused at once, never waited on)."""
         try:
-            f = open(self.local_path(path), "rb")  # noqa: SIM115 - returned to the caller
+            f = open_regular(self.local_path(path))
         except FileNotFoundError:
             raise BlobNotFoundError(f"blob {path!r} not found in {self}") from None
+        except NotRegularFileError as e:
+            raise BlobNotFoundError(f"blob {path!r} in {self} is {e.strerror}") from None
         f.seek(offset)
         return f
 
@@ -127,9 +137,12 @@ class FileStore:
 
     def size(self, path: str) -> int:
         try:
-            return self.local_path(path).stat().st_size
+            st = self.local_path(path).stat()
         except FileNotFoundError:
             raise BlobNotFoundError(f"blob {path!r} not found in {self}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise BlobNotFoundError(f"blob {path!r} in {self} is not a regular file")
+        return st.st_size
 
 
 class TokenBucket:
