@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,3 +22,22 @@ def log_rows(path: Path) -> Iterator[dict[str, Any]]:
             continue
         if isinstance(row, dict):
             yield row
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every float that is not finite (NaN, ±Infinity) replaced by None, in
+    nested dicts, lists and tuples: what a JSON line may hold (``NaN`` is no JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def json_line(row: Any) -> str:
+    """One JSON line of ``row`` (no newline): strict JSON, a non-finite float written as
+    ``null`` (a NaN loss or an infinite reward must not make the file unreadable to any
+    parser but Python's)."""
+    return json.dumps(finite(row), allow_nan=False)

@@ -18,6 +18,7 @@ built by :mod:`astraflow.policies.registry`.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,6 +26,7 @@ import pydantic
 from pydantic_core import PydanticCustomError
 
 from astraflow.core.config import Section
+from astraflow.core.records.checks import RecordLimits
 
 #: stage -> (record type it consumes, record type it must produce)
 STAGES: dict[str, tuple[str, str]] = {
@@ -214,6 +216,26 @@ class ReplayConfig(Section):
     max_uses: int = pydantic.Field(1, ge=1, description="times a group may be replayed")
 
 
+class RecordsConfig(Section):
+    """What a trajectory's values must be before the post-rollout stage groups it and the
+    trainer trains it (astraflow.core.records.checks): token ids inside the policy's
+    vocabulary, masks of 0/1, finite rewards and logprobs; a record that fails goes to the
+    dead-letter topic with its reason."""
+
+    reward_bound: float = pydantic.Field(
+        1e6, gt=0, allow_inf_nan=False,
+        description="largest reward magnitude trusted; non-finite rewards are always refused")
+    beyond_bound: Literal["refuse", "clip"] = pydantic.Field(
+        "refuse", description="a finite reward beyond reward_bound: refuse (dead-letter the "
+                              "trajectory) or clip it to the bound (in the stage and the "
+                              "trainer alike)")
+
+    def limits(self, vocab: Mapping[str, int] | None = None) -> RecordLimits:
+        """These settings, with ``vocab`` (policy -> vocabulary size), as the checks take them."""
+        return RecordLimits(vocab=dict(vocab or {}), reward_bound=self.reward_bound,
+                            beyond_bound=self.beyond_bound)
+
+
 class DataConfig(Section):
     """Data-algorithm policies: pre-rollout, post-rollout and batch stages (docs/policies.md)."""
 
@@ -254,6 +276,7 @@ class DataConfig(Section):
     assembler: AssemblerConfig = AssemblerConfig()
     staleness: StalenessConfig = StalenessConfig()
     replay: ReplayConfig = ReplayConfig()
+    records: RecordsConfig = RecordsConfig()
     options: dict[str, dict[str, Any]] = pydantic.Field(
         default_factory=dict, description="keyword options for user policies, by entry")
     checkpoint_dir: str = pydantic.Field(

@@ -46,6 +46,7 @@ from astraflow.core.records import (
     WeightManifest,
     decode,
 )
+from astraflow.core.records.checks import RecordLimits, checked
 from astraflow.core.stream import TP, FaultPoints, Input, Output, OutRecord, Processor, Resume
 from astraflow.core.topics import group_name, parse_topic, route, topic_name
 from astraflow.policies import checkpoint as ckpt_io
@@ -53,6 +54,7 @@ from astraflow.policies.base import GroupRef, PolicyError
 from astraflow.policies.chain import Chain
 from astraflow.policies.checkpoint import Checkpoint
 from astraflow.policies.routing import BacklogRouter
+from astraflow.policies.trust import VersionCheck
 
 log = logging.getLogger("astraflow.policies")
 
@@ -115,8 +117,15 @@ class StageRunner:
                  commit_interval_s: float = 1.0, poll_records: int = 256,
                  poll_timeout: float = 0.2, session_timeout: float = 10.0,
                  component: str = "", metrics: Any = None,
-                 claims: BlobStore | None = None, router: BacklogRouter | None = None) -> None:
+                 claims: BlobStore | None = None, router: BacklogRouter | None = None,
+                 limits: RecordLimits | None = None,
+                 policies: tuple[str, ...] | None = None) -> None:
         self.bus = bus
+        # the door: trajectories checked against the run's facts, manifests against what the
+        # trainers can have made (policies/trust.py); None: no check (pure tests of a chain)
+        self.limits = limits
+        self.versions = (VersionCheck(bus, topics.run, policies) if policies is not None
+                         else None)
         self.router = router  # picks the partition of each Task output (None: by key)
         self.claims = claims  # where claimed (oversized) records are
         self.metrics = metrics  # a MetricsEmitter: counters go to the metrics topic
@@ -163,7 +172,8 @@ class StageRunner:
                               f"policy={ck.policy}, not run={self.topics.run} stage={self.stage}"
                               f" policy={self.policy}; point data.checkpoint_dir elsewhere")
         self.chain.restore(ck.states)
-        self.chain.ctx.versions = dict(ck.versions)
+        self.chain.ctx.versions = (dict(ck.versions) if self.versions is None
+                                   else self.versions.restored(dict(ck.versions)))
         offsets = {(t, p): o for t, parts in ck.offsets.items() for p, o in parts.items()}
         outbox = list(ck.outbox) if ckpt_io.delivered(self.path) != ck.cycle else []
         log.info("stage=%s resumed from checkpoint cycle=%d partitions=%d to_reproduce=%d",
@@ -216,10 +226,20 @@ class StageRunner:
         self.chain.side(record)
         return []
 
+    def _decode_main(self, msg: Message) -> Record:
+        record = decode(msg.value, self.topics.main_kind)
+        if self.limits is not None and isinstance(record, Trajectory):
+            return checked(record, self.limits)  # SchemaError: dead-lettered with the reason
+        return record
+
     def _decode_side(self, msg: Message) -> Any:
         kind = self.topics.side_kind(msg.topic)
         if kind == "weights":
-            return decode(msg.value, WeightManifest)
+            m = decode(msg.value, WeightManifest)
+            problem = None if self.versions is None else self.versions.problem(m)
+            if problem is not None:
+                raise SchemaError(problem)
+            return m
         if kind == "stats":
             return decode(msg.value, GroupStats)
         try:
@@ -249,11 +269,10 @@ class StageRunner:
             should_stop: Callable[[], bool] | None = None) -> dict[str, float]:
         """Process until ``max_records`` main records, ``timeout`` seconds or
         ``should_stop()``; then run a last cycle and return :meth:`counters`."""
-        main_kind = self.topics.main_kind
         proc = self._proc = Processor(
             self.bus, self,
-            [Input(self.topics.main, self.group, lambda m: decode(m.value, main_kind),
-                   self._main, max_poll=self.poll_records),
+            [Input(self.topics.main, self.group, self._decode_main, self._main,
+                   max_poll=self.poll_records),
              Input(self.topics.side, group_name(self.topics.run, "policy", stage=self.stage,
                                                policy=self.policy, side=True),
                   self._decode_side, self._side,

@@ -3,7 +3,7 @@ seed) and run it on the run's bus."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,12 +30,15 @@ def checkpoint_path(data: DataConfig, stage: str, policy: str | None, *, run: st
 def build_runner(data: DataConfig, stage: str, *, run: str, policies: Sequence[str],
                  seed: int = 0, policy: str | None = None, out: str | Path = ".",
                  bus: Bus, claims: BlobStore | None = None,
-                 rollout_group: str | None = None) -> StageRunner:
+                 rollout_group: str | None = None,
+                 vocab: Mapping[str, int] | None = None) -> StageRunner:
     """The runner of ``stage`` of run ``run`` (trainable ``policies``; ``seed`` seeds the
     policies that draw) on ``bus``, whose topics must exist (see
     :func:`astraflow.core.bus.open_bus`). ``rollout_group``: the consumer group of the
     rollout workers on ``tasks``, whose lag backlog routing reads (``data.task_routing``;
-    None: the run's default group)."""
+    None: the run's default group). ``vocab``: policy -> vocabulary size, what the token ids
+    of a trajectory are checked against (``data.records``; a policy absent: ids only checked
+    to be >= 0)."""
     if stage not in STAGES:
         raise ConfigError(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
     policies = tuple(policies)
@@ -63,7 +66,8 @@ def build_runner(data: DataConfig, stage: str, *, run: str, policies: Sequence[s
                        metrics=metrics,
                        checkpoint=checkpoint_path(data, stage, policy, run=run, out=out),
                        claims=claims, router=router,
-                       group=group,
+                       group=group, policies=policies,
+                       limits=data.records.limits(vocab),
                        commit_interval_s=data.commit_interval_s, poll_records=data.poll_records,
                        session_timeout=data.session_timeout_s)
 
@@ -83,9 +87,11 @@ def run_stage(data: DataConfig, stage: str, *, run: str, policies: Sequence[str]
               max_records: int | None = None, timeout: float | None = None,
               should_stop: Callable[[], bool] | None = None,
               claims: BlobStore | None = None,
-              rollout_group: str | None = None) -> dict[str, float]:
+              rollout_group: str | None = None,
+              vocab: Mapping[str, int] | None = None) -> dict[str, float]:
     """Run one stage processor (:func:`build_runner`) until ``max_records`` main input
     records, ``timeout`` seconds or ``should_stop()``; returns its counters."""
     runner = build_runner(data, stage, run=run, policies=policies, seed=seed, policy=policy,
-                          out=out, bus=bus, claims=claims, rollout_group=rollout_group)
+                          out=out, bus=bus, claims=claims, rollout_group=rollout_group,
+                          vocab=vocab)
     return runner.run(max_records=max_records, timeout=timeout, should_stop=should_stop)

@@ -38,6 +38,15 @@ CHECKS = ("produced", "unaccounted", "trained_twice", "trained_by_wrong_trainer"
 sum to ``produced`` (``by_policy`` is the per-policy breakdown)."""
 #: the bucket of trajectories consumed by a trainer in a batch it dead-lettered
 DEAD_LETTERED = "dead-lettered with its batch by the trainer (see dlq)"
+#: the bucket of trajectories the post-rollout stage refused at its door (values that cannot
+#: be trusted: token ids outside the vocabulary, non-finite rewards; an unknown policy)
+REFUSED = "dead-lettered by the post-rollout stage (see dlq for the reason)"
+
+
+def dead_letters(bus: Bus, run: str) -> set[tuple[str, int, int]]:
+    """(topic, partition, offset) of every record of ``run`` on the dead-letter topic."""
+    return {(d.topic, d.partition, d.offset)
+            for _, _, d in read_topic(bus, topic_name(run, "dlq"), DeadLetter)}
 
 
 def read_topic(bus: Bus, topic: str, kind: type[Record]) -> Iterator[tuple[int, int, Any]]:
@@ -50,17 +59,19 @@ def read_topic(bus: Bus, topic: str, kind: type[Record]) -> Iterator[tuple[int, 
             continue
 
 
-def trained_by(bus: Bus, config: Any) -> tuple[dict[str, list[str]], set[str], set[str]]:
+def trained_by(bus: Bus, config: Any, dropped: set[tuple[str, int, int]] | None = None
+               ) -> tuple[dict[str, list[str]], set[str], set[str]]:
     """Which trainers trained each trajectory (id → the policies of those trainers, one entry
     per batch id that trained it), the ids found in any batch (trained or not), and those of
-    batches a trainer dead-lettered."""
+    batches a trainer dead-lettered (``dropped``: the dead letters, read here when None)."""
     run = config.run
     trainers: dict[str, list[str]] = defaultdict(list)
     batched: set[str] = set()
     dead: set[str] = set()
-    # batches a trainer dead-lettered (their records gone, undecodable): consumed, not trained
-    dropped = {(d.topic, d.partition, d.offset)
-               for _, _, d in read_topic(bus, topic_name(run, "dlq"), DeadLetter)}
+    # batches a trainer dead-lettered (records gone or untrustworthy, a poison batch):
+    # consumed, not trained
+    if dropped is None:
+        dropped = dead_letters(bus, run)
     for q in config.policies:
         topic = topic_name(run, "batches", q)
         consumed = bus.committed(group_name(run, "trainer", policy=q), topic)
@@ -110,8 +121,13 @@ def _result(out: Counter[str], produced: int, twice: int) -> dict[str, Any]:
 
 def account(bus: Bus, config: Any) -> dict[str, Any]:
     run = config.run
+    letters = dead_letters(bus, run)
+    trajectories = topic_name(run, "trajectories")
     produced: dict[str, Trajectory] = {}
-    for _, _, t in read_topic(bus, topic_name(run, "trajectories"), Trajectory):
+    refused: set[str] = set()  # dead-lettered at the post-rollout stage's door
+    for part, off, t in read_topic(bus, trajectories, Trajectory):
+        if (trajectories, part, off) in letters:
+            refused.add(t.id)
         produced.setdefault(t.id, t)
     # several policies' groups share a group id (one episode, one trajectory per policy),
     # and so do several roles' of one policy (a group per role)
@@ -122,7 +138,7 @@ def account(bus: Bus, config: Any) -> dict[str, Any]:
     for p in config.policies:
         for _, _, g in read_topic(bus, topic_name(run, "groups", p), TrajectoryGroup):
             grouped.update(g.ids())
-    trainers, batched, dead = trained_by(bus, config)
+    trainers, batched, dead = trained_by(bus, config, letters)
     out: Counter[str] = Counter()
     per: dict[str, Counter[str]] = {p: Counter() for p in config.policies}
     made: Counter[str] = Counter()  # per policy: produced, trained twice, by a wrong trainer
@@ -130,9 +146,9 @@ def account(bus: Bus, config: Any) -> dict[str, Any]:
     wrong: Counter[str] = Counter()
     for tid, t in produced.items():
         by = trainers.get(tid, [])
-        bucket = disposition(t, config, trained=bool(by), batched=tid in batched,
-                             grouped=tid in grouped, stats=stats.get((t.policy, t.agent, t.group_id)),
-                             dead=tid in dead)
+        bucket = REFUSED if tid in refused and not by else disposition(
+            t, config, trained=bool(by), batched=tid in batched, grouped=tid in grouped,
+            stats=stats.get((t.policy, t.agent, t.group_id)), dead=tid in dead)
         out[bucket] += 1
         per.setdefault(t.policy, Counter())[bucket] += 1
         made[t.policy] += 1

@@ -23,7 +23,6 @@ A process's policy comes from its component id, ``<role>-<policy>-<host>-<pid>-<
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from typing import IO, Any
 
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import SchemaError
+from astraflow.core.jsonl import json_line
 from astraflow.core.metrics import named_policy
 from astraflow.core.records import Metric, decode
 from astraflow.core.topics import topic_name
@@ -185,7 +185,7 @@ class Collector:
     def _write(self, obj: dict[str, Any], ts: float) -> None:
         line = {"time": ts, "elapsed": round(ts - self.started, 3), **obj}
         if self._fh is not None:
-            self._fh.write(json.dumps(line) + "\n")
+            self._fh.write(json_line(line) + "\n")
         if self.sinks:
             from astraflow.run.sinks import scalars
 

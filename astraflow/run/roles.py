@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from astraflow.config import ExperimentConfig
 from astraflow.core.errors import ConfigError
-from astraflow.run.resources import create_run_topics, open_bus
+from astraflow.run.resources import create_run_topics, model_dir, open_bus
 
 if TYPE_CHECKING:
     from astraflow.consumers.evaluator import Evaluator
@@ -60,7 +60,7 @@ def build_trainer(config: ExperimentConfig, policy: str, out: str | Path, *, bus
         raise ConfigError(f"unknown policy {policy!r}; valid: {', '.join(config.policies)}")
     return build(config.trainer_for(policy), config.model(policy), run=config.run,
                  policy=policy, out=out, bus=bus, publisher=publisher, metrics=metrics,
-                 claims=claims(config, out))
+                 claims=claims(config, out), limits=config.data.records.limits())
 
 
 def build_publisher(config: ExperimentConfig, policy: str, out: str | Path,
@@ -133,6 +133,26 @@ def run_worker(config: ExperimentConfig, out: str | Path = ".", *,
 
 # policies ------------------------------------------------------------------------------------
 
+def vocab_sizes(config: ExperimentConfig, out: str | Path = ".") -> dict[str, int]:
+    """Policy -> the vocabulary size of its model (``vocab_size`` of its config.json): what the
+    post-rollout stage checks token ids against. A policy whose model cannot be had here (a
+    hub id with no hub reachable) is left out, with a warning: its ids are only checked to be
+    >= 0, and the trainer still checks them against the model it loaded."""
+    import json
+    import logging
+
+    sizes: dict[str, int] = {}
+    for p in config.policies:
+        try:
+            cfg = json.loads((model_dir(config, p, out) / "config.json").read_text())
+            text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+            sizes[p] = int(text["vocab_size"])
+        except (ConfigError, OSError, ValueError, KeyError, TypeError) as e:
+            logging.getLogger("astraflow.run").warning(
+                "policy=%s: no vocabulary size to check token ids against (%s)", p, e)
+    return sizes
+
+
 def checkpoint_path(config: ExperimentConfig, stage: str, policy: str | None,
                     out: str | Path = ".") -> Path:
     """Where the ``stage`` processor (of ``policy``, for the batch stage) checkpoints."""
@@ -148,7 +168,8 @@ def build_runner(config: ExperimentConfig, stage: str, *, policy: str | None = N
 
     return build(config.data, stage, run=config.run, policies=config.policies,
                  seed=config.seed, policy=policy, out=out, bus=bus, claims=claims(config, out),
-                 rollout_group=config.rollout.group_for(config.run))
+                 rollout_group=config.rollout.group_for(config.run),
+                 vocab=vocab_sizes(config, out) if stage == "post_rollout" else None)
 
 
 def run_stage(config: ExperimentConfig, stage: str, *, policy: str | None = None,
@@ -169,7 +190,8 @@ def run_stage(config: ExperimentConfig, stage: str, *, policy: str | None = None
         return run(config.data, stage, run=config.run, policies=config.policies,
                    seed=config.seed, policy=policy, out=out, bus=bus, max_records=max_records,
                    timeout=timeout, should_stop=should_stop, claims=claims(config, out),
-                   rollout_group=config.rollout.group_for(config.run))
+                   rollout_group=config.rollout.group_for(config.run),
+                   vocab=vocab_sizes(config, out) if stage == "post_rollout" else None)
     finally:
         if own:
             bus.close()

@@ -35,6 +35,7 @@ from typing import Any
 
 from astraflow.config import ExperimentConfig, load_experiment
 from astraflow.core.errors import ConfigError
+from astraflow.core.jsonl import json_line
 from astraflow.core.launcher import cli
 from astraflow.core.paths import expand
 from astraflow.run.launch import (
@@ -223,7 +224,7 @@ def _record(config: ExperimentConfig, runs: dict[str, PolicyWarmup], out: Path,
     (out / RESULT).write_text(json.dumps(result, indent=2))
     if lines:
         with (out / "metrics.jsonl").open("a") as f:
-            f.writelines(json.dumps(x) + "\n" for x in sorted(lines, key=lambda x: x["time"]))
+            f.writelines(json_line(x) + "\n" for x in sorted(lines, key=lambda x: x["time"]))
     return result
 
 

@@ -8,9 +8,11 @@ from typing import Any
 
 from astraflow.core.bus import Bus
 from astraflow.core.records import (
+    Batch,
     GroupStats,
     Record,
     Task,
+    TensorEntry,
     Trajectory,
     TrajectoryGroup,
     WeightManifest,
@@ -66,8 +68,22 @@ def stats(tid: str, kind: str, *, group: str | None = None, n: int = 4,
 
 
 def manifest(version: int, policy: str = "default") -> WeightManifest:
-    return WeightManifest(policy=policy, version=version, kind="full", codec="raw", tensors=[],
-                          total_bytes=0, full_bytes=0)
+    """A well-formed full manifest of ``version`` (a stage refuses a malformed one)."""
+    uri = f"{policy}/v{version:010d}.full.afw"
+    return WeightManifest(policy=policy, version=version, kind="full", codec="afw/1",
+                          tensors=[TensorEntry(name="w", shape=[2], dtype="float32", uri=uri,
+                                               offset=0, length=8)],
+                          total_bytes=8, full_bytes=8)
+
+
+def trained_to(bus: Bus, run: str, version: int, policy: str = "default") -> None:
+    """Write batch records until ``batches.<policy>`` holds ``version`` of them: what a
+    trainer must have read to make ``version``, so a stage believes a manifest of it."""
+    topic = topic_name(run, "batches", policy)
+    have = sum(bus.describe_topic(topic).end_offsets.values())
+    produce(bus, run, "batches", [Batch(id=f"{policy}-filler-{i}", policy=policy, seq=i,
+                                        groups=[]) for i in range(have, version)],
+            policy=policy)
 
 
 def produce(bus: Bus, run: str, name: str, records: Iterable[Record],

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
-from policy_helpers import manifest, produce, read_all, tgroup, traj
+from policy_helpers import manifest, produce, read_all, tgroup, trained_to, traj
 
 from astraflow.config import ExperimentConfig
 from astraflow.core.records import GroupStats, TrajectoryGroup
@@ -90,6 +90,8 @@ def test_the_post_rollout_stage_learns_every_policys_version_from_its_weights(
                       policies=["solver", "verifier"])
     bus = open_bus(cfg, tmp_path)
     try:
+        trained_to(bus, cfg.run, 10, "verifier")
+        trained_to(bus, cfg.run, 1, "solver")
         produce(bus, cfg.run, "weights", [manifest(10, "verifier")], policy="verifier")
         produce(bus, cfg.run, "weights", [manifest(1, "solver")], policy="solver")
         records = [msgspec.structs.replace(traj(f"t{k}#0", i, float(i), policy="solver"),

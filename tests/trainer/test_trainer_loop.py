@@ -4,15 +4,17 @@ the checkpoint on restart, drops duplicates, dead-letters what it cannot train o
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from trainer_helpers import produce, random_batch
 
 from astraflow.consumers.trainer.loop import TrainerError
 from astraflow.consumers.trainer.rl import rl_step
-from astraflow.core.records import DeadLetter, WeightManifest, decode
+from astraflow.core.records import DeadLetter, WeightManifest, decode, pack_i32
 from astraflow.core.topics import topic_name
 from astraflow.run.resources import open_bus
 from astraflow.run.roles import build_trainer
@@ -76,7 +78,7 @@ def test_restart_seeks_to_the_checkpoint(experiment: Any, tmp_path: Path,
     first = build_trainer(cfg, "default", tmp_path, bus=bus)
     first._commit = lambda: None  # type: ignore[method-assign]  # the crash before commit
 
-    class Crash(Exception):
+    class Crash(BaseException):  # the process dies: no exception the trainer may catch
         pass
 
     def crash_at_3(engine: Any, batch: Any, version: int) -> dict[str, float]:
@@ -104,6 +106,113 @@ def test_restart_seeks_to_the_checkpoint(experiment: Any, tmp_path: Path,
     assert seen == [(2, "default-2"), (3, "default-3"), (4, "default-4")]
     assert stats.version == 5
     assert bus.committed(second.group, second.topic) == {0: 5}
+
+
+def test_a_batch_that_makes_the_step_raise_is_quarantined_and_training_goes_on(
+        experiment: Any, tmp_path: Path) -> None:
+    """A poison batch is tried max_batch_tries times, then dead-lettered with its error, and
+    the next batches train; a restart from the checkpoint before it (the process died on a
+    later batch before checkpointing) does not try it again, nor dead-letter it twice."""
+    cfg = experiment(trainer={"checkpoint_every": 1, "max_batch_tries": 2})
+    bus = open_bus(cfg, tmp_path)
+    produce(bus, cfg.run, [random_batch(s) for s in range(4)])
+    tries: list[str] = []
+
+    class Killed(BaseException):  # the process dies: no exception the trainer may catch
+        pass
+
+    def poisoned(engine: Any, batch: Any, version: int) -> dict[str, float]:
+        tries.append(batch.id)
+        if batch.id == "default-1":
+            raise IndexError("index out of range in self")  # what an embedding raises
+        if batch.id == "default-2" and len(tries) == 4:
+            raise Killed
+        return rl_step(engine, batch, version)
+
+    first = build_trainer(cfg, "default", tmp_path, bus=bus)
+    first.step_fn = poisoned
+    first._commit = lambda: None  # type: ignore[method-assign]  # the bus lags the checkpoint
+    with pytest.raises(Killed):
+        first.run(timeout=60)
+    first.close()
+    assert tries == ["default-0", "default-1", "default-1", "default-2"]
+    assert first.checkpoints.versions() == [1]  # the poison moved no version
+    dead = read_all(bus, topic_name(cfg.run, "dlq"), DeadLetter)
+    assert [(d.offset, d.error_type) for d in dead] == [(1, "PoisonBatchError")]
+    assert "failed 2 times" in dead[0].error and "IndexError" in dead[0].error
+
+    tries.clear()
+    second = build_trainer(cfg, "default", tmp_path, bus=bus)
+    second.step_fn = poisoned
+    stats = second.run(max_steps=2, timeout=60)
+    second.close()
+    assert tries == ["default-2", "default-3"]
+    assert stats.steps == 2 and stats.version == 3
+    assert len(read_all(bus, topic_name(cfg.run, "dlq"), DeadLetter)) == 1
+    assert bus.committed(second.group, second.topic) == {0: 4}
+
+
+def test_a_batch_whose_tries_killed_the_process_is_quarantined_on_restart(
+        experiment: Any, tmp_path: Path) -> None:
+    """Tries that end the process (a native crash, the OOM killer) count too: the tries are
+    on disk before each one, so the restart after the last dead-letters the batch untried."""
+    cfg = experiment(trainer={"checkpoint_every": 100, "max_batch_tries": 2})
+    bus = open_bus(cfg, tmp_path)
+    produce(bus, cfg.run, [random_batch(s) for s in range(2)])
+
+    class Killed(BaseException):  # as far as the trainer knows, its process died here
+        pass
+
+    def dies(engine: Any, batch: Any, version: int) -> dict[str, float]:
+        raise Killed
+
+    for _ in range(2):
+        t = build_trainer(cfg, "default", tmp_path, bus=bus)
+        t.step_fn = dies
+        with pytest.raises(Killed):
+            t.run(timeout=60)
+        t.close()
+    last = build_trainer(cfg, "default", tmp_path, bus=bus)
+    stats = last.run(max_steps=1, timeout=60)
+    last.close()
+    assert stats.steps == 1 and stats.version == 1 and stats.dead_lettered == 1
+    dead = read_all(bus, topic_name(cfg.run, "dlq"), DeadLetter)
+    assert [(d.offset, d.error_type) for d in dead] == [(0, "PoisonBatchError")]
+    assert "2 tries each ended the trainer's process" in dead[0].error
+
+
+def test_untrustworthy_trajectories_of_a_batch_are_dropped_before_the_step(
+        experiment: Any, tmp_path: Path) -> None:
+    """A batch record written past the stages (anyone can produce): its trajectories are
+    checked against the loaded model's vocabulary and the reward rules before the step. The
+    bad ones are dropped (counted), the rest train with a finite loss; a batch with nothing
+    left is dead-lettered with the reason. Before, the out-of-vocabulary id raised IndexError
+    on every try and ended the run."""
+    cfg = experiment(trainer={"checkpoint_every": 100})
+    bus = open_bus(cfg, tmp_path)
+    mixed = random_batch(0)
+    first = mixed.groups[0].trajectories
+    first[0] = msgspec.structs.replace(first[0], token_ids=pack_i32(
+        [999999] * (len(first[0].token_ids) // 4)))
+    first[1] = msgspec.structs.replace(first[1], reward=float("nan"))
+    first[2] = msgspec.structs.replace(first[2], reward=1e308)
+    hopeless = random_batch(1)
+    for g in hopeless.groups:
+        g.trajectories = [msgspec.structs.replace(t, reward=float("inf"))
+                          for t in g.trajectories]
+    produce(bus, cfg.run, [mixed, hopeless, random_batch(2)])
+    trainer = build_trainer(cfg, "default", tmp_path, bus=bus)
+    stats = trainer.run(max_steps=2, timeout=60)
+    trainer.close()
+    assert stats.steps == 2 and stats.dead_lettered == 1
+    (dead,) = read_all(bus, topic_name(cfg.run, "dlq"), DeadLetter)
+    assert dead.offset == 1 and "no trajectory can be trained" in dead.error
+    assert "reward is inf" in dead.error
+    rows = [json.loads(x) for x in (tmp_path / "trainer-default.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "step" in r]
+    assert [r["batch_id"] for r in steps] == ["default-0", "default-2"]
+    assert all(math.isfinite(r["loss"]) for r in steps)
+    assert trainer.telemetry.counters["dropped_invalid"] == 3 + 16  # the hopeless batch: 16
 
 
 def test_duplicates_and_bad_records(experiment: Any, tmp_path: Path) -> None:

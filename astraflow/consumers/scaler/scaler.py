@@ -15,7 +15,6 @@ Every decision is logged with its inputs (one JSON line in ``log_path``, and gau
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -26,6 +25,7 @@ from astraflow.consumers.scaler.actuation import Actuator
 from astraflow.consumers.scaler.config import ScaleConfig
 from astraflow.consumers.scaler.rule import Decision, Rule
 from astraflow.core.bus.types import Bus, Message
+from astraflow.core.jsonl import json_line
 from astraflow.core.metrics import MetricsEmitter
 from astraflow.core.records import LoadReport, decode
 from astraflow.core.stream import Input, Output, Processor, Stateless
@@ -95,7 +95,7 @@ class Scaler:
         if self._file is None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.log_path.open("a")
-        self._file.write(json.dumps(line) + "\n")
+        self._file.write(json_line(line) + "\n")
         self._file.flush()
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ needed for a single process.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -26,6 +27,7 @@ from astraflow.consumers.trainer.loop import StepFn, Trainer
 from astraflow.consumers.trainer.losses import LossSpec
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import ConfigError
+from astraflow.core.records.checks import RecordLimits
 from astraflow.models.config import ModelConfig, model_dir
 
 if TYPE_CHECKING:
@@ -89,6 +91,16 @@ def load_model(path: str | Path, device: torch.device) -> tuple[torch.nn.Module,
     return model, int(pad) if pad is not None else 0
 
 
+def vocab_size(model: torch.nn.Module) -> int | None:
+    """Rows of ``model``'s input embedding: every token id it can embed is below this."""
+    try:
+        emb = model.get_input_embeddings()  # type: ignore[operator]
+    except (AttributeError, NotImplementedError):
+        return None
+    n = getattr(emb, "num_embeddings", None)
+    return int(n) if isinstance(n, int) else None
+
+
 def build_engine(tc: TrainerConfig, model_path: str | Path) -> Engine:
     """Seed, pick the device, load the model (and the frozen reference for KL), make the
     optimizer."""
@@ -146,11 +158,18 @@ def step_function(mode: str) -> StepFn:
 
 def build_trainer(tc: TrainerConfig, model: ModelConfig, *, run: str, policy: str,
                   out: str | Path = ".", bus: Bus, publisher: Publisher | None = None,
-                  metrics: Any = None, claims: BlobStore | None = None) -> Trainer:
+                  metrics: Any = None, claims: BlobStore | None = None,
+                  limits: RecordLimits | None = None) -> Trainer:
     """A trainer of ``policy`` in run ``run`` as the ``trainer`` section ``tc`` describes,
     starting from the model that ``model`` names (built first when it asks for a tiny one);
-    ``{out}`` in the paths is the run directory ``out``."""
+    ``{out}`` in the paths is the run directory ``out``. ``limits``: what a batch's
+    trajectories are checked against (``data.records``); the token ids' bound is always the
+    loaded model's vocabulary."""
     engine = build_engine(tc, model_dir(model, policy, out))
+    limits = limits or RecordLimits()
+    vocab = vocab_size(engine.model)
+    if vocab is not None:
+        limits = dataclasses.replace(limits, vocab={**limits.vocab, policy: vocab})
     if publisher is not None and engine.adapter is not None:
         publisher.adapter = engine.adapter  # manifests say: a LoRA adapter over this base
     checkpoints = CheckpointDir(tc.checkpoint_root(out, policy), run=run, policy=policy,
@@ -171,4 +190,4 @@ def build_trainer(tc: TrainerConfig, model: ModelConfig, *, run: str, policy: st
         max_version=tc.max_steps, session_timeout=tc.session_timeout_s,
         poll_timeout=tc.poll_timeout_s, dedup_window=tc.dedup_window,
         on_missing_checkpoint=tc.on_missing_checkpoint, log_path=log_path, metrics=metrics,
-        claims=claims, cores=cores)
+        claims=claims, cores=cores, limits=limits, max_batch_tries=tc.max_batch_tries)

@@ -203,6 +203,10 @@ class TrainerConfig(Section):
     dedup_window: int = pydantic.Field(10_000, ge=1,
                                        description="recent batch ids remembered (and "
                                                    "checkpointed) to drop duplicates")
+    max_batch_tries: int = pydantic.Field(
+        2, ge=1, description="tries of a batch whose step raises (or kills the process) "
+                             "before it is quarantined: dead-lettered with the error, and "
+                             "training goes on with the next batch (single-process trainers)")
 
     def checkpoint_root(self, out: str | Path, policy: str) -> Path:
         """Where ``policy``'s trainer keeps its checkpoints in run directory ``out``

@@ -39,6 +39,7 @@ from typing import Any
 
 from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState
 from astraflow.consumers.trainer.engine import Engine
+from astraflow.consumers.trainer.quarantine import PoisonBatchError, Quarantine
 from astraflow.consumers.trainer.sharding import publish_weights
 from astraflow.consumers.trainer.telemetry import Telemetry
 from astraflow.core.bus.types import Bus, Message
@@ -48,6 +49,7 @@ from astraflow.core.errors import AstraflowError, SchemaError
 from astraflow.core.fetch import RecordGoneError, fetch
 from astraflow.core.metrics import MetricsEmitter, process_age
 from astraflow.core.records import Batch, Group, Trajectory, decode, encode
+from astraflow.core.records.checks import RecordLimits, checked, trajectory_problem
 from astraflow.core.stream import TP, Input, OutRecord, Processor, Resume
 from astraflow.core.topics import group_name, topic_name
 
@@ -86,8 +88,13 @@ class Trainer:
                  poll_timeout: float = 0.5, dedup_window: int = 10_000,
                  on_missing_checkpoint: str = "error", log_path: str | Path | None = None,
                  metrics: MetricsEmitter | None = None, component: str = "",
-                 claims: BlobStore | None = None, cores: CoreShare | None = None) -> None:
+                 claims: BlobStore | None = None, cores: CoreShare | None = None,
+                 limits: RecordLimits | None = None, max_batch_tries: int = 2) -> None:
         self.bus = bus
+        # what every trajectory of a batch is checked against before a step (the stage
+        # checked it too; a batch record can be written by anyone who can produce)
+        self.limits = limits or RecordLimits()
+        self.quarantine = Quarantine(getattr(checkpoints, "root", None), max_batch_tries)
         self.cores = cores  # the machine's cores shared with other roles (core/cores.py)
         self.claims = claims  # where claimed (oversized) records are
         self.run_name = run
@@ -158,7 +165,7 @@ class Trainer:
                                    max_poll=1)],
             dlq=self.dlq, component=self.component, cycle_interval=None,
             cycle_when_idle=False, poll_timeout=self.poll_timeout,
-            session_timeout=self.session_timeout, isolate=(),
+            session_timeout=self.session_timeout, isolate=(PoisonBatchError,),
             commit=lambda offsets: self._commit(), claims=self.claims,
             label=f"trainer policy={self.policy} ")
         self._proc.open()
@@ -330,15 +337,48 @@ class Trainer:
         if batch.id in self._recent_set:
             return batch  # a duplicate: _handle skips it, no need to fetch its records
         try:
-            return resolve(self.bus, batch, self.claims)
+            batch = resolve(self.bus, batch, self.claims)
         except RecordGoneError as e:  # the batch cannot be trained: dead-letter it
             raise SchemaError(f"batch {batch.id!r}: {e}") from e
+        return self._trusted(batch)
+
+    def _trusted(self, batch: Batch) -> Batch:
+        """``batch`` less every trajectory :func:`trajectory_problem` refuses (counted as
+        ``dropped_invalid``, logged), its rewards clipped where ``beyond_bound: clip``;
+        SchemaError (dead-lettered) when nothing trainable is left."""
+        dropped: list[str] = []
+        groups = []
+        for g in batch.groups:
+            kept = []
+            for t in g.trajectories:
+                problem = trajectory_problem(t, self.limits)
+                if problem is None:
+                    kept.append(checked(t, self.limits))
+                else:
+                    dropped.append(f"{t.id}: {problem}")
+            if kept:
+                groups.append(Group(group_id=g.group_id, task_id=g.task_id,
+                                    trajectories=kept, replayed=g.replayed))
+        if not dropped:
+            return batch
+        self.telemetry.inc("dropped_invalid", len(dropped))
+        log.warning("batch id=%s: dropped %d untrustworthy trajectories: %s", batch.id,
+                    len(dropped), "; ".join(dropped[:3]))
+        if not groups:
+            raise SchemaError(f"batch {batch.id!r}: no trajectory can be trained: "
+                              f"{'; '.join(dropped[:3])}")
+        return Batch(id=batch.id, policy=batch.policy, seq=batch.seq, groups=groups,
+                     created_at=batch.created_at)
 
     def _handle(self, batch: Batch, msg: Message) -> list[Any]:
         if batch.id in self._recent_set:
             self._stats.duplicates += 1
             self.telemetry.inc("duplicates")
             log.info("skipping batch id=%s already trained (origin=%s)", batch.id, msg.origin)
+            return []
+        if self.quarantine.is_quarantined(batch.id):  # dead-lettered before a restart
+            log.info("skipping batch id=%s quarantined before (origin=%s)", batch.id,
+                     msg.origin)
             return []
         self._waited()
         self._stats.busy_s += self._step(msg, batch)
@@ -373,7 +413,7 @@ class Trainer:
         if self._channel is not None:  # the resolved batch: other ranks have no bus
             self._channel.send(encode(batch))
         with self.cores.busy() if self.cores is not None else contextlib.nullcontext():
-            metrics = self.step_fn(self.engine, batch, self.version)
+            metrics = self._train(batch)
             self.version += 1
             self._remember(batch.id)
             step_s = time.monotonic() - started
@@ -387,6 +427,35 @@ class Trainer:
             "batch_seq": batch.seq, "origin": msg.origin, **metrics, "step_s": step_s,
             "train_tokens_per_s": metrics.get("tokens", 0.0) / max(step_s, 1e-9)}, busy)
         return busy
+
+    def _train(self, batch: Batch) -> dict[str, float]:
+        """The step on ``batch``, tried up to ``max_batch_tries`` times (over restarts too);
+        PoisonBatchError (the runtime dead-letters the batch) when every try failed. See
+        :mod:`astraflow.consumers.trainer.quarantine`."""
+        q = self.quarantine
+        while True:
+            n = q.begin(batch.id)
+            if n > q.max_tries:  # every earlier try ended its process
+                q.quarantine(batch.id)
+                self.telemetry.inc("quarantined")
+                raise PoisonBatchError(f"batch {batch.id!r}: {n - 1} tries each ended the "
+                                       "trainer's process; quarantined")
+            try:
+                metrics = self.step_fn(self.engine, batch, self.version)
+            except Exception as e:
+                if self.engine.world > 1:
+                    raise
+                self.engine.optimizer.zero_grad(set_to_none=True)
+                if n < q.max_tries:
+                    log.warning("batch id=%s: step failed (try %d of %d), trying again: %s: %s",
+                                batch.id, n, q.max_tries, type(e).__name__, e)
+                    continue
+                q.quarantine(batch.id)
+                self.telemetry.inc("quarantined")
+                raise PoisonBatchError(f"batch {batch.id!r}: the step failed {n} times; "
+                                       f"quarantined: {type(e).__name__}: {e}") from e
+            q.succeeded()
+            return metrics
 
     # --------------------------------------------------------------------- effects
 

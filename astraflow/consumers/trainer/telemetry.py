@@ -10,11 +10,11 @@ over any window of its own.
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from pathlib import Path
 from typing import Any
 
+from astraflow.core.jsonl import json_line
 from astraflow.core.metrics import MetricsEmitter
 
 #: step metrics also sent as gauges on the metrics topic
@@ -86,7 +86,7 @@ class Telemetry:
 
     def log(self, record: dict[str, Any]) -> None:
         if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
+            self._file.write(json_line(record) + "\n")
             self._file.flush()
 
     def tick(self, force: bool = False) -> None:

@@ -1,0 +1,145 @@
+"""The values of a trajectory checked against the run's own facts, at the door of every role
+that trusts them (the post-rollout stage, which groups it, and the trainer, which trains it).
+
+Decoding (:mod:`astraflow.core.records`) already refuses a record of the wrong shape: arrays
+that are not whole numbers of their items, per-token arrays of different lengths. A
+well-formed record can still carry values no rollout worker writes, and one of them stops
+training for good if it gets through: a token id outside the vocabulary makes the trainer's
+embedding raise on every retry; a reward of 1e308 or NaN makes the group's advantages, and so
+the step's loss, NaN. :func:`trajectory_problem` says what is wrong with one, or None;
+:func:`checked` raises :class:`~astraflow.core.errors.SchemaError` with that reason (the
+runtime dead-letters the record with it) or returns the trajectory, its rewards clipped to the
+bound when :attr:`RecordLimits.beyond_bound` is ``clip``.
+
+What is checked:
+
+* token ids in ``[0, vocab)`` where the policy's vocabulary size is known, never negative;
+* loss-mask entries 0 or 1, ``prompt_len`` and every turn span inside the
+  sequence;
+* behaviour logprobs of trained tokens finite and not above 0 (a probability above 1 is no
+  sampled token's);
+* token versions ``>= -1``, and ``>= 0`` on trained tokens;
+* ``reward``, every named reward and every turn reward finite (always refused otherwise) and
+  within ``[-reward_bound, reward_bound]`` (refused or clipped, as configured);
+* ``sample_index >= 0``, ``group_size >= 0``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from astraflow.core.errors import SchemaError
+from astraflow.core.records.base import unpack
+
+if TYPE_CHECKING:
+    from astraflow.core.records.episodes import Trajectory
+
+#: the default bound on a reward's magnitude: far above any reward a verifier or a shaped
+#: reward gives, far below where the advantages' float arithmetic overflows
+REWARD_BOUND = 1e6
+#: a trained token's behaviour logprob may exceed 0 by float rounding, never by more
+LOGPROB_SLACK = 1e-3
+
+BeyondBound = Literal["refuse", "clip"]
+
+
+@dataclass(frozen=True)
+class RecordLimits:
+    """The facts a trajectory is checked against: ``vocab`` (policy → vocabulary size; a
+    policy absent: its token ids are only checked to be >= 0), the reward bound and what to do
+    with a finite reward beyond it."""
+
+    vocab: Mapping[str, int] = field(default_factory=dict)
+    reward_bound: float = REWARD_BOUND
+    beyond_bound: BeyondBound = "refuse"
+
+    def __post_init__(self) -> None:
+        if not (self.reward_bound > 0 and math.isfinite(self.reward_bound)):
+            raise ValueError(f"reward_bound must be a positive finite number, got "
+                             f"{self.reward_bound!r}")
+        if self.beyond_bound not in ("refuse", "clip"):
+            raise ValueError(f"beyond_bound must be 'refuse' or 'clip', got "
+                             f"{self.beyond_bound!r}")
+
+
+def _rewards(t: Trajectory) -> list[tuple[str, float]]:
+    return ([("reward", t.reward)] + [(f"rewards[{k!r}]", v) for k, v in t.rewards.items()]
+            + [(f"turn_rewards[{i}]", v) for i, v in enumerate(t.turn_rewards)])
+
+
+def _reward_problem(t: Trajectory, limits: RecordLimits) -> str | None:
+    for name, value in _rewards(t):
+        if not math.isfinite(value):
+            return f"{name} is {value!r}: rewards must be finite"
+        if abs(value) > limits.reward_bound and limits.beyond_bound == "refuse":
+            return (f"{name} is {value!r}, beyond the reward bound {limits.reward_bound:g} "
+                    "(data.records.reward_bound; beyond_bound: clip to clip instead)")
+    return None
+
+
+def _token_problem(t: Trajectory, limits: RecordLimits) -> str | None:
+    ids = unpack(t.token_ids, "<i4")
+    n = int(ids.size)
+    if n == 0:  # a failed episode may have none: nothing to check, nothing to train
+        return None
+    lo, hi = int(ids.min()), int(ids.max())
+    vocab = limits.vocab.get(t.policy)
+    if lo < 0:
+        return f"token id {lo} is negative"
+    if vocab is not None and hi >= vocab:
+        return (f"token id {hi} is outside the vocabulary of policy {t.policy!r} "
+                f"(ids 0..{vocab - 1})")
+    mask = unpack(t.loss_mask, "u1")
+    if int(mask.max()) > 1:
+        return f"loss_mask holds {int(mask.max())}; entries are 0 or 1"
+    trained = mask.astype(bool)
+    logp = unpack(t.logprobs, "<f4")[trained]
+    if logp.size:
+        import numpy as np
+
+        if not bool(np.isfinite(logp).all()):
+            return "a trained token's behaviour logprob is not finite"
+        if float(logp.max()) > LOGPROB_SLACK:
+            return f"a trained token's behaviour logprob is {float(logp.max()):g} > 0"
+    versions = unpack(t.versions, "<i4")
+    if int(versions.min()) < -1 or (trained.any() and int(versions[trained].min()) < 0):
+        return "a token's version is below -1, or a trained token's below 0"
+    if not 0 <= t.prompt_len <= n:
+        return f"prompt_len {t.prompt_len} is outside the sequence of {n} tokens"
+    for s in t.spans:
+        if not 0 <= s.start <= s.end <= n:
+            return f"turn span [{s.start}, {s.end}) is outside the sequence of {n} tokens"
+    return None
+
+
+def trajectory_problem(t: Trajectory, limits: RecordLimits) -> str | None:
+    """What makes ``t`` untrustworthy under ``limits`` (one reason), or None."""
+    if t.sample_index < 0 or t.group_size < 0:
+        return f"sample_index {t.sample_index} / group_size {t.group_size} is negative"
+    return _reward_problem(t, limits) or _token_problem(t, limits)
+
+
+def _clip(value: float, bound: float) -> float:
+    return max(-bound, min(bound, value))
+
+
+def checked(t: Trajectory, limits: RecordLimits) -> Trajectory:
+    """``t`` when :func:`trajectory_problem` finds nothing, its rewards clipped to the bound
+    under ``beyond_bound: clip``; SchemaError naming the trajectory and the reason otherwise."""
+    problem = trajectory_problem(t, limits)
+    if problem is not None:
+        raise SchemaError(f"trajectory {t.id!r} of policy {t.policy!r}: {problem}")
+    if limits.beyond_bound == "clip":
+        b = limits.reward_bound
+        t.reward = _clip(t.reward, b)
+        if t.rewards:
+            t.rewards = {k: _clip(v, b) for k, v in t.rewards.items()}
+        if t.turn_rewards:
+            t.turn_rewards = [_clip(v, b) for v in t.turn_rewards]
+    return t
+
+
+__all__ = ["REWARD_BOUND", "BeyondBound", "RecordLimits", "checked", "trajectory_problem"]

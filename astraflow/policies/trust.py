@@ -1,0 +1,72 @@
+"""Which trainer versions a stage believes: a weight manifest is followed only when it could be
+the trainer's.
+
+Anyone who can produce to ``weights.<policy>`` can write a manifest. A rollout worker refuses
+one it cannot verify (a malformed manifest, a blob path outside the store, a blob that does
+not fetch or match its digest); a stage never fetches blobs, so before it lets a manifest move
+its version (the gate's release window, the staleness filters, the batch stage's
+back-pressure) it applies the checks that need no blob: the manifest is well-formed
+(:func:`astraflow.weights.follow.manifest_problem`, the worker's first check) and its version
+is one the trainer can have made. The trainer takes one step per batch record of
+``batches.<policy>`` (version 0 is the model it starts from), so a version above the number
+of records ever written there is forged: believing it would release the gate's whole task
+backlog at once and make every honest trajectory look stale. A refused manifest is
+dead-lettered with its reason, and a checkpoint that holds such a version (written before
+this check) is cut back to the bound on restore.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from astraflow.core.bus.types import Bus
+from astraflow.core.records import WeightManifest
+from astraflow.core.topics import topic_name
+
+log = logging.getLogger("astraflow.policies")
+
+
+class VersionCheck:
+    """The versions of ``run``'s trainers a stage may believe (see the module docstring)."""
+
+    def __init__(self, bus: Bus, run: str, policies: tuple[str, ...]) -> None:
+        self.bus = bus
+        self.run = run
+        self.policies = frozenset(policies)
+
+    def bound(self, policy: str) -> int:
+        """The newest version ``policy``'s trainer can have made: the batch records written
+        to ``batches.<policy>`` so far."""
+        ends = self.bus.describe_topic(topic_name(self.run, "batches", policy)).end_offsets
+        return sum(ends.values())
+
+    def problem(self, m: WeightManifest) -> str | None:
+        """Why ``m`` is not to be believed, or None."""
+        if m.policy not in self.policies:
+            return (f"manifest of policy {m.policy!r}, which is not one of this run's "
+                    f"({', '.join(sorted(self.policies))})")
+        from astraflow.weights.follow import manifest_problem
+
+        bad = manifest_problem(m)
+        if bad is not None:
+            return f"manifest of policy {m.policy!r} version {m.version}: {bad}"
+        bound = self.bound(m.policy)
+        if m.version > bound:
+            return (f"manifest of policy {m.policy!r} claims version {m.version}, but only "
+                    f"{bound} batch records were ever written to "
+                    f"{topic_name(self.run, 'batches', m.policy)}: no trainer made it")
+        return None
+
+    def restored(self, versions: dict[str, int]) -> dict[str, int]:
+        """``versions`` from a checkpoint, each cut back to what its trainer can have made."""
+        out = {}
+        for policy, version in versions.items():
+            bound = self.bound(policy) if policy in self.policies else 0
+            if version > bound:
+                log.warning("checkpointed version %d of policy %s is above the %d batch "
+                            "records ever written for it (a forged manifest believed before "
+                            "manifests were checked): using %d", version, policy, bound,
+                            bound)
+                version = bound
+            out[policy] = version
+        return out
