@@ -78,13 +78,58 @@ def load_role(path: Any, overrides: list[str] | None, out: Path | None) -> tuple
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print an error a person can act on (no traceback) and return the Exit to raise."""
+    """Print an error a person can act on (no traceback; no secret it quotes: a token, a
+    password, a key) and return the Exit to raise."""
     from rich.console import Console
 
+    from astraflow.core.redact import redact_text
+
     # soft wrap: a path or a command in the message stays whole, to be copied
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}",
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {redact_text(message)}",
                                                highlight=False)
     return typer.Exit(code)
+
+
+def warn(message: str) -> None:
+    """Print a warning a person should act on (the run goes on)."""
+    from rich.console import Console
+
+    Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {message}",
+                                               highlight=False)
+
+
+def read_secret_file(path: Path, flag: str) -> str:
+    """The secret in file ``path`` (its first line, surrounding whitespace removed); an
+    empty, unreadable or multi-line file is an error; one others may read, a warning."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        mode = path.stat().st_mode
+    except (OSError, UnicodeDecodeError) as e:
+        raise fail(f"{flag} {path}: cannot be read ({getattr(e, 'strerror', None) or e})") \
+            from None
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) != 1:
+        raise fail(f"{flag} {path}: expected the secret alone on one line, found "
+                   f"{len(lines)} non-empty lines")
+    if mode & 0o077:
+        warn(f"{flag} {path} can be read by other users (mode {mode & 0o777:o}): "
+             f"chmod 600 {path}")
+    return lines[0].strip()
+
+
+def secret_option(value: str | None, file: Path | None, *, flag: str, env: str) -> str | None:
+    """A secret given to a command: from ``{flag}-file`` (a file), else from ``flag`` itself
+    (kept working, with a warning: a command line is visible to every user of the machine in
+    ``ps`` and /proc), else from ``$env``. None: not given."""
+    if value is not None and file is not None:
+        raise fail(f"give {flag} or {flag}-file, not both")
+    if file is not None:
+        return read_secret_file(file, f"{flag}-file")
+    if value is not None:
+        warn(f"{flag} on the command line is visible to every user of this machine (ps, "
+             f"/proc/PID/cmdline): give it with {flag}-file FILE or in ${env} instead")
+        return value
+    return os.environ.get(env) or None
 
 
 def load_config(path: Any, overrides: list[str] | None) -> Any:

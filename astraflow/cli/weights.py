@@ -13,7 +13,19 @@ from typing import Annotated, Any
 
 import typer
 
-from astraflow.cli.common import fail
+from astraflow.cli.common import fail, secret_option
+
+#: where `weights serve` and `weights mirror` read the workers' token when no file is given
+#: (the http store's `token` defaults to it too: weights.store.token)
+TOKEN_ENV = "ASTRAFLOW_WEIGHTS_TOKEN"
+#: where `weights mirror` reads the upstream server's token when no file is given
+UPSTREAM_TOKEN_ENV = "ASTRAFLOW_WEIGHTS_UPSTREAM_TOKEN"
+TokenFileOption = Annotated[Path | None, typer.Option(
+    help=f"File holding the bearer token workers must show (default: ${TOKEN_ENV}; none: no "
+         "token).", dir_okay=False)]
+TokenOption = Annotated[str | None, typer.Option(
+    help="The bearer token on the command line, visible to every user in `ps`: prefer "
+         "--token-file or $ASTRAFLOW_WEIGHTS_TOKEN.")]
 
 app = typer.Typer(help="Sparse bf16 weight deltas: diff, apply, inspect, bench, serve, mirror.",
                   no_args_is_help=True)
@@ -181,8 +193,8 @@ def serve(
                                               exists=True, file_okay=False)],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: pick a free one).")] = 8470,
-    token: Annotated[str | None, typer.Option(envvar="ASTRAFLOW_WEIGHTS_TOKEN",
-                                              help="Require this bearer token.")] = None,
+    token_file: TokenFileOption = None,
+    token: TokenOption = None,
     max_connections: Annotated[int, typer.Option(
         help="Authenticated connections served at once (lowered to what ulimit -n allows); "
              "one more is answered 503.", min=1)] = 256,
@@ -196,9 +208,11 @@ def serve(
         help="Seconds a new connection has to send its first request head whole.",
         min=0.001)] = 5.0,
 ) -> None:
-    """Serve a weight store over HTTP (ranged, resumable GETs; read-only)."""
+    """Serve a weight store over HTTP (ranged, resumable GETs; read-only). The bearer token
+    workers must show comes from --token-file or $ASTRAFLOW_WEIGHTS_TOKEN (none: no token)."""
     from astraflow.weights.server import make_server
 
+    token = secret_option(token, token_file, flag="--token", env=TOKEN_ENV)
     server = make_server(directory, host=host, port=port, token=token,
                          max_connections=max_connections, idle_timeout_s=idle_timeout,
                          max_unauthenticated=max_unauthenticated, auth_timeout_s=auth_timeout)
@@ -232,11 +246,14 @@ def mirror(
     = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: pick a free one).")] = 8470,
-    token: Annotated[str | None, typer.Option(
-        envvar="ASTRAFLOW_WEIGHTS_TOKEN", help="Require this bearer token from workers.")]
-    = None,
+    token_file: TokenFileOption = None,
+    token: TokenOption = None,
+    upstream_token_file: Annotated[Path | None, typer.Option(
+        help="File holding the upstream server's bearer token (default: "
+             f"${UPSTREAM_TOKEN_ENV}, else the workers' token).", dir_okay=False)] = None,
     upstream_token: Annotated[str | None, typer.Option(
-        help="Bearer token of the upstream server (default: --token).")] = None,
+        help="The upstream server's bearer token on the command line, visible in `ps`: "
+             "prefer --upstream-token-file.")] = None,
     rate_limit: Annotated[float | None, typer.Option(
         help="Cap upstream downloads at this many bytes/s.", min=1)] = None,
     keep_versions: Annotated[int | None, typer.Option(
@@ -261,6 +278,9 @@ def mirror(
     from astraflow.weights.mirror import Mirror, serve_mirror
     from astraflow.weights.store import FileStore, WeightStore
 
+    token = secret_option(token, token_file, flag="--token", env=TOKEN_ENV)
+    upstream_token = secret_option(upstream_token, upstream_token_file,
+                                   flag="--upstream-token", env=UPSTREAM_TOKEN_ENV)
     overrides = list(set_ or [])
     if bus:
         overrides.append(f"bus.url={bus}")
