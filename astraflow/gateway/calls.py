@@ -11,9 +11,10 @@ at their neutral value only. Stop strings are trimmed from the text (OpenAI's be
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import time
 import uuid
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -84,13 +85,43 @@ def _render(tokenizer: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
                           param="messages", code="invalid_prompt") from None
 
 
-@functools.lru_cache(maxsize=4096)
-def _rendered(tok: Any, messages: tuple[tuple[str, str, str | None], ...]) -> tuple[int, ...]:
-    """The token ids of a conversation's prompt, cached: an episode's first turn is the same
-    for every sample of its task (as rollout's Runtime caches them), and the chat template
-    costs more than the rest of a call."""
-    msgs = [ChatMessage(role=r, content=c, name=n) for r, c, n in messages]
-    return tuple(_render(tok, render_prompt, msgs)[1])
+class Renders:
+    """A request's chat-template renderings: looked up in the gateway's byte-bounded cache
+    (``gw.templates``: an episode's first turn is the same for every sample of its task, as
+    rollout's Runtime caches them, and the chat template costs more than the rest of a call),
+    rendered on a miss, and put in the cache only by :meth:`keep`, once the request has been
+    served: a refused request (too long, full, malformed) leaves nothing behind."""
+
+    def __init__(self, gw: Gateway, policy: str, tok: Any) -> None:
+        self.cache, self.policy, self.tok = gw.templates, policy, tok
+        self._new: list[tuple[tuple[str, bytes], array[int]]] = []
+
+    def ids(self, msgs: Sequence[ChatMessage]) -> list[int]:
+        key = (self.policy, _digest(msgs))
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit.tolist()
+        ids = _render(self.tok, render_prompt, list(msgs))[1]
+        self._new.append((key, array("i", ids)))
+        return list(ids)
+
+    def keep(self) -> None:
+        for key, ids in self._new:
+            self.cache.put(key, ids)
+        self._new.clear()
+
+
+def _digest(msgs: Sequence[ChatMessage]) -> bytes:
+    """A conversation's cache key: a 256-bit hash of its roles, texts and names (the cache
+    holds no copy of a prompt's text)."""
+    h = hashlib.blake2b(digest_size=32)
+    for m in msgs:
+        for part in (m.role, m.content, m.name or ""):
+            raw = part.encode("utf-8", "surrogatepass")
+            h.update(len(raw).to_bytes(8, "little"))
+            h.update(raw)
+        h.update(b"\x01" if m.name is not None else b"\x00")
+    return h.digest()
 
 
 def _tool_mode(req: ChatRequest) -> bool:
@@ -115,7 +146,8 @@ def chat_spec(gw: Gateway, req: ChatRequest, sid: str | None = None) -> CallSpec
         fields["stop"] = (*fields["stop"], CLOSE)
     msgs, offset = to_chat(req.messages, tools=req.tools, tools_prompt=gw.tools_prompt,
                            result_format=gw.tool_result_format)
-    ids = list(_rendered(tok, tuple((m.role, m.content, m.name) for m in msgs)))
+    renders = Renders(gw, policy, tok)
+    ids = renders.ids(msgs)
     gw.check_context(policy, ids)
     skip = req.skip_special_tokens is not False
     keep = bool(req.include_stop_str_in_output or req.no_stop_trim)
@@ -136,8 +168,7 @@ def chat_spec(gw: Gateway, req: ChatRequest, sid: str | None = None) -> CallSpec
         return msgs[k].content if len(msgs) > k and msgs[k].role == "assistant" else None
 
     def prefix(k: int) -> list[int]:
-        return list(_rendered(tok, tuple((m.role, m.content, m.name)
-                                         for m in msgs[:k + offset])))
+        return renders.ids(msgs[:k + offset])
 
     def build(prompt: list[int], results: list[GenResult]) -> Built:
         texts, hidden = _texts(tok, results, stops, skip=skip, keep=keep)
@@ -170,7 +201,7 @@ def chat_spec(gw: Gateway, req: ChatRequest, sid: str | None = None) -> CallSpec
 
     return CallSpec("chat", policy, ids, n, _request(fields), build,
                     n_messages=len(req.messages), appended=appended, role=role, reply=reply,
-                    prefix=prefix)
+                    prefix=prefix, keep=renders.keep)
 
 
 def completion_spec(gw: Gateway, req: CompletionRequest, sid: str | None = None) -> CallSpec:
