@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import uuid
+import re
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -36,8 +37,10 @@ import astraflow
 from astraflow.gateway.auth import protect
 from astraflow.gateway.calls import chat_spec, completion_spec
 from astraflow.gateway.errors import GatewayError, error_body
+from astraflow.gateway.guards import HostCheck
 from astraflow.gateway.limits import BodyLimit, Limits, Tokenizing, check_messages, check_prompt
 from astraflow.gateway.schemas import (
+    MAX_INT,
     ChatCompletion,
     ChatRequest,
     Completion,
@@ -56,6 +59,7 @@ from astraflow.gateway.stream import chat_chunks, completion_chunks
 
 log = logging.getLogger("astraflow.gateway.app")
 
+INTEGER = re.compile(r"[+-]?[0-9]+")
 SessionPath = Annotated[str, Path(description="the session: created on first use")]
 Key = Annotated[str | None, Header(alias="Idempotency-Key", max_length=256,
                                    description="a retry with the same key is answered the "
@@ -80,6 +84,12 @@ class Meta:
     meta: dict[str, Any]
     key: str | None = None
     owner: str = ""
+    body: bytes = b""  # the request's body, when it carries an Idempotency-Key
+
+
+def new_session_id() -> str:
+    """A session id no one can guess: 128 bits from the OS's CSPRNG, as 32 hex digits."""
+    return secrets.token_hex(16)
 
 
 def client_of(request: Request) -> str:
@@ -109,17 +119,22 @@ def _invalid(name: str, kind: str, msg: str, value: str) -> RequestValidationErr
 
 
 def _int_header(headers: Any, name: str, low: int) -> int | None:
+    """The header ``name`` as an integer in [``low``, :data:`MAX_INT`] (None if absent); a
+    400 naming the header otherwise. Only ASCII digits (and a sign) are an integer here:
+    Python's ``int`` would take ``1_000``, spaces and other scripts' digits too."""
     raw = headers.get(name)
     if raw is None:
         return None
-    try:
-        value = int(raw)
-    except ValueError:
+    if not INTEGER.fullmatch(raw):
         raise _invalid(name, "int_parsing", "Input should be a valid integer, unable to parse "
-                       "string as an integer", raw) from None
+                       "string as an integer", raw[:40])
+    value = int(raw) if len(raw) <= 20 else (MAX_INT + 1) * (-1 if raw[0] == "-" else 1)
     if value < low:
         raise _invalid(name, "greater_than_equal",
-                       f"Input should be greater than or equal to {low}", raw)
+                       f"Input should be greater than or equal to {low}", raw[:40])
+    if value > MAX_INT:
+        raise _invalid(name, "less_than_equal",
+                       f"Input should be less than or equal to {MAX_INT}", raw[:40])
     return value
 
 
@@ -135,7 +150,9 @@ async def _meta(request: Request) -> Meta:
     meta = {"task_id": h.get("x-task-id"), "group_id": h.get("x-group-id"),
             "sample_index": _int_header(h, "X-Sample-Index", 0),
             "group_size": _int_header(h, "X-Group-Size", 1), "agent": h.get("x-agent")}
-    return Meta(None if sid is None else check_session_id(sid), meta, key, client_of(request))
+    body = await request.body() if key else b""  # read already: the route's body parameter
+    return Meta(None if sid is None else check_session_id(sid), meta, key, client_of(request),
+                body)
 
 
 MetaDep = Annotated[Meta, Depends(_meta)]
@@ -169,6 +186,9 @@ def create_app(gw: Gateway, *, token: str | None = None,
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes,  # inside auth (added last)
                        timeout_s=limits.body_timeout_s,
                        on_reject=lambda status: gw.count(f"errors.{status}"))
+    # outside the body's limit: a refused Host or Origin has its body never read; inside
+    # auth, which tells it whether the request carried a credential
+    app.add_middleware(HostCheck, allowed=limits.allowed_hosts)
     return protect(app, token=token, keys=keys)
 
 
@@ -204,7 +224,7 @@ def _v1(app: FastAPI, gw: Gateway, prefix: str, session: bool, limits: Limits,
         check_messages(body.messages, limits)
         spec = await tokenizing.run(chat_spec, gw, body, sid)
         reply = await gw.call(spec, sid=sid, meta=meta.meta, key=meta.key, owner=meta.owner,
-                             offload=tokenizing.run)
+                              offload=tokenizing.run, request=meta.body)
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return _answer(reply, body.stream, chat_chunks, usage)
 
@@ -212,7 +232,7 @@ def _v1(app: FastAPI, gw: Gateway, prefix: str, session: bool, limits: Limits,
         check_prompt(body.prompt, limits)
         spec = await tokenizing.run(completion_spec, gw, body, sid)
         reply = await gw.call(spec, sid=sid, meta=meta.meta, key=meta.key, owner=meta.owner,
-                             offload=tokenizing.run)
+                              offload=tokenizing.run, request=meta.body)
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return _answer(reply, body.stream, completion_chunks, usage)
 
@@ -250,7 +270,7 @@ def _sessions(app: FastAPI, gw: Gateway) -> None:
         """Open a session with its metadata (where its trajectories go); answers an existing
         one with the same metadata, 409 with other metadata."""
         body = body or SessionRequest.model_validate({})
-        sid = body.session_id or uuid.uuid4().hex
+        sid = body.session_id or new_session_id()
         meta = body.model_dump(exclude={"session_id"})
         s, _ = await gw.store.open(sid, meta, same_meta=True, owner=client_of(request))
         return gw.store.info(s)

@@ -33,6 +33,7 @@ log = logging.getLogger("astraflow.gateway.auth")
 
 TOKEN_ENV = "ASTRAFLOW_GATEWAY_TOKEN"
 OPEN_PATHS = frozenset({"/health"})
+AUTHENTICATED = "authenticated"  # scope["state"] key: the request carried a credential
 SHARED = ""  # the client name of the shared token (and of every caller without credentials)
 
 _REFUSED = json.dumps(error_body(
@@ -85,7 +86,8 @@ class BearerAuth:
             if hmac.compare_digest(got, want):
                 client = who
         if client is not None:
-            scope.setdefault("state", {})["client"] = client
+            state = scope.setdefault("state", {})
+            state["client"], state[AUTHENTICATED] = client, True
             await self.app(scope, receive, send)
             return
         await send({"type": "http.response.start", "status": 401,
@@ -93,6 +95,11 @@ class BearerAuth:
                                 (b"www-authenticate", b"Bearer"),
                                 (b"content-length", str(len(_REFUSED)).encode())]})
         await send({"type": "http.response.body", "body": _REFUSED})
+
+
+def authenticated(scope: Mapping[str, Any]) -> bool:
+    """Whether the request of ``scope`` carried one of its gateway's credentials."""
+    return bool(scope.get("state", {}).get(AUTHENTICATED))
 
 
 def protect(app: Any, token: str | None = None, keys: Mapping[str, str] | None = None) -> Any:
@@ -103,7 +110,8 @@ def protect(app: Any, token: str | None = None, keys: Mapping[str, str] | None =
 
 
 def is_loopback(host: str) -> bool:
-    if host == "localhost":
+    """Whether ``host`` (an address, or ``localhost``) is this machine's loopback."""
+    if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback

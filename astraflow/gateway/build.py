@@ -71,10 +71,22 @@ def build_gateway(gc: GatewayConfig, rc: RolloutConfig, *, run: str, policies: S
     store = SessionStore(bus, run=run, max_open_sessions=gc.max_open_sessions,
                          retry_after_s=gc.retry_after_s, claims=claims, worker_id=component,
                          metrics=metrics, idempotency_cache=gc.idempotency_cache,
+                         idempotency_cache_bytes=gc.idempotency_cache_bytes,
                          idle_timeout_s=gc.session_idle_timeout_s,
+                         max_open_per_owner=sessions_per_client(gc),
+                         closed_retention_s=gc.closed_session_retention_s,
                          versions=lambda: {p: e.version for p, e in engines.items()})
     sampling: dict[str, Any] = {k: getattr(rc.engine, k) for k in SAMPLING_KEYS}
     return Gateway(engines, store, on_drift=gc.on_drift, aliases=gc.aliases, sampling=sampling,
                    max_inflight=gc.max_inflight, max_n=gc.max_n, context_length=gc.context_length,
                    tools_prompt=gc.tools_prompt, tool_result_format=gc.tool_result_format,
-                   followers=followers, metrics=metrics)
+                   followers=followers, metrics=metrics,
+                   template_cache_bytes=gc.template_cache_bytes)
+
+
+def sessions_per_client(gc: GatewayConfig) -> int:
+    """``gateway.max_open_sessions_per_client``, or by default ``max_open_sessions`` shared
+    evenly among the clients of ``gateway.keys`` (all of it with none or one)."""
+    if gc.max_open_sessions_per_client is not None:
+        return gc.max_open_sessions_per_client
+    return max(1, -(-gc.max_open_sessions // max(1, len(gc.keys))))

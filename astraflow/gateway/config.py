@@ -54,6 +54,15 @@ class GatewayConfig(Section):
         256, ge=1, description="sessions not yet turned into trajectories; a request that "
         "would open another is answered 429 with Retry-After (the staleness budget: about "
         "(max_staleness + 1) x batch size of the run)")
+    max_open_sessions_per_client: int | None = pydantic.Field(
+        None, ge=1, description="open sessions one client (a key of gateway.keys; holders of "
+        "the token, or everyone without one, are one client) may hold; more: 429 with "
+        "Retry-After. Default: max_open_sessions shared evenly among gateway.keys (all of it "
+        "with no keys), so one client cannot lock the others out")
+    closed_session_retention_s: float | None = pydantic.Field(
+        3600.0, gt=0, description="how long a closed session's id (and the answers of its "
+        "reward and end, for retries) is remembered: a call to it until then is a 409, after "
+        "it the id is free again; null: for ever (memory grows with every session)")
     max_inflight: int = pydantic.Field(
         256, ge=1, description="generation requests (each of n counts) at once; more: 429")
     retry_after_s: int = pydantic.Field(1, ge=1, description="Retry-After of a 429, seconds")
@@ -70,7 +79,15 @@ class GatewayConfig(Section):
         "({output}: the content), as the multi_turn_tools workflow renders tool results")
     idempotency_cache: int = pydantic.Field(
         4096, ge=0, description="responses kept for Idempotency-Key retries of calls without "
-        "a session (in memory; a session's are kept with it, durably)")
+        "a session (in memory; a session's are kept with it, durably), at most "
+        "idempotency_cache_bytes of them")
+    idempotency_cache_bytes: int = pydantic.Field(
+        64 << 20, ge=0, description="bytes of responses kept for Idempotency-Key retries of "
+        "calls without a session; the least recently used go first")
+    template_cache_bytes: int = pydantic.Field(
+        64 << 20, ge=0, description="bytes of rendered prompts (token ids) kept to skip the "
+        "chat template for a conversation seen before (a task's first turn, again for each "
+        "sample); only requests that were served are kept")
     metrics_interval: float = pydantic.Field(2.0, gt=0,
                                              description="seconds between heartbeats")
     # what one request or connection may cost (astraflow/gateway/limits.py, connections.py)
@@ -96,11 +113,20 @@ class GatewayConfig(Section):
     idle_timeout_s: float = pydantic.Field(
         5.0, gt=0, description="seconds a connection may stay idle between requests")
     max_header_bytes: int = pydantic.Field(
-        16 << 10, ge=1024, description="largest unfinished request head (request line and "
-        "headers), bytes; larger: 400")
+        16 << 10, ge=1024, description="largest request head (request line and headers), "
+        "bytes; larger: 431 (400 while it is still arriving)")
     max_connections: int = pydantic.Field(
         1024, ge=1, description="open connections; more are closed at once. Lowered to "
         "leave 64 file descriptors of the process's limit (ulimit -n) to the rest")
+    max_connections_per_peer: int = pydantic.Field(
+        256, ge=1, description="open connections from one client address; its next ones are "
+        "closed at once (one client holding sockets cannot take every connection; clients "
+        "on the gateway's own host share 127.0.0.1)")
+    allowed_hosts: list[str] = pydantic.Field(
+        default_factory=list, description="host names, besides loopback ones (localhost, "
+        "127.0.0.1, ::1), the gateway answers to in the Host header and in a browser's Origin "
+        "('*': any); others: 403. Empty (the default): with no token or keys, loopback only "
+        "(no cross-site page or DNS rebinding reaches it); with a credential, any")
 
     @pydantic.field_validator("tool_result_format")
     @classmethod

@@ -1,12 +1,14 @@
 """Connections the gateway holds, and for how long: uvicorn's h11 protocol with a deadline for a
 request's headers (a fresh connection that sends nothing, or sends its headers a byte at a
 time, is closed), a cap on open connections that stays below the process's file-descriptor
-limit (one more is closed at once, quietly), and running out of file descriptors anyway
+limit (one more is closed at once, quietly) and a cap per peer address (one client cannot
+hold every connection: its own new ones are closed instead), and running out of file descriptors anyway
 (:class:`GuardedLoop` retries ``accept`` once a second, not thousands of times; the error is
 logged as one line, at most once a minute, not a traceback per try).
 
 uvicorn's own settings do the rest: ``timeout_keep_alive`` closes a connection idle between
-requests, ``h11_max_incomplete_event_size`` bounds the headers' size.
+requests, ``h11_max_incomplete_event_size`` bounds an unfinished head's size (a finished one
+over ``max_header_bytes`` is a 431: :class:`~astraflow.gateway.guards.HeadLimit`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import errno
 import logging
 import resource
 import time
+from collections import Counter
 from typing import Any
 
 from astraflow.gateway.limits import Limits
@@ -68,15 +71,27 @@ def connection_cap(limits: Limits) -> int:
     return max(1, min(limits.max_connections, soft - limits.fd_reserve))
 
 
+def peer_of(transport: Any) -> str:
+    """The address a connection comes from (``""``: unknown, e.g. a Unix socket)."""
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple | list) and peer else ""
+
+
 def guarded_protocol(limits: Limits, cap: int, said: RateLimitedLog) -> type[asyncio.Protocol]:
     """uvicorn's h11 protocol with a header deadline (``limits.header_timeout_s``, from the
-    connection's start or the first byte of its next request to the end of the headers) and
-    at most ``cap`` open connections."""
+    connection's start or the first byte of its next request to the end of the headers), at
+    most ``cap`` open connections, and at most ``limits.max_connections_per_peer`` of them
+    from one address: a client that holds sockets open (before any credential is read)
+    exhausts its own share, not everyone's."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
+    per_peer = min(cap, limits.max_connections_per_peer)
+    peers: Counter[str] = Counter()  # address -> connections open from it
+
     class GuardedH11Protocol(H11Protocol):  # type: ignore[misc]
         _header_timer: asyncio.TimerHandle | None = None
+        _peer: str | None = None  # counted in ``peers`` while open
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -84,6 +99,15 @@ def guarded_protocol(limits: Limits, cap: int, said: RateLimitedLog) -> type[asy
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            peer = peer_of(transport)
+            if peers[peer] >= per_peer:
+                said.warning("peer", f"{peers[peer]} connections are open from {peer or '?'}, "
+                                     "the most one address may hold "
+                                     "(gateway.max_connections_per_peer); closing its new ones")
+                transport.abort()
+                return
+            self._peer = peer
+            peers[peer] += 1
             if len(self.connections) > cap:
                 said.warning("cap", f"{len(self.connections) - 1} connections are open, the "
                                     f"most this gateway holds (gateway.max_connections, within "
@@ -118,6 +142,11 @@ def guarded_protocol(limits: Limits, cap: int, said: RateLimitedLog) -> type[asy
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            if self._peer is not None:
+                peers[self._peer] -= 1
+                if not peers[self._peer]:
+                    del peers[self._peer]
+                self._peer = None
             super().connection_lost(exc)
 
     return GuardedH11Protocol

@@ -43,6 +43,8 @@ class Limits:
     max_header_bytes: int = 16 << 10
     max_connections: int = 1024
     fd_reserve: int = 64
+    max_connections_per_peer: int = 256
+    allowed_hosts: tuple[str, ...] = ()
 
 
 def limits_of(gc: Any) -> Limits:
@@ -52,7 +54,9 @@ def limits_of(gc: Any) -> Limits:
                   max_tokenizing=gc.max_tokenizing, max_tokenize_waiting=gc.max_tokenize_waiting,
                   retry_after_s=gc.retry_after_s, header_timeout_s=gc.header_timeout_s,
                   idle_timeout_s=gc.idle_timeout_s, max_header_bytes=gc.max_header_bytes,
-                  max_connections=gc.max_connections)
+                  max_connections=gc.max_connections,
+                  max_connections_per_peer=gc.max_connections_per_peer,
+                  allowed_hosts=tuple(gc.allowed_hosts))
 
 
 # -- the body ------------------------------------------------------------------------------------

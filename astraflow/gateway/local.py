@@ -64,10 +64,11 @@ def local_limits() -> Limits:
     clients the gateway does not know; here every client is an episode of the worker (behind
     its token, on loopback), their number bounded by ``max_concurrent_episodes``, and their SDK
     clients do not retry. So the tokenizer's queue and the connection count are unbounded (the
-    file-descriptor reserve still holds), and a header may take as long as a loaded worker
+    file-descriptor reserve still holds; every episode connects from 127.0.0.1, so there is no
+    cap per peer), and a header may take as long as a loaded worker
     needs to serve it."""
     return Limits(max_tokenize_waiting=UNBOUNDED, max_connections=UNBOUNDED,
-                  header_timeout_s=300.0)
+                  max_connections_per_peer=UNBOUNDED, header_timeout_s=300.0)
 
 
 def bridge(batchers: Mapping[str, Batcher], loop: asyncio.AbstractEventLoop

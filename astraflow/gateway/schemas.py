@@ -16,6 +16,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import Strict as PydanticStrict
 
+#: the largest integer a request's count, index or token id may be (the records hold 32 bits);
+#: a larger one is a 400 naming the field, never an overflow deeper in
+MAX_INT = 2**31 - 1
+Int = Annotated[int, Field(ge=-MAX_INT - 1, le=MAX_INT)]
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -78,15 +83,15 @@ class Sampling(Strict):
     stop: str | list[str] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    seed: int | None = None  # taken, not honoured: the engine has one generator
+    seed: Int | None = None  # taken, not honoured: the engine has one generator
     user: str | None = None
     frequency_penalty: float | None = None  # 0 only
     presence_penalty: float | None = None  # 0 only
     # vLLM / SGLang extensions (what the `openai` rollout engine sends)
-    top_k: int | None = None  # -1 or 0 only
+    top_k: Int | None = None  # -1 or 0 only
     min_p: float | None = None  # 0 only
     repetition_penalty: float | None = None  # 1 only
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Int] | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     no_stop_trim: bool | None = None
@@ -95,8 +100,8 @@ class Sampling(Strict):
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_INT)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_INT)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[ToolDef] | None = None
@@ -107,12 +112,12 @@ class ChatRequest(Sampling):
 
 
 class CompletionRequest(Sampling):
-    prompt: str | list[int] = Field(description="text, or token ids (token-in)")
-    max_tokens: int | None = Field(None, ge=1)
+    prompt: str | list[Int] = Field(description="text, or token ids (token-in)")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_INT)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = None  # false only
     suffix: str | None = None  # null only
-    best_of: int | None = None  # 1 only
+    best_of: Int | None = None  # 1 only
     return_tokens_as_token_ids: bool | None = None
 
 
@@ -120,8 +125,8 @@ class SessionRequest(Strict):
     session_id: str | None = Field(None, description="default: a new random id")
     task_id: str | None = None
     group_id: str | None = None
-    sample_index: int = Field(0, ge=0)
-    group_size: int = Field(1, ge=1)
+    sample_index: int = Field(0, ge=0, le=MAX_INT)
+    group_size: int = Field(1, ge=1, le=MAX_INT)
     agent: str = ""
     metadata: dict[str, str] = Field(default_factory=dict)
 

@@ -43,14 +43,15 @@ def server_for(app: Any, *, host: str, port: int, log_level: str = "warning",
                limits: Limits | None = None, **options: Any) -> Any:
     """A uvicorn server of ``app`` that holds connections within ``limits``
     (:mod:`astraflow.gateway.connections`: header and idle deadlines, header size, a
-    connection cap below the file-descriptor limit)."""
+    connection cap below the file-descriptor limit and one per peer address)."""
     from astraflow.gateway.connections import RateLimitedLog, connection_cap, guarded_protocol
+    from astraflow.gateway.guards import HeadLimit
 
     uvicorn = _uvicorn()
     limits = limits or Limits()
     said = RateLimitedLog()
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level,
+        HeadLimit(app, limits.max_header_bytes), host=host, port=port, log_level=log_level,
         http=guarded_protocol(limits, connection_cap(limits), said),
         timeout_keep_alive=limits.idle_timeout_s,
         h11_max_incomplete_event_size=limits.max_header_bytes, **options)

@@ -20,8 +20,10 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import logging
 import time
+from array import array
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +35,7 @@ from astraflow.consumers.rollout.engines.base import Engine, EngineError, GenReq
 from astraflow.core.errors import ConfigError
 from astraflow.core.metrics import MetricsEmitter
 from astraflow.core.records import GatewayChoice, pack_f32, pack_i32
+from astraflow.gateway.cache import SizedCache, array_bytes
 from astraflow.gateway.config import DEFAULT_TOOLS_PROMPT
 from astraflow.gateway.errors import GatewayError, bad_request, conflict, not_found, too_many
 from astraflow.gateway.session import Plan, Session, plan
@@ -40,6 +43,7 @@ from astraflow.gateway.store import SessionStore
 
 log = logging.getLogger("astraflow.gateway")
 
+TEMPLATE_CACHE_BYTES = 64 << 20  # gateway.template_cache_bytes' default
 SAMPLING_DEFAULTS: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 64,
                                      "stop": (), "stop_token_ids": ()}
 
@@ -83,6 +87,7 @@ class CallSpec:
     prefix: Callable[[int], list[int]] | None = None  # chat: the first k messages rendered
     # completions: (the text of token ids, the token ids of a text)
     text: tuple[Callable[[list[int]], str], Callable[[str], list[int]]] | None = None
+    keep: Callable[[], None] | None = None  # once served: cache what rendering it cost
 
 
 Generate = Callable[[str, GenRequest], Awaitable[GenResult]]
@@ -107,7 +112,8 @@ class Gateway:
                  tools_prompt: str = DEFAULT_TOOLS_PROMPT,
                  tool_result_format: str = "<result>{output}</result>",
                  followers: Sequence[Any] = (), metrics: MetricsEmitter | None = None,
-                 generate: Generate | None = None) -> None:
+                 generate: Generate | None = None,
+                 template_cache_bytes: int = TEMPLATE_CACHE_BYTES) -> None:
         if not engines:
             raise ConfigError("the gateway needs the engine of at least one policy")
         unknown = {a: p for a, p in (aliases or {}).items() if p not in engines}
@@ -129,6 +135,9 @@ class Gateway:
         self.created = int(time.time())
         self.inflight = 0
         self.generate = generate
+        # (policy, hash of a conversation) -> its rendered token ids (calls.Renders)
+        self.templates: SizedCache[array[int]] = SizedCache(template_cache_bytes,
+                                                               array_bytes)
         # a session's own sampling defaults over ``sampling`` (set by whoever opened it)
         self.session_sampling: dict[str, dict[str, Any]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None  # the loop serving it, once started
@@ -155,8 +164,10 @@ class Gateway:
             await self.expire()
 
     async def expire(self, now: float | None = None) -> int:
-        """End the sessions idle at ``now`` (default: now) as abandoned; how many ended."""
+        """End the sessions idle at ``now`` (default: now) as abandoned (and forget those
+        closed past their retention); how many ended."""
         now = time.time() if now is None else now
+        self.store.forget_closed(now)
         n = 0
         for s in self.store.idle(now):
             try:
@@ -233,13 +244,17 @@ class Gateway:
     # -- calls -----------------------------------------------------------------------------------
     async def call(self, spec: CallSpec, *, sid: str | None, meta: Mapping[str, Any],
                    key: str | None, owner: str | None = None,
-                   offload: Offload | None = None) -> Reply:
+                   offload: Offload | None = None, request: bytes = b"") -> Reply:
         """Run ``spec`` (once per Idempotency-Key ``key``) in session ``sid`` (None: none) of
         client ``owner``; where it continues in the session is planned through ``offload``
-        (None: here, on the caller's thread)."""
+        (None: here, on the caller's thread). Without a session, a key is the caller's own:
+        a retry is replayed only to the same client sending the same ``request`` (its
+        body)."""
         if not key:
             return await self._call(spec, sid, meta, None, owner, offload)
         key = f"{spec.route}:{key}"  # scoped (see scoped())
+        if sid is None:
+            key = loose_key(key, owner, request)
         while True:
             hit = self.store.replay(sid, key, owner)
             if hit is not None:
@@ -254,6 +269,8 @@ class Gateway:
                     key: str | None, owner: str | None, offload: Offload | None) -> Reply:
         if sid is None:
             built = await self._generate(spec, spec.ids)
+            if spec.keep is not None:
+                spec.keep()
             raw = msgspec.json.encode(built.body)
             if key:
                 self.store.remember(key, raw)
@@ -277,6 +294,8 @@ class Gateway:
             await self._record(s, spec, p, built, raw, key)
         finally:
             s.busy -= 1
+        if spec.keep is not None:
+            spec.keep()
         return Reply(built.body, raw, built.pieces)
 
     async def _generate(self, spec: CallSpec, prompt: list[int]) -> Built:
@@ -384,6 +403,14 @@ def scoped(route: str, key: str | None) -> str | None:
     """An Idempotency-Key as recorded: per route (``chat:KEY``, ``reward:KEY``, ...), so one
     key sent to two routes answers each its own response."""
     return f"{route}:{key}" if key else None
+
+
+def loose_key(key: str, owner: str | None, request: bytes) -> str:
+    """The Idempotency-Key of a call without a session as kept: its client's and its
+    request's (a hash of the body), so one client's answer is never replayed to another, nor
+    to a different request that happens to reuse the key."""
+    digest = hashlib.blake2b(request, digest_size=16).hexdigest()
+    return f"{owner or ''}\x00{digest}\x00{key}"
 
 
 def choices_of(results: Sequence[GenResult], hidden: Sequence[int],

@@ -5,7 +5,13 @@ sessions by reading the ``gateway`` topic back (:meth:`SessionStore.rebuild`).
 A session whose end and reward are both in is turned into Trajectory records on the run's
 ``trajectories`` topic, then a ``done`` event closes it (a crash in between produces them again
 at the restart: same ids, dropped by the assembler as duplicates). Closed sessions are
-remembered by id, so a late call to one is refused rather than opening a new session.
+remembered by id for ``closed_retention_s`` (so a late call to one is refused rather than
+opening a new session, and a retried reward or end is answered as before), then forgotten.
+
+**Capacity**: at most ``max_open_sessions`` sessions are open, exactly, however many requests
+open them at once (a slot is reserved before the open event is recorded), and at most
+``max_open_per_owner`` of them belong to one client, so one client cannot lock the others out.
+A refused open leaves nothing behind (no session, no lock).
 
 **Owners** (:mod:`astraflow.gateway.auth`): each session records the client that opened it;
 every lookup on behalf of a client (``owner``) answers 404 for another client's session, open
@@ -33,9 +39,10 @@ import contextlib
 import logging
 import re
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from astraflow.core.bus.reader import read_all
@@ -47,6 +54,7 @@ from astraflow.core.metrics import MetricsEmitter
 from astraflow.core.outputs import Output
 from astraflow.core.records import GatewayCall, decode
 from astraflow.core.topics import TOPICS, parse_topic, record_key, topic_name
+from astraflow.gateway.cache import CacheSize, SizedCache
 from astraflow.gateway.errors import bad_request, conflict, not_found, too_many
 from astraflow.gateway.session import Session
 from astraflow.gateway.trajectory import trajectories
@@ -54,6 +62,8 @@ from astraflow.gateway.trajectory import trajectories
 log = logging.getLogger("astraflow.gateway.store")
 
 T = TypeVar("T")
+CLOSED_RETENTION_S = 3600.0  # gateway.closed_session_retention_s' default
+IDEMPOTENCY_CACHE_BYTES = 64 << 20  # gateway.idempotency_cache_bytes' default
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
 
@@ -76,11 +86,16 @@ class SessionStore:
                  retry_after_s: int = 1, claims: BlobStore | None = None,
                  worker_id: str = "gateway", metrics: MetricsEmitter | None = None,
                  versions: Callable[[], Mapping[str, int]] = dict,
-                 idempotency_cache: int = 4096, idle_timeout_s: float | None = None) -> None:
+                 idempotency_cache: int = 4096, idle_timeout_s: float | None = None,
+                 max_open_per_owner: int | None = None,
+                 closed_retention_s: float | None = CLOSED_RETENTION_S,
+                 idempotency_cache_bytes: int = IDEMPOTENCY_CACHE_BYTES) -> None:
         self.bus = bus
         self.topic = topic_name(run, "gateway") if bus is not None else ""
         self.out_topic = topic_name(run, "trajectories") if bus is not None else ""
         self.max_open_sessions = max_open_sessions
+        self.max_open_per_owner = max_open_per_owner or max_open_sessions
+        self.closed_retention_s = closed_retention_s
         self.idle_timeout_s = idle_timeout_s if bus is not None else None
         self.retry_after_s = retry_after_s
         self.claims = claims
@@ -88,11 +103,15 @@ class SessionStore:
         self.metrics = metrics
         self.versions = versions  # policy -> engine version now (the trajectories' vector)
         self.sessions: dict[str, Session] = {}
-        # closed sessions: their last info, the responses of their reward/end keys, their owner
-        self.closed: dict[str, tuple[dict[str, Any], dict[str, bytes], str]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        # closed sessions, oldest first: their last info, the responses of their reward/end
+        # keys, their owner, when they closed
+        self.closed: dict[str, tuple[dict[str, Any], dict[str, bytes], str, float]] = {}
+        self._locks: dict[str, _Lock] = {}
+        self._opening: Counter[str] = Counter()  # owner -> sessions being opened (reserved)
         self._pending: dict[tuple[str, str], asyncio.Future[None]] = {}
-        self._loose: OrderedDict[str, bytes] = OrderedDict()  # keys of calls without a session
+        # the responses of calls without a session, by their (caller-scoped) keys
+        self._loose: SizedCache[bytes] = SizedCache(idempotency_cache_bytes, len,
+                                                    max_entries=idempotency_cache)
         self._loose_max = idempotency_cache
         self._pool: ThreadPoolExecutor | None = None
         self._producer: Any = None
@@ -120,7 +139,9 @@ class SessionStore:
             self._take(msg)
             n += 1
         for sid in [sid for sid, s in self.sessions.items() if s.done]:
-            self._close(sid)
+            self._close(sid, at=self.sessions[sid].last_active)  # closed by its done event
+        self.closed = dict(sorted(self.closed.items(), key=lambda kv: kv[1][3]))
+        self.forget_closed()
         now = time.time()
         for s in list(self.sessions.values()):
             s.last_active = max(s.last_active, now)  # a full idle timeout from the restart
@@ -184,24 +205,54 @@ class SessionStore:
             if sid in self.closed:
                 raise conflict(f"session {sid!r} is closed: its trajectories were produced; "
                                "use a new session id", code="session_closed")
-            if len(self.sessions) >= self.max_open_sessions:
-                self.count("rejected_full")
-                raise too_many(f"{len(self.sessions)} sessions are open, the most this gateway "
-                               "takes (gateway.max_open_sessions); end sessions or retry later",
-                               self.retry_after_s)
-            ev = GatewayCall(session_id=sid, seq=0, kind="open", owner=owner or "",
+            who = owner or ""
+            self._admit(who)
+            ev = GatewayCall(session_id=sid, seq=0, kind="open", owner=who,
                              **{k: v for k, v in meta.items() if v is not None})
             s = Session(sid)
-            await self._record(s, ev)
+            self._opening[who] += 1  # its slot, held while the open event is recorded
+            try:
+                await self._record(s, ev)
+            finally:
+                self._opening[who] -= 1
+                if not self._opening[who]:
+                    del self._opening[who]
             self.sessions[sid] = s
             self.count("sessions_opened")
             return s, True
 
-    def lock(self, sid: str) -> asyncio.Lock:
+    def _admit(self, owner: str) -> None:
+        """429 unless one more session fits: ``max_open_sessions`` open or being opened in
+        all, ``max_open_per_owner`` of them ``owner``'s."""
+        total = len(self.sessions) + sum(self._opening.values())
+        if total >= self.max_open_sessions:
+            self.count("rejected_full")
+            raise too_many(f"{total} sessions are open, the most this gateway takes "
+                           "(gateway.max_open_sessions); end sessions or retry later",
+                           self.retry_after_s)
+        mine = self._opening[owner] + sum(1 for s in self.sessions.values()
+                                          if s.owner == owner)
+        if mine >= self.max_open_per_owner:
+            self.count("rejected_client_full")
+            raise too_many(f"this client has {mine} sessions open, the most one client may "
+                           "hold (gateway.max_open_sessions_per_client); end sessions or "
+                           "retry later", self.retry_after_s)
+
+    @contextlib.asynccontextmanager
+    async def lock(self, sid: str) -> AsyncIterator[None]:
+        """Hold session ``sid``'s lock. A lock lives while someone holds or waits for it, or
+        while its session is open: a refused or closed id leaves none behind."""
         lk = self._locks.get(sid)
         if lk is None:
-            lk = self._locks[sid] = asyncio.Lock()
-        return lk
+            lk = self._locks[sid] = _Lock()
+        lk.users += 1
+        try:
+            async with lk.lock:
+                yield
+        finally:
+            lk.users -= 1
+            if not lk.users and sid not in self.sessions and self._locks.get(sid) is lk:
+                del self._locks[sid]
 
     async def record(self, s: Session, **fields: Any) -> GatewayCall:
         """Produce and flush the next event of ``s`` (its seq is assigned here), then fold it.
@@ -274,14 +325,38 @@ class SessionStore:
         self.count("sessions_done")
         return s
 
-    def _close(self, sid: str) -> None:
+    def _close(self, sid: str, at: float | None = None) -> None:
         s = self.sessions.pop(sid, None)
-        self._locks.pop(sid, None)
+        lk = self._locks.get(sid)
+        if lk is not None and not lk.users:
+            del self._locks[sid]
         if s is not None:
             keys = {k: v for k, v in s.keys.items() if len(v) < 4096}
-            self.closed[sid] = (self.info(s), keys, s.owner)
+            self.closed[sid] = (self.info(s), keys, s.owner, time.time() if at is None else at)
             if self.bus is None and len(self.closed) > self._loose_max:
                 del self.closed[next(iter(self.closed))]
+        self.forget_closed()
+
+    def forget_closed(self, now: float | None = None) -> int:
+        """Forget the sessions closed more than ``closed_retention_s`` before ``now``
+        (default: now); how many. A forgotten id is unknown: a call to it opens a new session,
+        a retried reward or end is a 404."""
+        if self.closed_retention_s is None:
+            return 0
+        horizon = (time.time() if now is None else now) - self.closed_retention_s
+        n = 0
+        for sid, closed in list(self.closed.items()):  # oldest first
+            if closed[3] > horizon:
+                break
+            del self.closed[sid]
+            n += 1
+        return n
+
+    def footprint(self) -> Footprint:
+        """What the store holds in memory now (sessions, closed ids, locks, cached answers)."""
+        return Footprint(open=len(self.sessions), closed=len(self.closed),
+                         locks=len(self._locks), opening=sum(self._opening.values()),
+                         idempotency=self._loose.size())
 
     def info(self, s: Session) -> dict[str, Any]:
         """What ``GET /sessions/{id}`` answers."""
@@ -326,20 +401,13 @@ class SessionStore:
         """The response recorded for ``key`` (in session ``sid`` of ``owner``, or among calls
         without one)."""
         if sid is None:
-            hit = self._loose.get(key)
-            if hit is not None:
-                self._loose.move_to_end(key)
-            return hit
+            return self._loose.get(key)
         s = self.sessions.get(sid)
         return None if s is None or not _owns(owner, s.owner) else s.keys.get(key)
 
     def remember(self, key: str, response: bytes) -> None:
         """Keep the response of a call without a session for its key's retries."""
-        if self._loose_max <= 0:
-            return
-        self._loose[key] = response
-        while len(self._loose) > self._loose_max:
-            self._loose.popitem(last=False)
+        self._loose.put(key, response)
 
     @contextlib.contextmanager
     def claim(self, sid: str | None, key: str) -> Iterator[asyncio.Future[None] | None]:
@@ -363,6 +431,27 @@ class SessionStore:
             self._pool.shutdown(wait=True)
             self._producer.close()
 
+
+
+class _Lock:
+    """A session's lock and how many hold or wait for it."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a :class:`SessionStore` holds in memory (:meth:`SessionStore.footprint`)."""
+
+    open: int  # sessions open
+    closed: int  # closed session ids remembered (closed_retention_s)
+    locks: int  # session locks
+    opening: int  # sessions being opened (slots reserved)
+    idempotency: CacheSize  # answers kept for Idempotency-Key retries of calls without one
 
 
 def complete(s: Session) -> bool:
