@@ -36,7 +36,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
 from astraflow.core.errors import WeightStoreError
@@ -306,7 +306,7 @@ class _Handler(BaseHTTPRequestHandler):
         with f:
             self._send(f, os.fstat(f.fileno()).st_size, path, body)
 
-    def _send(self, f: io.BufferedReader, size: int, path: str, body: bool) -> None:
+    def _send(self, f: BinaryIO, size: int, path: str, body: bool) -> None:
         start, end = 0, size  # [start, end)
         status = 200
         m = _RANGE.fullmatch(self.headers.get("Range", "").strip())
