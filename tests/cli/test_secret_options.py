@@ -144,3 +144,19 @@ def test_no_page_of_the_docs_puts_a_token_on_a_command_line() -> None:
     assert not found, "\n".join(found)
     deploy = (DOCS / "how-to" / "deploy.md").read_text()
     assert "weights serve" in deploy and "--token-file" in deploy
+
+
+def test_the_cli_logs_no_secret(tmp_path: Path) -> None:
+    """A command's log handlers (set up by the app's callback, as in every role `astraflow
+    run` starts) hide secrets in each line."""
+    script = ("import logging\n"
+              "from astraflow.cli.app import _root\n"
+              "_root(version=False, log_level='INFO')\n"
+              f"logging.getLogger('astraflow.x').info('upstream said 401 to token=%s', "
+              f"{TOKEN!r})\n"
+              "logging.getLogger('astraflow.x').info('max_tokens=64 done')\n")
+    r = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "upstream said 401 to token=***" in r.stderr and TOKEN not in r.stderr
+    assert "max_tokens=64 done" in r.stderr
