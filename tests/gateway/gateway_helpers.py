@@ -61,16 +61,19 @@ class Served:
 
 
 def start(engines: Any, *, bus: Bus, run: str = "r", store_kwargs: Mapping[str, Any] | None = None,
-          limits: Limits | None = None, metrics: bool = False, **kwargs: Any) -> Served:
+          limits: Limits | None = None, metrics: bool = False,
+          keys: Mapping[str, str] | None = None, token: str | None = None,
+          **kwargs: Any) -> Served:
     """A gateway over ``engines`` on ``bus``, served on a free port (started: sessions rebuilt)
-    within ``limits`` (default: the config's defaults); ``metrics``: with a MetricsEmitter (its
-    counters: ``served.gw.metrics.counters``)."""
+    within ``limits`` (default: the config's defaults), behind ``token`` and ``keys`` when
+    given; ``metrics``: with a MetricsEmitter (its counters: ``served.gw.metrics.counters``)."""
     engines = engines if isinstance(engines, Mapping) else {"default": engines}
     bus.create_topics(run_topics(run, list(engines)))
     emitter = MetricsEmitter(bus, run=run, role="gateway", interval=60) if metrics else None
     store = SessionStore(bus, run=run, metrics=emitter, **dict(store_kwargs or {}))
     gw = Gateway(engines, store, metrics=emitter, **kwargs)
-    srv = ServerThread(create_app(gw, limits=limits), limits=limits).start()
+    app = create_app(gw, limits=limits, token=token, keys=dict(keys or {}))
+    srv = ServerThread(app, limits=limits).start()
     return Served(srv.url, gw, bus, run, srv)
 
 

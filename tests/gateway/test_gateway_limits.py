@@ -71,13 +71,13 @@ def test_a_body_over_the_limit_is_413_before_it_is_read(serve: Any, rule_engine:
                    limits=Limits(max_body_bytes=64 << 10))
     # announced too large: answered before a byte of the body is sent (a server that read it
     # would wait for 10 MB that never come)
-    out = _raw(served.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    out = _raw(served.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                            b"Content-Type: application/json\r\nContent-Length: 10000000\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 413"), out[:200]
     assert b"request_too_large" in out and b"connection: close" in out.lower()
     # chunked, no length: refused once more than the limit has come; the rest is never sent
     chunk = b"x" * (16 << 10)
-    out = _raw(served.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    out = _raw(served.url, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
                b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(6)))
     assert out.startswith(b"HTTP/1.1 413"), out[:200]
