@@ -228,8 +228,14 @@ class StageRunner:
 
     def _decode_main(self, msg: Message) -> Record:
         record = decode(msg.value, self.topics.main_kind)
-        if self.limits is not None and isinstance(record, Trajectory):
-            return checked(record, self.limits)  # SchemaError: dead-lettered with the reason
+        if not isinstance(record, Trajectory):
+            return record
+        if self.limits is not None:
+            record = checked(record, self.limits)  # SchemaError: dead-lettered with the reason
+        if self.versions is not None:
+            problem = self.versions.token_problem(record)
+            if problem is not None:
+                raise SchemaError(f"trajectory {record.id!r}: {problem}")
         return record
 
     def _decode_side(self, msg: Message) -> Any:

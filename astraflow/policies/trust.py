@@ -12,7 +12,9 @@ is one the trainer can have made. The trainer takes one step per batch record of
 of records ever written there is forged: believing it would release the gate's whole task
 backlog at once and make every honest trajectory look stale. A refused manifest is
 dead-lettered with its reason, and a checkpoint that holds such a version (written before
-this check) is cut back to the bound on restore.
+this check) is cut back to the bound on restore. The same bound holds for the versions of a
+trajectory's generated tokens (a worker samples only with versions the trainer published):
+a trajectory claiming a newer one is refused too.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from __future__ import annotations
 import logging
 
 from astraflow.core.bus.types import Bus
-from astraflow.core.records import WeightManifest
+from astraflow.core.records import Trajectory, WeightManifest
 from astraflow.core.topics import topic_name
+from astraflow.policies.env import token_versions
 
 log = logging.getLogger("astraflow.policies")
 
@@ -33,12 +36,28 @@ class VersionCheck:
         self.bus = bus
         self.run = run
         self.policies = frozenset(policies)
+        self._known: dict[str, int] = {}  # a bound read before (bounds only grow)
 
     def bound(self, policy: str) -> int:
         """The newest version ``policy``'s trainer can have made: the batch records written
         to ``batches.<policy>`` so far."""
         ends = self.bus.describe_topic(topic_name(self.run, "batches", policy)).end_offsets
-        return sum(ends.values())
+        self._known[policy] = sum(ends.values())
+        return self._known[policy]
+
+    def token_problem(self, t: Trajectory) -> str | None:
+        """Why the versions of ``t``'s generated tokens cannot be its trainer's, or None. The
+        topic is described only when a version is above the bound read last."""
+        newest = token_versions([t])[1]
+        if newest <= self._known.get(t.policy, -1):
+            return None
+        if t.policy not in self.policies:
+            return None  # the assembler refuses a trajectory of an unknown policy
+        bound = self.bound(t.policy)
+        if newest > bound:
+            return (f"a token of version {newest}, but only {bound} batch records were ever "
+                    f"written for policy {t.policy!r}: no trainer made that version")
+        return None
 
     def problem(self, m: WeightManifest) -> str | None:
         """Why ``m`` is not to be believed, or None."""

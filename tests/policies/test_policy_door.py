@@ -40,6 +40,7 @@ def test_untrustworthy_trajectories_are_dead_lettered_with_their_reason(
         msgspec.structs.replace(traj("neg#0", 0, 1.0), token_ids=pack_i32([-5] * 12)),
         traj("nan#0", 0, math.nan),
         traj("big#0", 0, 1e308),
+        traj("future#0", 0, 1.0, version=1_000_000),
     ]
     honest = group_trajs("ok#0", [1.0, 0.0])
     produce(bus, cfg.run, "trajectories", bad + honest)
@@ -52,6 +53,7 @@ def test_untrustworthy_trajectories_are_dead_lettered_with_their_reason(
     assert "token id -5 is negative" in reasons[b"neg#0"]
     assert "must be finite" in reasons[b"nan#0"]
     assert "beyond the reward bound 1e+06" in reasons[b"big#0"]
+    assert "a token of version 1000000, but only 0 batch records" in reasons[b"future#0"]
     groups = read_all(bus, topic_name(cfg.run, "groups", "default"))
     assert [g.group_id for g in groups] == ["ok#0"]  # the honest group went on
     bus.close()

@@ -48,13 +48,14 @@ SETS = ["launch.warmup.steps=0", "launch.evaluate=false", "launch.timeout_s=300"
 
 
 def _traj(tid: str, group: str, *, ids: list[int], reward: float, sample: int = 0,
-          size: int = 1) -> Trajectory:
+          size: int = 1, version: int = 0) -> Trajectory:
     n = len(ids)
     return Trajectory(id=tid, task_id=group.split("#")[0], group_id=group, policy="default",
                       sample_index=sample, group_size=size, token_ids=pack_i32(ids),
                       loss_mask=pack_u8([0] * (n - 2) + [1, 1]),
                       logprobs=pack_f32([0.0] * (n - 2) + [-1.0, -1.0]),
-                      versions=pack_i32([-1] * (n - 2) + [0, 0]), prompt_len=n - 2,
+                      versions=pack_i32([-1] * (n - 2) + [version, version]),
+                      prompt_len=n - 2,
                       reward=reward)
 
 
@@ -73,6 +74,8 @@ ATTACKS: list[tuple[str, str, list]] = [
      [_traj("h-neg", "h-neg#0", ids=[1, 2, -4, 3], reward=1.0)]),
     ("NaN reward", "trajectories",
      [_traj("h-nan", "h-nan#0", ids=[1, 2, 3, 4], reward=math.nan)]),
+    ("token version no trainer made", "trajectories",
+     [_traj("h-new", "h-new#0", ids=[1, 2, 3, 4], reward=1.0, version=1_000_000_000)]),
     ("two rewards of 1e308 in one group", "trajectories",
      [_traj(f"h-big{i}", "h-big#0", ids=[1, 2, 3, 4], reward=1e308, sample=i, size=2)
       for i in range(2)]),
@@ -133,7 +136,7 @@ def _attack_run(tmp_path: Path, *extra: str) -> None:
     assert injected_at < STEPS
     assert all(r["restarts"] == 0 for r in summary["roles"].values()), summary["roles"]
     acc = summary["accounting"]
-    assert acc["dead-lettered by the post-rollout stage (see dlq for the reason)"] == 5, acc
+    assert acc["dead-lettered by the post-rollout stage (see dlq for the reason)"] == 6, acc
     rows = [json.loads(x) for x in (out / "trainer-default.jsonl").read_text().splitlines()]
     assert all(math.isfinite(r["loss"]) for r in rows if "loss" in r)
     # every attack's record is on the dead-letter topic, with its reason
@@ -149,6 +152,7 @@ def _attack_run(tmp_path: Path, *extra: str) -> None:
     assert "outside the vocabulary of policy 'default'" in by_key[b"h-oov#0"][0]
     assert "token id -4 is negative" in by_key[b"h-neg#0"][0]
     assert "reward is nan" in by_key[b"h-nan#0"][0]
+    assert "a token of version 1000000000" in by_key[b"h-new#0"][0]
     assert len(by_key[b"h-big#0"]) == 2 and "beyond the reward bound" in by_key[b"h-big#0"][0]
     manifests = [e for e in by_key[b"default"] if "manifest" in e]
     # each stage that follows weights.default refused both: pre-rollout, post-rollout, batch
