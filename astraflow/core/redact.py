@@ -86,8 +86,10 @@ SHAPES: dict[str, tuple[re.Pattern[str], str]] = {
     "aws": (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), REDACTED),
     "google": (re.compile(rf"\bAIza{_TOKEN}{{35}}"), REDACTED),
     "jwt": (re.compile(rf"\beyJ{_TOKEN}{{8,}}\.eyJ{_TOKEN}{{8,}}\.{_TOKEN}{{8,}}"), REDACTED),
-    "private_key": (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE "
-                               r"KEY-----", re.DOTALL), REDACTED),
+    # the body runs to the next ``-----`` (its END line, when there is one): linear time,
+    # however many BEGIN lines a text repeats
+    "private_key": (re.compile(r"-----BEGIN [A-Z ]{0,40}PRIVATE KEY-----(?:[^-]|-(?!----))*"
+                               r"(?:-----END [A-Z ]{0,40}PRIVATE KEY-----)?"), REDACTED),
     "url_password": (re.compile(r"(://[^:/@\s]+:)[^@\s/]+@"), rf"\g<1>{REDACTED}@"),
 }
 _RANDOM = re.compile(r"[A-Za-z0-9_\-+=]{32,}")
@@ -122,10 +124,10 @@ def secret_shape(value: str) -> bool:
 #: ``{...}``) in free text: the value is hidden when the name is a secret's (``--set
 #: gateway.token=...``, ``{'hf_token': '...'}`` in a repr, the line a YAML error quotes)
 _ASSIGNMENTS = (
-    re.compile(r"(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[^\s'\",;&}\])]+)"),
-    re.compile(r"(?P<q>['\"])(?P<name>[A-Za-z0-9_.\- ]+)(?P=q)\s*:\s*['\"]?"
+    re.compile(r"(?P<name>[A-Za-z0-9_.\-]{1,64})=(?P<value>[^\s'\",;&}\])]+)"),
+    re.compile(r"(?P<q>['\"])(?P<name>[A-Za-z0-9_.\- ]{1,64})(?P=q)\s*:\s*['\"]?"
                r"(?P<value>[^'\"\s,}]+)"),
-    re.compile(r"(?m)(?:^|[{,])[ \t]*(?P<name>[A-Za-z0-9_.\-]+):[ \t]+['\"]?"
+    re.compile(r"(?m)(?:^|[{,])[ \t]*(?P<name>[A-Za-z0-9_.\-]{1,64}):[ \t]+['\"]?"
                r"(?P<value>[^'\"\s,}]+)"),
 )
 

@@ -160,12 +160,14 @@ def test_log_lines_and_tracebacks_hide_secrets() -> None:
             raise RuntimeError(f"server refused {OPENAI}")
         except RuntimeError:
             logger.exception("call failed for api_key=%s", 12345)
+        logger.info("loaded %s", "-----BEGIN ENCRYPTED PRIVATE KEY-----\nProc-Type: 4,"
+                    "ENCRYPTED\nMIIBpem+body/Q==\n-----END ENCRYPTED PRIVATE KEY-----")
         logger.info("max_tokens=64 key=task-7")
     finally:
         root.removeHandler(handler)
         logger.parent = logging.getLogger("astraflow")
     out = stream.getvalue()
-    for value in (BEARER.split()[1], "pw-9", "tok-10", OPENAI, "12345"):
+    for value in (BEARER.split()[1], "pw-9", "tok-10", OPENAI, "12345", "MIIBpem+body"):
         assert value not in out, value
     assert "headers={'Authorization': '***" in out and "sent Bearer ***" in out
     assert "RuntimeError: server refused ***" in out and "api_key=***" in out
