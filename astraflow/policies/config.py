@@ -217,10 +217,12 @@ class ReplayConfig(Section):
 
 
 class RecordsConfig(Section):
-    """What a trajectory's values must be before the post-rollout stage groups it and the
-    trainer trains it (astraflow.core.records.checks): token ids inside the policy's
-    vocabulary, masks of 0/1, finite rewards and logprobs; a record that fails goes to the
-    dead-letter topic with its reason."""
+    """The reward bound trajectories are checked against (docs/policies.md#errors).
+
+    The post-rollout stage and the trainer check every trajectory's values before trusting
+    them (astraflow.core.records.checks): token ids inside the policy's vocabulary, masks of
+    0/1, finite rewards and logprobs; a record that fails goes to the dead-letter topic with
+    its reason."""
 
     reward_bound: float = pydantic.Field(
         1e6, gt=0, allow_inf_nan=False,
