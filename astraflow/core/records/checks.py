@@ -18,7 +18,7 @@ What is checked:
   sequence;
 * behaviour logprobs of trained tokens finite and not above 0 (a probability above 1 is no
   sampled token's);
-* token versions ``>= -1``, and ``>= 0`` on trained tokens;
+* token versions ``>= -1`` (-1: a token no policy version sampled, as a demonstration's);
 * ``reward``, every named reward and every turn reward finite (always refused otherwise) and
   within ``[-reward_bound, reward_bound]`` (refused or clipped, as configured);
 * ``sample_index >= 0``, ``group_size >= 0``.
@@ -105,8 +105,8 @@ def _token_problem(t: Trajectory, limits: RecordLimits) -> str | None:
         if float(logp.max()) > LOGPROB_SLACK:
             return f"a trained token's behaviour logprob is {float(logp.max()):g} > 0"
     versions = unpack(t.versions, "<i4")
-    if int(versions.min()) < -1 or (trained.any() and int(versions[trained].min()) < 0):
-        return "a token's version is below -1, or a trained token's below 0"
+    if int(versions.min()) < -1:  # -1: not sampled by the policy (a prompt, a demonstration)
+        return f"a token's version is {int(versions.min())}, below -1"
     if not 0 <= t.prompt_len <= n:
         return f"prompt_len {t.prompt_len} is outside the sequence of {n} tokens"
     for s in t.spans:
