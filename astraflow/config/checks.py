@@ -135,6 +135,37 @@ def tool_latency(c: ExperimentConfig) -> Problems:
     return []
 
 
+def shared_adapters(c: ExperimentConfig) -> Problems:
+    """``rollout.engine.adapters`` names policies of the run, each trained as a LoRA adapter
+    (a whole-model trainer's versions cannot go into an adapter slot), of one base model."""
+    where = ("rollout", "engine", "adapters")
+    names = c.rollout.engine.adapters
+    out = unknown(names, c.policies, where, keyed=False)
+    if out or not names:
+        return out
+    full = [p for p in names if c.trainer_for(p).lora is None]
+    if full:
+        out.append(InitErrorDetails(type=error(
+            "adapter_without_lora", f"{', '.join(full)} would be served as LoRA adapters of a "
+            "shared base, but their trainers train the whole model: give them trainer.lora "
+            "(or trainers.<policy>.lora), or leave them out of rollout.engine.adapters"),
+            loc=where, input=names))
+    models = {(c.model(p).path, c.model(p).build) for p in names}
+    if len(models) > 1 or "{policy}" in c.model(names[0]).path:
+        out.append(InitErrorDetails(type=error(
+            "adapters_of_several_models", "the policies of rollout.engine.adapters share one "
+            "base model: give them the same models.<policy>.path (without {policy})"),
+            loc=where, input=names))
+    if c.rollout.engine.type != "hf" or c.rollout.engine.continuous or c.rollout.engine.process:
+        out.append(InitErrorDetails(type=error(
+            "adapters_engine", "rollout.engine.adapters needs the hf engine with continuous: "
+            "false and process: false"), loc=where, input=names))
+    if len(set(names)) != len(names):
+        out.append(InitErrorDetails(type=error("duplicate", "a policy is named twice"),
+                                    loc=where, input=names))
+    return out
+
+
 #: every cross-section check, with the top-level sections it reads (``workflow()`` and the
 #: team read ``producer`` and ``rollout``)
 CHECKS: list[tuple[frozenset[str], Check]] = [
@@ -144,6 +175,7 @@ CHECKS: list[tuple[frozenset[str], Check]] = [
     (frozenset({"launch", "producer"}), train_on_train),
     (frozenset({"launch", "rollout"}), sampled_eval),
     (frozenset({"rollout"}), tool_latency),
+    (frozenset({"rollout", "policies", "trainer", "trainers", "models"}), shared_adapters),
 ]
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-from astraflow.consumers.rollout.batcher import Batcher
+from astraflow.consumers.rollout.batcher import Batcher, batchers_for
 from astraflow.consumers.rollout.engines.base import Engine, EngineError, GenRequest, GenResult
 from astraflow.core.errors import ConfigError
 from astraflow.core.metrics import MetricsEmitter
@@ -151,7 +151,7 @@ class Gateway:
         self.loop = asyncio.get_running_loop()
         await self.store.on_bus(self.store.rebuild)
         if self.generate is None:
-            self._batchers = {p: Batcher(e) for p, e in self.engines.items()}
+            self._batchers = batchers_for(dict(self.engines))
         if self.metrics is not None:
             self._ticker = asyncio.create_task(self._tick(), name="gateway-metrics")
         if self.store.idle_timeout_s is not None:

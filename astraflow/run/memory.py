@@ -105,6 +105,10 @@ def estimate(cfg: dict[str, Any], config: ExperimentConfig, policy: str,
     seq = min(context, PROMPT_TOKENS + ec.max_new_tokens)
     kv_cache = 2 * layers * kv * head_dim * wbytes * seq * ec.max_batch_size
     engine = params * wbytes + kv_cache
+    if policy in ec.adapters and policy != ec.adapters[0]:
+        # a LoRA slot of the engine the first adapter policy is counted with (one base, one
+        # KV cache for the batch of every adapter); the slot's matrices are under 1% of it
+        engine = 0
     evaluator = params * 4 + 2 * layers * kv * head_dim * 4 * seq * 256 \
         if config.launch.evaluate else 0
     tc = config.trainer_for(policy)

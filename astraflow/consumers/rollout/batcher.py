@@ -169,3 +169,44 @@ class Batcher:
                 f.cancel()
         self._queue.clear()
         self._pool.shutdown(wait=True)
+
+
+class RoutedBatcher:
+    """The batcher of one adapter policy of an engine serving several (an
+    :class:`~astraflow.consumers.rollout.engines.adapters.AdapterView`): its requests join the
+    shared engine's one batcher, marked with the adapter, so rows of every adapter share a
+    forward pass. Everything else (counts, ``mean_batch``) is the shared batcher's."""
+
+    def __init__(self, shared: Batcher, adapter: str) -> None:
+        self.shared = shared
+        self.adapter = adapter
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "shared":
+            raise AttributeError(name)
+        return getattr(self.shared, name)
+
+    async def generate(self, request: GenRequest) -> GenResult:
+        import dataclasses
+
+        return await self.shared.generate(dataclasses.replace(request, adapter=self.adapter))
+
+    async def close(self) -> None:
+        await self.shared.close()  # idempotent: every view's batcher closes the one
+
+
+def batchers_for(engines: dict[str, Engine], *, latency: Any = None) -> dict[str, Batcher]:
+    """A batcher per policy; the adapter views of one shared engine (their ``shared``) get
+    one batcher over it between them (:class:`RoutedBatcher`): an engine has exactly one."""
+    out: dict[str, Any] = {}
+    shared: dict[int, Batcher] = {}
+    for policy, e in engines.items():
+        base = getattr(e, "shared", None)
+        if base is None:
+            out[policy] = Batcher(e, latency=latency)
+            continue
+        b = shared.get(id(base))
+        if b is None:
+            b = shared[id(base)] = Batcher(base, latency=latency)
+        out[policy] = RoutedBatcher(b, getattr(e, "policy", policy))
+    return out

@@ -53,6 +53,12 @@ class EngineConfig(Section):
                           "the logits and logprobs fp32); on a CPU with bf16 matrix units it "
                           "can decode faster than fp32 where bf16 weights (`dtype: bfloat16`) "
                           "do not (bench/cpu_throughput.py measures autocast on a model)")
+    adapters: list[str] = pydantic.Field(
+        default_factory=list, description="hf: policies served as LoRA adapters of one shared "
+        "base by one engine (their models the same base, their trainers trainer.lora): the "
+        "base is loaded once, each request goes to its policy's adapter at that adapter's "
+        "own version, rows of several adapters share a forward pass; the other policies get "
+        "an engine each as before (docs/tutorials/several-models.md)")
     max_batch_size: int = pydantic.Field(
         64, ge=1, description="hf/vllm: sequences per batched forward; openai: requests in "
                               "flight to the server")

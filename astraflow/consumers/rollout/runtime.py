@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from astraflow.consumers.rollout.batcher import Batcher
+from astraflow.consumers.rollout.batcher import Batcher, batchers_for
 from astraflow.consumers.rollout.context import Draft, EpisodeContext, WorkflowError
 from astraflow.consumers.rollout.engines.base import Engine, GenRequest
 from astraflow.consumers.rollout.rewards import REWARDS
@@ -64,8 +64,7 @@ class Runtime:
                    default_workflow=default_workflow,
                    workflow_kwargs={k: dict(v) for k, v in (workflow_kwargs or {}).items()},
                    allow_workflow_paths=allow_workflow_paths,
-                   batchers={p: Batcher(e, latency=engine_latency)
-                             for p, e in engines.items()})
+                   batchers=batchers_for(dict(engines), latency=engine_latency))
 
     @property
     def policies(self) -> list[str]:

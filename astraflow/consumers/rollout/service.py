@@ -63,15 +63,35 @@ def build_engines(rc: RolloutConfig, *, policies: Sequence[str],
     if unknown:
         raise ConfigError(f"rollout.policies: {unknown} are not policies of this run "
                           f"({list(policies)})")
-    engines: dict[str, Engine] = {}
-    for policy in hosted:
-        ec = rc.engine
-        path = (resolve(expand(ec.model, out=out, policy=policy), key="rollout.engine.model")
+    ec = rc.engine
+
+    def model_path(policy: str) -> Path:
+        return (resolve(expand(ec.model, out=out, policy=policy), key="rollout.engine.model")
                 if ec.model else model_dir(models.get(policy) or ModelConfig(), policy, out))
-        kwargs = ec.model_dump(exclude={"type", "model", "speed", *SAMPLING_KEYS})
+
+    engines: dict[str, Engine] = {}
+    shared = [p for p in ec.adapters if p in hosted]  # one engine, a LoRA slot each
+    if shared:
+        paths = {p: Path(model_path(p)).resolve() for p in shared}
+        if len(set(paths.values())) > 1:
+            raise ConfigError(f"rollout.engine.adapters: the policies' models differ "
+                              f"({', '.join(f'{p}: {m}' for p, m in paths.items())}); the "
+                              "adapters of one engine share its base model")
+        if ec.type != "hf":
+            raise ConfigError("rollout.engine.adapters needs rollout.engine.type: hf")
+        from astraflow.consumers.rollout.engines.adapters import adapter_views
+
+        kwargs = ec.model_dump(exclude={"type", "model", "speed", "adapters", *SAMPLING_KEYS})
+        kwargs["checkpoint_dir"] = expand(ec.checkpoint_dir, out=out, policy=shared[0])
+        base = build_engine(ec.type, model_path=paths[shared[0]], adapters=shared, **kwargs)
+        engines.update(adapter_views(base, shared))
+    for policy in hosted:
+        if policy in engines:
+            continue
+        kwargs = ec.model_dump(exclude={"type", "model", "speed", "adapters", *SAMPLING_KEYS})
         kwargs["checkpoint_dir"] = expand(ec.checkpoint_dir, out=out, policy=policy)
-        engines[policy] = build_engine(ec.type, model_path=path, **kwargs)
-    return engines
+        engines[policy] = build_engine(ec.type, model_path=model_path(policy), **kwargs)
+    return {p: engines[p] for p in hosted}
 
 
 def build_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],

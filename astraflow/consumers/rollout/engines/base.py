@@ -40,6 +40,9 @@ class GenRequest:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()  # stop strings; the output keeps them
     stop_token_ids: tuple[int, ...] = ()  # in addition to the tokenizer's EOS
+    #: the LoRA adapter (its policy) of an engine serving several (rollout.engine.adapters);
+    #: "": the engine's own weights. Set by the policy's view, not by workflows
+    adapter: str = ""
 
 
 @dataclass(slots=True)

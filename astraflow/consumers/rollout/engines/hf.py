@@ -156,7 +156,7 @@ class HFEngine:
                  tokenizer: Any = None, device: str = "cpu", dtype: str = "float32",
                  max_batch_size: int = 64, threads: int | None = None, seed: int = 0,
                  initial_version: int = 0, continuous: bool = False,
-                 mixed_precision: str = "no", **_: Any) -> None:
+                 mixed_precision: str = "no", adapters: Sequence[str] = (), **_: Any) -> None:
         import torch
 
         if mixed_precision not in ("no", "bf16"):
@@ -213,6 +213,15 @@ class HFEngine:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else None
+        # policies served as LoRA adapters of this base, a slot each (engines/adapters.py)
+        self.adapters: Any = None
+        if adapters:
+            if continuous:
+                raise EngineError("rollout.engine.adapters needs continuous: false (the "
+                                  "continuous decoder does not route rows to adapters)")
+            from astraflow.consumers.rollout.engines.adapters import AdapterBank
+
+            self.adapters = AdapterBank(model, list(adapters))
         self.continuous = continuous
         self.decoder: Any = None  # the ContinuousDecoder when continuous
         if continuous:
@@ -277,8 +286,18 @@ class HFEngine:
             with torch.inference_mode():
                 return self._generate(list(requests))
         finally:
+            if self.adapters is not None:
+                self.adapters.route([])
             self.busy(False)
             self.gate.release()
+
+    def _versions(self, adapters: list[str]) -> list[int]:
+        """The weight version of each row's model now: its adapter's, else the engine's."""
+        bank = self.adapters
+        if bank is None:
+            return [self.version] * len(adapters)
+        own = self.version
+        return [bank.version(a, self.initial_version) if a else own for a in adapters]
 
     # -- decoding ------------------------------------------------------------------------------
     def _forward(self, ids: Any, att: Any, pos: Any, cache: Any) -> tuple[Any, Any]:
@@ -313,6 +332,9 @@ class HFEngine:
         for i, r in enumerate(reqs):
             if not r.prompt_ids:
                 raise EngineError("empty prompt: a request needs at least one token")
+            if r.adapter and (self.adapters is None or r.adapter not in self.adapters.slots):
+                raise EngineError(f"request for adapter {r.adapter!r}, which this engine does "
+                                  "not serve (rollout.engine.adapters)")
             limit = min(r.max_new_tokens, self.max_positions - len(r.prompt_ids))
             if limit <= 0:  # no room left in the context: nothing to generate
                 results[i] = GenResult([], [], [], "length")
@@ -339,7 +361,10 @@ class HFEngine:
         lps: list[list[float]] = [[] for _ in rows]
         vers: list[list[int]] = [[] for _ in rows]
         live = list(range(len(rows)))  # batch row -> index into rows/toks
-        version = self.version
+        adapters = [reqs[i].adapter for i in rows]  # "" where no adapter serves the row
+        if self.adapters is not None:
+            self.adapters.route(adapters)
+        versions = self._versions(adapters)
         logits, cache = self._forward(ids, att, pos, None)
         last_pos = pos[:, -1:]
         step = 0
@@ -350,7 +375,7 @@ class HFEngine:
             for b, k in enumerate(live):
                 toks[k].append(new_l[b])
                 lps[k].append(lp_l[b])
-                vers[k].append(version)
+                vers[k].append(versions[b])
                 if stops[k].hit(toks[k]):
                     results[rows[k]] = GenResult(toks[k], lps[k], vers[k], "stop")
                 elif len(toks[k]) >= limits[k]:
@@ -365,11 +390,13 @@ class HFEngine:
                 new, att, last_pos = new[sel], att[sel], last_pos[sel]
                 temps, top_p = temps[sel], top_p[sel]
                 live = [live[b] for b in keep]
+                if self.adapters is not None:
+                    self.adapters.route([adapters[k] for k in live])
             step += 1
             if self.step_hook is not None:
                 self.step_hook(step)
             self.gate.boundary()  # weight updates land here, between two steps
-            version = self.version
+            versions = self._versions([adapters[k] for k in live])
             att = torch.cat([att, torch.ones_like(att[:, :1])], dim=1)
             last_pos = last_pos + 1
             logits, cache = self._forward(new[:, None], att, last_pos, cache)
@@ -384,6 +411,9 @@ def build(model_path: str | Path | None = None, *, process: bool = False, **kwar
     if kwargs.get("continuous"):
         raise EngineError("rollout.engine.process and rollout.engine.continuous do not go "
                           "together: the continuous engine schedules itself in-process")
+    if kwargs.get("adapters"):
+        raise EngineError("rollout.engine.process and rollout.engine.adapters do not go "
+                          "together: the adapters' slots live in the engine's process")
     if model_path is None:
         raise EngineError("rollout.engine.process needs a model directory (model_path)")
     from astraflow.consumers.rollout.engines.hf_process import ProcessEngine
