@@ -49,7 +49,7 @@ from astraflow.core.errors import AstraflowError, SchemaError
 from astraflow.core.fetch import RecordGoneError, fetch
 from astraflow.core.metrics import MetricsEmitter, process_age
 from astraflow.core.records import Batch, Group, Trajectory, decode, encode
-from astraflow.core.records.checks import RecordLimits, checked, trajectory_problem
+from astraflow.core.records.checks import RecordLimits, checked, problems
 from astraflow.core.stream import TP, Input, OutRecord, Processor, Resume
 from astraflow.core.topics import group_name, topic_name
 
@@ -343,24 +343,23 @@ class Trainer:
         return self._trusted(batch)
 
     def _trusted(self, batch: Batch) -> Batch:
-        """``batch`` less every trajectory :func:`trajectory_problem` refuses (counted as
+        """``batch`` less every trajectory :func:`problems` refuses (counted as
         ``dropped_invalid``, logged), its rewards clipped where ``beyond_bound: clip``;
         SchemaError (dead-lettered) when nothing trainable is left."""
-        dropped: list[str] = []
+        every = [t for g in batch.groups for t in g.trajectories]
+        bad = problems(every, self.limits)  # honest batches: a few vectorised passes
+        if not bad and self.limits.beyond_bound == "refuse":
+            return batch
+        refused = {id(every[i]) for i in bad}
+        dropped = [f"{every[i].id}: {reason}" for i, reason in sorted(bad.items())]
         groups = []
         for g in batch.groups:
-            kept = []
-            for t in g.trajectories:
-                problem = trajectory_problem(t, self.limits)
-                if problem is None:
-                    kept.append(checked(t, self.limits))
-                else:
-                    dropped.append(f"{t.id}: {problem}")
+            kept = [checked(t, self.limits) for t in g.trajectories if id(t) not in refused]
             if kept:
                 groups.append(Group(group_id=g.group_id, task_id=g.task_id,
                                     trajectories=kept, replayed=g.replayed))
         if not dropped:
-            return batch
+            return batch  # every reward within the bound or clipped to it, in place
         self.telemetry.inc("dropped_invalid", len(dropped))
         log.warning("batch id=%s: dropped %d untrustworthy trajectories: %s", batch.id,
                     len(dropped), "; ".join(dropped[:3]))

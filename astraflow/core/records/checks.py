@@ -27,9 +27,9 @@ What is checked:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from astraflow.core.errors import SchemaError
 from astraflow.core.records.base import unpack
@@ -80,11 +80,31 @@ def _reward_problem(t: Trajectory, limits: RecordLimits) -> str | None:
     return None
 
 
-def _token_problem(t: Trajectory, limits: RecordLimits) -> str | None:
+def _arrays_pass(ids: Any, mask: Any, logp: Any, versions: Any, vocab: int | None) -> bool:
+    """Whether packed per-token arrays (of one trajectory or of many joined) pass every
+    token check, in a few vectorised passes: the common case, an honest record, costs that
+    and nothing more (the reason of a failure is found by :func:`_token_reason`)."""
+    import numpy as np
+
+    if ids.size == 0:
+        return True
+    if int(ids.min()) < 0 or (vocab is not None and int(ids.max()) >= vocab):
+        return False
+    if int(mask.max()) > 1:
+        return False
+    trained = logp[mask.view(np.bool_)]  # a 0/1 byte is a bool
+    # NaN fails the comparison, -inf makes the sum not finite, +inf passes the slack
+    if trained.size and not (float(trained.max()) <= LOGPROB_SLACK
+                             and math.isfinite(float(trained.sum(dtype=np.float64)))):
+        return False
+    return int(versions.min()) >= -1  # -1: no policy version sampled it (prompt, demonstration)
+
+
+def _token_reason(t: Trajectory, limits: RecordLimits) -> str:
+    """Why ``t``'s per-token arrays fail :func:`_arrays_pass` (one reason)."""
+    import numpy as np
+
     ids = unpack(t.token_ids, "<i4")
-    n = int(ids.size)
-    if n == 0:  # a failed episode may have none: nothing to check, nothing to train
-        return None
     lo, hi = int(ids.min()), int(ids.max())
     vocab = limits.vocab.get(t.policy)
     if lo < 0:
@@ -95,18 +115,18 @@ def _token_problem(t: Trajectory, limits: RecordLimits) -> str | None:
     mask = unpack(t.loss_mask, "u1")
     if int(mask.max()) > 1:
         return f"loss_mask holds {int(mask.max())}; entries are 0 or 1"
-    trained = mask.astype(bool)
-    logp = unpack(t.logprobs, "<f4")[trained]
-    if logp.size:
-        import numpy as np
+    logp = unpack(t.logprobs, "<f4")[mask.astype(bool)]
+    if not bool(np.isfinite(logp).all()):
+        return "a trained token's behaviour logprob is not finite"
+    if logp.size and float(logp.max()) > LOGPROB_SLACK:
+        return f"a trained token's behaviour logprob is {float(logp.max()):g} > 0"
+    return f"a token's version is {int(unpack(t.versions, '<i4').min())}, below -1"
 
-        if not bool(np.isfinite(logp).all()):
-            return "a trained token's behaviour logprob is not finite"
-        if float(logp.max()) > LOGPROB_SLACK:
-            return f"a trained token's behaviour logprob is {float(logp.max()):g} > 0"
-    versions = unpack(t.versions, "<i4")
-    if int(versions.min()) < -1:  # -1: not sampled by the policy (a prompt, a demonstration)
-        return f"a token's version is {int(versions.min())}, below -1"
+
+def _shape_problem(t: Trajectory) -> str | None:
+    n = len(t.token_ids) // 4
+    if t.sample_index < 0 or t.group_size < 0:
+        return f"sample_index {t.sample_index} / group_size {t.group_size} is negative"
     if not 0 <= t.prompt_len <= n:
         return f"prompt_len {t.prompt_len} is outside the sequence of {n} tokens"
     for s in t.spans:
@@ -115,11 +135,44 @@ def _token_problem(t: Trajectory, limits: RecordLimits) -> str | None:
     return None
 
 
+def _arrays(ts: Sequence[Trajectory]) -> tuple[Any, Any, Any, Any]:
+    def joined(name: str, dtype: str) -> Any:
+        return unpack(b"".join(getattr(t, name) for t in ts), dtype)
+
+    return (joined("token_ids", "<i4"), joined("loss_mask", "u1"), joined("logprobs", "<f4"),
+            joined("versions", "<i4"))
+
+
 def trajectory_problem(t: Trajectory, limits: RecordLimits) -> str | None:
     """What makes ``t`` untrustworthy under ``limits`` (one reason), or None."""
-    if t.sample_index < 0 or t.group_size < 0:
-        return f"sample_index {t.sample_index} / group_size {t.group_size} is negative"
-    return _reward_problem(t, limits) or _token_problem(t, limits)
+    problem = _shape_problem(t) or _reward_problem(t, limits)
+    if problem is not None:
+        return problem
+    if _arrays_pass(*_arrays([t]), limits.vocab.get(t.policy)):
+        return None
+    return _token_reason(t, limits)
+
+
+def problems(ts: Sequence[Trajectory], limits: RecordLimits) -> dict[int, str]:
+    """Index -> reason of every trajectory of ``ts`` that :func:`trajectory_problem` refuses.
+    The token arrays of each policy's trajectories are checked together first: a batch of
+    honest records costs a few vectorised passes, not a few per record."""
+    out: dict[int, str] = {}
+    by_policy: dict[str, list[int]] = {}
+    for i, t in enumerate(ts):
+        problem = _shape_problem(t) or _reward_problem(t, limits)
+        if problem is not None:
+            out[i] = problem
+        else:
+            by_policy.setdefault(t.policy, []).append(i)
+    for policy, idx in by_policy.items():
+        if _arrays_pass(*_arrays([ts[i] for i in idx]), limits.vocab.get(policy)):
+            continue
+        for i in idx:
+            problem = trajectory_problem(ts[i], limits)
+            if problem is not None:
+                out[i] = problem
+    return out
 
 
 def _clip(value: float, bound: float) -> float:
@@ -142,4 +195,5 @@ def checked(t: Trajectory, limits: RecordLimits) -> Trajectory:
     return t
 
 
-__all__ = ["REWARD_BOUND", "BeyondBound", "RecordLimits", "checked", "trajectory_problem"]
+__all__ = ["REWARD_BOUND", "BeyondBound", "RecordLimits", "checked", "problems",
+           "trajectory_problem"]
