@@ -70,7 +70,7 @@ def measure(model: str, n: int, mode: str, rank: int, batch: int) -> dict[str, f
         engines = dict(adapter_views(engine, policies))
     else:
         engines = {p: HFEngine(path, max_batch_size=batch) for p in policies}
-    for i, (p, view) in enumerate(engines.items()):
+    for i, view in enumerate(engines.values()):
         if mode != "adapters":
             continue
         g = torch.Generator().manual_seed(i)
