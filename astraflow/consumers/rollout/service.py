@@ -8,7 +8,7 @@ import importlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from astraflow.consumers.rollout.config import SAMPLING_KEYS, RolloutConfig
 from astraflow.consumers.rollout.engines.base import Engine, build_engine
@@ -69,6 +69,11 @@ def build_engines(rc: RolloutConfig, *, policies: Sequence[str],
         return (resolve(expand(ec.model, out=out, policy=policy), key="rollout.engine.model")
                 if ec.model else model_dir(models.get(policy) or ModelConfig(), policy, out))
 
+    def engine_kwargs(policy: str) -> dict[str, Any]:
+        kwargs = ec.model_dump(exclude={"type", "model", "speed", "adapters", *SAMPLING_KEYS})
+        kwargs["checkpoint_dir"] = expand(ec.checkpoint_dir, out=out, policy=policy)
+        return kwargs
+
     engines: dict[str, Engine] = {}
     shared = [p for p in ec.adapters if p in hosted]  # one engine, a LoRA slot each
     if shared:
@@ -81,16 +86,14 @@ def build_engines(rc: RolloutConfig, *, policies: Sequence[str],
             raise ConfigError("rollout.engine.adapters needs rollout.engine.type: hf")
         from astraflow.consumers.rollout.engines.adapters import adapter_views
 
-        kwargs = ec.model_dump(exclude={"type", "model", "speed", "adapters", *SAMPLING_KEYS})
-        kwargs["checkpoint_dir"] = expand(ec.checkpoint_dir, out=out, policy=shared[0])
-        base = build_engine(ec.type, model_path=paths[shared[0]], adapters=shared, **kwargs)
+        base = build_engine(ec.type, model_path=paths[shared[0]], adapters=shared,
+                            **engine_kwargs(shared[0]))
         engines.update(adapter_views(base, shared))
     for policy in hosted:
         if policy in engines:
             continue
-        kwargs = ec.model_dump(exclude={"type", "model", "speed", "adapters", *SAMPLING_KEYS})
-        kwargs["checkpoint_dir"] = expand(ec.checkpoint_dir, out=out, policy=policy)
-        engines[policy] = build_engine(ec.type, model_path=model_path(policy), **kwargs)
+        engines[policy] = build_engine(ec.type, model_path=model_path(policy),
+                                       **engine_kwargs(policy))
     return {p: engines[p] for p in hosted}
 
 

@@ -49,7 +49,7 @@ from astraflow.core.errors import AstraflowError, SchemaError
 from astraflow.core.fetch import RecordGoneError, fetch
 from astraflow.core.metrics import MetricsEmitter, process_age
 from astraflow.core.records import Batch, Group, Trajectory, decode, encode
-from astraflow.core.records.checks import RecordLimits, checked, problems
+from astraflow.core.records.checks import RecordLimits, clipped, problems
 from astraflow.core.stream import TP, Input, OutRecord, Processor, Resume
 from astraflow.core.topics import group_name, topic_name
 
@@ -348,18 +348,19 @@ class Trainer:
         SchemaError (dead-lettered) when nothing trainable is left."""
         every = [t for g in batch.groups for t in g.trajectories]
         bad = problems(every, self.limits)  # honest batches: a few vectorised passes
-        if not bad and self.limits.beyond_bound == "refuse":
-            return batch
         refused = {id(every[i]) for i in bad}
+        for t in every:
+            if id(t) not in refused:
+                clipped(t, self.limits)  # in place; nothing under beyond_bound: refuse
+        if not bad:
+            return batch
         dropped = [f"{every[i].id}: {reason}" for i, reason in sorted(bad.items())]
         groups = []
         for g in batch.groups:
-            kept = [checked(t, self.limits) for t in g.trajectories if id(t) not in refused]
+            kept = [t for t in g.trajectories if id(t) not in refused]
             if kept:
                 groups.append(Group(group_id=g.group_id, task_id=g.task_id,
                                     trajectories=kept, replayed=g.replayed))
-        if not dropped:
-            return batch  # every reward within the bound or clipped to it, in place
         self.telemetry.inc("dropped_invalid", len(dropped))
         log.warning("batch id=%s: dropped %d untrustworthy trajectories: %s", batch.id,
                     len(dropped), "; ".join(dropped[:3]))

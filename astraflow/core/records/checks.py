@@ -185,6 +185,12 @@ def checked(t: Trajectory, limits: RecordLimits) -> Trajectory:
     problem = trajectory_problem(t, limits)
     if problem is not None:
         raise SchemaError(f"trajectory {t.id!r} of policy {t.policy!r}: {problem}")
+    return clipped(t, limits)
+
+
+def clipped(t: Trajectory, limits: RecordLimits) -> Trajectory:
+    """``t`` (checked already) with its rewards clipped to the bound, in place, under
+    ``beyond_bound: clip``; as it is otherwise."""
     if limits.beyond_bound == "clip":
         b = limits.reward_bound
         t.reward = _clip(t.reward, b)
@@ -195,5 +201,5 @@ def checked(t: Trajectory, limits: RecordLimits) -> Trajectory:
     return t
 
 
-__all__ = ["REWARD_BOUND", "BeyondBound", "RecordLimits", "checked", "problems",
+__all__ = ["REWARD_BOUND", "BeyondBound", "RecordLimits", "checked", "clipped", "problems",
            "trajectory_problem"]

@@ -48,7 +48,6 @@ class Slot:
     """One policy's adapter: its matrices per base module, its scale and version."""
 
     policy: str
-    index: int
     version: int | None = None
     scale: float = 0.0
     mats: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # module -> (A, B)
@@ -61,10 +60,17 @@ class AdapterBank:
         if len(set(policies)) != len(policies) or not policies:
             raise ValueError(f"adapter policies must be distinct and not empty: {policies}")
         self.model = model
-        self.slots = {p: Slot(p, i) for i, p in enumerate(policies)}
-        self._by_index = list(self.slots.values())
+        self.slots = {p: Slot(p) for p in policies}
+        self.open_views = set(policies)  # the engine closes when the last view does
+        self._lock = threading.Lock()
         self.wrapped: dict[str, RoutedLinear] = {}
         self.groups: list[tuple[Slot, Any]] = []  # (slot, row indices) of the batch in flight
+
+    def view_closed(self, policy: str) -> bool:
+        """``policy``'s view closed; True when it was the last one open."""
+        with self._lock:
+            self.open_views.discard(policy)
+            return not self.open_views
 
     def slot(self, policy: str) -> Slot:
         s = self.slots.get(policy)
@@ -83,13 +89,13 @@ class AdapterBank:
         alone); ``[]`` ends the routing."""
         import torch
 
-        groups: dict[int, list[int]] = {}
+        groups: dict[str, list[int]] = {}
         for row, p in enumerate(policies):
             if p:
-                groups.setdefault(self.slot(p).index, []).append(row)
+                groups.setdefault(p, []).append(row)
         device = next(self.model.parameters()).device
-        self.groups = [(self._by_index[i], torch.tensor(rows, dtype=torch.long, device=device))
-                       for i, rows in sorted(groups.items())]
+        self.groups = [(self.slot(p), torch.tensor(rows, dtype=torch.long, device=device))
+                       for p, rows in groups.items()]
 
     def load(self, policy: str, spec: AdapterSpec, tensors: dict[str, Any],
              version: int) -> int:
@@ -244,20 +250,13 @@ class AdapterView:
         return float(self.shared.busy_seconds())
 
     def close(self) -> None:
-        closing = getattr(self.shared, "_views_open", None)
-        if closing is None:
-            return
-        with closing[0]:
-            closing[1].discard(self.policy)
-            last = not closing[1]
-        if last:
+        if self.shared.adapters.view_closed(self.policy):
             self.shared.close()
 
 
 def adapter_views(engine: Any, policies: Sequence[str]) -> dict[str, AdapterView]:
     """A view per adapter policy of ``engine`` (an hf engine built with ``adapters``); the
     engine closes when the last view does."""
-    engine._views_open = (threading.Lock(), set(policies))
     return {p: AdapterView(engine, p) for p in policies}
 
 
