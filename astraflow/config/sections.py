@@ -135,8 +135,9 @@ class LaunchConfig(Section):
     eval_samples: int = pydantic.Field(
         0, ge=0, le=64, description="answer evaluations (single_turn): also this many sampled "
         "completions per held-out problem at rollout.engine.temperature, reported as "
-        "eval_sampled_accuracy (what RL's train reward estimates) and eval_pass_at_k; 0: "
-        "greedy only")
+        "eval_sampled_accuracy (what RL's train reward estimates), eval_pass_at_k and "
+        "eval_majority_accuracy (maj@k: the answer most of them give, by rollout.reward."
+        "extract; a tie goes to the one given first); 0: greedy only")
     eval_device: str = pydantic.Field(
         "cpu", description="where the held-out evaluators run their model: cpu, cuda, "
         "cuda:1, ... (a GPU run's evaluator on its CPU would take hours for a 1B model)")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -59,8 +60,13 @@ class EvalResult:
     def describe(self) -> str:
         halves = (f" (right {self.extra['eval_right_accuracy']:.4f}, wrong "
                   f"{self.extra['eval_wrong_accuracy']:.4f})" if self.kind == "verdict" else "")
-        return (f"version {self.version}: accuracy {self.accuracy:.4f}{halves} ({self.n} "
-                f"{'claims' if self.kind == 'verdict' else 'problems'}, {self.seconds:.1f}s)")
+        x = self.extra
+        sampled = (f", {x['eval_k']:.0f} sampled: accuracy {x['eval_sampled_accuracy']:.4f}, "
+                   f"pass@k {x['eval_pass_at_k']:.4f}, majority {x['eval_majority_accuracy']:.4f}"
+                   if "eval_majority_accuracy" in x else "")
+        return (f"version {self.version}: accuracy {self.accuracy:.4f}{halves}{sampled} "
+                f"({self.n} {'claims' if self.kind == 'verdict' else 'problems'}, "
+                f"{self.seconds:.1f}s)")
 
 
 def held_out(producer: ProducerConfig, limit: int, out: str | Path = ".") -> list[TaskSpec]:
@@ -165,22 +171,40 @@ class SampledScore:
     accuracy: float
     pass_at_k: float
     k: int
+    majority: float | None = None  # maj@k: the problems whose most frequent answer is right
+
+
+def vote(texts: Sequence[str], key: Callable[[str], str]) -> str:
+    """The completion whose answer (``key``, e.g. the reward's extractor) is the most frequent
+    of ``texts``; a tie goes to the answer given first, completions without an answer (``""``)
+    do not vote (all without one: the first completion)."""
+    answers = [key(t) for t in texts]
+    counts = Counter(a for a in answers if a)
+    if not counts:
+        return texts[0]
+    best = counts.most_common(1)[0][0]  # ties: insertion order, the first given
+    return texts[answers.index(best)]
 
 
 def sampled_accuracy(model: Any, tokenizer: Any, specs: Sequence[TaskSpec],
                      score: Callable[[str, dict[str, Any]], float], *, k: int,
                      temperature: float, max_new_tokens: int, top_p: float = 1.0,
-                     seed: int = 0, batch_size: int = 256) -> SampledScore:
+                     seed: int = 0, batch_size: int = 256,
+                     key: Callable[[str], str] | None = None) -> SampledScore:
     """:class:`SampledScore` of ``k`` completions per spec at ``temperature`` and ``top_p``
-    (seeded)."""
+    (seeded); with ``key`` (the answer a completion gives) also the majority vote of the k
+    (:func:`vote`)."""
     rows = completions(model, tokenizer, specs, max_new_tokens=max_new_tokens, samples=k,
                        temperature=temperature, top_p=top_p, seed=seed,
                        batch_size=batch_size)
     right = [[float(score(t, s.reference)) > 0.5 for t in texts]
              for texts, s in zip(rows, specs, strict=True)]
     n = max(1, len(specs))
+    majority = None if key is None else sum(
+        float(score(vote(texts, key), s.reference)) > 0.5
+        for texts, s in zip(rows, specs, strict=True)) / n
     return SampledScore(accuracy=sum(map(sum, right)) / (n * k),
-                        pass_at_k=sum(map(any, right)) / n, k=k)
+                        pass_at_k=sum(map(any, right)) / n, k=k, majority=majority)
 
 
 @dataclass(frozen=True)
@@ -352,7 +376,7 @@ class Evaluator:
                  sample_temperature: float = 1.0, sample_top_p: float = 1.0,
                  device: str = "cpu") -> None:
         from astraflow.consumers.rollout.engines.target import ModelTarget
-        from astraflow.consumers.rollout.rewards import build_reward
+        from astraflow.consumers.rollout.rewards import EXTRACTORS, build_reward
         from astraflow.core.errors import ConfigError
         from astraflow.core.metrics import component_id
         from astraflow.core.topics import topic_name
@@ -380,6 +404,8 @@ class Evaluator:
         else:
             self.specs = held_out(producer, limit, out)
         self.reward = build_reward(reward)
+        extract = reward.extract if reward.extract != "none" else "last_line"
+        self.answer_of = EXTRACTORS.resolve(extract)  # what a majority vote counts
         # answer kind: also ``samples`` completions per problem at ``sample_temperature``
         # (pass@k and the sampled accuracy RL's train reward estimates); 0: greedy only
         if samples and sample_temperature <= 0:
@@ -418,9 +444,9 @@ class Evaluator:
         s = sampled_accuracy(self.model, self.tokenizer, self.specs, self._score,
                              k=self.samples, temperature=self.sample_temperature,
                              top_p=self.sample_top_p, max_new_tokens=self.max_new_tokens,
-                             seed=self.seed)
+                             seed=self.seed, key=self.answer_of)
         return greedy, {"eval_sampled_accuracy": s.accuracy, "eval_pass_at_k": s.pass_at_k,
-                        "eval_k": float(s.k)}
+                        "eval_majority_accuracy": s.majority or 0.0, "eval_k": float(s.k)}
 
     def evaluate(self, version: int) -> EvalResult:
         t0 = time.monotonic()

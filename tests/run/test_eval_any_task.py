@@ -11,7 +11,7 @@ import pytest
 from run_helpers import run_astraflow
 
 from astraflow.config import load_experiment
-from astraflow.consumers.evaluator import completions, held_out, sampled_accuracy
+from astraflow.consumers.evaluator import completions, held_out, sampled_accuracy, vote
 from astraflow.models.tiny import build_model, build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +57,24 @@ def test_sampled_completions_are_seeded_and_pass_at_k_bounds_the_sampled_accurac
     assert s.accuracy == pytest.approx(sum(map(sum, right)) / 24)
     assert s.pass_at_k == pytest.approx(sum(any(r) for r in right) / 6)
     assert s.pass_at_k >= s.accuracy
+    assert s.majority is None  # no answer key: no vote
+    first = sampled_accuracy(model, tok, specs, first_char_is_even, k=4, temperature=1.0,
+                             max_new_tokens=3, seed=7, key=lambda t: t[:1])
+    # voting on the first character: right exactly where the most frequent one is even
+    voted = [vote(row, lambda t: t[:1]) for row in a]
+    assert first.majority == pytest.approx(
+        sum(first_char_is_even(t, {}) for t in voted) / 6)
+    assert first.accuracy == s.accuracy
+
+
+def test_a_majority_vote_counts_answers_and_gives_a_tie_to_the_first() -> None:
+    from astraflow.consumers.rollout.rewards.extract import last_number
+
+    assert vote(["it is 4", "5", "so 4."], last_number) == "it is 4"
+    assert vote(["7", "then 9", "9!"], last_number) == "then 9"
+    assert vote(["3", "8"], last_number) == "3"  # a tie: the first given
+    assert vote(["no idea", "8", "none"], last_number) == "8"  # no answer: no vote
+    assert vote(["no idea", "none"], last_number) == "no idea"  # no answer anywhere
 
 
 def _eval_lines(out: Path) -> list[dict]:
@@ -103,6 +121,7 @@ def test_every_task_source_runs_with_evaluation_on(tmp_path: Path, task: str) ->
     for e in evals:
         assert 0.0 <= e["eval_accuracy"] <= 1.0
         assert e["eval_k"] == 2.0 and e["eval_pass_at_k"] >= e["eval_sampled_accuracy"]
+        assert e["eval_pass_at_k"] >= e["eval_majority_accuracy"]
 
 
 def test_configs_that_would_train_on_the_held_out_split_or_sample_greedily_are_refused() -> None:
