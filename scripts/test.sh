@@ -52,9 +52,9 @@ fi
 #     subprocesses, timeouts), so two at a time nearly halve their wall time on two cores;
 #  2. the slow and Kafka tests in two processes (pytest-xdist --dist loadgroup): training runs
 #     bounded by steps, not seconds, so sharing the cores slows them without changing what
-#     they check. The Kafka tests and those starting from the quickstart's warm-up share one
-#     process (one broker, one warm-up; tests/conftest.py), the agentic example's two runs
-#     another (the Kafka one starts from the embedded one's warm model);
+#     they check. The Kafka tests share one process (one broker; tests/conftest.py), the
+#     agentic example's two runs another (the Kafka one starts from the embedded one's warm
+#     model); the quickstart's warm-up is made once for both processes (tests/run/conftest.py);
 #  3. the tests marked `alone` (timed phases, rates over a slow link) one at a time, with
 #     nothing else on the machine.
 # Each part also has a wall-clock bound (`timeout`, several times what it takes here) behind

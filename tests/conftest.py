@@ -48,14 +48,14 @@ def ascii_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Where scripts/test.sh runs the slow tests in two processes (pytest-xdist, ``--dist
-    loadgroup``): the Kafka tests and the tests that start from the session's quickstart
-    warm-up go to one process, so that one broker and one warm-up serve them all. A module
-    with a group of its own keeps it. (A broker in each process instead, the Kafka tests
-    spread over both, took 806 s here against 737 s: one run each.)"""
+    loadgroup``): the Kafka tests go to one process, so that one broker serves them all. A
+    module with a group of its own keeps it. (A broker in each process instead, the Kafka
+    tests spread over both, took 806 s here against 737 s: one run each.) The tests that start
+    from the quickstart's warm-up go to either: the processes share one warm-up
+    (tests/run/conftest.py)."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None and (
-                item.get_closest_marker("kafka") is not None
-                or "quickstart_warmup" in getattr(item, "fixturenames", ())):
+                item.get_closest_marker("kafka") is not None):
             item.add_marker(pytest.mark.xdist_group("kafka"))
 
 

@@ -167,6 +167,7 @@ TOLERANCE: dict[str, dict[str, float]] = {
 # case took ~2 minutes of CI for no path of its own)
 @pytest.mark.parametrize(("parallel", "name"), [
     ("fsdp", "tiny"), ("fsdp", "llama"), ("fsdp", "smollm2"), ("ddp", "tiny"), ("ddp", "llama")])
+@pytest.mark.timeout(900)  # fsdp-smollm2: ~4 min beside another test, more on a slower host
 def test_two_ranks_match_one(parallel: str, name: str, models: dict[str, Path],
                              batches: tuple[str, ...], baselines: dict[str, dict[str, Any]],
                              tmp_path: Path) -> None:
