@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
+
+from astraflow.cli.config_reference import reference_markdown
 
 app = typer.Typer(help="Show a resolved experiment config; print the configuration reference.",
                   no_args_is_help=True)
@@ -31,47 +33,7 @@ def show(
     typer.echo(dump(cfg), nl=False)
 
 
-def _type_name(ann: Any) -> str:
-    text = getattr(ann, "__name__", None) if isinstance(ann, type) else None
-    return text or str(ann).replace("typing.", "")
-
-
-def reference_markdown() -> str:
-    """Every key of the experiment config with its type, default and description."""
-    import pydantic
-
-    from astraflow.config import ExperimentConfig
-
-    lines = ["# Configuration reference", "",
-             "Generated from the config models by `astraflow config reference`; do not edit.",
-             "Every key below may appear in the experiment YAML or in `--set key.path=value`.",
-             "Unknown keys are errors.", ""]
-
-    def walk(model: type[pydantic.BaseModel], prefix: str) -> None:
-        rows = []
-        nested = []
-        for name, f in model.model_fields.items():
-            ann = f.annotation
-            key = f"{prefix}{name}"
-            if isinstance(ann, type) and issubclass(ann, pydantic.BaseModel):
-                nested.append((ann, key))
-                continue
-            default = "(required)" if f.is_required() else repr(
-                f.default_factory() if f.default_factory is not None else f.default)
-            desc = (f.description or "").replace("|", "\\|").replace("\n", " ")
-            rows.append(f"| `{key}` | `{_type_name(ann)}` | `{default}` | {desc} |")
-        if rows:
-            lines.extend([f"## `{prefix.rstrip('.') or '(top level)'}`", "",
-                          (model.__doc__ or "").strip().split("\n")[0], "",
-                          "| key | type | default | meaning |", "|---|---|---|---|", *rows, ""])
-        for sub, key in nested:
-            walk(sub, key + ".")
-
-    walk(ExperimentConfig, "")
-    return "\n".join(lines)
-
-
 @app.command()
 def reference() -> None:
     """Print the configuration reference (Markdown) generated from the config models."""
-    typer.echo(reference_markdown())
+    typer.echo(reference_markdown(), nl=False)

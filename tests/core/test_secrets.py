@@ -28,8 +28,10 @@ OPENAI = "sk-proj-" + "Zr4k" * 8
 BEARER = "Bearer " + "c0ffee" * 6
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.2dGKjQbW1p8vQeM0vNqLhM7Rk"
 RANDOM = "aZ3" + "".join(secrets.choice("ABCDEFGHJKMNPQRSTVWXYZ0123456789") for _ in range(37))
-#: the real secrets of the configuration's own fields (gateway.keys: a mapping of secrets)
-SECRET_FIELDS = {"rollout.engine.api_key", "weights.store.token", "gateway.token"}
+#: the real secrets of the configuration's own fields (gateway.keys: a mapping of secrets); a
+#: weight store's token wherever a store is configured
+SECRET_FIELDS = {"rollout.engine.api_key", "gateway.token", "weights.store.token",
+                 "weights.fetch.token", "weights.fallback.token", "bus.claims.token"}
 
 
 def _config(tmp_path: Path) -> Path:
