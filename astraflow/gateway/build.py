@@ -75,6 +75,7 @@ def build_gateway(gc: GatewayConfig, rc: RolloutConfig, *, run: str, policies: S
                          idle_timeout_s=gc.session_idle_timeout_s,
                          max_open_per_owner=sessions_per_client(gc),
                          closed_retention_s=gc.closed_session_retention_s,
+                         require_group=gc.require_group,
                          versions=lambda: {p: e.version for p, e in engines.items()})
     sampling: dict[str, Any] = {k: getattr(rc.engine, k) for k in SAMPLING_KEYS}
     return Gateway(engines, store, on_drift=gc.on_drift, aliases=gc.aliases, sampling=sampling,

@@ -50,6 +50,11 @@ class GatewayConfig(Section):
         "recorded for it (an edited history, a template that re-renders a turn differently): "
         "continue: the recorded tokens plus the tokens of the newly added messages; segment: "
         "start a new segment (a separate trajectory) from the request as rendered")
+    require_group: bool = pydantic.Field(
+        True, description="refuse (400 missing_group) a session opened without a group id "
+        "and a group size of 2 or more (X-Group-Id and X-Group-Size on its first call, or "
+        "POST /sessions): the advantages are group-relative, so a group of one trains "
+        "nothing; false: such sessions are recorded and their trajectories train nothing")
     max_open_sessions: int = pydantic.Field(
         256, ge=1, description="sessions not yet turned into trajectories; a request that "
         "would open another is answered 429 with Retry-After (the staleness budget: about "

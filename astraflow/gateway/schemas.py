@@ -126,7 +126,8 @@ class SessionRequest(Strict):
     task_id: str | None = None
     group_id: str | None = None
     sample_index: int = Field(0, ge=0, le=MAX_INT)
-    group_size: int = Field(1, ge=1, le=MAX_INT)
+    group_size: int | None = Field(None, ge=1, le=MAX_INT,
+                                   description="samples in the group (absent: 1)")
     agent: str = ""
     metadata: dict[str, str] = Field(default_factory=dict)
 

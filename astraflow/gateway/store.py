@@ -89,8 +89,10 @@ class SessionStore:
                  idempotency_cache: int = 4096, idle_timeout_s: float | None = None,
                  max_open_per_owner: int | None = None,
                  closed_retention_s: float | None = CLOSED_RETENTION_S,
-                 idempotency_cache_bytes: int = IDEMPOTENCY_CACHE_BYTES) -> None:
+                 idempotency_cache_bytes: int = IDEMPOTENCY_CACHE_BYTES,
+                 require_group: bool = False) -> None:
         self.bus = bus
+        self.require_group = require_group
         self.topic = topic_name(run, "gateway") if bus is not None else ""
         self.out_topic = topic_name(run, "trajectories") if bus is not None else ""
         self.max_open_sessions = max_open_sessions
@@ -205,6 +207,8 @@ class SessionStore:
             if sid in self.closed:
                 raise conflict(f"session {sid!r} is closed: its trajectories were produced; "
                                "use a new session id", code="session_closed")
+            if self.require_group:
+                check_group(sid, meta)
             who = owner or ""
             self._admit(who)
             ev = GatewayCall(session_id=sid, seq=0, kind="open", owner=who,
@@ -452,6 +456,25 @@ class Footprint:
     locks: int  # session locks
     opening: int  # sessions being opened (slots reserved)
     idempotency: CacheSize  # answers kept for Idempotency-Key retries of calls without one
+
+
+def check_group(sid: str, meta: Mapping[str, Any]) -> None:
+    """400 ``missing_group`` unless ``meta`` puts session ``sid`` in a group of 2 or more
+    (``require_group``): every advantage is relative to the other samples of the group, so a
+    group of one, or samples that never meet in one group, train nothing."""
+    group, size = meta.get("group_id"), meta.get("group_size")
+    if group and size is not None and size >= 2:
+        return
+    what = ("no group id" if not group else "no group size" if size is None
+            else f"group size {size}")
+    raise bad_request(
+        f"session {sid!r} has {what}: its reward is compared with the other samples of its "
+        "prompt (the group), so a session alone trains nothing. Give every sample of one "
+        "prompt the same group id and the group's size, on the session's first call (headers "
+        "X-Group-Id: ID, X-Group-Size: N >= 2, X-Sample-Index: i) or with POST /sessions "
+        '{"session_id", "group_id", "group_size", "sample_index"}; or set '
+        "gateway.require_group: false to record it anyway", param="group_id",
+        code="missing_group")
 
 
 def complete(s: Session) -> bool:

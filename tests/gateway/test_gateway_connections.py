@@ -226,7 +226,8 @@ def test_serve_at_its_fd_limit_refuses_a_flood_quietly(ascii_dir: Path, tmp_path
         import openai
 
         client = openai.OpenAI(base_url=f"{url}/sessions/after/v1", api_key="-",
-                               max_retries=0, timeout=HANG_GUARD)
+                               max_retries=0, timeout=HANG_GUARD,
+                               default_headers={"X-Group-Id": "g", "X-Group-Size": "2"})
         for _ in range(4):
             assert client.chat.completions.create(model="default", messages=USER).choices
         # overloaded: more generations than gateway.max_inflight is a 429 with Retry-After

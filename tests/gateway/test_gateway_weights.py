@@ -39,7 +39,7 @@ def test_tokens_carry_the_version_the_gateway_followed(ascii_dir: Path, tmp_path
     srv = ServerThread(create_app(gw)).start()
     served = Served(srv.url, gw, bus, "wv", srv)
     try:
-        client = served.client("w")
+        client = served.client("w", default_headers={"X-Group-Id": "g", "X-Group-Size": "2"})
         messages: list[Any] = [{"role": "user", "content": "a"}]
         r = client.chat.completions.create(model="gpt-4o-mini", messages=messages)
         trainer, _ = load(ascii_dir)
