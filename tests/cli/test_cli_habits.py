@@ -71,7 +71,7 @@ def test_exit_codes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("role", [["produce"], ["rollout"], ["train"], ["evaluate"],
-                                  ["policy", "batch"], ["serve"], ["report"], ["top"]])
+                                  ["policy", "batch"], ["report"], ["top"]])
 def test_a_role_refuses_a_run_directory_without_a_bus(tmp_path: Path, role: list[str]) -> None:
     r = CliRunner().invoke(app, [role[0], str(QUICKSTART), *role[1:], "--out",
                                  str(tmp_path / "empty")])

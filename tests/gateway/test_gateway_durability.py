@@ -79,9 +79,7 @@ def test_sigkilled_serve_loses_no_answered_call(ascii_dir: Path, ascii_engine: A
         "models": {"default": {"path": str(ascii_dir)}},
         "rollout": {"engine": {"threads": 1, "max_new_tokens": 6}},
         "gateway": {"port": port}}))
-    out = tmp_path / "run"
-    out.mkdir()
-    connect(f"embedded://{out}/bus.db").close()  # the run's bus: a role joins one, never makes it
+    out = tmp_path / "run"  # no bus yet: `astraflow serve` starts the run's bus
     env = {**os.environ, "ASTRAFLOW_LOG_LEVEL": "WARNING"}
     proc = subprocess.Popen([sys.executable, "-m", "astraflow.cli.app", "serve", str(config),
                              "--out", str(out)], env=env, stdout=subprocess.PIPE,
@@ -100,7 +98,8 @@ def test_sigkilled_serve_loses_no_answered_call(ascii_dir: Path, ascii_engine: A
             time.sleep(0.1)
         import openai
 
-        client = openai.OpenAI(base_url=f"{url}/sessions/killed/v1", api_key="-", max_retries=0)
+        client = openai.OpenAI(base_url=f"{url}/sessions/killed/v1", api_key="-", max_retries=0,
+                               default_headers={"X-Group-Id": "g", "X-Group-Size": "2"})
         messages: list[Any] = [{"role": "user", "content": "Hi"}]
         sampled = []
         for turn in range(2):
