@@ -17,7 +17,7 @@ def test_the_readme_names_every_extra() -> None:
     sentence = re.search(r"^Extras: (.+?)\n\n", readme, re.MULTILINE | re.DOTALL)
     assert sentence, "the README's install section lists the extras in an 'Extras: ...' paragraph"
     # an extra is a name in code followed by what it is for, or by "and" and the next one
-    named = {a or b for a, b in re.findall(r"`([a-z0-9_-]+)` \(|`([a-z0-9_-]+)` and",
+    named = {a or b for a, b in re.findall(r"`([a-z0-9_-]+)`\s+\(|`([a-z0-9_-]+)`\s+and\s",
                                            sentence[1])}
     assert named == set(extras), f"README extras {sorted(named)} != pyproject {sorted(extras)}"
 
