@@ -72,16 +72,30 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return [p for p in key.strip().split(".")], value
 
 
+def _secret(path: list[str], value: Any) -> bool:
+    """Whether an override's key or value is a secret (an error never quotes its value)."""
+    return (secret_at(tuple(path)) or any(secret_key(p) for p in path)
+            or (isinstance(value, str) and secret_shape(value)))
+
+
 def _shown(path: list[str], value: Any) -> str:
     """An override as an error quotes it: ``key=***`` when its key or value is a secret."""
-    secret = (secret_at(tuple(path)) or any(secret_key(p) for p in path)
-              or (isinstance(value, str) and secret_shape(value)))
-    return f"{'.'.join(path)}={REDACTED if secret else value}"
+    return f"{'.'.join(path)}={REDACTED if _secret(path, value) else value}"
 
 
-def _apply(data: dict[str, Any], overrides: Iterable[str]) -> list[str]:
-    """Apply the overrides that can be applied; the problems of those that cannot (never
-    quoting a secret's value)."""
+def _given(text: str, path: list[str], value: Any) -> str:
+    """The ``--set`` argument as the user typed it, quoted (``'key=***'`` for a secret)."""
+    return repr(f"{'.'.join(path)}={REDACTED}" if _secret(path, value) else text.strip())
+
+
+#: an override that was applied: its key path and how an error quotes it (``_given``)
+Applied = tuple[list[str], str]
+
+
+def _apply(data: dict[str, Any], overrides: Iterable[str],
+           applied: list[Applied] | None = None) -> list[str]:
+    """Apply the overrides that can be applied (each appended to ``applied``); the problems
+    of those that cannot (never quoting a secret's value)."""
     problems: list[str] = []
     for text in overrides:
         try:
@@ -101,7 +115,22 @@ def _apply(data: dict[str, Any], overrides: Iterable[str]) -> list[str]:
             node = nxt
         else:
             node[path[-1]] = value
+            if applied is not None:
+                applied.append((path, _given(text, path, value)))
     return problems
+
+
+def _origin(loc: tuple[Any, ...], source: str, applied: Iterable[Applied]) -> str:
+    """Who set the value an error at ``loc`` is about: the last ``--set`` whose key holds it
+    (its value replaced the file's), else ``source``; a section error over a key an override
+    set (a rule across its fields) names both."""
+    at = [str(p) for p in loc]
+    overrides = list(applied)
+    for path, shown in reversed(overrides):
+        if at[:len(path)] == path:
+            return f"--set {shown}"
+    inside = [shown for path, shown in overrides if at and path[:len(at)] == at]
+    return f"{source} with --set {', '.join(inside)}" if inside else source
 
 
 def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
@@ -137,15 +166,18 @@ def _hint(err: Mapping[str, Any], model: type[pydantic.BaseModel]) -> str:
 
 
 def validate(model: type[M], data: Mapping[str, Any], *, source: str = "config",
-             problems: Iterable[str] = ()) -> M:
+             problems: Iterable[str] = (), applied: Iterable[Applied] = ()) -> M:
     """Validate ``data`` against ``model``; raise one ConfigError listing every problem
-    (``problems``: ones found before, e.g. overrides that could not be applied), none of
-    them showing a secret (:func:`astraflow.core.redact.redact_text`)."""
+    (``problems``: ones found before, e.g. overrides that could not be applied), each
+    prefixed with where the bad value came from (``source``, or the ``--set`` of
+    ``applied`` that set it), none of them showing a secret
+    (:func:`astraflow.core.redact.redact_text`)."""
     found = list(problems)
     try:
         result = model.model_validate(dict(data))
     except pydantic.ValidationError as e:
-        found += [f"{source}: {_hint(err, model)}" for err in e.errors()]
+        found += [f"{_origin(err['loc'], source, applied)}: {_hint(err, model)}"
+                  for err in e.errors()]
     if found:
         raise ConfigError([redact_text(p) for p in found]) from None
     return result
@@ -175,12 +207,13 @@ def load(model: type[M], path: str | Path | None = None, overrides: Iterable[str
         data = loaded or {}
         if redacted_paths(data):  # a run directory's dump: its secrets are kept beside it
             restore(data, read_secrets(p.parent))
-    problems = _apply(data, overrides)
+    applied: list[Applied] = []
+    problems = _apply(data, overrides, applied)
     problems += [f"{source}: {k} is redacted ({REDACTED}) and no real value was found: a run "
                  f"directory keeps it in its {SECRETS_FILE} (mode 0600) beside the config; "
                  f"copy that file along, or give the real value in the config or with --set"
                  for k in redacted_paths(data)]
-    return validate(model, data, source=source, problems=problems)
+    return validate(model, data, source=source, problems=problems, applied=applied)
 
 
 def dump(config: pydantic.BaseModel) -> str:

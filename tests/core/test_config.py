@@ -134,3 +134,32 @@ def test_a_check_reading_a_failed_section_stays_silent(tmp_path: Path) -> None:
     assert len(problems) == 2, problems
     assert problems[0].startswith(f"{f}: launch.rollout_workers:")
     assert "rollout.workflow.kwargs.multi_turn_tools.tool_latency" in problems[1]
+
+
+def test_a_bad_override_is_reported_as_the_override_not_as_the_file(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("trainer:\n  lr: 0.5\n")
+    with pytest.raises(ConfigError) as err:
+        load(Outer, f, ["trainer.lr=fast", "trainer.agg=[a, b]"])
+    problems = err.value.problems
+    assert problems[0].startswith("--set 'trainer.lr=fast': trainer.lr: "), problems
+    # the argument as typed (not its parsed value), and never the file's name
+    assert problems[1].startswith("--set 'trainer.agg=[a, b]': trainer.agg: "), problems
+    assert not any(str(f) in p for p in problems)
+    # the file's own mistake still names the file; the last override of a key wins
+    f.write_text("trainer:\n  agg: bad\n")
+    with pytest.raises(ConfigError) as err:
+        load(Outer, f, ["trainer.lr=x", "trainer.lr=y"])
+    assert sorted(err.value.problems)[0].startswith("--set 'trainer.lr=y': trainer.lr: ")
+    assert sorted(err.value.problems)[1].startswith(f"{f}: trainer.agg: ")
+    # a rule across a section's fields names the file and the override inside it
+    with pytest.raises(ConfigError) as err:
+        load_experiment(None, ["weights.store.type=http"])
+    assert err.value.problems[0].startswith(
+        "config with --set 'weights.store.type=http': weights.store: "), err.value.problems
+    # a secret's value is never quoted, and the key and message stay whole
+    with pytest.raises(ConfigError) as err:
+        load_experiment(None, ["weights.store.token=[sekrit]"])
+    assert err.value.problems[0].startswith("--set 'weights.store.token=***': "
+                                            "weights.store.token: "), err.value.problems
+    assert "sekrit" not in str(err.value)
