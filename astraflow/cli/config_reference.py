@@ -52,7 +52,7 @@ FALLBACK_INTROS = {
     "rollout.workflow": "Which workflow runs an episode of a task whose `workflow` field is "
                         "empty, the keyword arguments each workflow is called with, and the "
                         "modules imported at start to register workflows, rewards and tools "
-                        "by name (docs/rollout.md).",
+                        "by name (docs/rollout.md#workflows).",
 }
 
 #: the description of a field that has none in its model, by "Model.field" (the model's own
