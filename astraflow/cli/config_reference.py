@@ -159,10 +159,13 @@ def _yaml(value: Any) -> str:
 
 def prose(text: str | None) -> str:
     """A docstring or description as Markdown: reST's ``literal`` and :role:`target` become
-    code spans, ``docs/x.md`` a link from this page."""
+    code spans, ``docs/x.md`` a link from this page, a ``<`` outside code an entity."""
     text = inspect.cleandoc(text or "")
     text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text)
     text = text.replace("``", "`")
+    # outside code spans, "<policy>" would be read as an HTML tag and vanish
+    text = "`".join(part if i % 2 else part.replace("<", "&lt;")
+                    for i, part in enumerate(text.split("`")))
     return re.sub(r"(?<![\w/`])docs/([\w/.-]+\.md)(#[\w-]+)?",
                   lambda m: f"[docs/{m[1]}{m[2] or ''}]({m[1]}{m[2] or ''})", text)
 
