@@ -7,6 +7,11 @@ the reward, and estimates the memory of the trainer and engines from the model's
 problem is reported at once, each with the key path to fix; `astraflow run` runs it first and
 starts nothing on a config that fails it.
 
+On a host of a run spread over several (docs/how-to/deploy.md), ``roles`` names the role
+commands that host runs, and only what they need is checked: a rollout host has no producer
+data to read, a trainer host no vLLM to import. Without ``roles`` the host runs every role,
+as `astraflow run` does.
+
 >>> report = check_experiment(config, out)
 >>> report.ok, [f"{f.key}: {f.message}" for f in report.problems]
 """
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -30,6 +35,16 @@ if TYPE_CHECKING:
 
 #: demonstrations or tasks read per split: enough to find a bad file, few enough to be quick
 ROWS = 3
+
+#: the role commands a host may run (``astraflow ROLE CONFIG``), for ``check_experiment(roles=)``
+ROLES = ("produce", "policy", "rollout", "train", "evaluate", "serve")
+#: which checks each role needs: the data splits it reads, what it imports, what it loads
+READS_TRAIN = {"produce"}
+READS_TEST = {"produce", "evaluate"}
+RUNS_WORKFLOW = {"rollout", "evaluate"}
+RUNS_POLICIES = {"policy"}
+LOADS_MODEL = {"rollout", "train", "evaluate", "serve"}
+RUNS_ENGINE = {"rollout", "serve"}
 
 
 @dataclass(frozen=True)
@@ -76,17 +91,34 @@ class CheckFailed(AstraflowError):
 
 def check_experiment(config: ExperimentConfig, out: str | Path = ".", *, weights: bool = True,
                      progress: Callable[[str], None] = lambda _: None,
-                     gpu_gb: float = 80.0) -> CheckReport:
+                     gpu_gb: float = 80.0,
+                     roles: Collection[str] | None = None) -> CheckReport:
     """Every check of :mod:`astraflow.run.check` on ``config`` (run directory ``out``).
     ``weights`` False: a model folder with its config and tokenizer passes without its
-    weights (a config prepared where the weights are not, e.g. a GPU recipe checked in CI).
-    ``gpu_gb``: the GPU the trainer's memory is compared with (the largest model that fits)."""
+    weights, and an engine's package need not be installed (a config prepared where it does
+    not run, e.g. a GPU recipe checked in CI). ``gpu_gb``: the GPU the trainer's memory is
+    compared with (the largest model that fits). ``roles``: the role commands (:data:`ROLES`)
+    this host runs; only what they need is checked (None: every role)."""
     report = CheckReport()
+    here = set(ROLES if roles is None else roles)
+    unknown = sorted(here - set(ROLES))
+    if unknown:
+        raise AstraflowError(f"unknown role(s) {', '.join(map(repr, unknown))}; valid: "
+                             f"{', '.join(ROLES)}")
+    if roles is not None:
+        report.good("roles", f"checked for a host that runs {', '.join(sorted(here))}")
     progress("reading the data")
-    sample = _check_data(config, out, report)
+    sample = _check_data(config, out, report, here)
     progress("importing modules and scoring a sample")
-    _check_modules(config, report)
-    _check_reward(config, sample, report)
+    if here & RUNS_WORKFLOW:
+        _check_modules(config, report)
+        _check_reward(config, sample, report)
+    if here & RUNS_POLICIES:
+        _check_policies(config, report)
+    if here & RUNS_ENGINE:
+        _check_engine(config, report, installed=weights)
+    if not here & LOADS_MODEL:
+        return report
     estimates = []
     for policy in config.policies:
         progress(f"loading the tokenizer of {policy}")
@@ -111,16 +143,21 @@ def _source_key(config: ExperimentConfig, split: str) -> str:
     return "producer.path"
 
 
-def _check_data(config: ExperimentConfig, out: str | Path,
-                report: CheckReport) -> TaskSpec | None:
+def _check_data(config: ExperimentConfig, out: str | Path, report: CheckReport,
+                roles: Collection[str] = ROLES) -> TaskSpec | None:
     """The first rows of the train split (and of the held-out split when the run evaluates
-    or warms up to a band); returns a train task to score and render, or None."""
+    or warms up to a band), where ``roles`` read them; returns a train task to score and
+    render, or None."""
     from astraflow.producers import split_specs
 
     sample = None
-    splits = ["train"]
-    if config.launch.evaluate or config.launch.warmup.target_accuracy is not None:
+    splits = ["train"] if READS_TRAIN & set(roles) else []
+    if READS_TEST & set(roles) and (config.launch.evaluate
+                                    or config.launch.warmup.target_accuracy is not None):
         splits.append("test")
+    if not splits:
+        report.good(_source_key(config, "train"), "not read here (the producer and the "
+                    "evaluator read the data; this host runs neither)")
     for split in splits:
         key = _source_key(config, split)
         try:
@@ -155,7 +192,7 @@ def _short(text: str, n: int = 70) -> str:
 # modules and the reward -------------------------------------------------------------------------
 
 def _check_modules(config: ExperimentConfig, report: CheckReport) -> None:
-    """The workflow modules import, the run's workflow resolves, custom data policies load."""
+    """The workflow modules import, the run's workflow resolves."""
     from astraflow.consumers.rollout.workflows import WORKFLOWS
 
     for i, module in enumerate(config.rollout.workflow.modules):
@@ -172,6 +209,10 @@ def _check_modules(config: ExperimentConfig, report: CheckReport) -> None:
         report.good(key, f"workflow {workflow!r}")
     except Exception as e:  # noqa: BLE001 - a module path may raise anything on import
         report.bad(key, str(e))
+
+
+def _check_policies(config: ExperimentConfig, report: CheckReport) -> None:
+    """The custom data policies load."""
     from astraflow.policies.config import STAGES, is_custom
     from astraflow.policies.registry import load_factory
 
@@ -183,6 +224,24 @@ def _check_modules(config: ExperimentConfig, report: CheckReport) -> None:
                     load_factory(name, f"data.{stage}[{i}]")
                 except AstraflowError as e:
                     report.bad(f"data.{stage}[{i}]", str(e))
+
+
+def _check_engine(config: ExperimentConfig, report: CheckReport, *, installed: bool) -> None:
+    """The engine's package is installed where the engines run (``installed`` False: a
+    config checked away from its hosts, where its absence is noted, not a problem)."""
+    import importlib.util
+
+    engine = config.rollout.engine.type
+    if engine != "vllm":
+        return
+    if importlib.util.find_spec("vllm") is not None:
+        report.good("rollout.engine.type", "vllm is installed")
+    elif installed:
+        report.bad("rollout.engine.type", "vllm is configured and not installed on this host: "
+                   "pip install vllm (it needs a CUDA GPU), or rollout.engine.type: hf")
+    else:
+        report.good("rollout.engine.type", "vllm is not installed here (not checked: "
+                    "--no-weights, a config checked away from its hosts)")
 
 
 def _check_reward(config: ExperimentConfig, sample: TaskSpec | None,

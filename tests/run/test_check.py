@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import load_experiment
+from astraflow.core.errors import AstraflowError
 from astraflow.models.tiny import build_model, build_tokenizer, save
 from astraflow.run.check import check_experiment
 
@@ -228,6 +229,7 @@ def test_the_gpu_recipe_passes_its_check_with_the_models_config_only(tmp_path: P
     assert cfg.rollout.engine.type == "vllm" and cfg.trainer.mixed_precision == "bf16"
     # without weights the folder is refused; the recipe checked for its config only passes
     problems = _problems(check_experiment(cfg, tmp_path))
+    problems.pop("rollout.engine.type", None)  # where vllm is not installed (a CPU host)
     assert list(problems) == ["models.default.path"], problems
     assert "no *.safetensors weights" in problems["models.default.path"]
     report = check_experiment(cfg, tmp_path, weights=False)
@@ -242,3 +244,61 @@ def test_the_gpu_recipe_passes_its_check_with_the_models_config_only(tmp_path: P
 
     first = next(split_specs(cfg.producer, "train", tmp_path))
     assert first.reference["answer"] == "3"
+
+
+def test_a_rollout_host_is_not_checked_for_the_producers_data(
+        tmp_path: Path, tiny_dir: Path, data: tuple[Path, Path]) -> None:
+    """deploy.md's rollout host has the model, not the producer's files: `--role rollout`
+    checks what a rollout worker loads, and a data file that only the trainer host has is no
+    problem there (it is one where the producer runs)."""
+    _, test = data
+    cfg = _config(tmp_path, tiny_dir, tmp_path / "only-on-the-trainer-host.jsonl", test)
+    assert "producer.path" in _problems(check_experiment(cfg, tmp_path))
+    assert "producer.path" in _problems(check_experiment(cfg, tmp_path, roles=["produce"]))
+    report = check_experiment(cfg, tmp_path, roles=["rollout"])
+    assert report.ok, report.describe_problems()
+    said = " | ".join(f"{f.key}: {f.message}" for f in report.findings)
+    assert "roles: checked for a host that runs rollout" in said
+    assert "producer.path: not read here" in said
+    assert "models.default.path" in said  # the model a worker loads is checked
+    assert "M parameters" in said
+    # a host of the producer and the policy stages only loads no model
+    report = check_experiment(cfg, tmp_path, roles=["policy"])
+    assert report.ok and not any(f.key.startswith("models.") for f in report.findings)
+    with pytest.raises(AstraflowError, match="unknown role.*'trainer'.*valid: produce"):
+        check_experiment(cfg, tmp_path, roles=["trainer"])
+
+
+def test_the_vllm_engine_without_vllm_is_a_problem_naming_its_install(
+        tmp_path: Path, tiny_dir: Path, data: tuple[Path, Path]) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    cfg = _config(tmp_path, tiny_dir, *data, "rollout.engine.type=vllm")
+    problems = _problems(check_experiment(cfg, tmp_path))
+    assert list(problems) == ["rollout.engine.type"], problems
+    assert "pip install vllm" in problems["rollout.engine.type"]
+    assert _problems(check_experiment(cfg, tmp_path, roles=["rollout"])) == problems
+    assert check_experiment(cfg, tmp_path, roles=["train", "produce"]).ok  # no engine there
+    assert check_experiment(cfg, tmp_path, weights=False).ok  # checked away from its hosts
+
+
+def test_astraflow_check_takes_the_roles_of_the_host(tmp_path: Path,
+                                                      data: tuple[Path, Path]) -> None:
+    from typer.testing import CliRunner
+
+    from astraflow.cli.app import app
+
+    quickstart = str(ROOT / "examples" / "quickstart.yaml")
+    missing = ["--set", "producer.source=jsonl",
+               "--set", f"producer.path=[{tmp_path / 'nothing.jsonl'}]",
+               "--set", f"producer.test_path=[{data[1]}]", "--out", str(tmp_path / "run")]
+    everything = CliRunner().invoke(app, ["check", quickstart, *missing])
+    assert everything.exit_code == 1 and "producer.path" in everything.output
+    rollout = CliRunner().invoke(app, ["check", quickstart, *missing, "--role", "rollout"])
+    assert rollout.exit_code == 0, rollout.output
+    assert "passes its check" in rollout.output
+    bad = CliRunner().invoke(app, ["check", quickstart, "--role", "trainer"])
+    assert bad.exit_code == 2 and "valid: produce, policy, rollout" in " ".join(
+        bad.output.split())
