@@ -47,9 +47,9 @@ class ScriptedEngine:
             stop = next((s for s in r.stop if s in text), None)
             if stop is None and self.eos:
                 ids = [*ids, self.tokenizer.eos_token_id]
+            cut = len(ids) > r.max_new_tokens  # its end (EOS or the stop string) cut off
             ids = ids[:r.max_new_tokens]
-            finish = "stop" if (stop is not None or self.eos) and len(ids) <= r.max_new_tokens \
-                else "length"
+            finish = "stop" if (stop is not None or self.eos) and not cut else "length"
             out.append(GenResult(ids, [-0.5] * len(ids), [self._version] * len(ids), finish))
         return out
 
@@ -151,6 +151,11 @@ async def held_single_turn(ctx: Any, task: Task, hold: float = 0.0, **sampling: 
 async def failing_workflow(ctx: Any, task: Task) -> Any:
     await ctx.generate(messages=task.prompt)
     raise RuntimeError("boom in the workflow")
+
+
+def one_reward(completion: str, reference: Any) -> float:
+    """1 for any completion, an empty one too (what is scored 0 was scored by a rule)."""
+    return 1.0
 
 
 def length_reward(completion: str, reference: Any, *, scale: float = 1.0) -> float:

@@ -153,6 +153,17 @@ class RewardConfig(Section):
                             "first_word, first_line, last_line, answer_tag (inside the last "
                             "<answer>...</answer>), boxed (the last \\boxed{...}), or "
                             "'module:function' (text -> text)")
+    truncated: Literal["score", "zero"] = pydantic.Field(
+        "score", description="a trajectory with a reply the engine cut (finish reason "
+        "`length`: max_new_tokens, or the model's context, reached before EOS or a stop "
+        "string): score: the reward scores the cut text like any other (an extractor such as "
+        "last_number takes whatever the cut text ends with); zero: the trajectory scores 0, "
+        "whatever the reward says (overlong replies punished, as DAPO does), also when it is "
+        "an earlier turn of a multi-turn episode that was cut (every generated token of a "
+        "trajectory is trained on its reward; with turn_rewards, the cut turns' entries are "
+        "0). Either way the trajectory's rewards carry truncated=1 and the worker counts the "
+        "cut replies (replies_truncated, truncated_fraction). Default score: the reward runs "
+        "gave before this option existed; the held-out evaluation scores the text either way")
 
     @pydantic.field_validator("extract")
     @classmethod

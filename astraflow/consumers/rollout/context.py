@@ -99,6 +99,10 @@ class Conversation:
         self.spans: list[TurnSpan] = []
         self.finish_reason = "stop"
         self.generations = 0
+        #: replies the engine cut (finish reason ``length``), and the indices among the
+        #: assistant turns of those that made a turn (an empty reply makes none)
+        self.truncated = 0
+        self.cut_turns: list[int] = []
         self.text, ids = ctx.runtime.prompt(policy, self.messages)
         self._append(ids, "prompt")
         self.prompt_len = len(ids)
@@ -122,6 +126,13 @@ class Conversation:
     async def generate(self, **sampling: Any) -> Generation:
         """Generate an assistant turn continuing the conversation (tokens masked 1)."""
         result = await self.ctx._generate(self.policy, self.token_ids, sampling)
+        cut = result.finish_reason == "length"
+        self.ctx.replies += 1
+        if cut:
+            self.ctx.replies_truncated += 1
+            self.truncated += 1
+            if result.token_ids:
+                self.cut_turns.append(assistant_turns(self.spans))
         self._append(result.token_ids, "assistant", result)
         ids = result.token_ids if type(result.token_ids) is list else list(result.token_ids)
         raw = decode(self.tokenizer, ids, skip_special=False)
@@ -163,7 +174,11 @@ class Conversation:
                turn_rewards: Sequence[float] | None = None) -> Draft:
         """The trajectory of this conversation with its reward; ``agent`` (default: the
         conversation's) is the role it is trained as; ``turn_rewards``: one reward per
-        assistant turn, to train each turn on its own (``Trajectory.turn_rewards``)."""
+        assistant turn, to train each turn on its own (``Trajectory.turn_rewards``).
+
+        Where the engine cut one of its turns (finish reason ``length``), ``rewards`` gets
+        ``truncated = 1`` and, under ``rollout.reward.truncated: zero``, the trajectory scores
+        0 (and so do the cut turns' ``turn_rewards``) whatever ``reward`` says."""
         comps = dict(reward.components) if isinstance(reward, Score) else {}
         comps.update(rewards or {})
         turns = assistant_turns(self.spans)
@@ -172,13 +187,20 @@ class Conversation:
                 f"turn_rewards has {len(turn_rewards)} entries but the conversation has {turns} "
                 "assistant turns (a generation that returned no tokens makes no turn); give "
                 "one reward per turn")
+        value, per_turn = float(reward), [float(r) for r in turn_rewards or ()]
+        if self.truncated:
+            comps["truncated"] = 1.0
+            if self.ctx.runtime.truncated == "zero":
+                value = 0.0
+                for i in self.cut_turns:
+                    if i < len(per_turn):
+                        per_turn[i] = 0.0
         return Draft(policy=self.policy, token_ids=list(self.token_ids),
                      loss_mask=list(self.loss_mask), logprobs=list(self.logprobs),
                      versions=list(self.versions), prompt_len=self.prompt_len,
-                     spans=list(self.spans), reward=float(reward), rewards=comps,
+                     spans=list(self.spans), reward=value, rewards=comps,
                      finish_reason=finish_reason or self.finish_reason, error=error,
-                     agent=self.agent if agent is None else agent,
-                     turn_rewards=[float(r) for r in turn_rewards or ()])
+                     agent=self.agent if agent is None else agent, turn_rewards=per_turn)
 
 
 class EpisodeContext:
@@ -194,6 +216,9 @@ class EpisodeContext:
         self.conversations: list[Conversation] = []
         self.timings: dict[str, float] = {"generate": 0.0, "reward": 0.0, "tools": 0.0}
         self.counters: dict[str, float] = {}
+        # the assistant turns generated, and those the engine cut (finish reason ``length``)
+        self.replies = 0
+        self.replies_truncated = 0
 
     @property
     def policies(self) -> list[str]:

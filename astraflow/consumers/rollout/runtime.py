@@ -27,6 +27,7 @@ from astraflow.models.prompt import render_prompt
 PROMPT_CACHE = 4096  # rendered prompts kept (a task's samples render it once)
 DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 64,
                                     "stop": (), "stop_token_ids": ()}
+TRUNCATED = ("score", "zero")  # rollout.reward.truncated
 
 
 @dataclass
@@ -40,6 +41,9 @@ class Runtime:
     default_workflow: str = "single_turn"
     workflow_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
     allow_workflow_paths: bool = False  # a task may name any module:function (trusted tasks)
+    #: rollout.reward.truncated: "score" (a cut reply is scored like any other) or "zero" (a
+    #: trajectory with a cut reply scores 0); applied by Conversation.finish
+    truncated: str = "score"
     batchers: dict[str, Batcher] = field(default_factory=dict)
     _prompts: OrderedDict[tuple[Any, ...], tuple[str, list[int]]] = field(
         default_factory=OrderedDict)
@@ -52,18 +56,24 @@ class Runtime:
                default_workflow: str = "single_turn",
                workflow_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                engine_latency: Any = None, allow_workflow_paths: bool = False,
-               extract: str | Callable[[str], str] | None = "none") -> Runtime:
+               extract: str | Callable[[str], str] | None = "none",
+               truncated: str = "score") -> Runtime:
         """``extract``: the answer extractor (``rollout.reward.extract``) the reward sees the
-        completion through; ``none``: the completion as is."""
+        completion through; ``none``: the completion as is. ``truncated``: what a trajectory
+        with a reply cut at ``max_new_tokens`` scores (``rollout.reward.truncated``): ``score``
+        (what the reward says) or ``zero``."""
         if not engines:
             raise WorkflowError("a rollout runtime needs at least one engine (policy)")
+        if truncated not in TRUNCATED:
+            raise WorkflowError(f"unknown truncated rule {truncated!r}; valid: "
+                                f"{', '.join(TRUNCATED)}")
         fn = with_extract(REWARDS.resolve(reward) if isinstance(reward, str) else reward, extract)
         return cls(engines=dict(engines), reward_fn=fn, reward_kwargs=dict(reward_kwargs or {}),
                    reward_timeout=reward_timeout, tool_timeout=tool_timeout,
                    sampling={**DEFAULT_SAMPLING, **dict(sampling or {})},
                    default_workflow=default_workflow,
                    workflow_kwargs={k: dict(v) for k, v in (workflow_kwargs or {}).items()},
-                   allow_workflow_paths=allow_workflow_paths,
+                   allow_workflow_paths=allow_workflow_paths, truncated=truncated,
                    batchers=batchers_for(dict(engines), latency=engine_latency))
 
     @property

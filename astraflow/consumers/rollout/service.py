@@ -125,7 +125,7 @@ def build_worker(rc: RolloutConfig, *, run: str, policies: Sequence[str],
         sampling={k: getattr(rc.engine, k) for k in SAMPLING_KEYS},
         default_workflow=rc.workflow.default,
         workflow_kwargs=rc.workflow.kwargs, engine_latency=rc.engine.latency,
-        allow_workflow_paths=rc.workflow.allow_task_paths)
+        allow_workflow_paths=rc.workflow.allow_task_paths, truncated=rc.reward.truncated)
     followers = (build_followers(engines, bus, weights, run=run, worker=worker_id, out=out,
                                  poll_interval=rc.weights.poll_interval)
                  if rc.weights.enabled else [])

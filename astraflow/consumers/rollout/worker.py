@@ -74,6 +74,8 @@ class WorkerStats:
     trajectories: int = 0
     tokens_generated: int = 0
     reward_failures: int = 0
+    replies: int = 0  # assistant turns generated
+    replies_truncated: int = 0  # of them, cut by the engine (max_new_tokens reached)
     tool_calls: int = 0
     tool_failures: int = 0
     tool_timeouts: int = 0
@@ -147,6 +149,8 @@ class RolloutWorker:
         self._claimed = 0
         self._typical_n = 1
         self._rates = (time.monotonic(), 0, 0)
+        # (time, replies, truncated) where the last truncated_fraction window began
+        self._replies_seen = (time.monotonic(), 0, 0)
         self._admission = Admission(max_concurrent_episodes)
 
     # -- control ------------------------------------------------------------------------------
@@ -230,7 +234,7 @@ class RolloutWorker:
                 await self.runtime.close()
                 for f in self.followers:
                     await asyncio.to_thread(f.close)
-                await self._gauges()
+                await self._gauges(final=True)
                 await self._call(self.metrics.close, "stopped")
                 self._thread.close()
         log.info("worker=%s stopped %s", self.worker_id, self.stats.as_dict())
@@ -309,6 +313,11 @@ class RolloutWorker:
             stats.episodes_failed += 1
             metrics.inc("failures")
             log.warning("episode failed task=%s sample=%d error=%s", task.id, index, out.error)
+        if out.ctx.replies:
+            stats.replies += out.ctx.replies
+            stats.replies_truncated += out.ctx.replies_truncated
+            metrics.inc("replies", out.ctx.replies)
+            metrics.inc("replies_truncated", out.ctx.replies_truncated)
         if out.ctx.counters:
             for name, n in out.ctx.counters.items():
                 if name in _STAT_NAMES:
@@ -435,7 +444,17 @@ class RolloutWorker:
         await self._gauges()
         await self._call(self.metrics.tick, "draining" if self._stop_requested else "running")
 
-    async def _gauges(self) -> None:
+    def _truncated_fraction(self, now: float, final: bool) -> None:
+        """The share of replies the engines cut (finish reason ``length``) among those of the
+        episodes finished in the last ``metrics_interval`` or more (the window ends at the
+        stop too); kept as it was while no reply comes."""
+        t0, n0, c0 = self._replies_seen
+        n, c = self.stats.replies, self.stats.replies_truncated
+        if n > n0 and (final or now - t0 >= self.metrics_interval):
+            self.metrics.set("truncated_fraction", (c - c0) / (n - n0))
+            self._replies_seen = (now, n, c)
+
+    async def _gauges(self, final: bool = False) -> None:
         if self._stream is not None:
             self.stats.commits = self._stream.commits
             self.stats.commit_errors = self._stream.commit_errors
@@ -446,6 +465,7 @@ class RolloutWorker:
             self.metrics.set("episodes_per_s", (self.stats.episodes - e0) / dt)
             self.metrics.set("gen_tokens_per_s", (self.stats.tokens_generated - k0) / dt)
             self._rates = (now, self.stats.episodes, self.stats.tokens_generated)
+        self._truncated_fraction(now, final)
         self.metrics.set("inflight", self._claimed)
         self.metrics.set("max_inflight", self.max_concurrent)  # the reporter's utilization
         self.metrics.set("inflight_tasks", len(self._running))

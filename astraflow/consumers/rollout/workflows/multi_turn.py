@@ -15,6 +15,12 @@ The protocol (what the model writes, what it gets back):
   ``max_turns`` assistant turns the episode ends (``finish_reason="length"`` if the last turn
   was still a tool call).
 
+A turn the engine cuts at ``max_new_tokens`` is an unterminated tool call (an error result, and
+the model goes on) or, without ``<tool>``, the final answer as far as it got. Under
+``rollout.reward.truncated: zero`` a cut turn, final or not, makes the episode score 0: every
+generated token of the trajectory is trained on its reward, so a positive one would reinforce
+the cut turn too. Turns running out (``max_turns``) is not a cut: the reward decides.
+
 Loss mask: the tokens the model generated in each assistant turn are 1; the prompt, every tool
 message and the chat template's tokens around them are 0.
 
