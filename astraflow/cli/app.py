@@ -122,11 +122,9 @@ def main() -> None:
     try:
         app()
     except AstraflowError as e:
-        from rich.console import Console
+        from astraflow.cli.common import report_line
 
-        from astraflow.core.redact import redact_text
-
-        Console(stderr=True).print(f"[bold red]error:[/] {redact_text(str(e))}", highlight=False)
+        report_line(str(e))
         sys.exit(1)
 
 

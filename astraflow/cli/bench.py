@@ -107,18 +107,19 @@ ROWS = (
 
 def _table(out: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     w, s = out["workload"], out["settings"]
     console = Console()
     console.print(
-        f"[bold]{w['source']}[/]: {w['groups']} groups, {w['episodes']} episodes, "
+        f"[bold]{escape(str(w['source']))}[/]: {w['groups']} groups, {w['episodes']} episodes, "
         f"{w['samples']} trajectories; {w['turns_per_episode']:.2f} turns/episode, tokens/turn "
         f"p50 {w['tokens_per_turn_p50']:g} p99 {w['tokens_per_turn_p99']:g}; wait/episode "
         f"p50 {w['wait_per_episode_p50_s']:.3g}s p99 {w['wait_per_episode_p99_s']:.3g}s",
         highlight=False)
     for note in w["notes"]:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {escape(note)}", highlight=False)
     console.print(
         f"engine step = {s['step_a']:.4g} + {s['step_b']:.3g} x batch s, concurrency "
         f"{s['concurrency'] or 'unlimited'}; trainer {s['train_s']:.3g} s/step "

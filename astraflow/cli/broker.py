@@ -41,23 +41,22 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except BrokerError as e:
-        from rich.console import Console
-        from rich.markup import escape
+        from astraflow.cli.common import fail
 
-        Console(stderr=True).print(f"[red]error:[/red] {escape(str(e))}")
-        raise typer.Exit(1) from None
+        raise fail(str(e)) from None
 
 
 @contextmanager
 def _spinner(first: str) -> Iterator[Callable[[str], None]]:
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console(stderr=True)
-    with console.status(first) as status:
+    with console.status(escape(first)) as status:
         def say(msg: str) -> None:
             if msg.startswith("Fetched"):
-                console.print(msg)
-            status.update(msg)
+                console.print(escape(msg))
+            status.update(escape(msg))
 
         yield say
 

@@ -109,7 +109,7 @@ def demo(
         child = procs[f"worker-{i}"] = Child(out / "logs" / f"worker-{i}.log")
         child.start(cli("demo-worker", bus, run, f"worker-{i}", "--delay", str(delay)),
                     role_env())
-    console.print(f"[bold]bus[/] {bus}   [bold]run[/] {run}   "
+    console.print(f"[bold]bus[/] {escape(bus)}   [bold]run[/] {run}   "
                   f"[bold]workers[/] {', '.join(f'{k} (pid {p.pid})' for k, p in procs.items())}")
     producer = b.producer(client_id="demo-producer")
     reader = b.reader(traj_topic, client_id="demo")
