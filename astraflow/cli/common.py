@@ -25,6 +25,44 @@ BusOption = Annotated[
 ]
 
 
+#: ``--out`` of the commands that take a bus but no config (`topics`, `inspect`)
+RunDirOption = Annotated[
+    Path | None,
+    typer.Option("--out", help="A run directory: use its embedded bus, DIR/bus.db (instead "
+                               "of --bus)."),
+]
+
+
+def chosen_bus(bus: str, out: Path | None) -> str:
+    """The bus URL of a command with ``--bus`` and ``--out``: the run directory's embedded bus
+    when ``out`` is given, else ``bus``."""
+    from astraflow.core.bus.url import embedded_url
+
+    return embedded_url(out.resolve() / "bus.db") if out is not None else bus
+
+
+def existing_bus(bus: str, out: Path | None, command: str) -> str:
+    """:func:`chosen_bus` for a command that reads a run (``command``, e.g. `astraflow
+    inspect`): an embedded bus whose file does not exist is refused, never created (a
+    command pointed at nothing used to leave an empty ./.astraflow/bus.db behind)."""
+    from astraflow.core.bus.url import parse_url
+    from astraflow.core.errors import BusURLError
+
+    url = chosen_bus(bus, out)
+    try:
+        parsed = parse_url(url)
+    except BusURLError as e:
+        raise fail(str(e)) from None
+    if parsed.scheme == "embedded" and parsed.path is not None and not parsed.path.exists():
+        given = (f"--out {out}" if out is not None else
+                 "the default --bus" if bus == DEFAULT_BUS else f"--bus {bus}")
+        raise fail(f"no bus at {parsed.path} ({given}): `{command}` reads the bus of a run and "
+                   "never creates one. Give the run directory with --out DIR (e.g. --out "
+                   "runs/<run>, where `astraflow run` keeps its bus.db), or the run's bus with "
+                   f"--bus URL (embedded:///path/to/bus.db, kafka://host:port; or ${BUS_ENV})")
+    return url
+
+
 def with_env_bus(overrides: list[str] | None) -> list[str]:
     """``--set`` overrides with ``ASTRAFLOW_BUS`` (when set) as the first: every command that
     reads an experiment config takes its bus from the environment like the commands with
@@ -70,32 +108,38 @@ def load_role(path: Any, overrides: list[str] | None, out: Path | None) -> tuple
 
         policies = " ".join(f"--policy {p}" for p in cfg.policies)
         raise fail(f"no bus in the run directory {d} ({bus} does not exist): a role joins a "
-                   f"run, it does not start one. Start the run with `astraflow run {path} "
+                   f"run, it does not start one. Start the run with `astraflow run "
+                   f"{path if path is not None else 'CONFIG'} "
                    f"--out {d}` (it creates the bus and topics), give the directory of a "
                    f"running run with --out DIR, or create its topics with `astraflow topics "
                    f"create --run {cfg.run} {policies} --bus {embedded_url(bus)}`")
     return cfg, d
 
 
-def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print an error a person can act on (no traceback; no secret it quotes: a token, a
-    password, a key) and return the Exit to raise."""
+def report_line(message: str, label: str = "error", style: str = "bold red") -> None:
+    """Print ``label: message`` to stderr: the label styled, the message as it is (escaped:
+    a ``[a, b]`` or ``[gateway]`` in it is text, not rich markup) and with no secret it
+    quotes (a token, a password, a key)."""
     from rich.console import Console
+    from rich.markup import escape
 
     from astraflow.core.redact import redact_text
 
     # soft wrap: a path or a command in the message stays whole, to be copied
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {redact_text(message)}",
-                                               highlight=False)
+    Console(stderr=True, soft_wrap=True).print(
+        f"[{style}]{label}:[/] {escape(redact_text(message))}", highlight=False)
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print an error a person can act on (no traceback; see :func:`report_line`) and return
+    the Exit to raise."""
+    report_line(message)
     return typer.Exit(code)
 
 
 def warn(message: str) -> None:
     """Print a warning a person should act on (the run goes on)."""
-    from rich.console import Console
-
-    Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {message}",
-                                               highlight=False)
+    report_line(message, "warning", "bold yellow")
 
 
 def read_secret_file(path: Path, flag: str) -> str:
@@ -132,12 +176,23 @@ def secret_option(value: str | None, file: Path | None, *, flag: str, env: str) 
     return os.environ.get(env) or None
 
 
+def find_user_code(path: Any) -> None:
+    """Let ``module.path:function`` names (a reward, a workflow, a tool) and
+    rollout.workflow.modules find a user's own files in the current directory and in the
+    directory of the config at ``path``, in this process and in every role it starts."""
+    from astraflow.core.registry import add_code_dirs
+
+    add_code_dirs(Path.cwd(), *([Path(path).parent] if path is not None else []))
+
+
 def load_config(path: Any, overrides: list[str] | None) -> Any:
-    """The experiment config at ``path`` with ``--set`` overrides; a ConfigError becomes a
-    one-line error and exit code 1."""
+    """The experiment config at ``path`` with ``--set`` overrides (a user's modules found
+    beside it: :func:`find_user_code`); a ConfigError becomes a one-line error and exit
+    code 1."""
     from astraflow.config import load_experiment
     from astraflow.core.errors import ConfigError
 
+    find_user_code(path)
     try:
         return load_experiment(path, with_env_bus(overrides))
     except ConfigError as e:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from astraflow.cli.common import DEFAULT_BUS, BusOption
+from astraflow.cli.common import DEFAULT_BUS, BusOption, RunDirOption, existing_bus
 
 
 def message_json(msg: Any) -> bytes:
@@ -67,14 +67,16 @@ def inspect(
                                               help="Stop after N records.")] = None,
     latest: Annotated[bool, typer.Option(help="Same as --from latest.", hidden=True)] = False,
     bus: BusOption = DEFAULT_BUS,
+    out: RunDirOption = None,
 ) -> None:
     """Print the records of TOPIC as JSON lines: origin (topic[partition]@offset), key,
     headers and the decoded record. Without --follow, stops after the records that exist now.
-    Reads without joining a consumer group: nothing is committed, nothing is left behind."""
+    Reads without joining a consumer group: nothing is committed, nothing is left behind (an
+    embedded bus that does not exist is an error, never created)."""
     from astraflow.core.bus import connect
 
     where = parse_start("latest" if latest else start)
-    b = connect(bus)
+    b = connect(existing_bus(bus, out, "astraflow inspect"))
     try:
         ends = b.describe_topic(topic).end_offsets  # also a clear error for an unknown topic
         reader = b.reader(topic, start=where, client_id="inspect")

@@ -8,6 +8,7 @@ Module-level imports stay light (typer and the stdlib): torch and transformers l
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -24,32 +25,64 @@ app = typer.Typer(help="Models: import a gguf file, a hub id or a shortcut into 
 def import_(
     source: Annotated[str, typer.Argument(help="A .gguf file, a Hugging Face hub id (org/name) "
                                                "or a shortcut (smollm2-135m-instruct).")],
-    dest: Annotated[Path, typer.Argument(help="The folder to write (new, or empty).")],
+    dest: Annotated[Path | None, typer.Argument(
+        help="The folder to write (new, or empty). Default: where models.<policy>.path: "
+             "SOURCE resolves (the cache; a hub id: the Hugging Face cache).")] = None,
 ) -> None:
     """Import SOURCE (gguf file, hub id, shortcut) as a safetensors model folder DEST.
 
     DEST gets safetensors weights (a gguf file dequantized to fp32), the tokenizer with its
     chat template, and astraflow-source.json (source, sha256, versions, date, parameter
-    count). Set models.<policy>.path to DEST."""
+    count). Set models.<policy>.path to DEST. Without DEST, SOURCE goes where a config naming
+    it (models.<policy>.path: SOURCE) finds it, imported once: set the path to SOURCE itself."""
     from rich.console import Console
+    from rich.markup import escape
 
     from astraflow.core.errors import AstraflowError
-    from astraflow.models.importer import import_source
 
     console = Console(stderr=True, log_path=False)
     try:
-        with console.status(f"importing {source}") as status:
+        with console.status(f"importing {escape(source)}") as status:
             def progress(msg: str) -> None:
-                status.update(msg)
-                console.log(msg, highlight=False)
+                status.update(escape(msg))
+                console.log(escape(msg), highlight=False)
 
-            folder = import_source(source, dest, progress=progress)
+            folder = _import(source, dest, progress)
     except AstraflowError as e:
         raise fail(str(e)) from None
-    info = json.loads((folder / "astraflow-source.json").read_text())
-    params = info.get("parameters")
-    size = f", {params / 1e6:.1f}M parameters" if params else ""
-    typer.echo(f"wrote {folder}{size}; set models.<policy>.path to it")
+    if dest is not None:
+        typer.echo(f"wrote {folder}{_size(folder)}; set models.<policy>.path to it")
+    else:
+        typer.echo(f"{source} is in {folder}{_size(folder)}; set models.<policy>.path to "
+                   f"{source} (it resolves to that folder) or to the folder itself")
+
+
+def _import(source: str, dest: Path | None, progress: Callable[[str], None]) -> Path:
+    """SOURCE imported into ``dest``, or (None) where ``models.<policy>.path: SOURCE``
+    resolves: a gguf file's or a shortcut's import in the cache, a hub id's snapshot in the
+    Hugging Face cache (each made once; an existing one is kept)."""
+    from astraflow.core.errors import ConfigError
+    from astraflow.models.importer import import_source
+    from astraflow.models.source import SHORTCUTS, classify, resolve
+
+    if dest is not None:
+        return import_source(source, dest, progress=progress)
+    if classify(source) not in ("gguf", "shortcut", "hub"):
+        raise ConfigError(f"SOURCE {source!r} is no .gguf file, hub id (org/name) or "
+                          f"shortcut ({', '.join(SHORTCUTS)}), so it has no default DEST: give "
+                          "one, or use a model folder as it is (models.<policy>.path: FOLDER)")
+    return resolve(source, key="SOURCE", progress=progress)
+
+
+def _size(folder: Path) -> str:
+    """``, 134.5M parameters`` of the model in ``folder`` (empty when unknown)."""
+    from astraflow.models.source import SOURCE_FILE, count_parameters
+
+    try:
+        params = json.loads((folder / SOURCE_FILE).read_text()).get("parameters")
+    except (OSError, ValueError):  # a hub snapshot has no import record
+        params = count_parameters(folder)
+    return f", {params / 1e6:.1f}M parameters" if params else ""
 
 
 @app.command("list")

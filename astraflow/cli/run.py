@@ -10,6 +10,21 @@ import typer
 from astraflow.cli.common import OutOption
 
 
+def refuse_foreign_dir(out: Path) -> None:
+    """Refuse an ``out`` that exists, is not empty and is no run directory (no config.yaml)
+    before anything else is said of it: neither --fresh (which never deletes a directory
+    AstraFlow did not make) nor --resume can use it, so neither is suggested."""
+    from astraflow.cli.common import fail
+
+    if out.is_dir() and any(out.iterdir()) and not (out / "config.yaml").exists():
+        raise fail(f"{out} exists and is not an AstraFlow run directory (no config.yaml): "
+                   "nothing was started. A run needs a new or empty directory, or its own "
+                   "(--fresh and --resume take only a run directory; a directory AstraFlow did "
+                   "not make is never deleted): give another --out, e.g. --out runs/NAME")
+    if out.exists() and not out.is_dir():
+        raise fail(f"--out {out} is a file, not a directory: give another --out")
+
+
 def run(
     config: Annotated[Path, typer.Argument(help="Experiment YAML file.")],
     bus: Annotated[str | None, typer.Option(
@@ -49,7 +64,7 @@ def run(
     (it exhausted launch.max_restarts)."""
     import sys
 
-    from astraflow.cli.common import fail, with_env_bus
+    from astraflow.cli.common import fail, find_user_code, with_env_bus
     from astraflow.config import load_experiment
     from astraflow.core.errors import AstraflowError
     from astraflow.run.orchestrate import check_out, run_experiment
@@ -61,6 +76,7 @@ def run(
     sets = with_env_bus(overrides)
     if bus is not None and bus != "embedded":
         sets.append(f"bus.url={bus}")
+    find_user_code(config)  # here, and in every role (they inherit $PYTHONPATH)
     try:
         cfg = load_experiment(config, sets)
         out = out or Path("runs") / cfg.run
@@ -71,6 +87,7 @@ def run(
                 raise fail(f"--warm {warm} lies in the run directory {out}, which --fresh "
                            "deletes first: give another --out")
             cfg = from_warm(cfg, warm)
+        refuse_foreign_dir(out)
         check_out(out, fresh=fresh, resume=resume)  # before anything is checked or made
         if check:
             from astraflow.cli.check import run_check

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from astraflow.cli.common import fail, secret_option
+from astraflow.cli.common import OutOption, fail, secret_option
 
 #: where `weights serve` and `weights mirror` read the workers' token when no file is given
 #: (the http store's `token` defaults to it too: weights.store.token)
@@ -187,10 +187,24 @@ def bench(
         typer.echo(wbench.table(results))
 
 
+def _make_store_dir(directory: Path) -> bool:
+    """Create the weight store directory ``directory`` if it is missing; whether it was."""
+    if directory.is_dir():
+        return False
+    try:
+        directory.mkdir(parents=True)
+    except OSError as e:
+        raise fail(f"weight store directory {directory} cannot be created "
+                   f"({e.strerror or e}): give a directory you may write, or create it "
+                   "first") from None
+    return True
+
+
 @app.command()
 def serve(
-    directory: Annotated[Path, typer.Argument(help="Weight store directory to serve.",
-                                              exists=True, file_okay=False)],
+    directory: Annotated[Path, typer.Argument(
+        help="Weight store directory to serve (created if missing: it fills as the trainer "
+             "publishes).", file_okay=False)],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: pick a free one).")] = 8470,
     token_file: TokenFileOption = None,
@@ -209,14 +223,18 @@ def serve(
         min=0.001)] = 5.0,
 ) -> None:
     """Serve a weight store over HTTP (ranged, resumable GETs; read-only). The bearer token
-    workers must show comes from --token-file or $ASTRAFLOW_WEIGHTS_TOKEN (none: no token)."""
+    workers must show comes from --token-file or $ASTRAFLOW_WEIGHTS_TOKEN (none: no token).
+    A DIRECTORY that does not exist yet is created: a server may start before the trainer
+    has published anything."""
     from astraflow.weights.server import make_server
 
     token = secret_option(token, token_file, flag="--token", env=TOKEN_ENV)
+    created = _make_store_dir(directory)
     server = make_server(directory, host=host, port=port, token=token,
                          max_connections=max_connections, idle_timeout_s=idle_timeout,
                          max_unauthenticated=max_unauthenticated, auth_timeout_s=auth_timeout)
-    typer.echo(f"serving {directory} at {server.url}" + (" (token required)" if token else ""))
+    typer.echo(f"serving {directory} at {server.url}" + (" (token required)" if token else "")
+               + (" (created empty: it fills as the trainer publishes)" if created else ""))
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -240,8 +258,7 @@ def mirror(
     policies: Annotated[list[str] | None, typer.Option(
         "--policy", help="Policy to mirror (repeatable; default: the config's policies).")]
     = None,
-    out: Annotated[Path, typer.Option(help="Run directory ({out} in the bus URL).")]
-    = Path("."),
+    out: OutOption = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Config override a.b=c.")]
     = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -272,7 +289,7 @@ def mirror(
     import logging
     import threading
 
-    from astraflow.cli.common import load_config, role_run
+    from astraflow.cli.common import load_role, role_run
     from astraflow.run.resources import open_bus
     from astraflow.weights.http import HttpStore
     from astraflow.weights.mirror import Mirror, serve_mirror
@@ -286,7 +303,7 @@ def mirror(
         overrides.append(f"bus.url={bus}")
     if run:
         overrides.append(f"run={run}")
-    cfg = load_config(config, overrides)
+    cfg, out = load_role(config, overrides, out)  # an embedded bus must be the run's, not new
     source: WeightStore
     if upstream.startswith(("http://", "https://")):
         source = HttpStore(upstream, token=upstream_token or token)

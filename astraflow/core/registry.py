@@ -14,7 +14,9 @@ A name resolves, in this order, to
        [project.entry-points."astraflow.workflows"]
        my_agent = "my_pkg.agent:run_episode"
 
-3. a ``module.path:attr`` written in the config, imported on first use.
+3. a ``module.path:attr`` written in the config, imported on first use: from an installed
+   package, or from a user's own file in the current directory or the config's directory
+   (:func:`add_code_dirs`, which the CLI calls: ``my_reward:score`` is ``my_reward.py`` there).
 
 A name registered in code wins over an entry point of the same name: an installed package
 cannot silently replace a built-in (``astraflow plugins`` lists it as shadowed).
@@ -23,9 +25,12 @@ cannot silently replace a built-in (``astraflow plugins`` lists it as shadowed).
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from astraflow.core.errors import AstraflowError
@@ -67,7 +72,8 @@ def load_object(path: str, kind: str = "object") -> Callable[..., Any]:
         obj: object = importlib.import_module(module_name)
     except ImportError as e:
         raise RegistryError(f"{kind} {path!r}: cannot import module {module_name!r} ({e}); is "
-                            "it installed or on PYTHONPATH?", reason="import", path=path,
+                            "it installed, a file in the current directory or the config's "
+                            "directory, or on PYTHONPATH?", reason="import", path=path,
                             module=module_name, attr=attr, cause=str(e)) from None
     for part in attr.split("."):
         try:
@@ -80,6 +86,22 @@ def load_object(path: str, kind: str = "object") -> Callable[..., Any]:
         raise RegistryError(f"{kind} {path!r} is a {type(obj).__name__}, not a callable",
                             reason="not callable", path=path, module=module_name, attr=attr)
     return obj
+
+
+def add_code_dirs(*dirs: str | Path) -> list[str]:
+    """Make a user's own modules in ``dirs`` (the current directory, the config's directory)
+    importable, as ``PYTHONPATH=DIR`` would: each directory (absolute) goes in front on
+    ``sys.path`` of this process and on ``$PYTHONPATH`` of its environment, so that every
+    process it starts (the roles of `astraflow run`, whatever their working directory) finds
+    the same modules. Returns the directories this put on ``sys.path``."""
+    paths = list(dict.fromkeys(str(Path(d).resolve()) for d in dirs))
+    env = [d for d in os.environ.get("PYTHONPATH", "").split(os.pathsep) if d]
+    os.environ["PYTHONPATH"] = os.pathsep.join([*(d for d in paths if d not in env), *env])
+    added = [d for d in paths if d not in sys.path]
+    sys.path[0:0] = added
+    if added:
+        importlib.invalidate_caches()
+    return added
 
 
 @cache
@@ -223,5 +245,5 @@ def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
     return __getattr__
 
 
-__all__ = ["Origin", "Registry", "RegistryError", "entry_points", "is_path", "lazy_exports",
-           "load_object"]
+__all__ = ["Origin", "Registry", "RegistryError", "add_code_dirs", "entry_points", "is_path",
+           "lazy_exports", "load_object"]

@@ -67,6 +67,7 @@ def test_topics_create_list_describe_and_inspect(tmp_path: Path) -> None:
 
 
 def test_unknown_topic_is_a_one_line_error(tmp_path: Path) -> None:
+    connect(f"embedded://{tmp_path}/bus.db").close()  # a bus without that topic
     r = astraflow("inspect", "nope", "--bus", f"embedded://{tmp_path}/bus.db", cwd=tmp_path)
     assert r.returncode == 1
     assert "error:" in r.stderr and "nope" in r.stderr and "Traceback" not in r.stderr
