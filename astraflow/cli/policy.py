@@ -1,4 +1,4 @@
-"""``astraflow policy CONFIG STAGE``: run one data-algorithm stage processor (DESIGN.md §6).
+"""``astraflow policy CONFIG STAGE``: run one data-algorithm stage processor.
 
 Mounted in the main app as ``app.command("policy")(policy.policy)``; also runnable alone:
 ``python -m astraflow.cli.policy CONFIG STAGE``. Imports stay light (typer, stdlib).

@@ -1,4 +1,4 @@
-"""``astraflow produce CONFIG``: produce the experiment's tasks (DESIGN.md §2, docs/rollout.md).
+"""``astraflow produce CONFIG``: produce the experiment's tasks (docs/rollout.md).
 
 Mounted in the main app as ``app.command("produce")(produce.produce)``; also runnable alone:
 ``python -m astraflow.cli.produce CONFIG``. Imports stay light (typer, stdlib).

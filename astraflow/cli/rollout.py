@@ -1,4 +1,4 @@
-"""``astraflow rollout CONFIG``: run one rollout worker (DESIGN.md §5, docs/rollout.md).
+"""``astraflow rollout CONFIG``: run one rollout worker (docs/rollout.md).
 
 Mounted in the main app as ``app.command("rollout")(rollout.rollout)``; also runnable alone:
 ``python -m astraflow.cli.rollout CONFIG``. Imports stay light (typer, stdlib).

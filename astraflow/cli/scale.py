@@ -1,5 +1,5 @@
 """``astraflow report CONFIG`` and ``astraflow scale CONFIG``: the reporter and the scaler as
-processes of their own (DESIGN.md §9, docs/elastic.md). Under `astraflow run` with
+processes of their own (docs/elastic.md). Under `astraflow run` with
 ``scale.enabled`` the reporter is one of the run's roles and the scaler runs in the launcher
 itself, acting through its supervisor. Imports stay light (typer, stdlib)."""
 

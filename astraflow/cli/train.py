@@ -1,4 +1,4 @@
-"""``astraflow train CONFIG --policy NAME``: run the trainer of one policy (DESIGN.md §7).
+"""``astraflow train CONFIG --policy NAME``: run the trainer of one policy.
 
 Mounted in the main app as ``app.command("train")(train.train)``; also runnable alone:
 ``python -m astraflow.cli.train CONFIG --policy NAME``. Imports stay light (typer, stdlib):
