@@ -39,7 +39,7 @@ from astraflow.core.topics import topic_name
 #: the gauges of a verifier's evaluation besides eval_accuracy (their presence: kind verdict)
 VERDICT_GAUGES = ("eval_right_accuracy", "eval_wrong_accuracy", "eval_unclear")
 #: the gauges of an answer evaluation with sampled completions (launch.eval_samples)
-SAMPLED_GAUGES = ("eval_sampled_accuracy", "eval_pass_at_k", "eval_k")
+SAMPLED_GAUGES = ("eval_sampled_accuracy", "eval_pass_at_k", "eval_majority_accuracy", "eval_k")
 #: the gauges of the team's evaluation
 SYSTEM_GAUGES = ("system_accuracy", "first_accuracy", "retry_rate", "unclear_rate", "error_rate")
 TEAM = "team"  # the policy field of the team's evaluation lines

@@ -27,11 +27,18 @@ STEPS = 150
 KAFKA_STEPS = 40
 
 
+def budget(steps: int = STEPS) -> list[str]:
+    """The ``--set`` values of the quickstart's reduced RL budget of ``steps`` trainer steps."""
+    return [f"trainer.max_steps={steps}", "launch.eval_every=40", "launch.timeout_s=400"]
+
+
+BUDGET = budget()
+
+
 def run_args(out: Path, warmup: Path, *extra: str, steps: int = STEPS) -> list[str]:
     """The quickstart's RL phase from the warm model of the ``warmup`` run (``--warm``), for
     ``steps`` trainer steps."""
-    budget = [f"trainer.max_steps={steps}", "launch.eval_every=40", "launch.timeout_s=400"]
-    sets = [a for s in budget for a in ("--set", s)]
+    sets = [a for s in budget(steps) for a in ("--set", s)]
     return ["run", str(QUICKSTART), "--out", str(out), "--no-live", "--warm", str(warmup),
             *sets, *extra]
 
