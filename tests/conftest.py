@@ -165,8 +165,8 @@ class RuleEngine:
     """An engine that answers each request by a rule of its prompt's text (so an episode's
     outcome is known in advance): ``rule(prompt_text) -> completion``. Like a real engine, it
     ends a completion with ``<eos>`` unless one of the request's stop strings ends it (a tool
-    call), and cuts it at ``max_new_tokens``. Records its requests (``calls``) and how many
-    batches it was given (``batches``)."""
+    call), and cuts it at ``max_new_tokens`` (finish reason ``length``, as an engine reports).
+    Records its requests (``calls``) and how many batches it was given (``batches``)."""
 
     name = "rule"
     continuous = False
@@ -192,8 +192,9 @@ class RuleEngine:
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             if not any(s in text for s in r.stop):
                 ids.append(self.tokenizer.eos_token_id)
+            finish = "length" if len(ids) > r.max_new_tokens else "stop"
             ids = ids[:r.max_new_tokens]
-            out.append(GenResult(ids, [-0.1] * len(ids), [self._version] * len(ids), "stop"))
+            out.append(GenResult(ids, [-0.1] * len(ids), [self._version] * len(ids), finish))
         return out
 
     def weight_target(self) -> None:

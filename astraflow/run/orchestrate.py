@@ -37,7 +37,7 @@ def check_out(out: Path, *, fresh: bool, resume: bool) -> None:
                              "directory, --resume continues the run in it)")
     used = out.exists() and any(out.iterdir())
     is_run = (out / "config.yaml").exists()
-    if used and not is_run and (fresh or resume):
+    if used and not is_run:
         raise AstraflowError(f"{out} exists and is not an AstraFlow run directory (no "
                              "config.yaml); choose another --out or remove it")
     if used and not (fresh or resume):
