@@ -1,5 +1,5 @@
 """A tool-using agent with long-tail tool latency: the pipeline (`astraflow run`) against a
-synchronous loop on the same model, task, tool and latency (issue 14), in one invocation.
+synchronous loop on the same model, task, tool and latency, in one invocation.
 
     python bench/agentic.py                          # p99/p50 = 40 (p50 0.05 s, p99 2 s)
     python bench/agentic.py --ratios 1 10 40         # the curve of the ratio against the tail

@@ -1,4 +1,4 @@
-"""The quickstart under faults (issue 18): `astraflow run` for ``--seconds`` of RL while a
+"""The quickstart under faults (docs/chaos.md): `astraflow run` for ``--seconds`` of RL while a
 seeded injector (bench/lib/chaos.py) SIGKILLs role processes of every kind (at random
 moments, mid-checkpoint, right after a checkpoint), restarts the Kafka broker, cuts, stalls and
 slows the broker's and the weight server's links through Toxiproxy, fills the run directory's

@@ -7,7 +7,7 @@ seeds; the paper's numbers in brackets beside ours.
     python bench/elastic_sim.py                       # 10 seeds, the table
     python bench/elastic_sim.py --seeds 10 --plot docs/img/elastic-sim.png
 
-Every number is simulated; the paper's are only printed. The target of issue 15 (at least 13%
+Every number is simulated; the paper's are only printed. The elasticity target (at least 13%
 fewer total GPU-hours than the best fixed pool at no more than 5% trainer wait) is checked
 against the best auto arm and printed as met or not.
 

@@ -1,4 +1,5 @@
-"""Does a tiny model learn a sum faster written least-significant digit first? (issue 13)
+"""Does a tiny model learn a sum faster written least-significant digit first?
+(docs/results/several-models.md)
 
 A verifier that checks "a+b=c" by recomputing the sum could write its work in the order a
 left-to-right decoder carries (units first: "12+39=" -> "15"), and so check faster than a

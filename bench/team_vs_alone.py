@@ -1,6 +1,6 @@
-"""A team of adapters against its solver trained alone, at equal wall clock (issue 45's
-comparison): pairs of `astraflow run` of the team config and of the solver-alone config, each
-for the same seconds from the same start (the base model, fresh LoRA adapters), then the
+"""A team of adapters against its solver trained alone, at equal wall clock
+(docs/results/several-models.md): pairs of `astraflow run` of the team config and of the
+solver-alone config, each for the same seconds from the same start (the base model, fresh LoRA adapters), then the
 final weights of each measured on the same held-out problems.
 
     python bench/team_vs_alone.py                          # 2 pairs, 600 s of each run

@@ -1,4 +1,5 @@
-"""Who may import whom: the import-linter contracts in pyproject.toml hold (DESIGN.md §11).
+"""Who may import whom: the import-linter contracts in pyproject.toml hold
+(docs/architecture.md#the-roles-and-their-rooms).
 
 Roles (producers, rollout, trainer, policies) never import one another nor the code that
 composes them (``astraflow.config``, ``run/``, ``cli/``), core imports no other package of
@@ -52,7 +53,7 @@ def test_the_kafka_and_sqlite_contract_covers_every_package_but_core() -> None:
 
 def test_no_contract_carries_an_exception() -> None:
     """The layers hold without ``ignore_imports``: the gateway is a one-way client of rollout
-    (issue 35), and no other arrow runs back up."""
+    (docs/architecture.md#the-roles-and-their-rooms), and no other arrow runs back up."""
     assert [c["name"] for c in _contracts() if c.get("ignore_imports")] == []
 
 

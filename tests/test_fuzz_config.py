@@ -1,5 +1,5 @@
-"""Fuzzing the experiment config loader (issue 18): any YAML file and any ``--set`` overrides
-give an ExperimentConfig or one ConfigError, never a raw pydantic ValidationError, a YAML
+"""Fuzzing the experiment config loader (docs/results/faults.md#fuzzing): any YAML file and
+any ``--set`` overrides give an ExperimentConfig or one ConfigError, never a raw pydantic ValidationError, a YAML
 error, a KeyError or TypeError...; and every problem is reported at once, each at its path.
 
 Documents are generated from the config models themselves (every section and key, with

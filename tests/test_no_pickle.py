@@ -1,5 +1,5 @@
-"""No pickle on the wire or in checkpoints loaded from elsewhere (issue 18 security): no module
-imports a pickle-based loader, torch.load and numpy.load are not called with pickling allowed,
+"""No pickle on the wire or in checkpoints loaded from elsewhere
+(docs/results/faults.md#limits-and-hardening): no module imports a pickle-based loader, torch.load and numpy.load are not called with pickling allowed,
 and models are loaded from safetensors only (a pytorch_model.bin is refused, not unpickled)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The experiment config: one YAML file describes an experiment (DESIGN.md §10).
+"""The experiment config: one YAML file describes an experiment (docs/config.md).
 
 Each subpackage owns the model of its section; this package only composes them
 (:mod:`~astraflow.config.experiment`), adds the sections of no role

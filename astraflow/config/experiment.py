@@ -1,4 +1,4 @@
-"""The experiment: one model composing every section (DESIGN.md §10), and
+"""The experiment: one model composing every section (docs/config.md), and
 :func:`load_experiment`.
 
 Field errors and cross-section errors (:mod:`astraflow.config.checks`) are reported together:
@@ -53,7 +53,7 @@ class ExperimentConfig(Section):
     launch: LaunchConfig = LaunchConfig()
     scale: ScaleConfig = ScaleConfig()
     gateway: GatewayConfig = GatewayConfig()
-    metrics: MetricsConfig = MetricsConfig()  # issue 38: metric sinks
+    metrics: MetricsConfig = MetricsConfig()  # metric sinks (docs/metrics.md)
 
     def model(self, policy: str) -> ModelConfig:
         """The model section of ``policy`` (the defaults when ``models`` does not name it)."""

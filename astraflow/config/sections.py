@@ -182,12 +182,12 @@ class LaunchConfig(Section):
         description="serve every RL-phase role's metrics for Prometheus on its own port, from "
                     "this one up (role i: base + i), and list them in "
                     "{out}/prometheus-targets.json (file_sd); null: no endpoints")
-    # -- issue 38: progress without a terminal --------------------------------------------
+    # -- progress without a terminal ------------------------------------------------------
     progress_every_s: float = pydantic.Field(
         10.0, gt=0, description="when stdout is not a terminal (a pipe, a log file) or with "
         "--no-live: print one plain progress line this often (phase, step, reward, held-out "
         "accuracy, episodes/s, wait ratio, lag); --quiet prints none")
-    # -- end issue 38 ----------------------------------------------------------------------
+    # -- end of progress without a terminal -----------------------------------------------
     warmup: WarmupConfig = WarmupConfig()
 
     @pydantic.field_validator("rollout_speeds")

@@ -1,4 +1,4 @@
-"""Claim checks: records too large for the bus travel as a reference (DESIGN.md §3).
+"""Claim checks: records too large for the bus travel as a reference (docs/config.md#busclaims).
 
 A producer whose record is over the bus's message limit puts the encoded bytes in a blob
 store and produces a small :class:`~astraflow.core.records.Claim` in its place (same topic,

@@ -1,5 +1,5 @@
 """Fetching records by address: what a consumer of references does (batches carry references
-to trajectory records, not copies; DESIGN.md §3).
+to trajectory records, not copies; docs/reference/topics.md).
 
 :func:`fetch` reads the records at given ``(partition, offset)`` addresses of one topic with a
 group-less :class:`~astraflow.core.bus.types.Reader`: each partition is read from its first

@@ -1,6 +1,7 @@
 """The one processor runtime: every consume → transform → produce role is a handler on it.
 
-:class:`Processor` owns what every stateful consumer must get right, once (DESIGN.md §4):
+:class:`Processor` owns what every stateful consumer must get right, once (docs/reference/bus.md,
+docs/architecture.md#what-keeps-it-correct):
 
 1. **consume** each input (a consumer group per input) and **skip what was already done**:
    a record before the offset the handler's checkpoint holds for its partition is a

@@ -1,5 +1,5 @@
 """The one table of topics and consumer groups: names, record types, keys, partition counts
-and group names (DESIGN.md §2, §4).
+and group names (docs/reference/topics.md).
 
 Every topic name in AstraFlow comes from :func:`topic_name`, every message key from
 :func:`record_key` (or :func:`route`, which gives both), every consumer-group name from

@@ -1,4 +1,4 @@
-"""Data-algorithm policies (DESIGN.md §6): stream processors between topics.
+"""Data-algorithm policies (docs/policies.md): stream processors between topics.
 
 Three stages, each one process running a chain of pure policies::
 

@@ -1,4 +1,4 @@
-"""Config section ``data``: the data-algorithm policies of the three stages (DESIGN.md §6).
+"""Config section ``data``: the data-algorithm policies of the three stages (docs/policies.md).
 
 A stage is a chain of policies named in order::
 

@@ -1,5 +1,5 @@
-"""The reporter (DESIGN.md §9, `astraflow report`): reads every process's heartbeats on
-``metrics`` and the run's consumer-group lags, and writes a :class:`LoadReport` to ``reports``
+"""The reporter (docs/elastic.md#the-load-report, `astraflow report`): reads every process's
+heartbeats on ``metrics`` and the run's consumer-group lags, and writes a :class:`LoadReport` to ``reports``
 every ``every_steps`` trainer steps (and after ``every_s`` seconds without one, so a trainer
 starved of input, which makes no steps, is still reported).
 

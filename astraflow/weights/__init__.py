@@ -1,4 +1,4 @@
-"""Weights: sparse bf16 delta codec, weight stores, publisher and syncer (DESIGN.md §8).
+"""Weights: sparse bf16 delta codec, weight stores, publisher and syncer (docs/weights.md).
 
 >>> pub = Publisher(bus, run="demo", policy="solver", store=FileStore("/data/weights"))
 >>> pub.publish(model.state_dict(), version=step)       # trainer: blocks only for a copy

@@ -3,8 +3,8 @@
 A set of tensors with the shapes of a decoder-only LM (embedding, attention and MLP matrices,
 norms) holds bf16 weights drawn like a trained model's (normal, std 0.02; norms near 1). A
 version step changes each value with probability ``1 - unchanged`` at uniformly random
-positions, by the distribution of bf16 steps measured on AdamW training (87.7% ±1 unit in the
-last place, 5% ±2, the rest ±3..±16; QUICKSTART-FACTS.md), and the codec is timed both ways
+positions, by a fixed distribution of bf16 steps (87.7% ±1 unit in the last place, 5% ±2, the
+rest ±3..±16: the constants of :func:`step`), and the codec is timed both ways
 against baselines measured in the same run.
 """
 

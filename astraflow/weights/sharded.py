@@ -18,7 +18,7 @@ order on every rank, so not in a background thread): its cost is each rank's enc
 1/N of the model.
 
 >>> pub = ShardedPublisher(bus if rank == 0 else None, run="demo", policy="solver",
-...                        store=FileStore("/shared/weights"), rank=rank, world_size=world)
+...                        store=FileStore("/mnt/weights"), rank=rank, world_size=world)
 >>> pub.publish(shards_of(model.state_dict(), rank), version=step)
 """
 

@@ -185,7 +185,7 @@ def format_table(rows: Sequence[Row], reference: dict[str, tuple[float, float, f
 
 
 def target_line(rows: Sequence[Row], saving: float = 0.13, max_wait: float = 0.05) -> str:
-    """Issue 15's target checked on ``rows``: the cheapest auto arm within ``max_wait``
+    """The elasticity target checked on ``rows``: the cheapest auto arm within ``max_wait``
     trainer wait (reports) against ``saving`` fewer total GPU-hours than the best fixed
     pool."""
     autos = [r for r in rows if r.label.startswith("auto") and r.wait <= max_wait]

@@ -1,4 +1,4 @@
-"""What a newcomer's first commands do (issue 46): error text printed as it is, never read as
+"""What a newcomer's first commands do: error text printed as it is, never read as
 rich markup; reading commands that never create a bus; a weight server and a mirror that
 start where the docs say; a run that suggests only what it accepts; `models import` without a
 DEST; and a reward module in the user's own directory found without PYTHONPATH."""

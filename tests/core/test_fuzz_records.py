@@ -1,5 +1,5 @@
-"""Fuzzing the wire format (issue 18): any bytes given to a record decoder come back as a record
-or as a SchemaError that names what is wrong, never as another exception; every valid record
+"""Fuzzing the wire format (docs/results/faults.md#fuzzing): any bytes given to a record
+decoder come back as a record or as a SchemaError that names what is wrong, never as another exception; every valid record
 round-trips to the same bytes; and a claim check resolves or is refused with a SchemaError.
 
 Valid records are generated from the record types themselves (``msgspec.inspect``), so a new

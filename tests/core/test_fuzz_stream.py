@@ -1,5 +1,5 @@
-"""Fuzzing the typed stream (issue 18): through :func:`run_processor` on the embedded bus, a
-generated mix of good and bad records gives exactly the good ones as outputs and exactly the
+"""Fuzzing the typed stream (docs/results/faults.md#fuzzing): through :func:`run_processor`
+on the embedded bus, a generated mix of good and bad records gives exactly the good ones as outputs and exactly the
 bad ones as dead letters, each with its origin, key, error and a prefix of its value; the
 processor goes on past every one of them and ends with no lag.
 

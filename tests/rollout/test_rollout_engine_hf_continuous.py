@@ -330,7 +330,7 @@ def test_a_cancelled_request_leaves_the_batch(arith_dir: Path) -> None:
 
 def test_concurrent_episodes_share_decoding_steps_and_the_batcher_reports_it(
         arith_dir: Path) -> None:
-    """Issue 34. Episodes issued the way the worker issues them (a task's samples started
+    """Episodes issued the way the worker issues them (a task's samples started
     together, each awaiting its generation through the runtime's batcher) are decoded in
     shared steps, by the engine's own count of sequences per step; and the batcher's mean
     batch is that count. It was requests per batcher call, one per request with an engine

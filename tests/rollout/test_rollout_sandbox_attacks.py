@@ -1,5 +1,5 @@
-"""The code sandbox under attack (issue 18): each test runs the attack for real and asserts it
-fails. Found when the worker ran as root with its interpreter in a directory other users
+"""The code sandbox under attack (docs/results/faults.md#limits-and-hardening): each test
+runs the attack for real and asserts it fails. Found when the worker ran as root with its interpreter in a directory other users
 cannot enter (a venv under /root): the code then ran as uid 0.
 
 The attacks only ever aim at things the test made for the purpose (a planted variable, a

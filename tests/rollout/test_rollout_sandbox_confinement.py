@@ -1,5 +1,5 @@
-"""The code sandbox keeps the run to itself (issue 36): the code never runs as the worker's own
-uid unless the config accepts it (``rollout.sandbox.allow_same_uid``, warned), it sees neither
+"""The code sandbox keeps the run to itself (docs/rollout.md): the code never runs as the
+worker's own uid unless the config accepts it (``rollout.sandbox.allow_same_uid``, warned), it sees neither
 the run directory nor the worker's working directory nor home directories, and all it writes
 shares one quota (a size-limited tmpfs in its mount namespace), never the host's disk.
 

@@ -1,5 +1,5 @@
-"""Graceful scale-down (DESIGN.md §5, §9): a worker asked to stop mid-episode finishes what will
-still be fresh, releases the rest uncommitted, commits and leaves; another worker of the group
+"""Graceful scale-down (docs/elastic.md#scaling-down-without-losing-work): a worker asked to
+stop mid-episode finishes what will still be fresh, releases the rest uncommitted, commits and leaves; another worker of the group
 redoes what was released. Every task yields exactly one trajectory group: none lost, none
 twice; on both bus backends, in-process and as a process stopped by a real SIGTERM."""
 

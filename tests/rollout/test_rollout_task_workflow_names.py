@@ -1,4 +1,4 @@
-"""A task's ``workflow`` field is data from the tasks topic (issue 18): it may name a registered
+"""A task's ``workflow`` field is data from the tasks topic: it may name a registered
 workflow, or one the config names, and any other ``module:function`` only where the config
 allows it (``rollout.workflow.allow_task_paths``) — refused before anything is imported or
 called, and dead-lettered by the worker."""

@@ -1,5 +1,5 @@
 """``launch.rollout_speeds``: `astraflow run` gives each rollout process its own
-``rollout.engine.speed`` (heterogeneous workers, issue 16); one speed per worker, each in
+``rollout.engine.speed`` (heterogeneous workers, docs/rollout.md); one speed per worker, each in
 (0, 1], else a config error naming the key; workers beyond the list run at the config's."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fuzzing the weight decoders and the blob path rule (issue 18).
+"""Fuzzing the weight decoders and the blob path rule (docs/results/faults.md#fuzzing).
 
 * the blob parser (``read_header``, ``parse_blob``, ``apply_version``), the codec's decoders
   (``decode_full``, ``decode_delta``) and the safetensors reader: any bytes give a result or a

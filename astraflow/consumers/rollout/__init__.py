@@ -1,4 +1,4 @@
-"""Rollout as a service: workers, engines, workflows, rewards, tools (DESIGN.md §5).
+"""Rollout as a service: workers, engines, workflows, rewards, tools (docs/rollout.md).
 
 The public API (imported lazily: ``from astraflow.consumers.rollout import RolloutWorker``):
 

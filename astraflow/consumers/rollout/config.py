@@ -1,5 +1,5 @@
 """Config section ``rollout``: the engine, workflow, reward, tools, concurrency, weight sync and
-drain settings of rollout workers (DESIGN.md §5; docs/rollout.md has the full reference).
+drain settings of rollout workers (docs/rollout.md has the full reference).
 
 Only pydantic here: this module is imported by ``astraflow.config``, which ``astraflow --help``
 loads, so it must stay light.

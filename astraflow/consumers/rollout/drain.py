@@ -1,5 +1,6 @@
-"""What a draining worker does with each task in flight: finish it or release it (DESIGN.md §5,
-§9; docs/rollout.md "Adding and removing rollout processes while a run goes on").
+"""What a draining worker does with each task in flight: finish it or release it (docs/rollout.md
+"Adding and removing rollout processes while a run goes on"; docs/elastic.md "Scaling down
+without losing work").
 
 A task is **stale** when one of its policies' tokens would be dropped by the run's staleness
 filter: for a policy ``p`` with a bound, ``newest[p] - oldest[p] > bound[p]``, where

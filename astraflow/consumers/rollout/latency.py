@@ -25,7 +25,7 @@ caller's ``random.Random`` and ``asyncio.sleep``-s, so other episodes keep decod
     >>> spec = parse_latency({"type": "lognormal", "p50": 0.05, "p99": 2.0}, where="x")
     >>> seconds = await wait(spec, random.Random(f"{task.id}/{sample_index}"))
 
-Nothing here knows about workflows: a tool (issue 14) or a reward can take a spec too.
+Nothing here knows about workflows: a tool or a reward can take a spec too.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ class Actuation:
 
 
 class Actuator(Protocol):
-    """Changes the number of rollout processes of one pool (DESIGN.md §9).
+    """Changes the number of rollout processes of one pool (docs/elastic.md#actuators).
 
     Built by :func:`~astraflow.consumers.scaler.actuators.build_actuator` from the pool's
     ``actuator`` config, by ``type``.

@@ -1,4 +1,4 @@
-"""Actuators: how the scaler changes a pool's size (DESIGN.md §9), chosen by the pool's
+"""Actuators: how the scaler changes a pool's size (docs/elastic.md#actuators), chosen by the pool's
 ``actuator.type``:
 
 - ``local`` (:class:`~.local.LocalActuator`): starts and stops ``astraflow rollout``

@@ -1,5 +1,5 @@
 """Config section ``scale``: the reporter's window, the scaler's rule (zones, bounds, cooldown,
-hysteresis) and its actuator (DESIGN.md §9; docs/elastic.md has the long form).
+hysteresis) and its actuator (docs/elastic.md has the long form).
 
 Only pydantic here: imported by ``astraflow.config``, which ``astraflow --help`` loads.
 """

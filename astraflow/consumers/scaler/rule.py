@@ -1,4 +1,4 @@
-"""The scaling rule (DESIGN.md §9): from a :class:`LoadReport` to a target pool size.
+"""The scaling rule (docs/elastic.md#the-rule): from a :class:`LoadReport` to a target pool size.
 
 Three zones on the trainer wait ratio ``w`` of the policies a pool feeds (the largest)::
 

@@ -1,4 +1,4 @@
-"""The trainer: GRPO-family RL and SFT as bus consumers (DESIGN.md §7, docs/trainer.md).
+"""The trainer: GRPO-family RL and SFT as bus consumers (docs/trainer.md).
 
 >>> trainer = build_trainer(config, "solver", out, bus=bus, publisher=publisher)
 >>> trainer.run(max_steps=100)          # consume batches.solver, step, publish, checkpoint

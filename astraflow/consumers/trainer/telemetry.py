@@ -4,8 +4,8 @@
 input topic: ``Σ wait / (Σ wait + Σ busy)`` over a window of steps plus the wait still open
 (so a starved trainer's ratio climbs towards 1 between steps). *Waiting* is time blocked in
 the bus poll; *busy* is the step, the weights hand-off and any checkpoint. The scaler reads
-it as ``w`` (DESIGN.md §9); the counters ``wait_s`` and ``busy_s`` let a reader compute it
-over any window of its own.
+it as ``w`` (docs/elastic.md#the-rule); the counters ``wait_s`` and ``busy_s`` let a reader
+compute it over any window of its own.
 """
 
 from __future__ import annotations

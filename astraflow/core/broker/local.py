@@ -1,5 +1,5 @@
 """A local single-node Apache Kafka (KRaft, broker + controller in one JVM) for development and
-tests, run from jars that Maven fetches from Maven Central (DESIGN.md §4).
+tests, run from jars that Maven fetches from Maven Central (docs/reference/bus.md#a-local-kafka).
 
 >>> broker = LocalBroker(Path("~/.cache/astraflow/broker"))
 >>> broker.start()                     # fetches the jars once, formats storage once

@@ -1,7 +1,7 @@
 """The embedded bus: partitioned, offset-addressed logs and consumer groups in one SQLite file.
 
-The default backend (DESIGN.md §4): no server, one file in the run directory, used at once by
-every process of a run on one host (rollout workers, trainer, processors). Each process — and
+The default backend (docs/reference/bus.md): no server, one file in the run directory, used at
+once by every process of a run on one host (rollout workers, trainer, processors). Each process — and
 each producer, consumer and heartbeat thread in it — opens its own connection; the file is in
 WAL mode, so readers never block the writer and one writer at a time appends.
 

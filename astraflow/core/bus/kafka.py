@@ -1,4 +1,4 @@
-"""The Kafka backend of the bus, through confluent-kafka (librdkafka). DESIGN.md §4.
+"""The Kafka backend of the bus, through confluent-kafka (librdkafka). docs/reference/bus.md.
 
 Producers are idempotent, compress with zstd and partition keys with murmur2 like Java and the
 embedded bus. Consumers join groups with cooperative-sticky assignment, never commit on their

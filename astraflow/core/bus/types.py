@@ -1,4 +1,4 @@
-"""The bus protocol: the one narrow interface every component uses (DESIGN.md §4).
+"""The bus protocol: the one narrow interface every component uses (docs/reference/bus.md).
 
 Two backends implement it (``embedded`` and ``kafka``), and one conformance suite
 (``tests/core/test_bus_conformance.py``) holds both to the same semantics:

@@ -1,4 +1,5 @@
-"""The wire format: one typed, versioned msgpack schema per record type (DESIGN.md §3).
+"""The wire format: one typed, versioned msgpack schema per record type
+(docs/reference/wire-format.md).
 
 Every record is a msgpack *map*. Two keys are present on every record:
 

@@ -112,7 +112,8 @@ class PolicyLoad(msgspec.Struct, kw_only=True):
 
 
 class LoadReport(Record, tag="LoadReport", kw_only=True):
-    """The reporter's view of a window (DESIGN.md §9). Key: run. Reporter → scaler, humans.
+    """The reporter's view of a window (docs/elastic.md#the-load-report). Key: run.
+    Reporter → scaler, humans.
 
     ``wait_ratio``, ``produced`` and ``consumed`` are over every policy (the largest wait,
     the sums); ``policies`` has each one's own. ``tasks_lag`` is the raw backlog of the

@@ -1,5 +1,5 @@
-"""A slower engine on the same hardware: ``rollout.engine.speed`` (issue 16, heterogeneous
-workers) runs any engine at a fraction ``s`` of its speed, standing in for a weaker GPU, so
+"""A slower engine on the same hardware: ``rollout.engine.speed`` (heterogeneous workers,
+docs/rollout.md) runs any engine at a fraction ``s`` of its speed, standing in for a weaker GPU, so
 workers at 100% / 60% / 30% can run side by side on one machine.
 
 Semantics: every computation of the engine takes ``1/s`` as long. After a computation that took
