@@ -75,8 +75,8 @@ def test_no_reference_leads_nowhere() -> None:
     bad = []
     for name in tracked:
         path = ROOT / name
-        if path.suffix not in TEXT or not path.is_file():
-            continue
+        if path.suffix not in TEXT or not path.is_file() or path == Path(__file__).resolve():
+            continue  # this file plants bad references in its own test
         text = path.read_text(errors="replace")
         if not bad_references(text, known.__contains__, anchors):
             continue
