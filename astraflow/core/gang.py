@@ -3,8 +3,12 @@
     python -m astraflow.core.gang 2 -- python -m astraflow.cli.app train CONFIG ...
 
 starts the command N times with the environment torchrun gives its workers (``RANK``,
-``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` on a
-free loopback port), so ``torch.distributed`` / ``accelerate`` set up one process group.
+``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), so
+``torch.distributed`` / ``accelerate`` set up one process group. Like torchrun's agent, the
+gang hosts the ranks' rendezvous store itself, on a loopback port the OS gives it, before any
+rank starts (``TORCHELASTIC_USE_AGENT_STORE``: every rank is a client): a port picked free and
+bound later by rank 0 could meanwhile be taken by another job's connection, whose ranks would
+then talk to ours.
 
 Why not torchrun: its workers run in sessions of their own, so a SIGKILL of torchrun (what a
 launcher does to a role that does not stop) leaves them running, blocked in collectives. Here
@@ -26,9 +30,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from astraflow.core.launcher import LAUNCHER_PID_ENV, stop_when_orphaned
-from astraflow.core.ports import free_port
 
 log = logging.getLogger("astraflow.gang")
 
@@ -39,15 +43,29 @@ def gang_argv(ranks: int, argv: Sequence[str]) -> list[str]:
 
 
 def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """A rank's environment: torchrun's variables, the store at ``port`` hosted by the gang."""
     return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
             "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port), LAUNCHER_PID_ENV: str(os.getpid())}
+            "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True",
+            LAUNCHER_PID_ENV: str(os.getpid())}
+
+
+def host_store(world: int) -> Any:
+    """The ranks' rendezvous store, served by this process on a port the OS picks (bound at
+    once: no other process can take it between choosing and binding)."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                    timeout=timedelta(minutes=30))
 
 
 def run(world: int, argv: Sequence[str], poll_s: float = 0.1) -> int:
     """Run the gang until every rank exits 0 (returns 0) or one fails (returns 1)."""
     stop_when_orphaned()  # before the ranks copy the environment
-    port = free_port()
+    store = host_store(world)  # held until the ranks are done
+    port = store.port
     procs = [subprocess.Popen(list(argv), env={**os.environ, **rank_env(r, world, port)},
                               stdin=subprocess.DEVNULL) for r in range(world)]
 

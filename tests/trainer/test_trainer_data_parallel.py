@@ -50,7 +50,7 @@ def test_two_ranks_match_one(tmp_path: Path, tiny_dir: Path) -> None:
 
     out, config, _, _ = outs["two"]
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          "-m", "astraflow.cli.train", str(config), "--out", str(out), "--no-publish"],
         capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr

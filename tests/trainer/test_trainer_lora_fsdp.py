@@ -25,7 +25,7 @@ def test_fsdp_of_a_peft_model_trains_like_one_process(tiny_dir: Path, tmp_path: 
 
     out = tmp_path / "sharded.safetensors"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(HERE / "_lora_fsdp_worker.py"), str(tiny_dir), str(out)],
         capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -5,7 +5,6 @@ the same too. Shards are uneven (3 rows on 2 ranks) and one rank owns an empty s
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,12 +22,6 @@ from astraflow.weights.parts import part_key, split_parts
 
 HERE = Path(__file__).parent
 VERSIONS = 6
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def kinds(manifests: list[WeightManifest]) -> list[tuple[int, str]]:
@@ -53,8 +46,8 @@ def test_sharded_publish_matches_unsharded(tmp_path: Path) -> None:
     import sharded_worker as w
 
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_port", str(free_port()), str(HERE / "sharded_worker.py"), str(tmp_path),
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(HERE / "sharded_worker.py"), str(tmp_path),
          str(VERSIONS)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "('2.weight', (0, 0))" in (tmp_path / "rows-1.txt").read_text()  # an empty shard
