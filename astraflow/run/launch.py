@@ -285,12 +285,55 @@ def newest_checkpoint(root: Path) -> Path | None:
     return steps[-1] if steps else None
 
 
+#: in the model directory exported from a LoRA checkpoint: the adapter, as peft saves one
+ADAPTER_DIR = "adapter"
+
+
+def write_peft_adapter(adapter: dict[str, Any], lora_scale: float, base_model: Path,
+                       dest: Path) -> Path:
+    """A LoRA checkpoint's adapter (the trainable tensors by the peft model's names) as peft
+    saves one, into ``dest`` (created): ``adapter_model.safetensors`` (peft's names, without
+    the adapter name ``.default``) and ``adapter_config.json`` (r read from the tensors, alpha
+    = ``lora_scale`` · r, the target modules the tensors name, ``base_model`` as an absolute
+    path). For using the adapter apart from the merged model: peft's
+    ``PeftModel.from_pretrained`` and ``vllm serve --enable-lora --lora-modules``."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from astraflow.core.errors import WeightIntegrityError
+    from astraflow.core.records import AdapterSpec
+    from astraflow.weights.adapter import (
+        adapter_config,
+        fingerprint,
+        is_adapter_tensor,
+        module_pairs,
+    )
+
+    tensors = {n.replace(".default.", "."): t.contiguous() for n, t in adapter.items()
+               if is_adapter_tensor(n.replace(".default.", "."))}
+    pairs = module_pairs(set(tensors))
+    if not pairs:
+        raise WeightIntegrityError(f"the LoRA checkpoint exported to {dest.parent} holds no "
+                                   "adapter tensors (lora_A / lora_B)")
+    r = int(tensors[next(iter(pairs.values()))[0]].shape[0])  # lora_A: [r, in]
+    spec = AdapterSpec(r=r, alpha=lora_scale * r,
+                       target_modules=sorted({m.rsplit(".", 1)[-1] for m in pairs}),
+                       base_model=str(base_model.resolve()),
+                       base_fingerprint=fingerprint(base_model))
+    dest.mkdir(parents=True)
+    save_file(tensors, str(dest / "adapter_model.safetensors"), metadata={"format": "pt"})
+    (dest / "adapter_config.json").write_text(json.dumps(adapter_config(spec), indent=1))
+    return dest
+
+
 def export_model(checkpoint: Path, base_model: Path, dest: Path,
                  lora_scale: float | None = None) -> Path:
     """A Hugging Face model directory: the base's config and tokenizer, the checkpoint's
     weights (atomically: built aside, then renamed over ``dest``). ``lora_scale`` (alpha / r of
     a ``trainer.lora`` checkpoint, which holds the adapter only): the base's weights with the
-    adapter merged."""
+    adapter merged, and the adapter apart in ``dest/adapter`` (:func:`write_peft_adapter`).
+    Its files get the umask's permissions, as any other file the user writes."""
     tmp = dest.with_name(f".{dest.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -319,11 +362,26 @@ def export_model(checkpoint: Path, base_model: Path, dest: Path,
         base: dict[str, Any] = {}
         for f in sorted(base_model.glob("*.safetensors")):
             base.update(load_file(str(f)))
-        save_file(merged_weights(base, load_file(str(weights_file)), lora_scale),
-                  str(tmp / "model.safetensors"))
+        adapter = load_file(str(weights_file))
+        save_file(merged_weights(base, adapter, lora_scale), str(tmp / "model.safetensors"))
+        write_peft_adapter(adapter, lora_scale, base_model, tmp / ADAPTER_DIR)
         if weights_file.parent == tmp:
             weights_file.unlink()
+    _permissions_by_umask(tmp)
     if dest.exists():
         shutil.rmtree(dest)
     tmp.rename(dest)
     return dest
+
+
+def _permissions_by_umask(folder: Path) -> None:
+    """Give ``folder`` and everything in it the permissions of the umask: safetensors writes
+    0600 and a checkpoint's files are 0600, which would hide an exported model from a server
+    run as another user (a container's ``vllm serve``)."""
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for f in folder.rglob("*"):
+        f.chmod((0o777 if f.is_dir() else 0o666) & ~umask)
