@@ -315,6 +315,11 @@ def _check_model(config: ExperimentConfig, policy: str, out: str | Path,
     except Exception as e:  # noqa: BLE001 - a broken tokenizer file may raise anything
         report.bad(key, f"cannot load the tokenizer of {info.folder}: {type(e).__name__}: {e}")
         return None
+    if len(tok) < 2:  # transformers builds an empty one where the folder has no tokenizer files
+        report.bad(key, f"the tokenizer of {info.folder} is empty ({len(tok)} token): the folder "
+                        "has no tokenizer files (tokenizer.json, or its tokenizer's vocabulary "
+                        "files); copy them from the model's repository")
+        return None
     if sample is not None:
         _check_prompt(config, policy, tok, sample, report)
     if info.config is None:
