@@ -6,6 +6,7 @@ accuracy per step and time to a target solver accuracy, in one invocation.
     python bench/multimodel.py --warm runs/solver-verifier      # reuse that run's warm models
     python bench/multimodel.py --seconds 60 --only lockstep lockstep-tail
     python bench/multimodel.py --set launch.warmup.steps=0      # RL from the models as built
+    python bench/multimodel.py --config examples/smollm2_team.yaml --tail-p50 0.5 --tail-p99 10
 
 Arms (every arm starts RL from the same warm models):
 
@@ -21,8 +22,16 @@ Arms (every arm starts RL from the same warm models):
   policies' weights into the rollout engines (rounded to ``weights.dtype``, as the pipeline's
   workers see them). The two engines run in their own threads, so a verifier batch may
   overlap the solver's second batch: if anything this flatters the baseline.
-* ``-tail``: ``verifier_latency`` (default lognormal p50 0.05 s, p99 2 s) after every verifier
-  turn, seeded per episode (task id, sample index): both arms wait the same draws.
+* policies that are LoRA adapters of one base (``trainer.lora``, ``rollout.engine.adapters``:
+  examples/smollm2_team.yaml): one engine of the base with an adapter view per policy, as the
+  worker builds it (rows of both share forward passes); a sync puts the trainer's adapter
+  (``weights.dtype``) into its policy's slot through the view's weight target, as a worker's
+  syncer applies a version, and leaves the other slot alone; every accuracy is measured with
+  the policy's own adapter. Such policies share one base, so RL starts from the base: no
+  warm-up (a warm-up exports a merged model per policy).
+* ``-tail``: ``verifier_latency`` (default lognormal p50 0.05 s, p99 2 s; --tail,
+  --tail-p50/--tail-p99) after every verifier turn, seeded per episode (task id, sample
+  index): both arms wait the same draws.
 
 Measured per arm: **s/iter**, the seconds per iteration (pipeline: from the first trainer's
 start to the time the slower policy reached its last common step, over that many steps;
@@ -34,7 +43,10 @@ its team evaluator, lockstep: with the solver's);
 at the end of every arm, the bench itself measures the final models with one code path, the
 evaluators' own functions: solver accuracy (greedy, alone), the verifier's judgement accuracy
 (greedy verdicts on right and wrong claims about the held-out problems, balanced) and the
-system accuracy. The ratios are lockstep over pipeline (> 1: the pipeline is faster).
+system accuracy (the pipeline's: its final models, LoRA adapters merged as exported). The
+versions each policy reached over time (pipeline: its trainer's metric lines; lockstep: one
+per iteration for every policy) show whether one policy advanced while the other lagged. The
+ratios are lockstep over pipeline (> 1: the pipeline is faster).
 
 Results: ``<out>/multimodel.json`` and a markdown table. Timing noise on 2-core machines is
 large: compare within one invocation, and repeat.
@@ -44,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -113,6 +126,26 @@ def write_yaml(data: Mapping[str, Any], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(dict(data), sort_keys=False))
     return path
+
+
+def check_shared_base(config: Mapping[str, Any], overrides: Sequence[str],
+                      warm: Mapping[str, Path]) -> None:
+    """Refuse warm models that the config's adapter policies (``rollout.engine.adapters``:
+    LoRA slots of one base in one engine) cannot share: RL must start them all from one base
+    (a warm-up exports a merged model per policy, which no slot can take)."""
+    import copy
+
+    from astraflow.core.config import apply_overrides
+
+    data = apply_overrides(copy.deepcopy(dict(config)), overrides)
+    adapters = data.get("rollout", {}).get("engine", {}).get("adapters") or []
+    bases = {p: Path(warm[p]).resolve() for p in adapters if p in warm}
+    if len(set(bases.values())) > 1:
+        where = ", ".join(f"{p}: {m}" for p, m in bases.items())
+        raise SystemExit(f"rollout.engine.adapters serves {', '.join(bases)} as LoRA adapters "
+                         f"of one base, but RL would start them from different models "
+                         f"({where}): run the bench without a warm-up "
+                         "(--set launch.warmup.steps=0)")
 
 
 def astraflow_run(config: Path, out: Path, log: Path, sets: Sequence[str] = (),
@@ -189,22 +222,72 @@ def system_accuracy(cfg: Any, engines: Mapping[str, Any]) -> float:
                          max_new_tokens=cfg.rollout.engine.max_new_tokens).system_accuracy
 
 
+@contextlib.contextmanager
+def served(engine: Any) -> Iterator[tuple[Any, Any]]:
+    """The model and tokenizer that generate as ``engine`` serves its policy, for the
+    ``with`` block: an hf engine's own model; for an adapter view (``rollout.engine.adapters``:
+    the policy is a LoRA slot of a shared base), the shared base with every row of its forward
+    passes routed to the view's adapter at the version in its slot (the engine's own LoRA
+    arithmetic; a slot that has no version yet is the base), the engine held idle meanwhile.
+    What the evaluators' functions (``model.generate``) measure a policy on."""
+    shared = getattr(engine, "shared", None)
+    if shared is None:
+        yield engine.model, engine.tokenizer
+        return
+    bank, policy = shared.adapters, engine.policy
+    bank.slot(policy)  # a policy the engine does not serve is refused here
+
+    def route(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        rows = kwargs.get("input_ids", args[0] if args else None)
+        if rows is None:
+            rows = kwargs["inputs_embeds"]
+        bank.route([policy] * int(rows.shape[0]))
+
+    shared.gate.acquire()
+    hook = shared.model.register_forward_pre_hook(route, with_kwargs=True)
+    try:
+        yield shared.model, engine.tokenizer
+    finally:
+        hook.remove()
+        bank.route([])
+        shared.gate.release()
+
+
+def served_solver_accuracy(cfg: Any, engine: Any) -> float:
+    """:func:`solver_accuracy` of the policy ``engine`` serves (:func:`served`)."""
+    with served(engine) as (model, tok):
+        return solver_accuracy(cfg, model, tok)
+
+
+def served_verifier_accuracy(cfg: Any, engine: Any) -> float:
+    """:func:`verifier_accuracy` of the policy ``engine`` serves (:func:`served`)."""
+    with served(engine) as (model, tok):
+        return verifier_accuracy(cfg, model, tok)
+
+
 def evaluate(cfg: Any, engines: Mapping[str, Any]) -> dict[str, float]:
-    """Solver, verifier and system accuracy of the models in ``engines`` (hf engines)."""
+    """Solver, verifier and system accuracy of the policies ``engines`` serve (hf engines or
+    adapter views of one: each policy measured with its own adapter)."""
     team = cfg.team()
     s, v = engines[team["solver"]], engines[team["verifier"]]
-    return {"solver_accuracy": round(solver_accuracy(cfg, s.model, s.tokenizer), 4),
-            "verifier_accuracy": round(verifier_accuracy(cfg, v.model, v.tokenizer), 4),
+    return {"solver_accuracy": round(served_solver_accuracy(cfg, s), 4),
+            "verifier_accuracy": round(served_verifier_accuracy(cfg, v), 4),
             "system_accuracy": round(system_accuracy(cfg, engines), 4)}
 
 
 def hf_engines(cfg: Any, models: Mapping[str, Path], *,
-               threads: int = os.cpu_count() or 1) -> dict[str, Any]:
-    """The rollout engines of the config (its ``rollout.engine`` settings) on ``models``."""
+               threads: int = os.cpu_count() or 1, adapters: bool = True) -> dict[str, Any]:
+    """The rollout engines of the config (its ``rollout.engine`` settings) on ``models``, as a
+    rollout worker builds them: with ``rollout.engine.adapters``, one engine of the shared
+    base and an adapter view per policy. ``adapters`` False: an engine per policy whatever
+    the config says (``models`` are whole models, e.g. a LoRA run's merged exports)."""
     from astraflow.consumers.rollout.service import build_engines
     from astraflow.models.config import ModelConfig
 
-    engines = build_engines(cfg.rollout, policies=cfg.policies,
+    rc = cfg.rollout
+    if not adapters:
+        rc = rc.model_copy(update={"engine": rc.engine.model_copy(update={"adapters": []})})
+    engines = build_engines(rc, policies=cfg.policies,
                             models={p: ModelConfig(path=str(m)) for p, m in models.items()})
     import torch
 
@@ -244,6 +327,9 @@ class Lockstep:
         self.engines = hf_engines(cfg, self.models, threads=self.threads)
         self.trainers = {p: build_engine(cfg.trainer_for(p), self.models[p])
                          for p in cfg.policies}
+        import torch
+
+        torch.set_num_threads(self.threads)  # building a trainer sets trainer.threads
         self.versions = dict.fromkeys(cfg.policies, 0)
         rc = cfg.rollout
         from astraflow.consumers.rollout.context import SAMPLING_KEYS
@@ -334,9 +420,14 @@ class Lockstep:
             for d in out.drafts if d.error is None and d.finish_reason not in ("error", "timeout")]
 
     def sync(self, policy: str) -> None:
-        """The trainer's weights into the policy's rollout engine, in the serving dtype."""
+        """The trainer's weights into the policy's rollout engine, in the serving dtype, and
+        its version committed there. A LoRA trainer's (trainer.lora) are its adapter:
+        :meth:`sync_adapter`."""
         import torch
 
+        if self.trainers[policy].adapter is not None:
+            self.sync_adapter(policy)
+            return
         src = dict(self.trainers[policy].model.state_dict())
         engine = self.engines[policy]
         dtype = getattr(torch, self.cfg.weights.dtype) if self.cfg.weights.dtype else None
@@ -352,14 +443,66 @@ class Lockstep:
 
         engine.update_weights(copy)
 
+    def sync_adapter(self, policy: str) -> None:
+        """The LoRA trainer's adapter as the trainer publishes it (its adapter tensors, peft's
+        names, cast to ``weights.dtype``) and its spec, through the policy's engine's weight
+        target as a worker's syncer applies a version: every tensor applied, the spec set, the
+        version committed, at a step boundary of the engine. An adapter view puts it in the
+        policy's slot (the other adapters untouched); a whole-model hf engine merges it.
+        Refused when the engine did not take every tensor at this version."""
+        from astraflow.weights.bits import bits_dict
+
+        trainer = self.trainers[policy]
+        bits = bits_dict(trainer.state_tensors(), dtype=self.cfg.weights.dtype or None)
+        if not bits:
+            raise RuntimeError(f"the LoRA trainer of policy {policy!r} has no adapter tensors")
+        engine = self.engines[policy]
+        version = self.versions[policy]
+
+        def apply() -> None:
+            target = engine.weight_target()
+            for name, (dtype, array) in bits.items():
+                target.apply(name, dtype, tuple(array.shape), array.reshape(-1))
+            target.set_adapter(trainer.adapter)
+            target.commit(version)
+
+        engine.update_weights(apply)
+        check_adapter_applied(engine, policy, set(bits), version)
+
     def accuracy(self) -> dict[str, float]:
         """The solver's held-out accuracy and the team's system accuracy (off the clock)."""
         s = self.engines[self.cfg.team()["solver"]]
-        return {"accuracy": round(solver_accuracy(self.cfg, s.model, s.tokenizer), 4),
+        return {"accuracy": round(served_solver_accuracy(self.cfg, s), 4),
                 "system_accuracy": round(system_accuracy(self.cfg, self.engines), 4)}
 
     def evaluate(self) -> dict[str, float]:
         return evaluate(self.cfg, self.engines)
+
+
+def check_adapter_applied(engine: Any, policy: str, names: set[str], version: int) -> None:
+    """Refuse an adapter sync that left any of ``names`` (the adapter's tensors) unwritten:
+    the engine's weight target must hold every one, have handed the adapter of ``version`` to
+    the engine, and the engine serve ``version``; an adapter view's slot must hold a matrix
+    pair for every module the tensors name."""
+    from astraflow.weights.adapter import module_pairs
+
+    target = engine.weight_target()
+    missing = sorted(names - set(target.adapter_tensors))
+    if missing:
+        raise RuntimeError(f"policy {policy!r}: the engine's weight target took "
+                           f"{len(names) - len(missing)} of {len(names)} adapter tensors; "
+                           f"missing {missing[:3]}")
+    if target.adapter_version != version or engine.version != version:
+        raise RuntimeError(f"policy {policy!r}: adapter version {version} not applied (the "
+                           f"target holds {target.adapter_version}, the engine serves "
+                           f"{engine.version})")
+    shared = getattr(engine, "shared", None)
+    if shared is not None:
+        modules = set(module_pairs(names))
+        held = set(shared.adapters.slot(policy).mats)
+        if held != modules:
+            raise RuntimeError(f"policy {policy!r}: its adapter slot holds {len(held)} modules, "
+                               f"the adapter names {len(modules)}")
 
 
 def run_lockstep(cfg: Any, models: Mapping[str, Path], *, seconds: float,
@@ -394,6 +537,10 @@ def run_lockstep(cfg: Any, models: Mapping[str, Path], *, seconds: float,
             "steps": {p: steps for p in cfg.policies}, "iterations": steps,
             "s_per_iter": round(clock / steps, 3) if steps else None,
             "versions": dict(loop.versions), "rows": rows,
+            # lockstep: every policy moves one version per iteration, together
+            "version_curve": {p: [{"time": 0.0, "version": 0}] + [
+                {"time": r["time"], "version": int(r["step"])} for r in rows]
+                for p in cfg.policies},
             "breakdown_s": {k: round(sum(r[k] for r in rows) / max(1, len(rows)), 3)
                             for k in ("rollout_s", "train_s", "sync_s", "latency_max_s")},
             "solver_curve": [{k: c[k] for k in ("step", "time", "accuracy")} for c in curve],
@@ -451,9 +598,9 @@ def pipeline_result(out: Path, policies: Sequence[str], solver: str,
     if hit is not None:  # when the trainer made that version, not when it was evaluated
         made = [r["time"] for r in steps[solver] if r["step"] >= hit["step"]]
         to_target = 0.0 if hit["step"] == 0 else round(min(made, default=t0) - t0, 3)
+    metrics = read_jsonl(out / "metrics.jsonl")
     system = [{"step": int(r["step"]), "time": round(r["time"] - t0, 3),
-               "accuracy": r["system_accuracy"]}
-              for r in read_jsonl(out / "metrics.jsonl") if "system_accuracy" in r]
+               "accuracy": r["system_accuracy"]} for r in metrics if "system_accuracy" in r]
     return {"t0": t0, "steps": {p: s[-1]["step"] for p, s in steps.items()}, "iterations": common,
             "s_per_iter": round((reached - t0) / common, 3), "s_per_iter_steady": round(steady, 3),
             "rows": {p: [{k: r.get(k) for k in ("step", "time", "reward_mean", "staleness_mean",
@@ -461,7 +608,19 @@ def pipeline_result(out: Path, policies: Sequence[str], solver: str,
                      for p, s in steps.items()},
             "solver_curve": solver_curve,
             "verifier_curve": curve(next((p for p in policies if p != solver), "")),
-            "system_curve": system, "time_to_target_s": to_target}
+            "system_curve": system, "time_to_target_s": to_target,
+            "version_curve": {p: trainer_versions(metrics, p, t0) or [
+                {"time": round(r["time"] - t0, 3), "version": int(r["step"])} for r in s]
+                for p, s in steps.items()}}
+
+
+def trainer_versions(metrics: Sequence[Mapping[str, Any]], policy: str,
+                     t0: float) -> list[dict[str, float]]:
+    """The versions ``policy``'s trainer had published over time, from its metric lines in a
+    run's ``metrics.jsonl`` (time from ``t0``); [] when it wrote none."""
+    return [{"time": round(r["time"] - t0, 3), "version": int(r["version"])} for r in metrics
+            if r.get("policy") == policy and str(r.get("source", "")).startswith("trainer-")
+            and "version" in r and "time" in r]
 
 
 def run_pipeline(name: str, cfg_path: Path, out: Path, *, target: float | None) -> dict[str, Any]:
@@ -476,7 +635,7 @@ def run_pipeline(name: str, cfg_path: Path, out: Path, *, target: float | None) 
         res["startup_s"] = round(res.pop("t0") - launched, 1)
     final = {p: out / "final" / p for p in cfg.policies}
     if all((f / "config.json").exists() for f in final.values()):
-        engines = hf_engines(cfg, final)
+        engines = hf_engines(cfg, final, adapters=False)  # LoRA: the merged exports
         res["final"] = {"step": res.get("iterations"), **evaluate(cfg, engines)}
     return res
 
@@ -494,6 +653,22 @@ def mean_upto(curve: Sequence[Mapping[str, float]], step: int) -> float | None:
     one evaluation: the arms evaluate at different steps, each a sample of 500 problems)."""
     points = [c["accuracy"] for c in curve if 1 <= c["step"] <= step]
     return sum(points) / len(points) if points else None
+
+
+def version_at(curve: Sequence[Mapping[str, float]], time_s: float) -> int:
+    """The newest version of a policy's ``version_curve`` at ``time_s`` (0 before any)."""
+    return max((int(c["version"]) for c in curve if c["time"] <= time_s), default=0)
+
+
+def versions_line(name: str, curves: Mapping[str, Sequence[Mapping[str, float]]],
+                  fractions: Sequence[float] = (0.25, 0.5, 0.75, 1.0)) -> str:
+    """Where each policy's versions were at these fractions of an arm's clock (its last
+    version's time): one policy may advance while the other lags."""
+    end = max((c["time"] for curve in curves.values() for c in curve), default=0.0)
+    marks = ", ".join(f"{q:.0%}" for q in fractions)
+    per = "; ".join(f"{p} " + " / ".join(str(version_at(c, q * end)) for q in fractions)
+                    for p, c in curves.items())
+    return f"- {name}: versions at {marks} of {end:.0f} s: {per}"
 
 
 def f(v: Any, spec: str = ".3f") -> str:
@@ -531,6 +706,8 @@ def report(results: Mapping[str, Mapping[str, Any]], *, target: float | None) ->
             lines.append(f"- {name}: {r['s_per_iter_steady']:.2f} s/iter after the first step "
                          f"(the slower trainer), steps {r.get('steps')}, processes started in "
                          f"{f(r.get('startup_s'), '.0f')} s (not counted)")
+    lines += [versions_line(name, r["version_curve"]) for name, r in results.items()
+              if r.get("version_curve")]
     ratios = []
     for tail in ("", "-tail"):
         p, b = results.get(f"pipeline{tail}", {}), results.get(f"lockstep{tail}", {})
@@ -541,6 +718,22 @@ def report(results: Mapping[str, Mapping[str, Any]], *, target: float | None) ->
             ratios.append(f"{'with' if tail else 'without'} the long tail: lockstep / pipeline "
                           f"time to target = {b['time_to_target_s'] / p['time_to_target_s']:.2f}x")
     return "\n".join(lines + [""] + [f"- {r}" for r in ratios])
+
+
+def tail_latency(tail: Mapping[str, Any] | None, p50: float | None,
+                 p99: float | None) -> dict[str, Any]:
+    """The verifier latency of the -tail arms: ``tail`` (--tail's JSON), or the default
+    lognormal (:data:`TAIL`) with --tail-p50 / --tail-p99 in place of its percentiles."""
+    if tail is not None and (p50 is not None or p99 is not None):
+        raise ValueError("give --tail or --tail-p50/--tail-p99, not both")
+    if tail is not None:
+        return dict(tail)
+    out = dict(TAIL)
+    if p50 is not None:
+        out["p50"] = p50
+    if p99 is not None:
+        out["p99"] = p99
+    return out
 
 
 def main() -> int:
@@ -563,8 +756,14 @@ def main() -> int:
                          "warm solver's + --gain)")
     ap.add_argument("--gain", type=float, default=0.05,
                     help="without --target: the target is this much above the warm solver")
-    ap.add_argument("--tail", type=json.loads, default=TAIL,
+    ap.add_argument("--tail", type=json.loads, default=None,
                     help=f"the verifier latency of the -tail arms, JSON (default {TAIL})")
+    ap.add_argument("--tail-p50", type=float, default=None,
+                    help=f"the -tail arms' verifier latency: lognormal with this median (s; "
+                         f"default {TAIL['p50']}); with --tail-p99, instead of --tail")
+    ap.add_argument("--tail-p99", type=float, default=None,
+                    help=f"... and this 99th percentile (s; default {TAIL['p99']}), e.g. "
+                         "--tail-p50 0.5 --tail-p99 10 for a verifier slow enough to matter")
     ap.add_argument("--only", nargs="*", default=None, help=f"a subset of {', '.join(ARMS)}")
     ap.add_argument("--warm", type=Path, default=None,
                     help="start from the models RL started from in this finished run "
@@ -581,12 +780,17 @@ def main() -> int:
         ap.error(f"unknown arms {sorted(unknown)}; choose from {list(ARMS)}")
     from astraflow.consumers.rollout.latency import parse_latency
 
+    try:
+        args.tail = tail_latency(args.tail, args.tail_p50, args.tail_p99)
+    except ValueError as e:
+        ap.error(str(e))
     tail = parse_latency(args.tail, where="--tail")  # refused here, not in every episode
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     base = read_yaml(args.config)  # read once: every arm runs the same experiment
     warm_dir = args.warm or make_warm(base, args.sets, args.out)
     warm = warm_models(warm_dir)
+    check_shared_base(base, args.sets, warm)
     print(f"warm models: {', '.join(f'{p}={m}' for p, m in warm.items())}", flush=True)
     results: dict[str, dict[str, Any]] = {}
     from astraflow.config import load_experiment
