@@ -553,6 +553,23 @@ def test_the_rewrites_give_long_commands_a_budget() -> None:
                                             "curl http://127.0.0.1:4242/h # :80001")
 
 
+def test_a_failing_block_is_named_with_its_output(tmp_path: Path) -> None:
+    def fails(commands: str, where: Path) -> str:
+        where.mkdir()
+        session = Session(["p.md"], [(["p.md:3"], "runnable", "echo fine"),
+                                     (["p.md:9"], "runnable", commands)])
+        with pytest.raises(pytest.fail.Exception) as e:
+            run_session(session, where)
+        return str(e.value)
+
+    said = fails("echo before\nls no-such-file\necho after", tmp_path / "a")
+    assert "failed in the block at p.md:9: exited 2" in said, said
+    assert "fine" in said and "before" in said and "no-such-file" in said
+    assert "after" not in said.split("--- output")[1]
+    said = fails("(sleep 0.2; exit 7) &", tmp_path / "b")
+    assert "the background jobs the page left" in said and "exited 7" in said, said
+
+
 def _params() -> list:
     return [pytest.param(s, id="+".join(s.pages),
                          marks=[pytest.mark.timeout(s.timeout + 60),
