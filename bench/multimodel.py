@@ -1,5 +1,5 @@
 """Two models trained together, pipeline vs a synchronous lockstep baseline, with and without a
-long-tail verifier latency (issue 13): time per iteration (one trainer step of each policy),
+long-tail verifier latency: time per iteration (one trainer step of each policy),
 accuracy per step and time to a target solver accuracy, in one invocation.
 
     python bench/multimodel.py                                  # 4 arms, 100 s of RL each
