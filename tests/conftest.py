@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,20 @@ class RuleEngine:
 
     def close(self) -> None:
         pass
+
+
+@pytest.fixture
+def sys_path_restored() -> Iterator[None]:
+    """sys.path and $PYTHONPATH as they were before the test: a command run in the test
+    process (`find_user_code`, as for a user) adds the working directory and the config's
+    directory to both, which must not reach the next tests."""
+    path, env = list(sys.path), os.environ.get("PYTHONPATH")
+    yield
+    sys.path[:] = path
+    if env is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = env
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -76,16 +75,9 @@ SAYS = {
 
 
 @pytest.fixture(autouse=True)
-def _user_code_dirs_stay_in_their_test() -> Iterator[None]:
+def _user_code_dirs_stay_in_their_test(sys_path_restored: None) -> None:
     """A check run in this process puts the config's directory on sys.path and $PYTHONPATH
-    (as for a user): undone after each test."""
-    path, env = list(sys.path), os.environ.get("PYTHONPATH")
-    yield
-    sys.path[:] = path
-    if env is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = env
+    (as for a user): undone after each test (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="module")
