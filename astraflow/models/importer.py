@@ -176,9 +176,10 @@ def _aside(dest: Path) -> Path:
     return Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
 
 
-def _open_up(folder: Path) -> None:
-    """Permissions by the umask: mkdtemp makes 0700 and safetensors writes 0600, which would
-    hide a shared cache from the other users of a machine."""
+def open_up(folder: Path) -> None:
+    """Give ``folder`` and everything in it the umask's permissions: mkdtemp makes 0700 and
+    safetensors writes 0600, which would hide a shared cache, or an exported model, from the
+    other users of a machine (a server run as another user)."""
     umask = os.umask(0)
     os.umask(umask)
     folder.chmod(0o777 & ~umask)
@@ -189,7 +190,7 @@ def _open_up(folder: Path) -> None:
 def _place(tmp: Path, dest: Path) -> Path:
     """Rename the finished ``tmp`` to ``dest``; when another process placed one first, keep
     theirs."""
-    _open_up(tmp)
+    open_up(tmp)
     try:
         tmp.rename(dest)
     except OSError:

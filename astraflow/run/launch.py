@@ -334,6 +334,8 @@ def export_model(checkpoint: Path, base_model: Path, dest: Path,
     a ``trainer.lora`` checkpoint, which holds the adapter only): the base's weights with the
     adapter merged, and the adapter apart in ``dest/adapter`` (:func:`write_peft_adapter`).
     Its files get the umask's permissions, as any other file the user writes."""
+    from astraflow.models.importer import open_up
+
     tmp = dest.with_name(f".{dest.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -367,21 +369,9 @@ def export_model(checkpoint: Path, base_model: Path, dest: Path,
         write_peft_adapter(adapter, lora_scale, base_model, tmp / ADAPTER_DIR)
         if weights_file.parent == tmp:
             weights_file.unlink()
-    _permissions_by_umask(tmp)
+    open_up(tmp)  # safetensors and a checkpoint's files are 0600
     if dest.exists():
         shutil.rmtree(dest)
     tmp.rename(dest)
     return dest
 
-
-def _permissions_by_umask(folder: Path) -> None:
-    """Give ``folder`` and everything in it the permissions of the umask: safetensors writes
-    0600 and a checkpoint's files are 0600, which would hide an exported model from a server
-    run as another user (a container's ``vllm serve``)."""
-    import os
-
-    umask = os.umask(0)
-    os.umask(umask)
-    folder.chmod(0o777 & ~umask)
-    for f in folder.rglob("*"):
-        f.chmod((0o777 if f.is_dir() else 0o666) & ~umask)
