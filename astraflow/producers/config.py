@@ -169,3 +169,9 @@ class ProducerConfig(Section):
     skip_existing: bool = pydantic.Field(
         True, description="skip groups already on the topic, so a re-run produces nothing twice")
     flush_every: int = pydantic.Field(500, ge=1, description="tasks per flush")
+    max_lead: int | None = pydantic.Field(
+        10_000, ge=1,
+        description="at most about this many tasks on the topic that its reader (the "
+                    "pre-rollout stage; the rollout group for `tasks`) has not taken yet: the "
+                    "producer waits for the reader (checked at each flush), so a run of many "
+                    "epochs does not write them all at its start; null: no bound")

@@ -38,6 +38,7 @@ class ProduceStats:
     produced: int = 0
     skipped: int = 0  # groups already on the topic
     seconds: float = 0.0
+    waited_s: float = 0.0  # spent waiting for the topic's reader (``producer.max_lead``)
 
 
 def specs(pc: ProducerConfig, out: str | Path = ".") -> Iterator[TaskSpec]:
@@ -83,12 +84,33 @@ def existing_groups(bus: Bus, topic: str, *, timeout: float = 120.0) -> set[str]
     return groups
 
 
+def wait_for_reader(bus: Bus, topic: str, group: str, max_lead: int,
+                    should_stop: Callable[[], bool] | None = None) -> float:
+    """Sleep until ``group`` has fewer than ``max_lead`` records of ``topic`` left to commit
+    (or until told to stop); the seconds waited."""
+    start = time.monotonic()
+    delay = 0.05
+    told = False
+    while sum(bus.lag(group, topic).values()) >= max_lead:
+        if should_stop is not None and should_stop():
+            break
+        if not told:
+            log.info("%d or more tasks on %s ahead of %s: waiting for it (producer.max_lead)",
+                     max_lead, topic, group)
+            told = True
+        time.sleep(delay)
+        delay = min(1.0, delay * 2)
+    return time.monotonic() - start
+
+
 def produce_tasks(bus: Bus, pc: ProducerConfig, *, run: str, out: str | Path = ".",
                   max_tasks: int | None = None, should_stop: Callable[[], bool] | None = None,
-                  client_id: str = "producer",
+                  client_id: str = "producer", reader: str | None = None,
                   progress: Callable[[ProduceStats], None] | None = None) -> ProduceStats:
-    """Produce the source's tasks to the run's topic; flushes. ``progress`` is called with
-    the counts after every task (and at the end), for live metrics."""
+    """Produce the source's tasks to the run's topic; flushes. ``reader``: the consumer
+    group that reads the topic; at each flush the producer waits while it has
+    ``producer.max_lead`` tasks or more left to take (None: no wait). ``progress`` is called
+    with the counts after every task (and at the end), for live metrics."""
     start = time.monotonic()
     topic = topic_name(run, pc.topic)
     existing = existing_groups(bus, topic) if pc.skip_existing else set()
@@ -117,20 +139,23 @@ def produce_tasks(bus: Bus, pc: ProducerConfig, *, run: str, out: str | Path = "
             stats.produced += 1
             if stats.produced % pc.flush_every == 0:
                 producer.flush()
+                if reader is not None and pc.max_lead is not None:
+                    stats.waited_s += wait_for_reader(bus, topic, reader, pc.max_lead,
+                                                      should_stop)
             if progress is not None:
                 progress(stats)
         producer.flush()
     finally:
         producer.close()
     stats.seconds = time.monotonic() - start
-    log.info("produced=%d skipped=%d topic=%s seconds=%.2f", stats.produced, stats.skipped,
-             topic, stats.seconds)
+    log.info("produced=%d skipped=%d topic=%s seconds=%.2f waited_s=%.2f", stats.produced,
+             stats.skipped, topic, stats.seconds, stats.waited_s)
     return stats
 
 
 def produce(bus: Bus, pc: ProducerConfig, *, run: str, out: str | Path = ".",
-            max_tasks: int | None = None,
-            should_stop: Callable[[], bool] | None = None) -> ProduceStats:
+            max_tasks: int | None = None, should_stop: Callable[[], bool] | None = None,
+            reader: str | None = None) -> ProduceStats:
     """``astraflow produce``: :func:`produce_tasks` on the run's bus (whose topics exist),
     reporting its counters to ``metrics``."""
     from astraflow.core.metrics import MetricsEmitter
@@ -145,7 +170,7 @@ def produce(bus: Bus, pc: ProducerConfig, *, run: str, out: str | Path = ".",
     try:
         stats = produce_tasks(bus, pc, run=run, out=out, max_tasks=max_tasks,
                               should_stop=should_stop, client_id=metrics.component,
-                              progress=progress)
+                              reader=reader, progress=progress)
         progress(stats)
     finally:
         metrics.close("stopped")

@@ -287,12 +287,15 @@ def produce(config: ExperimentConfig, out: str | Path = ".", *, max_tasks: int |
             should_stop: Callable[[], bool] | None = None) -> ProduceStats:
     """``astraflow produce``: open the run's bus (creating its topics), produce the
     ``producer`` section's tasks, report to ``metrics``, close."""
+    from astraflow.core.topics import group_name
     from astraflow.producers.producer import produce as run
 
+    reader = (group_name(config.run, "policy", stage="pre_rollout")
+              if config.producer.topic == "tasks.raw" else config.rollout.group_for(config.run))
     bus = open_bus(config, out)
     try:
         return run(bus, config.producer, run=config.run, out=out, max_tasks=max_tasks,
-                   should_stop=should_stop)
+                   should_stop=should_stop, reader=reader)
     finally:
         bus.close()
 

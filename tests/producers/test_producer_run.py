@@ -4,6 +4,7 @@ and the `astraflow produce` command function."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -130,3 +131,65 @@ def test_producer_counters_show_while_it_produces(tmp_path: Path) -> None:
     assert running[0].counters["tasks_produced"] < 6 and running[0].ts <= metrics[-1].ts
     assert metrics[-1].status == "stopped" and metrics[-1].counters["tasks_produced"] == 6
 
+
+
+def test_the_producer_keeps_a_bounded_lead_over_its_reader(tmp_path: Path) -> None:
+    """``producer.max_lead``: 20 epochs of 50 tasks with a lead of 100 and flushes of 25: the
+    producer stops writing once its reader has 100 or more tasks left to take (here 100: it
+    checks at each flush), writes on as the reader commits, and a stop ends its wait."""
+    import threading
+
+    cfg = config(tmp_path, topic="tasks", epochs=20, max_lead=100, flush_every=25,
+                 arithmetic={"count": 50})
+    topic = topic_name(cfg.run, "tasks")
+    group = cfg.rollout.group_for(cfg.run)
+    bus = open_bus(cfg, tmp_path)
+    stop = threading.Event()
+    got: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: got.update(stats=produce_tasks(
+        bus, cfg.producer, run=cfg.run, reader=group, should_stop=stop.is_set)))
+    worker.start()
+    try:
+        reader = bus.consumer(group, [topic], start="earliest")
+        seen = 0
+        try:
+            deadline = time.monotonic() + 30
+            while sum(bus.describe_topic(topic).end_offsets.values()) < 100:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            time.sleep(0.5)  # it would have written more by now if it did not wait
+            assert sum(bus.describe_topic(topic).end_offsets.values()) == 100
+            # the reader takes 60 and commits: the producer writes on to a lead of 100 again
+            while seen < 60:
+                batch = reader.consume(60 - seen, 1.0)
+                seen += len(batch)
+            reader.commit()
+            deadline = time.monotonic() + 30
+            while sum(bus.describe_topic(topic).end_offsets.values()) < 175:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            time.sleep(0.5)
+            assert sum(bus.describe_topic(topic).end_offsets.values()) == 175
+        finally:
+            reader.close()
+        stop.set()
+        worker.join(30)
+        assert not worker.is_alive()
+        stats = got["stats"]
+        assert stats.produced == 175 and stats.waited_s > 0.5, stats
+    finally:
+        stop.set()
+        worker.join(30)
+        bus.close()
+
+
+def test_the_run_role_waits_for_the_pre_rollout_stage(tmp_path: Path) -> None:
+    """`astraflow produce` on ``tasks.raw`` leads the pre-rollout stage's group by at most
+    ``producer.max_lead``; with ``max_lead: null`` it writes every epoch at once."""
+    cfg = config(tmp_path, epochs=4, max_lead=50, flush_every=10, arithmetic={"count": 40})
+    until = time.monotonic() + 1.0  # nobody reads: it writes 50 and waits until stopped
+    stats = produce(cfg, tmp_path, should_stop=lambda: time.monotonic() > until)
+    assert stats.produced == 50 and stats.waited_s > 0.5, stats
+    unbounded = config(tmp_path / "b", epochs=4, max_lead=None, arithmetic={"count": 40})
+    (tmp_path / "b").mkdir()
+    assert produce(unbounded, tmp_path / "b").produced == 160

@@ -138,7 +138,7 @@ EVERY = 10  # launch.eval_every
 MARGIN = 0.10  # the mean of the two best evaluations after the first at least this far up
 
 
-KAFKA_STEPS = 20  # the Kafka run: every role on another bus, not learning (the embedded run's)
+KAFKA_STEPS = 6  # the Kafka run: every role on another bus, not learning (the embedded run's)
 
 
 def run_example(out: Path, *extra: str, timeout: float = 900,

@@ -4,9 +4,10 @@ rank 1 SIGKILLed midway. The gang (astraflow.core.gang) kills rank 0 too, the su
 restarts the trainer role as a whole, it resumes from its last sharded checkpoint, and the
 run ends with every trajectory accounted for (none lost, none trained twice).
 
-The same run passes the one-process quickstart's learning check; the equality tests
-(tests/trainer/test_trainer_parallel.py) show that 2 fsdp ranks compute what one process
-computes."""
+Learning is not this test's to show: the equality tests (tests/trainer/test_trainer_parallel.py)
+show that 2 fsdp ranks compute what one process computes, the one-process runs learn
+(test_quickstart_e2e, test_gateway_agent_e2e), and the sharded LoRA run
+(test_lora_run_e2e) learns through the same gang, kill and restart."""
 
 from __future__ import annotations
 
@@ -58,23 +59,21 @@ def run_killing_rank_1(out: Path, warm: Path, sets: list[str], *,
     return proc.returncode, log.read_text()
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # the session's warm-up (~1-5 min on a shared host) and the run
-def test_fsdp_trainer_survives_a_killed_rank_and_learns(tmp_path: Path,
-                                                        quickstart_warmup: Path) -> None:
-    """One run does both (two runs took ~4 minutes of CI): the quickstart's reduced budget
-    (150 RL steps) with 2 fsdp trainer ranks, rank 1 SIGKILLed at step 12, restarts whole from
-    its sharded checkpoint, accounts for every trajectory and passes the one-process run's
-    learning check (test_quickstart_e2e.learned: train reward up by 0.02, held-out accuracy
-    not collapsed)."""
-    from test_quickstart_e2e import BUDGET, learned
-    from test_quickstart_e2e import STEPS as LEARN_STEPS
+#: trainer steps of the run: rank 1 is killed at step 12, after the checkpoints at 5 and 10
+STEPS = 30
 
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # the session's warm-up (~1-5 min on a shared host) and the run
+def test_fsdp_trainer_survives_a_killed_rank(tmp_path: Path, quickstart_warmup: Path) -> None:
+    """The quickstart's RL phase, STEPS steps with 2 fsdp trainer ranks: rank 1 SIGKILLed at
+    step 12, the gang restarts whole from its sharded checkpoint, the run finishes its steps
+    with every trajectory accounted for and leaves its final model."""
     out = tmp_path / "run"
-    sets = [*BUDGET, "trainer.checkpoint_every=5", "trainer.parallel=fsdp",
-            "launch.trainer_ranks=2", "launch.timeout_s=900"]
-    rc, output = run_killing_rank_1(out, quickstart_warmup, sets, deadline_s=1500)
-    summary = check_finished(out, rc, output, steps=LEARN_STEPS, per_step=64 * 8)
+    sets = [f"trainer.max_steps={STEPS}", "launch.eval_every=40", "trainer.checkpoint_every=5",
+            "trainer.parallel=fsdp", "launch.trainer_ranks=2", "launch.timeout_s=600"]
+    rc, output = run_killing_rank_1(out, quickstart_warmup, sets, deadline_s=800)
+    summary = check_finished(out, rc, output, steps=STEPS, per_step=64 * 8)
     trainer = summary["roles"]["trainer-default"]
     assert trainer["restarts"] >= 1 and 1 in trainer["exit_codes"], trainer
     assert "rank 1 of 2 exited with -9" in (out / "logs" / "trainer-default.log").read_text()
@@ -82,8 +81,7 @@ def test_fsdp_trainer_survives_a_killed_rank_and_learns(tmp_path: Path,
     starts = [r for r in rows if r.get("event") == "start"]
     assert len(starts) >= 2 and starts[1]["resumed"] and starts[1]["version"] % 5 == 0
     assert starts[1]["version"] >= 10, starts  # resumed from a sharded checkpoint, not 0
-    ckpt = out / "checkpoints" / "trainer-default" / f"step-{LEARN_STEPS:010d}"
+    ckpt = out / "checkpoints" / "trainer-default" / f"step-{STEPS:010d}"
     assert json.loads((ckpt / "meta.json").read_text())["layout"] == "dcp"
     assert (out / "final" / "default" / "model.safetensors").exists()
-    assert len(rl_rewards(out)) == LEARN_STEPS
-    learned(out, quickstart_warmup)
+    assert len(rl_rewards(out)) == STEPS
