@@ -25,6 +25,7 @@ from astraflow.consumers.trainer.config import TrainerConfig
 from astraflow.consumers.trainer.engine import Engine
 from astraflow.consumers.trainer.loop import StepFn, Trainer
 from astraflow.consumers.trainer.losses import LossSpec
+from astraflow.consumers.trainer.mismatch import Alarm
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import ConfigError
 from astraflow.core.records.checks import RecordLimits
@@ -143,7 +144,8 @@ def build_engine(tc: TrainerConfig, model_path: str | Path) -> Engine:
         skip_zero=tc.skip_zero_advantage_groups, std_norm=tc.loss.std_norm,
         adv_eps=tc.loss.adv_eps, entropy_metric=tc.loss.entropy_metric, ref_model=ref,
         pad_id=pad_id, autocast=accelerator.autocast, rank=accelerator.process_index,
-        world=accelerator.num_processes, parallel=tc.parallel, adapter=adapter)
+        world=accelerator.num_processes, parallel=tc.parallel, adapter=adapter,
+        mismatch_threshold=tc.mismatch.token_threshold)
 
 
 def step_function(mode: str) -> StepFn:
@@ -190,4 +192,5 @@ def build_trainer(tc: TrainerConfig, model: ModelConfig, *, run: str, policy: st
         max_version=tc.max_steps, session_timeout=tc.session_timeout_s,
         poll_timeout=tc.poll_timeout_s, dedup_window=tc.dedup_window,
         on_missing_checkpoint=tc.on_missing_checkpoint, log_path=log_path, metrics=metrics,
-        claims=claims, cores=cores, limits=limits, max_batch_tries=tc.max_batch_tries)
+        claims=claims, cores=cores, limits=limits, max_batch_tries=tc.max_batch_tries,
+        mismatch=Alarm.from_config(tc.mismatch) if tc.mode == "rl" else None)

@@ -141,6 +141,26 @@ class LoraSection(Section):
                     "[all-linear]: every linear layer but the output head)")
 
 
+class MismatchConfig(Section):
+    """Train–inference mismatch (docs/trainer.md): the trainer reports, every step, how far the
+    engine's logprobs of the tokens it trains are from its own, and warns (or stops) when the
+    tokens sampled at its own version differ by more than these bounds."""
+
+    token_threshold: float = pydantic.Field(
+        0.5, gt=0, description="a token whose |log π_trainer − log π_engine| exceeds this "
+                               "counts in mismatch_beyond_<fresh|stale>")
+    max_k3: float | None = pydantic.Field(
+        0.01, gt=0, description="alarm when the mean k3 KL(engine ‖ trainer) of a step's fresh "
+                                "tokens (sampled at the trainer's version) exceeds this; null: "
+                                "no bound")
+    max_beyond: float | None = pydantic.Field(
+        None, gt=0, le=1, description="alarm when this share of a step's fresh tokens or more "
+                                      "is beyond token_threshold; null: no bound")
+    on_breach: Literal["warn", "stop"] = pydantic.Field(
+        "warn", description="warn: a warning line and mismatch_alarm 1 in the step's metrics; "
+                            "stop: also end training after that step (checkpointed)")
+
+
 class TrainerConfig(Section):
     """The trainer: consumes batches.<policy>, steps the optimizer, publishes weights."""
 
@@ -151,6 +171,7 @@ class TrainerConfig(Section):
     lora: LoraSection | None = pydantic.Field(
         None, description="LoRA adapter {r, alpha, dropout, target_modules}; null: full "
                           "fine-tuning")
+    mismatch: MismatchConfig = MismatchConfig()
     grad_clip: float | None = pydantic.Field(1.0, gt=0,
                                              description="clip the global grad norm; null: off")
     micro_batch_tokens: int = pydantic.Field(

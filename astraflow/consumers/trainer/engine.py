@@ -59,6 +59,7 @@ class Engine:
     world: int = 1
     parallel: str = "ddp"  # ddp | fsdp (the model's parameters are DTensor shards)
     adapter: AdapterSpec | None = None  # trainer.lora: the model is a peft LoRA model
+    mismatch_threshold: float = 0.5  # trainer.mismatch.token_threshold (mismatch.py)
 
     @property
     def params(self) -> list[torch.nn.Parameter]:

@@ -39,6 +39,7 @@ from typing import Any
 
 from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState
 from astraflow.consumers.trainer.engine import Engine
+from astraflow.consumers.trainer.mismatch import Alarm, describe
 from astraflow.consumers.trainer.quarantine import PoisonBatchError, Quarantine
 from astraflow.consumers.trainer.sharding import publish_weights
 from astraflow.consumers.trainer.telemetry import Telemetry
@@ -89,8 +90,12 @@ class Trainer:
                  on_missing_checkpoint: str = "error", log_path: str | Path | None = None,
                  metrics: MetricsEmitter | None = None, component: str = "",
                  claims: BlobStore | None = None, cores: CoreShare | None = None,
-                 limits: RecordLimits | None = None, max_batch_tries: int = 2) -> None:
+                 limits: RecordLimits | None = None, max_batch_tries: int = 2,
+                 mismatch: Alarm | None = None) -> None:
         self.bus = bus
+        # trainer.mismatch: a step whose fresh tokens breach it warns (or stops training)
+        self.mismatch = mismatch
+        self._stopped: str | None = None
         # what every trajectory of a batch is checked against before a step (the stage
         # checked it too; a batch record can be written by anyone who can produce)
         self.limits = limits or RecordLimits()
@@ -312,7 +317,8 @@ class Trainer:
         return True
 
     def done(self) -> bool:
-        return ((self._max_steps is not None and self._stats.steps >= self._max_steps)
+        return (self._stopped is not None
+                or (self._max_steps is not None and self._stats.steps >= self._max_steps)
                 or (self.max_version is not None and self.version >= self.max_version))
 
     def due(self) -> bool:
@@ -420,6 +426,7 @@ class Trainer:
             if self.version % self.publish_every == 0:
                 self._publish()
         busy = time.monotonic() - started
+        self._check_mismatch(metrics)
         self.telemetry.phase("train", step_s)
         self.telemetry.phase("publish", busy - step_s)
         self.telemetry.step({
@@ -427,6 +434,25 @@ class Trainer:
             "batch_seq": batch.seq, "origin": msg.origin, **metrics, "step_s": step_s,
             "train_tokens_per_s": metrics.get("tokens", 0.0) / max(step_s, 1e-9)}, busy)
         return busy
+
+    def _check_mismatch(self, metrics: dict[str, float]) -> None:
+        """Warn (and with ``on_breach: stop``, end training) when the step breaches
+        ``trainer.mismatch``; the step's metrics get ``mismatch_alarm`` 0 or 1."""
+        if self.mismatch is None:
+            return
+        breaches = self.mismatch.breaches(metrics)
+        metrics["mismatch_alarm"] = float(bool(breaches))
+        if not breaches:
+            return
+        line = describe(self.version, self.policy, breaches, metrics)
+        log.warning("%s", line)
+        self.telemetry.inc("mismatch_alarms")
+        if self.mismatch.stop:
+            self._stopped = line
+            log.warning("trainer.mismatch.on_breach is stop: training ends after step %d",
+                        self.version)
+            self.telemetry.log({"event": "stop", "version": self.version,
+                                "reason": "mismatch", "detail": line})
 
     def _train(self, batch: Batch) -> dict[str, float]:
         """The step on ``batch``, tried up to ``max_batch_tries`` times (over restarts too);

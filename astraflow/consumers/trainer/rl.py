@@ -15,16 +15,17 @@ from collections import defaultdict
 
 import torch
 
+from astraflow.consumers.trainer import mismatch
 from astraflow.consumers.trainer.batching import micro_batches, prepare
 from astraflow.consumers.trainer.engine import Engine, apply_gradients, forward, reference
 from astraflow.consumers.trainer.losses import policy_loss
 from astraflow.consumers.trainer.sharding import filler_passes
 from astraflow.core.records import Batch
 
-_MAXED = ("behav_weight_max", "staleness_max")
+_MAXED = ("behav_weight_max", "staleness_max", *mismatch.MAXED)
 _SUMMED = ("loss", "pg_loss", "tokens", "clip_low", "clip_high", "dual_clip", "capped",
            "ratio_sum", "behav_weight_sum", "kl_sum", "entropy_sum", "staleness_sum",
-           "padded_tokens", "seqs_trained", "micro_batches")
+           "padded_tokens", "seqs_trained", "micro_batches", *mismatch.SUMMED)
 
 
 def rl_step(engine: Engine, batch: Batch, version: int) -> dict[str, float]:
@@ -41,6 +42,7 @@ def rl_step(engine: Engine, batch: Batch, version: int) -> dict[str, float]:
                "metric" if engine.entropy_metric else "none")
     engine.model.eval()
     totals: dict[str, float] = defaultdict(float)
+    tally = mismatch.Tally(engine.mismatch_threshold)
     for mb in mbs:
         logp, ent = forward(engine, engine.model, mb, entropy=entropy)
         ref = None
@@ -57,6 +59,7 @@ def rl_step(engine: Engine, batch: Batch, version: int) -> dict[str, float]:
             else:
                 totals[k] += v
         lag = (version - mb.versions)[mb.mask].double()
+        tally.add(logp, mb.behav, mb.mask, lag)
         if lag.numel():
             totals["staleness_sum"] += float(lag.sum())
             totals["staleness_max"] = max(totals["staleness_max"], float(lag.max()))
@@ -64,6 +67,7 @@ def rl_step(engine: Engine, batch: Batch, version: int) -> dict[str, float]:
         totals["seqs_trained"] += mb.input_ids.shape[0]
         totals["micro_batches"] += 1
     filler_passes(engine, len(mbs), prep)
+    totals.update(tally.totals())
     totals = _reduce(engine, totals)
     metrics = dict(prep.stats)
     metrics.update(apply_gradients(engine, version))
@@ -88,6 +92,7 @@ def rl_step(engine: Engine, batch: Batch, version: int) -> dict[str, float]:
         "staleness_mean": totals.get("staleness_sum", 0.0) / n,
         "staleness_max": totals.get("staleness_max", 0.0),
     })
+    metrics.update(mismatch.step_metrics(totals))
     if spec.kl != "none":
         metrics["kl"] = totals.get("kl_sum", 0.0) / n
     if entropy != "none":

@@ -19,7 +19,9 @@ from astraflow.core.metrics import MetricsEmitter
 
 #: step metrics also sent as gauges on the metrics topic
 GAUGES = ("loss", "reward_mean", "wait_ratio", "train_tokens_per_s", "grad_norm", "kl", "entropy",
-          "clip_frac", "lr", "staleness_mean", "adv_abs_mean", "adv_std")
+          "clip_frac", "lr", "staleness_mean", "adv_abs_mean", "adv_std",
+          "mismatch_k3_fresh", "mismatch_k3_stale", "mismatch_abs_max_fresh",
+          "mismatch_abs_p99_fresh", "mismatch_beyond_fresh", "mismatch_alarm")
 
 
 class Telemetry:

@@ -1,0 +1,126 @@
+"""Train–inference mismatch: how far the engine's token logprobs are from the trainer's.
+
+The trainer recomputes the logprob of every token it trains. For a token the engine sampled
+with logprob ``b`` at weights version ``v``, and the trainer computes as ``t`` at its own
+version, ``d = t − b``. When ``v`` is the trainer's version (a *fresh* token) the two ran the
+same weights, so ``d`` measures the engine against the trainer alone: another dtype, another
+kernel, a stale or corrupted weight copy. For a *stale* token ``d`` also holds the policy's
+change since ``v`` (what the decoupled loss corrects for).
+
+Per step, for each kind (``fresh``, ``stale``):
+
+* ``mismatch_k3_<kind>``: the mean of ``(e^d − 1) − d``, Schulman's k3 estimate of
+  KL(engine ‖ trainer) from the engine's own samples (≥ 0, 0 when they agree);
+* ``mismatch_abs_max_<kind>``, ``mismatch_abs_p99_<kind>``: of ``|d|`` (with several ranks,
+  the largest of the ranks' p99);
+* ``mismatch_beyond_<kind>``: the share of tokens with ``|d| > trainer.mismatch.token_threshold``;
+* ``mismatch_tokens_<kind>``: how many tokens.
+
+:class:`Alarm` reads a step's metrics against ``trainer.mismatch`` (fresh tokens only: stale
+ones differ by design) and says when it is breached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from astraflow.consumers.trainer.config import MismatchConfig
+
+KINDS = ("fresh", "stale")
+#: per-rank sums and maxima, added to rl.py's reductions across ranks
+SUMMED = tuple(f"mismatch_{s}_{k}" for k in KINDS for s in ("tokens", "k3_sum", "beyond_n"))
+MAXED = tuple(f"mismatch_{s}_{k}" for k in KINDS for s in ("abs_max", "abs_p99"))
+
+
+@dataclass
+class Tally:
+    """The |d| and k3 of every trained token of one step on this rank, by kind."""
+
+    threshold: float
+    absd: dict[str, list[torch.Tensor]] = field(
+        default_factory=lambda: {k: [] for k in KINDS})
+    k3: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
+
+    def add(self, logp: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor,
+            lag: torch.Tensor) -> None:
+        """One micro-batch: ``logp`` and ``behav`` [B, T], ``mask`` its trained tokens
+        (bool), ``lag`` the trainer's version minus each trained token's (mask order)."""
+        with torch.no_grad():
+            d = (logp.detach().double() - behav.double())[mask]
+            fresh = lag <= 0
+            for kind, sel in (("fresh", fresh), ("stale", ~fresh)):
+                x = d[sel]
+                if x.numel():
+                    self.absd[kind].append(x.abs())
+                    self.k3[kind] += float((torch.expm1(x) - x).sum())
+
+    def totals(self) -> dict[str, float]:
+        """This rank's sums (:data:`SUMMED`) and maxima (:data:`MAXED`)."""
+        out: dict[str, float] = {}
+        for kind in KINDS:
+            a = torch.cat(self.absd[kind]) if self.absd[kind] else torch.zeros(0,
+                                                                               dtype=torch.float64)
+            out[f"mismatch_tokens_{kind}"] = float(a.numel())
+            out[f"mismatch_k3_sum_{kind}"] = self.k3[kind]
+            out[f"mismatch_beyond_n_{kind}"] = float((a > self.threshold).sum())
+            out[f"mismatch_abs_max_{kind}"] = float(a.max()) if a.numel() else 0.0
+            out[f"mismatch_abs_p99_{kind}"] = (float(torch.quantile(a, 0.99)) if a.numel()
+                                               else 0.0)
+        return out
+
+
+def step_metrics(totals: dict[str, float]) -> dict[str, float]:
+    """The step's mismatch metrics from the (reduced) totals of :meth:`Tally.totals`."""
+    out: dict[str, float] = {}
+    for kind in KINDS:
+        n = totals.get(f"mismatch_tokens_{kind}", 0.0)
+        out[f"mismatch_tokens_{kind}"] = n
+        if not n:
+            continue
+        out[f"mismatch_k3_{kind}"] = totals[f"mismatch_k3_sum_{kind}"] / n
+        out[f"mismatch_beyond_{kind}"] = totals[f"mismatch_beyond_n_{kind}"] / n
+        out[f"mismatch_abs_max_{kind}"] = totals[f"mismatch_abs_max_{kind}"]
+        out[f"mismatch_abs_p99_{kind}"] = totals[f"mismatch_abs_p99_{kind}"]
+    return out
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """``trainer.mismatch`` applied to a step's metrics."""
+
+    max_k3: float | None
+    max_beyond: float | None
+    token_threshold: float
+    stop: bool
+
+    @classmethod
+    def from_config(cls, cfg: MismatchConfig) -> Alarm | None:
+        if cfg.max_k3 is None and cfg.max_beyond is None:
+            return None
+        return cls(cfg.max_k3, cfg.max_beyond, cfg.token_threshold, cfg.on_breach == "stop")
+
+    def breaches(self, metrics: dict[str, float]) -> list[str]:
+        """What the step's fresh tokens breach, in words (empty: nothing)."""
+        out = []
+        k3 = metrics.get("mismatch_k3_fresh")
+        if self.max_k3 is not None and k3 is not None and k3 > self.max_k3:
+            out.append(f"k3 {k3:.3g} > trainer.mismatch.max_k3 {self.max_k3:g}")
+        beyond = metrics.get("mismatch_beyond_fresh")
+        if self.max_beyond is not None and beyond is not None and beyond > self.max_beyond:
+            out.append(f"{beyond:.1%} of tokens with |log ratio| > {self.token_threshold:g} > "
+                       f"trainer.mismatch.max_beyond {self.max_beyond:g}")
+        return out
+
+
+def describe(step: int, policy: str, breaches: Iterable[str], metrics: dict[str, float]) -> str:
+    """The warning line of a breach."""
+    return (f"train-inference mismatch at step {step} ({policy}): " + "; ".join(breaches)
+            + f" over {metrics.get('mismatch_tokens_fresh', 0):.0f} tokens sampled at the "
+            "trainer's version (max |log ratio| "
+            f"{metrics.get('mismatch_abs_max_fresh', 0.0):.3g}): the engine and the trainer "
+            "disagree on the same weights (dtype, kernels, or the engine's weights)")
