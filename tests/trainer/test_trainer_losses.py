@@ -54,6 +54,9 @@ def reference(spec: LossSpec, logp=LOGP, prox=PROX, behav=BEHAV, ref=REF, ent=EN
                 w = math.exp(prox[i][j] - behav[i][j])
                 if spec.behaviour_cap is not None and w > spec.behaviour_cap:
                     w = spec.behaviour_cap if spec.behaviour_cap_mode == "clip" else 0.0
+                elif (spec.behaviour_cap_mode == "mask_both"
+                      and w < 1.0 / spec.behaviour_cap):  # type: ignore[operator]
+                    w = 0.0
                 r = math.exp(lp - prox[i][j])
             else:
                 w, r = 1.0, math.exp(lp - behav[i][j])
@@ -92,7 +95,7 @@ SWITCHES = list(itertools.product(
     [None, 3.0],  # dual clip
     [("none", 0.0), ("k1", 0.1), ("k3", 0.1)],
     [True, False],  # decoupled
-    [(None, "clip"), (1.3, "clip"), (1.3, "mask")],  # behaviour cap
+    [(None, "clip"), (1.3, "clip"), (1.3, "mask"), (1.3, "mask_both")],  # behaviour cap
     [0.0, 0.05],  # entropy bonus
 ))
 
@@ -283,3 +286,42 @@ def test_spec_validation() -> None:
         LossSpec(dual_clip=0.5)
     with pytest.raises(ValueError, match="needs ref_logp"):
         policy_loss(t(LOGP), t(BEHAV), t(ADV), t(MASK), LossSpec(kl="k1", kl_coef=0.1))
+
+
+def test_the_two_sided_mask_and_the_geometric_mean_level() -> None:
+    """IcePop's two-sided mask (weight 0 outside [1/cap, cap]) and the sequence-level
+    geometric mean of the ratios (every token of a sequence gets exp(mean log w))."""
+    logp = t([[-1.0, -0.5, -0.2, -3.0], [-0.1, -0.1, 0.0, 0.0]])
+    behav = t([[-1.2, -0.9, -0.1, -0.0], [-0.4, -0.1, 0.0, 0.0]])
+    mask = t([[1, 1, 1, 0], [1, 1, 0, 0]])
+    adv = t([1.0, -1.0])
+    # token weights exp(0.2), exp(0.4), exp(-0.1) | exp(0.3), 1: with cap 1.3 the two-sided
+    # mask drops exp(0.4) = 1.49 and keeps exp(-0.1) = 0.905 (above 1/1.3 = 0.77) ...
+    both = policy_loss(logp, behav, adv, mask,
+                       LossSpec(behaviour_cap=1.3, behaviour_cap_mode="mask_both"))
+    assert both.stats["capped"] == 2.0  # exp(0.4) and exp(0.3)
+    assert both.stats["behav_weight_sum"] == pytest.approx(math.exp(0.2) + math.exp(-0.1) + 1)
+    # ... and a weight below 1/cap is dropped as well: behav above the policy by 0.5
+    low = policy_loss(t([[0.0, -1.0]]), t([[0.0, -0.5]]), t([1.0]), t([[0, 1]]),
+                      LossSpec(behaviour_cap=1.5, behaviour_cap_mode="mask_both"))
+    assert low.stats["capped"] == 1.0 and low.loss.item() == 0.0
+    one_sided = policy_loss(t([[0.0, -1.0]]), t([[0.0, -0.5]]), t([1.0]), t([[0, 1]]),
+                            LossSpec(behaviour_cap=1.5, behaviour_cap_mode="mask"))
+    assert one_sided.stats["capped"] == 0.0
+    # the geometric mean over each sequence's loss tokens, the same for all of them
+    geo = policy_loss(logp, behav, adv, mask, LossSpec(behaviour_level="geometric",
+                                                       behaviour_cap=None))
+    g0, g1 = math.exp((0.2 + 0.4 - 0.1) / 3), math.exp(0.3 / 2)
+    assert geo.stats["behav_weight_sum"] == pytest.approx(3 * g0 + 2 * g1)
+    assert geo.loss.item() == pytest.approx((-3 * g0 + 2 * g1) / 5)
+    # masked as a whole: g0 = 1.181 is above the cap 1.17 (all 3 tokens dropped), g1 = 1.162 not
+    drop = policy_loss(logp, behav, adv, mask, LossSpec(
+        behaviour_level="geometric", behaviour_cap=1.17, behaviour_cap_mode="mask_both"))
+    assert drop.stats["capped"] == 3.0 and drop.stats["behav_weight_sum"] == pytest.approx(
+        2 * g1)
+    with pytest.raises(ValueError, match="must be > 1"):
+        LossSpec(behaviour_cap=0.9, behaviour_cap_mode="mask_both")
+    from astraflow.consumers.trainer.config import LossConfig
+
+    with pytest.raises(ValueError, match="behaviour_cap > 1"):
+        LossConfig(behaviour_cap=1.0, behaviour_cap_mode="mask_both")

@@ -89,17 +89,27 @@ class LossConfig(Section):
     behaviour_cap: float | None = pydantic.Field(
         5.0, gt=0, description="cap of the behaviour importance weight π_prox/π_behav; null: "
                                "uncapped")
-    behaviour_cap_mode: Literal["clip", "mask"] = pydantic.Field(
+    behaviour_cap_mode: Literal["clip", "mask", "mask_both"] = pydantic.Field(
         "clip", description="clip: weight = min(w, cap) (truncated IS); mask: tokens with "
-                            "w > cap get weight 0 (AReaL)")
-    behaviour_level: Literal["token", "sequence"] = pydantic.Field(
+                            "w > cap get weight 0 (AReaL); mask_both: tokens with w outside "
+                            "[1/cap, cap] get weight 0 (IcePop's two-sided mask; cap > 1)")
+    behaviour_level: Literal["token", "sequence", "geometric"] = pydantic.Field(
         "token", description="token: each token's own π_prox/π_behav; sequence: every token of "
                              "a sequence gets the product over its loss tokens (the whole "
                              "sequence's ratio, which also weighs the prefixes an older policy "
-                             "led to), capped by behaviour_cap")
+                             "led to); geometric: the geometric mean of its tokens' ratios "
+                             "(length-independent); either capped by behaviour_cap")
     temperature: float = pydantic.Field(
         1.0, gt=0, description="sampling temperature of the rollout: logits are divided by it "
                                "before log-softmax so ratios compare like with like")
+
+    @pydantic.model_validator(mode="after")
+    def _two_sided_cap(self) -> LossConfig:
+        if (self.behaviour_cap_mode == "mask_both" and self.behaviour_cap is not None
+                and self.behaviour_cap <= 1):
+            raise ValueError("behaviour_cap_mode mask_both keeps w in [1/behaviour_cap, "
+                             f"behaviour_cap]: set behaviour_cap > 1 (got {self.behaviour_cap})")
+        return self
 
 
 class FsdpConfig(Section):

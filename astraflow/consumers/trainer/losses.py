@@ -6,9 +6,11 @@ in the trajectory), π_prox the proximal policy and A_i the sequence's advantage
 token's, where the trajectory's turns are scored apart)::
 
     r   = π_θ / π_prox                                    (decoupled = true)
-    w   = π_prox / π_behav, capped (clip: min(w, cap); mask: 0 where w > cap), no gradient
+    w   = π_prox / π_behav, capped (clip: min(w, cap); mask: 0 where w > cap; mask_both:
+          0 where w > cap or w < 1/cap), no gradient
           (behaviour_level = sequence: w_it = Π_t' π_prox/π_behav over sequence i's loss
-          tokens, the same for all of them, then capped)
+          tokens, the same for all of them, then capped; geometric: the geometric mean
+          exp(mean_t' log π_prox/π_behav) instead of the product)
     r   = π_θ / π_behav,   w = 1                          (decoupled = false)
     pg  = w · max(-A·r, -A·clip(r, 1 - eps_low, 1 + eps_high))
     pg  = min(pg, -c·A)  where A < 0                      (dual_clip = c)
@@ -30,6 +32,8 @@ import torch
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("none", "k1", "k3")
+CAP_MODES = ("clip", "mask", "mask_both")
+LEVELS = ("token", "sequence", "geometric")
 
 
 @dataclass(frozen=True)
@@ -55,12 +59,16 @@ class LossSpec:
                              f"{', '.join(AGGREGATIONS)}")
         if self.kl not in KL_KINDS:
             raise ValueError(f"unknown kl {self.kl!r}; valid: {', '.join(KL_KINDS)}")
-        if self.behaviour_cap_mode not in ("clip", "mask"):
+        if self.behaviour_cap_mode not in CAP_MODES:
             raise ValueError(f"unknown behaviour_cap_mode {self.behaviour_cap_mode!r}; "
-                             "valid: clip, mask")
-        if self.behaviour_level not in ("token", "sequence"):
+                             f"valid: {', '.join(CAP_MODES)}")
+        if self.behaviour_level not in LEVELS:
             raise ValueError(f"unknown behaviour_level {self.behaviour_level!r}; valid: "
-                             "token, sequence")
+                             f"{', '.join(LEVELS)}")
+        if (self.behaviour_cap_mode == "mask_both" and self.behaviour_cap is not None
+                and self.behaviour_cap <= 1):
+            raise ValueError("behaviour_cap_mode mask_both keeps w in [1/cap, cap]: the cap "
+                             f"must be > 1, got {self.behaviour_cap}")
         if self.dual_clip is not None and self.dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
 
@@ -157,10 +165,15 @@ def policy_loss(logp: torch.Tensor, behav: torch.Tensor, adv: torch.Tensor,
         log_w = torch.where(keep, base - behav, zero)
         if spec.behaviour_level == "sequence":
             log_w = torch.where(keep, log_w.sum(-1, keepdim=True).expand_as(log_w), zero)
+        elif spec.behaviour_level == "geometric":
+            n = keep.sum(-1, keepdim=True).clamp(min=1).to(log_w.dtype)
+            log_w = torch.where(keep, (log_w.sum(-1, keepdim=True) / n).expand_as(log_w), zero)
         bw = torch.exp(log_w.clamp(max=60.0))  # a product of many ratios may overflow
         capped = torch.zeros_like(keep)
         if spec.behaviour_cap is not None:
             capped = keep & (bw > spec.behaviour_cap)
+            if spec.behaviour_cap_mode == "mask_both":
+                capped = capped | (keep & (bw < 1.0 / spec.behaviour_cap))
             if spec.behaviour_cap_mode == "clip":
                 bw = bw.clamp(max=spec.behaviour_cap)
             else:
