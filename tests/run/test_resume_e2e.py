@@ -17,7 +17,7 @@ import pytest
 from run_helpers import check_finished, launched, rl_rewards, run_astraflow
 from test_quickstart_e2e import QUICKSTART, trainer_step
 
-STEPS = 30
+STEPS = 20
 KILL_AT = 12  # after the checkpoint at 10 (checkpoint_every 5): steps 11-12 are redone
 
 
