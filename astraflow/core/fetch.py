@@ -67,10 +67,10 @@ def fetch(bus: Bus, topic: str, addresses: Iterable[tuple[int, int]], *,
                 raise BusError(f"fetching {_fmt(_all(wanted))} of {topic}: nothing arrived "
                                f"for {timeout:g}s")
             for m in msgs:
-                offs = wanted.get(m.partition)
-                if offs and m.offset == offs[-1]:
+                want = wanted.get(m.partition)
+                if want and m.offset == want[-1]:
                     out[(m.partition, m.offset)] = m
-                    offs.pop()
+                    want.pop()
             for p in list(wanted):
                 offs = wanted[p]
                 pos = reader.position(p)
