@@ -21,6 +21,7 @@ from astraflow.cli import (
     plugins,
     policy,
     produce,
+    replay,
     rollout,
     run,
     scale,
@@ -53,6 +54,8 @@ COMMANDS = [
     ("run", run.run, RUN, "Run an experiment: every role as a process on this host."),
     ("check", check.check, RUN, "Check a config (models, data, reward, memory); start nothing."),
     ("demo", demo.demo, RUN, "Show the bus at work: workers join, die and leave, no model."),
+    ("replay", replay.replay, RUN, "Re-train a run from its log; check every version bit for "
+                                   "bit."),
     ("produce", produce.produce, ROLES, "Run the producer: the dataset's tasks to the bus."),
     ("rollout", rollout.rollout, ROLES, "Run a rollout worker: tasks in, trajectories out."),
     ("serve", serve.serve, ROLES, "Serve the OpenAI-compatible gateway for SDK agents."),

@@ -87,3 +87,15 @@ def rl_rewards(out: Path) -> list[float]:
         if "reward_mean" in row and "-sft-" not in row["batch_id"]:
             by_step[int(row["step"])] = float(row["reward_mean"])
     return [by_step[k] for k in sorted(by_step)]
+
+
+def replayed(out: Path, *policies: str) -> str:
+    """`astraflow replay OUT` exits 0 and reports every policy's versions (``policies``) as
+    reproduced bit for bit; its output."""
+    r = subprocess.run([sys.executable, "-m", "astraflow.cli.app", "replay", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    for p in policies:
+        assert any(line.startswith(f"{p}: ") and "versions reproduced bit for bit" in line
+                   for line in r.stdout.splitlines()), r.stdout
+    return r.stdout

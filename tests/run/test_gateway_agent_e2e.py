@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from run_helpers import check_finished, rl_rewards, run_astraflow
+from run_helpers import check_finished, replayed, rl_rewards, run_astraflow
 
 from astraflow.core.bus import connect
 from astraflow.core.bus.reader import read_all
@@ -114,3 +114,5 @@ def test_the_agent_learns_through_astraflow_run(tmp_path: Path, quickstart_warm:
         check_trajectory(t, tok)  # type: ignore[arg-type]
     retried = sum(len(t.spans) == 4 for t in trajectories)
     assert 0 < retried < len(trajectories)  # both kinds of episode happened
+    # a multi-turn agent run, retrained from its log: every version bit for bit
+    replayed(out, "default")

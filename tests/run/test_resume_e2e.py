@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from run_helpers import check_finished, launched, rl_rewards, run_astraflow
+from run_helpers import check_finished, launched, replayed, rl_rewards, run_astraflow
 from test_quickstart_e2e import QUICKSTART, trainer_step
 
 STEPS = 20
@@ -68,3 +68,5 @@ def test_a_run_killed_whole_resumes_and_loses_no_rollout(tmp_path: Path,
     starts = [r for r in rows if r.get("event") == "start"]
     assert len(starts) == 2 and starts[1]["resumed"] and starts[1]["version"] == 10, starts
     assert len(rl_rewards(out)) == STEPS
+    # the versions of both lives of the trainer, retrained from the log, bit for bit
+    replayed(out, "default")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_helpers import replayed
 
 from astraflow.config import load_experiment
 from astraflow.core.records import Batch, Trajectory, decode, unpack
@@ -331,6 +332,8 @@ def test_two_policies_survive_a_killed_worker_and_trainer(tmp_path: Path) -> Non
     summary = check_roles(out, rc, output, killed)
     check_accounting(summary)
     check_bus(out, killed)
+    # both trainers, one of them killed and restarted, retrained from the log bit for bit
+    replayed(out, "solver", "verifier")
 
 
 @pytest.mark.slow
