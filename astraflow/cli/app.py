@@ -22,6 +22,7 @@ from astraflow.cli import (
     policy,
     produce,
     replay,
+    retrain,
     rollout,
     run,
     scale,
@@ -56,6 +57,9 @@ COMMANDS = [
     ("demo", demo.demo, RUN, "Show the bus at work: workers join, die and leave, no model."),
     ("replay", replay.replay, RUN, "Re-train a run from its log; check every version bit for "
                                    "bit."),
+    ("retrain", retrain.retrain, RUN, "Train a counterfactual trainer on a run's recorded data."),
+    ("compare", retrain.compare, RUN, "Two runs' held-out curves and train metrics side by "
+                                      "side."),
     ("produce", produce.produce, ROLES, "Run the producer: the dataset's tasks to the bus."),
     ("rollout", rollout.rollout, ROLES, "Run a rollout worker: tasks in, trajectories out."),
     ("serve", serve.serve, ROLES, "Serve the OpenAI-compatible gateway for SDK agents."),
