@@ -1,8 +1,10 @@
 """Config section ``trainer``: mode, optimizer, loss switches, micro-batching, checkpoints.
 
-Every key here is documented in docs/trainer.md with the formula it switches. The section
-imports nothing heavy; the trainer builds torch objects from it in
-:mod:`astraflow.consumers.trainer.build`.
+Every key here is documented in docs/trainer.md with the formula it switches (the defaults:
+docs/config.md, generated from these classes). The section imports nothing heavy; the trainer
+builds torch objects from it in :mod:`astraflow.consumers.trainer.build`. An example that
+changes some defaults (DAPO's asymmetric clip, a dual clip, a KL term), checked against these
+classes by tests/test_config_examples.py:
 
     trainer:
       mode: rl                      # rl | sft
