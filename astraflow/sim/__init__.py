@@ -6,6 +6,17 @@ continuously batching engine and a trainer, once synchronously and once asynchro
 compare trainer wait, effective samples/s and the tail of episode times (docs/replay.md).
 
 Reads the bus through core only; imports no role.
+
+Modules:
+
+- :mod:`.errors`: The replay's error.
+- :mod:`.events`: The clock of every discrete-event model here: a heap of timed callbacks.
+- :mod:`.recorded`: A workload from a run directory made by ``astraflow run``: its trajectories'
+  turns and timings.
+- :mod:`.simulate`: A discrete-event simulation of rollout feeding a trainer, on the event clock of
+  :mod:`astraflow.sim.events`.
+- :mod:`.workload`: What a replay runs: episodes as (decode tokens, wait seconds) segments, in task
+  groups.
 """
 
 from astraflow.sim.errors import ReplayError

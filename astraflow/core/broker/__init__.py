@@ -1,4 +1,14 @@
-"""The local Apache Kafka broker for development and tests (``astraflow broker ...``)."""
+"""The local Apache Kafka broker for development and tests (``astraflow broker ...``).
+
+Modules:
+
+- :mod:`.jars`: The local broker's jars: fetched from Maven Central with ``mvn`` once, into a
+  cache.
+- :mod:`.local`: A local single-node Apache Kafka (KRaft, broker + controller in one JVM) for
+  development and tests.
+- :mod:`.probe`: Whether a starting local broker serves clients yet (:meth:`LocalBroker.start`
+  polls it).
+"""
 
 from astraflow.core.broker.jars import (
     cache_dir,

@@ -6,6 +6,32 @@
 Everything a component needs is on the returned object: ``create_topics``, ``producer()``,
 ``consumer(group, topics)``, ``committed``/``lag``. See :mod:`astraflow.core.bus.types` for the
 contract both backends meet.
+
+Modules:
+
+- :mod:`.embedded`: The embedded bus: partitioned, offset-addressed logs and consumer groups in one
+  SQLite file.
+- :mod:`.embedded_db`: The SQLite file behind the embedded bus: schema, connections and write
+  transactions.
+- :mod:`.embedded_fetch`: Reading records of the embedded bus: per-partition fetch buffers and fair
+  delivery.
+- :mod:`.embedded_group`: Consumer groups of the embedded bus: membership, heartbeats, rebalancing,
+  fetch and commit.
+- :mod:`.embedded_reader`: The embedded bus's group-less reader: every partition of one topic,
+  read-only.
+- :mod:`.kafka`: The Kafka backend of the bus, through confluent-kafka (librdkafka).
+- :mod:`.kafka_clients`: The Kafka bus's producer and consumer (confluent-kafka).
+- :mod:`.kafka_common`: What the Kafka bus's clients share (confluent-kafka): the error classes
+  they retry or give up on, librdkafka's log routing.
+- :mod:`.kafka_reader`: The Kafka bus's group-less reader: every partition of one topic through
+  ``assign()``.
+- :mod:`.partitioner`: Key → partition, the same on every backend: Kafka's murmur2 (Java's default
+  partitioner).
+- :mod:`.reader`: The backend-neutral half of the group-less reader.
+- :mod:`.types`: The bus protocol: the one narrow interface every component uses
+  (docs/reference/bus.md).
+- :mod:`.url`: Bus URLs: ``embedded:///abs/path/bus.db``, ``embedded://rel/path.db``,
+  ``kafka://host:port[,host:port][?client.setting=value&...]``.
 """
 
 from __future__ import annotations

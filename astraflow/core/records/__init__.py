@@ -21,6 +21,21 @@ records live in :mod:`~astraflow.core.records.episodes` (the data path),
 :mod:`~astraflow.core.records.gateway`; the packed arrays in
 :mod:`~astraflow.core.records.base`, encoding in :mod:`~astraflow.core.records.codec`. Import
 them from here.
+
+Modules:
+
+- :mod:`.base`: The base of every record (its schema name and version) and the packed numeric
+  arrays records carry (little-endian ``<i4``, ``<f4``, ``u1`` bytes.
+- :mod:`.checks`: The values of a trajectory checked against the run's own facts, at the door of
+  every role that trusts them.
+- :mod:`.codec`: Encoding and decoding records: msgpack bytes <-> typed, validated records, and the
+  ``af-schema`` header (see :mod:`astraflow.core.records`).
+- :mod:`.control`: The records around the data path: weight versions, heartbeats and metrics, load
+  reports, dead letters and claim checks.
+- :mod:`.episodes`: The records of the data path: tasks in, trajectories out of rollout, their
+  groups and statistics through the policies, and batches to the trainer.
+- :mod:`.gateway`: The agent gateway's records: one event of a session per record (see
+  :mod:`astraflow.core.records` for the wire format).
 """
 
 from astraflow.core.records.base import (

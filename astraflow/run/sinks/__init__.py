@@ -12,6 +12,12 @@ config (secrets redacted) once, when it opens.
 A sink is a small class behind :class:`MetricSink`, one module each, its package imported
 only when the sink is built: a missing package is a :class:`ConfigError` naming the extra to
 install.
+
+Modules:
+
+- :mod:`.tensorboard_sink`: The TensorBoard sink: an event file under ``metrics.tensorboard_dir``.
+- :mod:`.wandb_sink`: The Weights & Biases sink: one wandb run named after the AstraFlow run, its
+  config the run's (secrets redacted), files under ``{out}/wandb``.
 """
 
 from __future__ import annotations
