@@ -77,15 +77,22 @@ def run_config(run_dir: Path) -> Any:
 
 
 def trained_steps(log: Path) -> list[Step]:
-    """The steps of a trainer's JSON log, one per version in order (the last line of each
-    step); ReplayError when a step is missing."""
+    """The steps of a trainer's JSON log since its last start from version 0 (the RL phase:
+    a warm-up's SFT steps come before it), one per version in order (the last line of each
+    step: a resumed trainer logs the steps after its checkpoint again); ReplayError when a
+    step is missing."""
     if not log.is_file():
         raise ReplayError(f"{log}: no such trainer log (trainer.log_jsonl: false?)")
     last: dict[int, dict[str, Any]] = {}
     for line in log.read_text().splitlines():
         row = json.loads(line)
-        if "step" in row and "origin" in row and "batch_id" in row:
+        if row.get("event") == "start" and not row.get("resumed"):
+            last = {}  # a trainer from version 0: the RL phase after a warm-up's SFT steps
+        elif "step" in row and "origin" in row and "batch_id" in row:
             last[int(row["step"])] = row
+    if any("-sft-" in str(r["batch_id"]) for r in last.values()):
+        raise ReplayError(f"{log}: its last trainer ran the SFT warm-up (a --warmup-only run?); "
+                          "replay covers the RL phase, which this run does not have")
     steps = []
     for v in range(1, max(last, default=0) + 1):
         if v not in last:
