@@ -81,15 +81,15 @@ def check_run(out: Path, rc: int, output: str, steps: int = STEPS) -> dict:
     assert (out / "final" / "default" / "model.safetensors").exists()
     assert (out / "config.yaml").exists() and (out / "logs" / "trainer-default.log").exists()
     # the engine and the trainer run the same float32 model: no train-inference mismatch
-    # alarm (trainer.mismatch); the first step's tokens, all sampled at version 0 before any
-    # update could land mid-generation, agree to rounding (later fresh tokens may have been
-    # decoded over a KV cache of the version before: docs/trainer.md, ~1e-3 measured)
+    # alarm (trainer.mismatch), and the tokens sampled at the trainer's version over a prefix
+    # of that version agree to rounding (docs/trainer.md#train-inference-mismatch)
     steps_rows = [json.loads(x) for x in (out / "trainer-default.jsonl").read_text().splitlines()
                   if '"loss"' in x]
     assert all(r["mismatch_alarm"] == 0.0 for r in steps_rows)
     first = min(steps_rows, key=lambda r: r["step"])
     assert first["step"] == 1 and first["mismatch_tokens_stale"] == 0, first
-    assert first["mismatch_k3_fresh"] < 1e-9, first
+    fresh = [r["mismatch_k3_fresh"] for r in steps_rows if r["mismatch_tokens_fresh"]]
+    assert max(fresh) < 1e-9, fresh
     return summary
 
 

@@ -15,7 +15,13 @@ from trainer_helpers import on_policy, random_batch
 
 from astraflow.consumers.trainer.build import build_engine
 from astraflow.consumers.trainer.config import MismatchConfig, TrainerConfig
-from astraflow.consumers.trainer.mismatch import Alarm, Tally, describe, step_metrics
+from astraflow.consumers.trainer.mismatch import (
+    Alarm,
+    Tally,
+    describe,
+    fresh_tokens,
+    step_metrics,
+)
 from astraflow.consumers.trainer.rl import rl_step
 from astraflow.core.records import Batch, pack_f32, unpack
 
@@ -87,12 +93,12 @@ def test_a_disagreeing_engine_breaches_and_stale_tokens_are_apart(engine) -> Non
     assert "|log ratio| > 0.2" in why and "max_beyond 0.1" in why
 
 
-def test_the_tally_splits_by_lag_and_reduces_to_means() -> None:
+def test_the_tally_splits_by_version_and_reduces_to_means() -> None:
     t = Tally(threshold=0.5)
     logp = torch.tensor([[-1.0, -2.0, -0.5, -3.0]])
     behav = torch.tensor([[-1.0, -1.0, -0.5, -2.0]])
     mask = torch.tensor([[True, True, False, True]])
-    t.add(logp, behav, mask, lag=torch.tensor([0.0, 0.0, 2.0]))
+    t.add(logp, behav, mask, torch.tensor([[5, 5, -1, 3]]), 5)
     m = step_metrics(t.totals())
     assert m["mismatch_tokens_fresh"] == 2 and m["mismatch_tokens_stale"] == 1
     k3 = float(np.expm1(-1.0) + 1.0)  # d = -1: (e^-1 - 1) + 1
@@ -101,6 +107,22 @@ def test_the_tally_splits_by_lag_and_reduces_to_means() -> None:
     assert m["mismatch_abs_max_fresh"] == 1.0 and m["mismatch_beyond_fresh"] == 0.5
     assert step_metrics(Tally(threshold=0.5).totals()) == {"mismatch_tokens_fresh": 0.0,
                                                            "mismatch_tokens_stale": 0.0}
+
+
+def test_a_token_after_an_update_mid_reply_is_not_fresh() -> None:
+    """Sampled at the trainer's version, but over a prefix (KV cache) of the version before:
+    stale. Untrained positions between (a prompt, a tool's output: version -1) break
+    nothing."""
+    mask = torch.tensor([[False, True, True, False, True],
+                         [False, True, True, False, True],
+                         [False, False, True, True, True]])
+    versions = torch.tensor([[-1, 7, 7, -1, 7],  # the whole reply at 7: fresh
+                             [-1, 6, 7, -1, 7],  # the update landed after the first token
+                             [-1, -1, 6, 6, 6]])  # all older: stale
+    got = fresh_tokens(mask, versions, 7)
+    assert got.tolist() == [[False, True, True, False, True],
+                            [False, False, False, False, False],
+                            [False, False, False, False, False]]
 
 
 def test_no_bound_means_no_alarm() -> None:

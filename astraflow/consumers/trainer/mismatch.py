@@ -2,10 +2,12 @@
 
 The trainer recomputes the logprob of every token it trains. For a token the engine sampled
 with logprob ``b`` at weights version ``v``, and the trainer computes as ``t`` at its own
-version, ``d = t − b``. When ``v`` is the trainer's version (a *fresh* token) the two ran the
-same weights, so ``d`` measures the engine against the trainer alone: another dtype, another
-kernel, a stale or corrupted weight copy. For a *stale* token ``d`` also holds the policy's
-change since ``v`` (what the decoupled loss corrects for).
+version, ``d = t − b``. When ``v`` is the trainer's version and every token before it in the
+reply was sampled at ``v`` too (a *fresh* token: :func:`fresh_tokens`), the two ran the same
+weights on the same prefix, so ``d`` measures the engine against the trainer alone: another
+dtype, another kernel, a stale or corrupted weight copy. For a *stale* token ``d`` also holds
+the policy's change since (what the decoupled loss corrects for), including a token decoded
+over a KV cache that an update mid-reply left at the older version.
 
 Per step, for each kind (``fresh``, ``stale``):
 
@@ -37,6 +39,16 @@ SUMMED = tuple(f"mismatch_{s}_{k}" for k in KINDS for s in ("tokens", "k3_sum", 
 MAXED = tuple(f"mismatch_{s}_{k}" for k in KINDS for s in ("abs_max", "abs_p99"))
 
 
+def fresh_tokens(mask: torch.Tensor, versions: torch.Tensor, version: int) -> torch.Tensor:
+    """[B, T] bool: trained tokens sampled at ``version`` whose whole prefix was computed at
+    ``version`` too — every trained token before them in the row has that version. An update
+    can land between two decoding steps of a reply: the tokens after it carry the new version
+    but were decoded over a KV cache of the old one, which the trainer's recompute at the new
+    version does not reproduce; they count as stale."""
+    off = mask & (versions != version)
+    return mask & (versions == version) & (torch.cumsum(off.long(), dim=-1) == 0)
+
+
 @dataclass
 class Tally:
     """The |d| and k3 of every trained token of one step on this rank, by kind."""
@@ -47,12 +59,12 @@ class Tally:
     k3: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
 
     def add(self, logp: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor,
-            lag: torch.Tensor) -> None:
-        """One micro-batch: ``logp`` and ``behav`` [B, T], ``mask`` its trained tokens
-        (bool), ``lag`` the trainer's version minus each trained token's (mask order)."""
+            versions: torch.Tensor, version: int) -> None:
+        """One micro-batch: ``logp``, ``behav`` and ``versions`` (each token's weights
+        version) [B, T], ``mask`` its trained tokens (bool), ``version`` the trainer's."""
         with torch.no_grad():
             d = (logp.detach().double() - behav.double())[mask]
-            fresh = lag <= 0
+            fresh = fresh_tokens(mask, versions, version)[mask]
             for kind, sel in (("fresh", fresh), ("stale", ~fresh)):
                 x = d[sel]
                 if x.numel():

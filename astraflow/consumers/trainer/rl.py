@@ -59,7 +59,7 @@ def rl_step(engine: Engine, batch: Batch, version: int) -> dict[str, float]:
             else:
                 totals[k] += v
         lag = (version - mb.versions)[mb.mask].double()
-        tally.add(logp, mb.behav, mb.mask, lag)
+        tally.add(logp, mb.behav, mb.mask, mb.versions, version)
         if lag.numel():
             totals["staleness_sum"] += float(lag.sum())
             totals["staleness_max"] = max(totals["staleness_max"], float(lag.max()))
