@@ -80,16 +80,18 @@ def check_run(out: Path, rc: int, output: str, steps: int = STEPS) -> dict:
         "wait_ratio.png"}
     assert (out / "final" / "default" / "model.safetensors").exists()
     assert (out / "config.yaml").exists() and (out / "logs" / "trainer-default.log").exists()
-    # the engine and the trainer run the same float32 model: no train-inference mismatch
-    # alarm (trainer.mismatch), and the tokens sampled at the trainer's version over a prefix
-    # of that version agree to rounding (docs/trainer.md#train-inference-mismatch)
+    # no train-inference mismatch alarm (trainer.mismatch); the first step's tokens, sampled
+    # with the very weights the trainer loaded, agree to rounding; later fresh tokens were
+    # sampled with the bfloat16 copy the engine receives (weights.dtype): small, not zero
+    # (docs/trainer.md#train-inference-mismatch)
     steps_rows = [json.loads(x) for x in (out / "trainer-default.jsonl").read_text().splitlines()
                   if '"loss"' in x]
     assert all(r["mismatch_alarm"] == 0.0 for r in steps_rows)
     first = min(steps_rows, key=lambda r: r["step"])
     assert first["step"] == 1 and first["mismatch_tokens_stale"] == 0, first
+    assert first["mismatch_k3_fresh"] < 1e-9, first
     fresh = [r["mismatch_k3_fresh"] for r in steps_rows if r["mismatch_tokens_fresh"]]
-    assert max(fresh) < 1e-9, fresh
+    assert max(fresh) < 1e-3, fresh
     return summary
 
 
