@@ -78,6 +78,8 @@ def _serve(engine: Any, evaluator: Any, dtype: str | None, version: int) -> None
     (cast to the serving dtype ``weights.dtype``)."""
     from astraflow.weights.bits import as_bits
 
+    if engine.adapter is not None:  # LoRA: the adapter's tensors, merged into the model on commit
+        evaluator.target.set_adapter(engine.adapter)
     for name, t in engine.state_tensors().items():
         kind, bits = as_bits(t, name=name, dtype=dtype)
         evaluator.target.apply(name, kind, tuple(t.shape), bits)
