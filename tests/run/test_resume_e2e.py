@@ -66,7 +66,9 @@ def test_a_run_killed_whole_resumes_and_loses_no_rollout(tmp_path: Path,
                                   if k not in ("produced", "unaccounted", "trained_twice")), acc
     rows = [json.loads(x) for x in (out / "trainer-default.jsonl").read_text().splitlines()]
     starts = [r for r in rows if r.get("event") == "start"]
-    assert len(starts) == 2 and starts[1]["resumed"] and starts[1]["version"] == 10, starts
+    # resumed from a checkpoint (every 5 steps) at or after the one before the kill
+    assert len(starts) == 2 and starts[1]["resumed"], starts
+    assert starts[1]["version"] >= 10 and starts[1]["version"] % 5 == 0, starts
     assert len(rl_rewards(out)) == STEPS
     # the versions of both lives of the trainer, retrained from the log, bit for bit
     replayed(out, "default")
