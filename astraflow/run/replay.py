@@ -136,9 +136,11 @@ def differing_tensor(tensors: dict[str, Any], manifest: Any) -> str | None:
     return None
 
 
-def replay_policy(config: Any, run_dir: Path, policy: str, bus: Any,
-                  progress: Callable[[int, int], None] | None = None) -> PolicyReplay:
-    """Retrain ``policy`` from the run's batches and compare each published version."""
+def retraining(config: Any, run_dir: Path, policy: str, bus: Any, *, what: str = "replay"
+               ) -> tuple[Any, int, Iterator[tuple[Step, dict[str, float]]]]:
+    """A fresh trainer engine of ``policy`` built from ``config`` and the run's starting
+    weights, the number of steps the run's trainer took, and the generator that trains the
+    engine on the run's batches in its order, yielding (step, the step's metrics) after each."""
     from astraflow.consumers.trainer.build import build_engine, step_function
     from astraflow.consumers.trainer.loop import resolve
     from astraflow.core.fetch import fetch
@@ -148,22 +150,34 @@ def replay_policy(config: Any, run_dir: Path, policy: str, bus: Any,
 
     if config.launch.trainer_ranks > 1:
         raise ReplayError(f"{policy}: the run trained on {config.launch.trainer_ranks} ranks; "
-                          "replay runs one process (a sharded replay is not built yet)")
+                          f"{what} runs one process (a sharded {what} is not built yet)")
     tc = config.trainer_for(policy)
     steps = trained_steps(run_dir / f"trainer-{policy}.jsonl")
-    manifests = published(bus, config.run, policy)
     engine = build_engine(tc, model_dir(config, policy, run_dir))
     step = step_function(tc.mode)
     store = claims(config, run_dir)
+
+    def run() -> Iterator[tuple[Step, dict[str, float]]]:
+        for s in steps:
+            (msg,) = fetch(bus, s.topic, [(s.partition, s.offset)]).values()
+            batch = decode(msg.value, Batch)
+            if batch.id != s.batch_id:  # type: ignore[union-attr]
+                raise ReplayError(f"{s.topic}[{s.partition}]@{s.offset} holds batch "
+                                  f"{batch.id!r}, the log says "  # type: ignore[union-attr]
+                                  f"{s.batch_id!r}")
+            yield s, step(engine, resolve(bus, batch, store), s.version - 1)  # type: ignore
+
+    return engine, len(steps), run()
+
+
+def replay_policy(config: Any, run_dir: Path, policy: str, bus: Any,
+                  progress: Callable[[int, int], None] | None = None) -> PolicyReplay:
+    """Retrain ``policy`` from the run's batches and compare each published version."""
+    engine, n, steps = retraining(config, run_dir, policy, bus)
+    manifests = published(bus, config.run, policy)
     result = PolicyReplay(policy)
     started = time.monotonic()
-    for s in steps:
-        (msg,) = fetch(bus, s.topic, [(s.partition, s.offset)]).values()
-        batch = decode(msg.value, Batch)
-        if batch.id != s.batch_id:  # type: ignore[union-attr]
-            raise ReplayError(f"{s.topic}[{s.partition}]@{s.offset} holds batch "
-                              f"{batch.id!r}, the log says {s.batch_id!r}")  # type: ignore[union-attr]
-        step(engine, resolve(bus, batch, store), s.version - 1)  # type: ignore[arg-type]
+    for s, _metrics in steps:
         result.steps += 1
         manifest = manifests.get(s.version)
         if manifest is not None:
@@ -174,7 +188,7 @@ def replay_policy(config: Any, run_dir: Path, policy: str, bus: Any,
                                            f"{s.batch_id}): {why}")
                 break
         if progress is not None:
-            progress(s.version, len(steps))
+            progress(s.version, n)
     result.seconds = time.monotonic() - started
     return result
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.core.jsonl import json_line
-from astraflow.run.replay import ReplayError, run_config, trained_steps
+from astraflow.run.replay import ReplayError, retraining, run_config
 
 #: what a counterfactual may change: the update rule, not which data exists
 ALLOWED = ("trainer.", "trainers.")
@@ -89,22 +89,10 @@ def _serve(engine: Any, evaluator: Any, dtype: str | None, version: int) -> None
 def retrain_policy(config: Any, run_dir: Path, out: Path, policy: str, bus: Any,
                    write: Callable[[dict[str, Any]], None],
                    progress: Callable[[int, int], None] | None = None) -> Retrained:
-    from astraflow.consumers.trainer.build import build_engine, step_function
-    from astraflow.consumers.trainer.loop import resolve
-    from astraflow.core.fetch import fetch
-    from astraflow.core.records import Batch, decode
-    from astraflow.run.resources import model_dir
-    from astraflow.run.roles import build_evaluator, claims
+    from astraflow.run.roles import build_evaluator
 
-    if config.launch.trainer_ranks > 1:
-        raise ReplayError(f"{policy}: the run trained on {config.launch.trainer_ranks} ranks; "
-                          "retrain runs one process")
-    tc = config.trainer_for(policy)
-    steps = trained_steps(run_dir / f"trainer-{policy}.jsonl")
+    engine, n, steps = retraining(config, run_dir, policy, bus, what="retrain")
     original = run_evals(run_dir, policy)
-    engine = build_engine(tc, model_dir(config, policy, run_dir))
-    step = step_function(tc.mode)
-    store = claims(config, run_dir)
     evaluator = build_evaluator(config, policy, run_dir, bus=bus)
     result = Retrained(policy, original=original)
     log = (out / f"trainer-{policy}.jsonl").open("w")
@@ -121,17 +109,14 @@ def retrain_policy(config: Any, run_dir: Path, out: Path, policy: str, bus: Any,
 
     try:
         measure(0)
-        for s in steps:
-            (msg,) = fetch(bus, s.topic, [(s.partition, s.offset)]).values()
-            batch = resolve(bus, decode(msg.value, Batch), store)  # type: ignore[arg-type]
-            metrics = step(engine, batch, s.version - 1)
+        for s, metrics in steps:
             result.steps += 1
             row = {"step": s.version, "batch_id": s.batch_id, **metrics}
             log.write(json_line(row) + "\n")
             write({"source": f"trainer-{policy}", "policy": policy, **row, "time": time.time()})
             measure(s.version)
             if progress is not None:
-                progress(s.version, len(steps))
+                progress(s.version, n)
     finally:
         log.close()
         evaluator.close()
