@@ -66,13 +66,14 @@ class PolicyReplay:
         return f"{self.policy}: {self.first_difference}"
 
 
-def run_config(run_dir: Path) -> Any:
-    """The config the run's trainers ran with (``config-rl.yaml`` after a warm-up)."""
+def run_config(run_dir: Path, overrides: list[str] | None = None) -> Any:
+    """The config the run's trainers ran with (``config-rl.yaml`` after a warm-up), with
+    ``overrides`` (``a.b=c``) applied."""
     from astraflow.config import load_experiment
 
     for name in ("config-rl.yaml", "config.yaml"):
         if (run_dir / name).is_file():
-            return load_experiment(run_dir / name)
+            return load_experiment(run_dir / name, overrides or [])
     raise ReplayError(f"{run_dir}: no config.yaml: not a run directory")
 
 

@@ -128,15 +128,12 @@ def retrain(run_dir: str | Path, overrides: list[str], out: str | Path,
             progress: Callable[[str, int, int], None] | None = None) -> Iterator[Retrained]:
     """Retrain each policy of the run in ``run_dir`` (all by default) with ``overrides``
     applied to its trainer config, writing into ``out`` (which must not exist yet)."""
-    from astraflow.config import load_experiment
     from astraflow.run.resources import open_bus
 
     run_dir, out = Path(run_dir), Path(out)
     check_overrides(overrides)
     base = run_config(run_dir)  # the run's own config: ReplayError when there is none
-    path = run_dir / ("config-rl.yaml" if (run_dir / "config-rl.yaml").is_file()
-                      else "config.yaml")
-    config = load_experiment(path, overrides)
+    config = run_config(run_dir, overrides)
     if out.exists():
         raise ReplayError(f"{out} exists: give retrain a new directory")
     names = policies or list(config.policies)
