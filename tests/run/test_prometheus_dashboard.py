@@ -50,9 +50,12 @@ def install_hint() -> str:
 
 
 def free_port_range(n: int) -> int:
-    """A port p such that p .. p+n-1 are free now (the roles bind them on 0.0.0.0)."""
+    """A port p such that p .. p+n-1 are free now (the roles bind them on 0.0.0.0), below
+    Linux's ephemeral range (32768-60999): a role binds its port only after its imports, and
+    meanwhile any outgoing connection of a process beside it could take a port in that range
+    (a CI run lost the trainer's endpoint so)."""
     for _ in range(100):
-        base = random.randrange(20000, 60000 - n)
+        base = random.randrange(20000, 32768 - n)
         socks: list[socket.socket] = []
         try:
             for port in range(base, base + n):
