@@ -15,6 +15,8 @@ Modules:
 - :mod:`.errors`: The error hierarchy.
 - :mod:`.fetch`: Fetching records by address: what a consumer of references does (batches carry
   references to trajectory records, not copies.
+- :mod:`.forkserver`: A fork server for the roles that load torch: started once, it imports torch,
+  transformers and the roles' modules, then forks each such role.
 - :mod:`.gang`: A gang of N rank processes that live and die together: a multi-rank trainer as one
   role.
 - :mod:`.jsonl`: Reading a JSON-lines log that a process appends to.

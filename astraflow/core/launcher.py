@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from astraflow.core import forkserver
+from astraflow.core.forkserver import ForkedProcess
 from astraflow.core.metrics import PORT_ENV
 
 LAUNCHER_PID_ENV = "ASTRAFLOW_LAUNCHER_PID"
@@ -64,13 +66,15 @@ class Child:
 
     def __init__(self, log_path: Path) -> None:
         self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | ForkedProcess | None = None
         self._log: IO[bytes] | None = None
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], *, nice: int = 0,
-              metrics_port: int | None = None) -> subprocess.Popen[bytes]:
+              metrics_port: int | None = None) -> subprocess.Popen[bytes] | ForkedProcess:
         """Start ``argv`` with ``env`` (see :func:`role_env`); ``nice`` is added to its
-        scheduling niceness (> 0: it gets the CPU last). Raises OSError when it cannot."""
+        scheduling niceness (> 0: it gets the CPU last). A role that loads torch is forked from
+        the fork server (:mod:`astraflow.core.forkserver`), any other command is a fresh
+        process. Raises OSError when it cannot."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self._log is None:
             self._log = self.log_path.open("ab")
@@ -81,8 +85,7 @@ class Child:
         env = dict(env)
         if metrics_port is not None:
             env[PORT_ENV] = str(metrics_port)
-        self.proc = subprocess.Popen(list(argv), stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        self.proc = _start(argv, env, self._log, self.log_path)
         if nice:  # before the child starts threads (they inherit its niceness)
             with contextlib.suppress(OSError):  # a child that died at once
                 os.setpriority(os.PRIO_PROCESS, self.proc.pid,
@@ -140,6 +143,18 @@ class Child:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def _start(argv: Sequence[str], env: Mapping[str, str], log_file: IO[bytes], log_path: Path
+           ) -> subprocess.Popen[bytes] | ForkedProcess:
+    if forkserver.enabled() and forkserver.forkable(argv):
+        log_file.flush()
+        try:
+            return forkserver.server().start(argv, env, log_path)
+        except forkserver.ForkServerError as e:  # a fresh process, then
+            log.warning("fork server: %s; starting %s as a fresh process", e, argv[3])
+    return subprocess.Popen(list(argv), stdout=log_file, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
 
 def stop_all(children: Iterable[Child], grace_s: float,
