@@ -5,9 +5,8 @@ restarts the trainer role as a whole, it resumes from its last sharded checkpoin
 run ends with every trajectory accounted for (none lost, none trained twice).
 
 Learning is not this test's to show: the equality tests (tests/trainer/test_trainer_parallel.py)
-show that 2 fsdp ranks compute what one process computes, the one-process runs learn
-(test_quickstart_e2e, test_gateway_agent_e2e), and the sharded LoRA run
-(test_lora_run_e2e) learns through the same gang, kill and restart."""
+show that 2 fsdp ranks compute what one process computes, and the quickstart learns in one
+process (test_quickstart_e2e); bench/learning.py runs the longer learning scenarios."""
 
 from __future__ import annotations
 

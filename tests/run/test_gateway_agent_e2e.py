@@ -1,4 +1,4 @@
-"""The agent of examples/agents/adder.py, written only against the OpenAI SDK, learns through
+"""The agent of examples/agents/adder.py, written only against the OpenAI SDK, trains through
 `astraflow run examples/gateway_agent.yaml`: every episode runs the agent against the rollout
 worker's own gateway (the ``openai_agent`` workflow), and its session becomes the episode's
 trajectory for the rest of the dataflow."""
@@ -20,28 +20,15 @@ from astraflow.models.tiny import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "gateway_agent.yaml"
-# Reduced budget, RL from the quickstart's warm model: 150 steps of 16 groups x 8 episodes on
-# the problems with both operands in 0..19 (the full 0..99 range shows no gain in this budget:
-# 60 such steps measured 0.192 -> 0.192; the quickstart needs ~200 steps of 64 groups).
-STEPS, GROUPS, SAMPLES = 150, 16, 8
+# A short run from the quickstart's warm model: 20 steps of 16 groups x 8 episodes on the
+# problems with both operands in 0..19 (2,560 episodes: both kinds, answered at once and
+# retried, happen). That the agent learns through this path (150 steps: +0.122 to +0.138 over
+# three runs from the weaker warm model) is bench/learning.py's `gateway-agent` scenario: too
+# long for CI on two cores (~130 s alone, ~350 s beside another test).
+STEPS, GROUPS, SAMPLES = 20, 16, 8
 BUDGET = [f"trainer.max_steps={STEPS}", f"data.batch_size={GROUPS}",
           "trainer.optimizer.warmup_steps=5", "producer.arithmetic.max_value=19",
-          # RL took ~170 s of 188 in a fresh-clone CI run: room for a host twice as slow
-          "launch.evaluate=false", "launch.timeout_s=600"]
-# The mean train reward of the last 25 steps is at least this much above the first 25's.
-# The warm model is not the same every time: the quickstart's SFT lands wherever the host's
-# load takes it inside its band (0.318 at step 360 on a quiet host, 0.300 at 415 with a test
-# running beside it), and from the weaker one 100 steps are too few: six runs gained +0.027 to
-# +0.089 (three of them under +0.04; a fresh-clone CI run gained +0.013 and failed the old
-# margin of +0.03), the reward rising and dipping by turns. Learning speeds up past step 100:
-# from that same 0.300 model three runs of 150 steps gained +0.122, +0.122 and +0.138 (first
-# 25 steps 0.169-0.183, last 25 0.291-0.317; 126-132 s each), and from the 0.318 model 100
-# steps gained +0.068 to +0.094 in eight runs. The margin is five standard errors of the
-# difference of two 25-step means (3,200 episodes each, reward ~0.2: SE ~0.010), so a run that
-# does not learn fails it, and one that learns at the slowest rate measured passes it twice
-# over. It fails without learning: on operands 0..99 the same kind of budget measured +0.000,
-# and at lr 1e-3 the reward collapsed to ~0.
-MARGIN = 0.05
+          "launch.evaluate=false", "launch.timeout_s=400"]
 
 
 def run_example(out: Path, warm: Path) -> tuple[int, str, float]:
@@ -85,19 +72,19 @@ def check_trajectory(t: Trajectory, tok: object) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # the session's warm-up (~110 s, once) and the run (~130 s)
-def test_the_agent_learns_through_astraflow_run(tmp_path: Path, quickstart_warm: Path) -> None:
-    """RL raises the agent's train reward (last 25 steps >= first 25 + MARGIN; measured
-    +0.122 to +0.138 over three runs from the weaker warm model, see MARGIN), no trajectory is
-    lost or trained twice, and every trajectory is its episode's session as the agent played
-    it."""
+@pytest.mark.timeout(900)  # the session's warm-up (~110 s, once) and the run (~40 s)
+def test_the_agent_trains_through_astraflow_run(tmp_path: Path, quickstart_warm: Path) -> None:
+    """The run takes its steps with no trajectory lost or trained twice, every trajectory is
+    its episode's session as the agent played it, the warm model earns reward from the first
+    steps, and the run retrains bit for bit from its log. (Learning: bench/learning.py.)"""
     out = tmp_path / "run"
     rc, output, seconds = run_example(out, quickstart_warm)
     acc = check_finished(out, rc, output, steps=STEPS, per_step=GROUPS * SAMPLES)["accounting"]
     rewards = rl_rewards(out)
     assert len(rewards) == STEPS
-    first, last = sum(rewards[:25]) / 25, sum(rewards[-25:]) / 25
-    assert last >= first + MARGIN, (round(first, 3), round(last, 3), f"{seconds:.0f} s")
+    # the warm model answers some sums of 0..19 right (a broken reward or layout gives 0)
+    assert all(0.0 <= r <= 1.0 for r in rewards) and sum(rewards) / STEPS > 0.05, \
+        ([round(r, 3) for r in rewards], f"{seconds:.0f} s")
 
     bus = connect(f"embedded://{out}/bus.db")
     try:

@@ -2,10 +2,14 @@
 (``trainer.lora`` + ``trainer.parallel=fsdp`` + ``launch.trainer_ranks=2``), from the
 session's warm model, with trainer rank 1 SIGKILLed midway: the gang restarts whole from its
 last sharded checkpoint, every trajectory is accounted for (none lost, none trained twice),
-the rollout worker follows the adapter versions the trainer publishes, and the run learns.
+the rollout worker follows the adapter versions the trainer publishes, and the run ends with the
+adapter merged into its final model.
 
-The LoRA learning rate is the one bench/lora.py measured for r=8 on the quickstart (1e-3:
-held-out 0.318 -> 0.348 at step 75; 3e-3 rose faster, then collapsed by step 100)."""
+Learning is not this test's to show (150 steps of two ranks: ~170 s alone, ~280 s beside
+another test): tests/trainer/test_trainer_lora_fsdp.py shows two sharded ranks train a peft
+model as one process does, bench/lora.py that LoRA learns on the quickstart (r=8, lr 1e-3:
+held-out 0.318 -> 0.348 at step 75), and bench/learning.py's `lora-sharded` scenario runs this
+same configuration for 150 steps and checks its train reward rises."""
 
 from __future__ import annotations
 
@@ -14,23 +18,19 @@ from pathlib import Path
 
 import pytest
 from run_helpers import check_finished, rl_rewards
-from test_fsdp_run_e2e import run_killing_rank_1
-from test_quickstart_e2e import BUDGET, STEPS
+from test_fsdp_run_e2e import STEPS, run_killing_rank_1
 
-SETS = [*BUDGET, "trainer.checkpoint_every=5", "trainer.parallel=fsdp",
-        "launch.trainer_ranks=2", "trainer.lora={r: 8, alpha: 16}",
-        "trainer.optimizer.lr=1.0e-3", "launch.timeout_s=900"]
-# The train reward of the last 50 steps is at least this far above that of the first 25
-# (the one-process full fine-tuning run's check in test_quickstart_e2e.learned).
-MARGIN = 0.02
+SETS = [f"trainer.max_steps={STEPS}", "launch.eval_every=40", "trainer.checkpoint_every=5",
+        "trainer.parallel=fsdp", "launch.trainer_ranks=2", "trainer.lora={r: 8, alpha: 16}",
+        "trainer.optimizer.lr=1.0e-3", "launch.timeout_s=600"]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)  # the session's warm-up (~1-5 min on a shared host) and the run
-def test_a_sharded_lora_trainer_learns_and_survives_a_killed_rank(
+@pytest.mark.timeout(1200)  # the session's warm-up (~1-5 min on a shared host) and the run
+def test_a_sharded_lora_trainer_survives_a_killed_rank(
         tmp_path: Path, quickstart_warmup: Path) -> None:
     out = tmp_path / "run"
-    rc, output = run_killing_rank_1(out, quickstart_warmup, SETS, deadline_s=1800)
+    rc, output = run_killing_rank_1(out, quickstart_warmup, SETS, deadline_s=800)
     summary = check_finished(out, rc, output, steps=STEPS, per_step=64 * 8)
     trainer = summary["roles"]["trainer-default"]
     assert trainer["restarts"] >= 1 and 1 in trainer["exit_codes"], trainer
@@ -42,7 +42,4 @@ def test_a_sharded_lora_trainer_learns_and_survives_a_killed_rank(
                 (out / "metrics.jsonl").read_text().splitlines() if "weight_version_min" in x]
     assert versions and max(v for v in versions if v is not None) >= STEPS // 2, versions[-5:]
     assert (out / "final" / "default" / "model.safetensors").exists()  # adapter merged
-    rewards = rl_rewards(out)
-    assert len(rewards) == STEPS
-    first, last = sum(rewards[:25]) / 25, sum(rewards[-50:]) / 50
-    assert last >= first + MARGIN, (round(first, 3), round(last, 3))
+    assert len(rl_rewards(out)) == STEPS

@@ -1,0 +1,181 @@
+"""Learning runs too long for CI: does RL raise the train reward, through the whole dataflow?
+
+    python bench/learning.py                                   # every scenario, once
+    python bench/learning.py gateway-agent --repeats 2         # one scenario, twice
+    python bench/learning.py --warm runs/quickstart            # reuse a warm-up run
+    astraflow run examples/quickstart.yaml --warmup-only --out runs/quickstart   # makes one
+
+CI checks what these runs are made of on short runs (the trajectories exact, nothing lost or
+trained twice, restarts, replay; tests/run/test_gateway_agent_e2e.py and test_lora_run_e2e.py)
+and that the quickstart itself learns (test_quickstart_e2e.py). These scenarios take the
+learning claims of the other paths, each from the quickstart's warm model (its SFT warm-up,
+run once here unless ``--warm``), each one `astraflow run`:
+
+* ``gateway-agent``: examples/gateway_agent.yaml (the SDK-only agent of
+  examples/agents/adder.py through the rollout worker's own gateway), 150 steps of 16 groups
+  x 8 episodes on the problems with both operands in 0..19. Learned: the mean train reward of
+  the last 25 steps at least 0.05 above the first 25's.
+* ``lora-sharded``: the quickstart with a LoRA trainer (r 8, lr 1e-3) sharded over two fsdp
+  ranks, 150 steps of 64 x 8. Learned: the last 50 steps' mean train reward at least 0.02
+  above the first 25's.
+
+The margins are the ones the CI tests used when these runs were CI tests (their reasoning:
+five standard errors of the difference of the two means for the agent; the quickstart's own
+margin for LoRA). Prints a markdown table (and writes ``<out>/learning.json``); exits 1 when a
+run did not learn. One run is one sample: the warm model itself varies with the host's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    config: str                 # under examples/
+    sets: tuple[str, ...]       # --set values (the warm model's are added)
+    steps: int
+    first: int                  # steps averaged at the start
+    last: int                   # and at the end
+    margin: float               # last mean - first mean at least this
+    warm_flag: bool             # --warm RUN (the quickstart) or models.default.path=MODEL
+
+
+SCENARIOS = {
+    "gateway-agent": Scenario(
+        "gateway_agent.yaml",
+        ("data.batch_size=16", "trainer.optimizer.warmup_steps=5",
+         "producer.arithmetic.max_value=19", "launch.evaluate=false"),
+        steps=150, first=25, last=25, margin=0.05, warm_flag=False),
+    "lora-sharded": Scenario(
+        "quickstart.yaml",
+        ("launch.eval_every=40", "trainer.parallel=fsdp", "launch.trainer_ranks=2",
+         "trainer.lora={r: 8, alpha: 16}", "trainer.optimizer.lr=1.0e-3"),
+        steps=150, first=25, last=50, margin=0.02, warm_flag=True),
+}
+
+
+def train_rewards(run_dir: Path, policy: str = "default") -> list[float]:
+    """The mean train reward of every RL step, in step order (the trainer's log; a step a
+    restarted trainer wrote twice counts once; SFT warm-up steps left out)."""
+    by_step: dict[int, float] = {}
+    for line in (run_dir / f"trainer-{policy}.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if "reward_mean" in row and "-sft-" not in str(row.get("batch_id", "")):
+            by_step[int(row["step"])] = float(row["reward_mean"])
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def run_args(s: Scenario, warm_run: Path, out: Path) -> list[str]:
+    """The `astraflow run` argument list of scenario ``s`` from the warm-up run ``warm_run``."""
+    from astraflow.run.warmup import start_models
+
+    sets = [*s.sets, f"trainer.max_steps={s.steps}", "launch.timeout_s=1800"]
+    warm: list[str] = []
+    if s.warm_flag:
+        warm = ["--warm", str(warm_run)]
+    else:
+        model = start_models(warm_run)["default"]
+        sets += [f"models.default.path={model}", "models.default.build=none",
+                 "launch.warmup.steps=0"]
+    return ["run", str(EXAMPLES / s.config), "--out", str(out), "--no-live", *warm,
+            *[a for v in sets for a in ("--set", v)]]
+
+
+def astraflow(args: list[str], log: Path) -> int:
+    with log.open("w") as f:
+        return subprocess.call([sys.executable, "-m", "astraflow.cli.app", *args],
+                               stdout=f, stderr=subprocess.STDOUT)
+
+
+def make_warm(out: Path) -> Path:
+    run = out / "warmup"
+    print(f"[warm-up] astraflow run examples/quickstart.yaml --warmup-only --out {run}",
+          flush=True)
+    code = astraflow(["run", str(EXAMPLES / "quickstart.yaml"), "--warmup-only", "--out",
+                      str(run), "--no-live"], out / "warmup.log")
+    if code != 0:
+        raise SystemExit(f"the warm-up failed (exit {code}); see {out / 'warmup.log'}")
+    return run
+
+
+@dataclass
+class Result:
+    scenario: str
+    repeat: int
+    exit_code: int
+    steps: int
+    first: float
+    last: float
+    gain: float
+    margin: float
+    learned: bool
+    seconds: float
+
+
+def run_one(name: str, repeat: int, warm_run: Path, out: Path) -> Result:
+    s = SCENARIOS[name]
+    run_dir = out / f"{name}-{repeat}"
+    print(f"[{name} #{repeat}] astraflow {' '.join(run_args(s, warm_run, run_dir))}",
+          flush=True)
+    t0 = time.monotonic()
+    code = astraflow(run_args(s, warm_run, run_dir), out / f"{name}-{repeat}.log")
+    seconds = time.monotonic() - t0
+    rewards = train_rewards(run_dir) if (run_dir / "trainer-default.jsonl").exists() else []
+    if len(rewards) < s.first + s.last:
+        print(f"[{name} #{repeat}] exit {code}, {len(rewards)} steps: too few to compare "
+              f"(see {out / f'{name}-{repeat}.log'})", flush=True)
+        return Result(name, repeat, code, len(rewards), float("nan"), float("nan"),
+                      float("nan"), s.margin, False, seconds)
+    first = sum(rewards[:s.first]) / s.first
+    last = sum(rewards[-s.last:]) / s.last
+    r = Result(name, repeat, code, len(rewards), first, last, last - first, s.margin,
+               code == 0 and len(rewards) == s.steps and last - first >= s.margin, seconds)
+    print(f"[{name} #{repeat}] exit {code} in {seconds:.0f} s: reward {first:.3f} -> "
+          f"{last:.3f} ({r.gain:+.3f}; margin {s.margin})", flush=True)
+    return r
+
+
+def table(results: list[Result]) -> str:
+    lines = ["| scenario | run | steps | first | last | gain | margin | learned | wall s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.scenario} | {r.repeat} | {r.steps} | {r.first:.3f} | "
+                     f"{r.last:.3f} | {r.gain:+.3f} | {r.margin} | "
+                     f"{'yes' if r.learned else 'no'} | {r.seconds:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("scenarios", nargs="*", default=list(SCENARIOS), metavar="SCENARIO",
+                    help=f"of {', '.join(SCENARIOS)} (default: all)")
+    ap.add_argument("--warm", type=Path, help="a quickstart run directory whose warm-up ended "
+                    "(default: run the warm-up here first)")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-learning")
+    args = ap.parse_args(argv)
+    unknown = [n for n in args.scenarios if n not in SCENARIOS]
+    if unknown:
+        ap.error(f"unknown scenario {unknown}; known: {', '.join(SCENARIOS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    warm = args.warm or make_warm(args.out)
+    results = [run_one(n, i, warm, args.out)
+               for i in range(args.repeats) for n in args.scenarios]
+    (args.out / "learning.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
+    print(table(results))
+    return 0 if all(r.learned for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
