@@ -9,7 +9,7 @@ CI checks what these runs are made of on short runs (the trajectories exact, not
 trained twice, restarts, replay; tests/run/test_gateway_agent_e2e.py and test_lora_run_e2e.py)
 and that the quickstart itself learns (test_quickstart_e2e.py). These scenarios take the
 learning claims of the other paths, each from the quickstart's warm model (its SFT warm-up,
-run once here unless ``--warm``), each one `astraflow run`:
+run once here unless ``--warm``; the tool agent makes its own), each one `astraflow run`:
 
 * ``gateway-agent``: examples/gateway_agent.yaml (the SDK-only agent of
   examples/agents/adder.py through the rollout worker's own gateway), 150 steps of 16 groups
@@ -18,6 +18,11 @@ run once here unless ``--warm``), each one `astraflow run`:
 * ``lora-sharded``: the quickstart with a LoRA trainer (r 8, lr 1e-3) sharded over two fsdp
   ranks, 150 steps of 64 x 8. Learned: the last 50 steps' mean train reward at least 0.02
   above the first 25's.
+* ``tool-agent``: examples/agent_tools.yaml as it is (its own SFT warm-up into its band, then
+  RL: episodes that call a multiplication tool), 80 steps, held-out evaluation (200 problems,
+  the episode run with the tool) every 10. Learned: the mean of the two best evaluations after
+  the first at least 0.10 above the first (the model has short collapses and recovers; the
+  best, not the last: see tests/run/test_agent_tools.py).
 
 The margins are the ones the CI tests used when these runs were CI tests (their reasoning:
 five standard errors of the difference of the two means for the agent; the quickstart's own
@@ -47,7 +52,9 @@ class Scenario:
     first: int                  # steps averaged at the start
     last: int                   # and at the end
     margin: float               # last mean - first mean at least this
-    warm_flag: bool             # --warm RUN (the quickstart) or models.default.path=MODEL
+    warm: str                   # "flag": --warm RUN (the quickstart); "path":
+    #                             models.default.path=MODEL; "own": the example's own warm-up
+    measure: str = "train"      # "train": train reward per step; "held_out": evaluations
 
 
 SCENARIOS = {
@@ -55,12 +62,15 @@ SCENARIOS = {
         "gateway_agent.yaml",
         ("data.batch_size=16", "trainer.optimizer.warmup_steps=5",
          "producer.arithmetic.max_value=19", "launch.evaluate=false"),
-        steps=150, first=25, last=25, margin=0.05, warm_flag=False),
+        steps=150, first=25, last=25, margin=0.05, warm="path"),
     "lora-sharded": Scenario(
         "quickstart.yaml",
         ("launch.eval_every=40", "trainer.parallel=fsdp", "launch.trainer_ranks=2",
          "trainer.lora={r: 8, alpha: 16}", "trainer.optimizer.lr=1.0e-3"),
-        steps=150, first=25, last=50, margin=0.02, warm_flag=True),
+        steps=150, first=25, last=50, margin=0.02, warm="flag"),
+    "tool-agent": Scenario(
+        "agent_tools.yaml", ("launch.eval_every=10", "launch.eval_problems=200"),
+        steps=80, first=1, last=2, margin=0.10, warm="own", measure="held_out"),
 }
 
 
@@ -75,15 +85,30 @@ def train_rewards(run_dir: Path, policy: str = "default") -> list[float]:
     return [by_step[k] for k in sorted(by_step)]
 
 
-def run_args(s: Scenario, warm_run: Path, out: Path) -> list[str]:
+def held_out(run_dir: Path, every: int, steps: int, policy: str = "default") -> list[float]:
+    """The evaluator's held-out accuracy on the grid 0, every, 2*every, ... steps: at each, the
+    newest evaluation at or before it."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = [r for r in rows if "eval_accuracy" in r and r.get("policy", policy) == policy]
+    grid = []
+    for k in range(0, steps + 1, every):
+        at = [r for r in lines if r["step"] <= k]
+        if at:
+            grid.append(float(max(at, key=lambda r: r["step"])["eval_accuracy"]))
+    return grid
+
+
+def run_args(s: Scenario, warm_run: Path | None, out: Path) -> list[str]:
     """The `astraflow run` argument list of scenario ``s`` from the warm-up run ``warm_run``."""
     from astraflow.run.warmup import start_models
 
     sets = [*s.sets, f"trainer.max_steps={s.steps}", "launch.timeout_s=1800"]
     warm: list[str] = []
-    if s.warm_flag:
+    if s.warm == "flag":
+        assert warm_run is not None
         warm = ["--warm", str(warm_run)]
-    else:
+    elif s.warm == "path":
+        assert warm_run is not None
         model = start_models(warm_run)["default"]
         sets += [f"models.default.path={model}", "models.default.build=none",
                  "launch.warmup.steps=0"]
@@ -122,7 +147,7 @@ class Result:
     seconds: float
 
 
-def run_one(name: str, repeat: int, warm_run: Path, out: Path) -> Result:
+def run_one(name: str, repeat: int, warm_run: Path | None, out: Path) -> Result:
     s = SCENARIOS[name]
     run_dir = out / f"{name}-{repeat}"
     print(f"[{name} #{repeat}] astraflow {' '.join(run_args(s, warm_run, run_dir))}",
@@ -130,12 +155,30 @@ def run_one(name: str, repeat: int, warm_run: Path, out: Path) -> Result:
     t0 = time.monotonic()
     code = astraflow(run_args(s, warm_run, run_dir), out / f"{name}-{repeat}.log")
     seconds = time.monotonic() - t0
-    rewards = train_rewards(run_dir) if (run_dir / "trainer-default.jsonl").exists() else []
-    if len(rewards) < s.first + s.last:
-        print(f"[{name} #{repeat}] exit {code}, {len(rewards)} steps: too few to compare "
+    if s.measure == "held_out":
+        every = int(next(v for v in s.sets if v.startswith("launch.eval_every=")).split("=")[1])
+        curve = (held_out(run_dir, every, s.steps) if (run_dir / "metrics.jsonl").exists()
+                 else [])
+        steps = len(train_rewards(run_dir)) if (run_dir / "trainer-default.jsonl").exists() \
+            else 0
+    else:
+        curve = train_rewards(run_dir) if (run_dir / "trainer-default.jsonl").exists() else []
+        steps = len(curve)
+    if len(curve) < s.first + s.last:
+        print(f"[{name} #{repeat}] exit {code}, {steps} steps: too few to compare "
               f"(see {out / f'{name}-{repeat}.log'})", flush=True)
-        return Result(name, repeat, code, len(rewards), float("nan"), float("nan"),
+        return Result(name, repeat, code, steps, float("nan"), float("nan"),
                       float("nan"), s.margin, False, seconds)
+    if s.measure == "held_out":  # the first evaluation against the mean of the best after it
+        first = curve[0]
+        last = sum(sorted(curve[1:])[-s.last:]) / s.last
+        r = Result(name, repeat, code, steps, first, last, last - first, s.margin,
+                   code == 0 and steps == s.steps and last - first >= s.margin, seconds)
+        print(f"[{name} #{repeat}] exit {code} in {seconds:.0f} s: held-out {curve}: "
+              f"{first:.3f} -> best {s.last} {last:.3f} ({r.gain:+.3f}; margin {s.margin})",
+              flush=True)
+        return r
+    rewards = curve
     first = sum(rewards[:s.first]) / s.first
     last = sum(rewards[-s.last:]) / s.last
     r = Result(name, repeat, code, len(rewards), first, last, last - first, s.margin,
@@ -146,7 +189,8 @@ def run_one(name: str, repeat: int, warm_run: Path, out: Path) -> Result:
 
 
 def table(results: list[Result]) -> str:
-    lines = ["| scenario | run | steps | first | last | gain | margin | learned | wall s |",
+    lines = ["| scenario | run | steps | first | last (held-out: best) | gain | margin | "
+             "learned | wall s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r.scenario} | {r.repeat} | {r.steps} | {r.first:.3f} | "
@@ -169,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown scenario {unknown}; known: {', '.join(SCENARIOS)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    warm = args.warm or make_warm(args.out)
+    needs_warm = any(SCENARIOS[n].warm != "own" for n in args.scenarios)
+    warm = args.warm or (make_warm(args.out) if needs_warm else None)
     results = [run_one(n, i, warm, args.out)
                for i in range(args.repeats) for n in args.scenarios]
     (args.out / "learning.json").write_text(json.dumps([asdict(r) for r in results], indent=1))

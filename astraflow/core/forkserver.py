@@ -130,6 +130,12 @@ class ForkServer:
         child: ForkedProcess = answer["child"]
         return child
 
+    def prestart(self, env: Mapping[str, str]) -> None:
+        """Start the server now with ``env`` (a role's environment), so that it imports while
+        the launcher does other work; returns at once."""
+        with self._lock:
+            self._ensure(env)
+
     def close(self) -> None:
         """End the server (its forked roles are not touched: they stop themselves)."""
         with self._lock:

@@ -145,6 +145,13 @@ class Child:
             self._log = None
 
 
+def prestart(extra: Mapping[str, str] | None = None) -> None:
+    """Start the fork server now, in the background, with a role's environment (``extra`` as
+    for :func:`role_env`): it imports while the launcher prepares the run."""
+    if forkserver.enabled():
+        forkserver.server().prestart(role_env(extra))
+
+
 def _start(argv: Sequence[str], env: Mapping[str, str], log_file: IO[bytes], log_path: Path
            ) -> subprocess.Popen[bytes] | ForkedProcess:
     if forkserver.enabled() and forkserver.forkable(argv):
@@ -203,5 +210,5 @@ def _orphaned(launcher: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-__all__ = ["LAUNCHER_PID_ENV", "Child", "cli", "launcher_env", "role_env", "stop_all",
+__all__ = ["LAUNCHER_PID_ENV", "Child", "cli", "launcher_env", "prestart", "role_env", "stop_all",
            "stop_when_orphaned"]

@@ -122,6 +122,10 @@ def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
     _prepare_out(out, fresh=fresh, resume=resume)
     ticker = Ticker(config.launch.progress_every_s if progress else None)
     write_config(config, out / "config.yaml")
+    from astraflow.core.launcher import prestart
+    from astraflow.run.launch import role_env
+
+    prestart(role_env(config))  # the fork server imports while the models are built
     with console.status("building models") as st:
         for p in config.policies:
             st.update(f"model of policy {p}")

@@ -26,12 +26,20 @@ def test_every_scenario_is_a_valid_run_of_its_example(name: str, tmp_path: Path,
     s = learning.SCENARIOS[name]
     args = learning.run_args(s, tmp_path / "warm", tmp_path / "out")
     assert args[:2] == ["run", str(ROOT / "examples" / s.config)]
-    assert ("--warm" in args) == s.warm_flag
+    assert ("--warm" in args) == (s.warm == "flag")
     sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
     cfg = load_experiment(ROOT / "examples" / s.config, sets)
     assert cfg.trainer.max_steps == s.steps >= s.first + s.last
-    if not s.warm_flag:
+    if s.warm == "path":
         assert cfg.model("default").path == str(model) and cfg.launch.warmup.steps == 0
+
+
+def test_the_held_out_curve_is_the_newest_evaluation_at_each_grid_step(tmp_path: Path) -> None:
+    rows = [{"policy": "default", "step": s, "eval_accuracy": a}
+            for s, a in [(0, 0.27), (7, 0.3), (10, 0.31), (18, 0.2), (20, 0.5)]]
+    rows.insert(2, {"policy": "default", "step": 9, "reward_mean": 0.4})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert learning.held_out(tmp_path, 10, 30) == [0.27, 0.31, 0.5, 0.5]
 
 
 def test_the_curve_is_the_trainers_rl_steps_once_each(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """The tool-using example (examples/agent_tools.yaml): its SFT demonstrations are laid out token
 for token as the ``multi_turn_tools`` workflow lays out an episode (the tool's output masked
 out of the loss), its evaluation runs the episode (tool called for real), and the example
-learns end to end through the real CLI on the embedded bus and on Kafka."""
+trains end to end through the real CLI on the embedded bus and on Kafka (that it learns:
+bench/learning.py tool-agent)."""
 
 from __future__ import annotations
 
@@ -116,26 +117,14 @@ def test_a_sampled_evaluation_is_refused_where_answers_are_greedy() -> None:
         assert ": launch.eval_temperature: " in problem and "set it to 0" in problem
 
 
-# Reduced budget: the example's warm-up (to its band, ~110 s here), then 80 RL steps. Measured
-# from the band's ~0.27, accuracy stays flat for ~40 steps, then rises: at steps 70 and 80,
-# five runs measured 0.435/0.45, 0.39/0.435, 0.45/0.46, 0.465/0.47 and 0.415/0.515 (at 60
-# steps one test run's last two evaluations were 0.265 and 0.45: too close to call). The Kafka
-# run starts its 80 RL steps from the embedded run's warm model (the warm-up is the same code
-# on either bus; this keeps CI minutes for the RL phase).
-#
-# RL on this 0.53M-parameter model has short collapses: the policy tips over on one character
-# of its 23-character tool call and recovers within a few steps. Measured in one Kafka run
-# (held-out accuracy of each published version, sampled as the evaluator does): v39 0.37, v40
-# 0.06 (nearly every episode now writes "</toool>", runs into max_new_tokens and never calls
-# the tool), v42 0.0, v43 0.12, v44 0.35; a second collapse at v52 (0.085), final 0.545. One
-# evaluation can land in such a dip (a CI run: 0.16 and 0.505 for the last two), and one
-# collapse did not end (check_learned), so the check takes the best two evaluations after the
-# first.
-STEPS = 80
+# Reduced budget: the example's warm-up (to its band, ~110 s here), then STEPS RL steps with
+# held-out evaluations at 0 and STEPS. That RL then raises held-out accuracy (80 steps: from
+# the band's ~0.27 to 0.39-0.52 at steps 70/80 in five runs; flat for ~40 steps first, with
+# short collapses of this 0.53M-parameter model on one character of its tool call) is
+# bench/learning.py's `tool-agent` scenario: too long for CI on two cores (~370 s beside
+# another test). The Kafka run starts its RL steps from the embedded run's warm model.
+STEPS = 10
 EVERY = 10  # launch.eval_every
-# The example has a KL term to the warm model (check_learned says why: before it had one, two
-# CI runs collapsed for good); these runs keep it, so they test the example as users run it.
-MARGIN = 0.10  # the mean of the two best evaluations after the first at least this far up
 
 
 KAFKA_STEPS = 6  # the Kafka run: every role on another bus, not learning (the embedded run's)
@@ -153,6 +142,10 @@ def check_run(out: Path, rc: int, output: str, steps: int = STEPS) -> list[float
     """The run made ``steps`` steps, every trajectory accounted for (none lost, none trained
     twice), its evaluations ran the episode. Returns one evaluation per EVERY steps."""
     check_finished(out, rc, output, steps=steps, per_step=32 * 8)  # 32 groups × 8 episodes
+    # the episodes called the tool (the warm model does, most of the time)
+    calls = [int(n) for log in (out / "logs").glob("rollout-*.log")
+             for n in re.findall(r"\btool_calls=(\d+)", log.read_text())]
+    assert sum(calls) > steps * 32 * 8 // 2, calls
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     lines = [r for r in rows if "eval_accuracy" in r]
     assert {(r["kind"], r["eval_temperature"]) for r in lines} == {("episode", 1.0)}
@@ -169,25 +162,6 @@ def check_run(out: Path, rc: int, output: str, steps: int = STEPS) -> list[float
     return grid
 
 
-def check_learned(out: Path, rc: int, output: str) -> list[float]:
-    """:func:`check_run`, and RL raised held-out accuracy by MARGIN: the mean of the two best
-    evaluations after the first at least MARGIN above the first.
-
-    Not the last evaluations: a collapse can also be for good. In a CI run of the whole suite
-    (two test processes on two cores, staleness up to 4) the evaluations went 0.27, 0.25,
-    0.27, 0.35, 0.28, 0.43, then 0.0, 0.0, 0.0: from step 62 every episode failed, so every
-    group's advantages were zero and GRPO had no gradient left to climb back with (a second CI
-    run: 0.27 ... 0.355, 0.36, then 0.0, 0.0, 0.0). That instability of this 0.53M-parameter
-    model is the example's, not the dataflow's: the example now has a KL term, and this check
-    still takes the best evaluations, not the last. A model that does not learn has two
-    evaluations of eight at +MARGIN by chance well under 1% of the time (200 problems, SE
-    ~0.03)."""
-    evals = check_run(out, rc, output)
-    best_two = sorted(evals[1:])[-2:]
-    assert sum(best_two) / 2 >= evals[0] + MARGIN, evals
-    return evals
-
-
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
     out = tmp_path_factory.mktemp("agent") / "run"
@@ -195,10 +169,13 @@ def embedded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(720)  # the warm-up and 80 steps: ~4 min here, more on a busy host
-def test_the_agent_learns_on_the_embedded_bus(embedded: tuple[Path, int, str]) -> None:
+@pytest.mark.timeout(720)  # the warm-up and 10 steps: ~2 min here, more on a busy host
+def test_the_agent_trains_on_the_embedded_bus(embedded: tuple[Path, int, str]) -> None:
+    """The example's warm-up lands in its band and RL starts from that model: its first
+    evaluation is the warm-up's last check; then STEPS steps with every trajectory accounted
+    for. (Learning: bench/learning.py tool-agent.)"""
     out, rc, output = embedded
-    evals = check_learned(out, rc, output)
+    evals = check_run(out, rc, output)
     warm = json.loads((out / "summary.json").read_text())["warmup"]["policies"]["default"]
     low, high = json.loads((out / "summary.json").read_text())["warmup"]["band"]
     assert warm["outcome"] == "in_band" and evals[0] == warm["accuracy"], warm
@@ -212,8 +189,8 @@ def test_the_agent_runs_on_kafka(tmp_path: Path, kafka_bootstrap: str,
                                  embedded: tuple[Path, int, str]) -> None:
     """The same RL phase on the real broker, KAFKA_STEPS steps: episodes waiting on the tool
     across a partitioned, committed bus, every trajectory accounted for, the evaluations on
-    the grid, from the embedded run's warm model. Learning is the embedded run's to show (80
-    steps); what the bus must keep is tests/core/test_kafka.py's."""
+    the grid, from the embedded run's warm model. Learning is bench/learning.py's to show;
+    what the bus must keep is tests/core/test_kafka.py's."""
     warm = embedded[0] / "models" / "default-warm"
     assert (warm / "config.json").exists(), embedded[2][-3000:]
     out = tmp_path / "run"
