@@ -49,7 +49,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -65,17 +64,13 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import multimodel as mm  # noqa: E402  (bench/: the arms' config and run helpers)
 from elastic import exit_code, read_jsonl  # noqa: E402
 
+from astraflow.core.ports import free_port  # noqa: E402
+
 ROOT = mm.ROOT
 
 BASE = ROOT / "examples" / "quickstart.yaml"
 #: librdkafka settings for the far workers' clients (docs/wan.md)
 FAR_CLIENT = "linger.ms=50&max.partition.fetch.bytes=8388608"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- part 1 ---------------------------------------------------------------------------------

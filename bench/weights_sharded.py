@@ -27,13 +27,14 @@ import ctypes
 import gc
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import tracemalloc
 from pathlib import Path
+
+from astraflow.core.ports import free_port
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -121,12 +122,6 @@ def worker(out: Path, mode: str, layers: int, width: int) -> None:
         (out / f"{mode}.json").write_text(json.dumps(
             {"results": results, "params": params, "largest": largest, "world": world}))
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:

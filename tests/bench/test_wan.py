@@ -13,10 +13,11 @@ import socketserver
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from astraflow.core.broker import LocalBroker
 from astraflow.core.bus import connect
@@ -33,14 +34,6 @@ from bench.lib.wan import (
 )
 
 RTT_S = 0.3
-
-
-def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 class _Echo(socketserver.BaseRequestHandler):

@@ -14,10 +14,10 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from waiting import wait_for as wait_until
 
 from astraflow.core.bus import Bus, Consumer, Message
 from astraflow.core.bus.partitioner import partition_for
@@ -49,17 +49,6 @@ def drain(consumer: Consumer, n: int, timeout: float = 60.0) -> list[Message]:
     while len(out) < n and time.monotonic() < deadline:
         out.extend(consumer.consume(n - len(out), 0.5))
     return out
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, what: str, tick: Callable[[], object]
-               = lambda: None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        tick()
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_per_partition_order_and_key_routing(bus: Bus, new_topic, new_group) -> None:

@@ -6,8 +6,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from waiting import wait_for
 
 from astraflow.core.gang import gang_argv
 
@@ -40,13 +41,6 @@ def start(tmp_path: Path, mode: str, ranks: int = 2) -> subprocess.Popen[bytes]:
                                               mode]), start_new_session=True)
 
 
-def wait_for(path: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} not written in {timeout} s"
-        time.sleep(0.05)
-
-
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -65,7 +59,7 @@ def test_ranks_get_torchrun_environment(tmp_path: Path) -> None:
 
 def test_one_rank_killed_takes_the_gang_down(tmp_path: Path) -> None:
     proc = start(tmp_path, "die")
-    wait_for(tmp_path / "pid0")
+    wait_for((tmp_path / "pid0").exists, 60, "pid0 written")
     rank0 = int((tmp_path / "pid0").read_text())
     assert proc.wait(60) == 1  # for its launcher to restart it whole
     assert not alive(rank0)
@@ -74,8 +68,8 @@ def test_one_rank_killed_takes_the_gang_down(tmp_path: Path) -> None:
 
 def test_sigterm_reaches_every_rank(tmp_path: Path) -> None:
     proc = start(tmp_path, "wait")
-    wait_for(tmp_path / "pid0")
-    wait_for(tmp_path / "pid1")
+    wait_for((tmp_path / "pid0").exists, 60, "pid0 written")
+    wait_for((tmp_path / "pid1").exists, 60, "pid1 written")
     os.kill(proc.pid, signal.SIGTERM)  # the gang alone: it passes the signal on
     assert proc.wait(60) == 0
     assert (tmp_path / "stopped0").exists() and (tmp_path / "stopped1").exists()

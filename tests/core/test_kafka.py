@@ -10,10 +10,11 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from typer.testing import CliRunner
+from waiting import wait_for as wait_until
 
 from astraflow.cli.broker import app as broker_cli
 from astraflow.core.broker import LocalBroker, fetch_jars, jars_dir
@@ -27,16 +28,6 @@ pytestmark = pytest.mark.kafka
 
 def uid(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, what: str | Callable[[], str],
-               tick: Callable[[], object] = lambda: None) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            said = what() if callable(what) else what
-            raise AssertionError(f"timed out after {timeout}s waiting for {said}")
-        tick()
 
 
 @pytest.fixture

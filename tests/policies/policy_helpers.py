@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
+
+from waiting import wait_for  # noqa: F401 (the helpers' callers import it from here)
 
 from astraflow.core.bus import Bus
 from astraflow.core.records import (
@@ -114,14 +116,6 @@ def read_all(bus: Bus, topic: str) -> list[Any]:
     finally:
         c.close()
     return out
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 30.0, what: str = "condition",
-             every: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(every)
 
 
 def end_count(bus: Bus, topic: str) -> int:

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from waiting import wait_for  # noqa: F401 (the helpers' callers import it from here)
+
 from astraflow.consumers.rollout.engines.base import GenRequest, GenResult
 from astraflow.core.bus import Bus
 from astraflow.core.records import ChatMessage, Task, Trajectory, decode
@@ -119,18 +121,6 @@ class Follow:
 
     def close(self) -> None:
         self.consumer.close()
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``cond`` until truthy (returned) or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 async def slow_single_turn(ctx: Any, task: Task, delay: float = 0.4, **sampling: Any) -> Any:

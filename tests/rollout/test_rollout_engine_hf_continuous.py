@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from test_rollout_engine_hf import TOL, teacher_forced
+from waiting import wait_for as _wait_for
 
 from astraflow.consumers.rollout.batcher import Batcher
 from astraflow.consumers.rollout.engines import EngineError, GenRequest, GenResult, build_engine
@@ -23,18 +24,13 @@ from astraflow.core.records import ChatMessage, Task
 WAIT = 60.0  # seconds any future or event may take on a busy 2-core machine
 
 
+def wait_for(cond: Any) -> None:
+    _wait_for(cond, WAIT, every=0.002)  # overlaps are short: look often
+
+
 def make(path: Path, **kw: Any) -> HFEngine:
     return build_engine("hf", model_path=path, threads=1, seed=1, continuous=True,
                         **kw)  # type: ignore[return-value]
-
-
-def wait_for(cond: Any, timeout: float = WAIT) -> None:
-    done = threading.Event()
-    deadline = timeout / 0.002
-    while not cond() and deadline > 0:
-        done.wait(0.002)
-        deadline -= 1
-    assert cond(), "condition not reached in time"
 
 
 def test_mid_batch_joins_change_no_logprob(ascii_dir: Path) -> None:

@@ -116,7 +116,7 @@ def test_an_update_lands_between_two_steps_of_the_engine_process(
     t = threading.Thread(target=lambda: out.append(engine.generate(reqs)))
     start = engine.steps
     t.start()
-    wait_for(lambda: engine.steps >= start + 3, 60, "the batch's third step", interval=0.001)
+    wait_for(lambda: engine.steps >= start + 3, 60, "the batch's third step", every=0.001)
 
     def update() -> tuple[int, int]:
         before = engine.steps
@@ -163,7 +163,7 @@ def test_a_killed_engine_process_fails_its_batch_and_starts_again(
     start = engine.steps
     t = threading.Thread(target=run)
     t.start()
-    wait_for(lambda: engine.steps >= start + 2, 60, "the batch to run", interval=0.001)
+    wait_for(lambda: engine.steps >= start + 2, 60, "the batch to run", every=0.001)
     os.kill(first, signal.SIGKILL)
     t.join(60)
     assert errors and "exited with code -9" in str(errors[0])

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from rollout_helpers import processed_logprobs
+from waiting import wait_for
 
 from astraflow.consumers.rollout.engines import EngineError, GenRequest, build_engine
 from astraflow.consumers.rollout.engines.hf import HFEngine
@@ -210,13 +211,6 @@ def client_for(srv: Server, arith_dir: Path, **kwargs: Any) -> OpenAIEngine:
     engine = build_engine("openai", model_path=arith_dir, base_url=srv.url, **kwargs)
     assert isinstance(engine, OpenAIEngine)
     return engine
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.005)
 
 
 # -- generation ------------------------------------------------------------------------------
@@ -518,9 +512,9 @@ def test_update_waits_for_requests_in_flight(server_factory: Callable[..., Serve
     first = run("first", lambda: client.generate([GenRequest([1, 4], max_new_tokens=2)]))
     assert server.entered.wait(10)
     update = run("update", lambda: client.update_weights(sync_fn(client, 1)))
-    wait_until(lambda: client.gate.counts() == (1, 0, 1))
+    wait_for(lambda: client.gate.counts() == (1, 0, 1), 10, every=0.005)
     second = run("second", lambda: client.generate([GenRequest([1, 5], max_new_tokens=2)]))
-    wait_until(lambda: client.gate.counts() == (1, 1, 1))
+    wait_for(lambda: client.gate.counts() == (1, 1, 1), 10, every=0.005)
     admin_paths = {"/update_weights_from_disk", *VLLM_ADMIN}
     assert not admin_paths & set(server.paths())  # nothing loaded while `first` runs
     assert len(server.bodies("/v1/completions")) == 1  # `second` waits behind the update

@@ -246,7 +246,7 @@ def test_a_busy_worker_hands_partitions_to_a_new_one(setup, tmp_path: Path) -> N
     def done() -> bool:
         return len({t.group_id for t in read_all(bus, trajectories)}) == n_tasks
 
-    wait_for(done, 120, "every task's trajectory", interval=0.2)
+    wait_for(done, 120, "every task's trajectory", every=0.2)
     a.request_stop()
     b.request_stop()
     ta.join(60)

@@ -4,10 +4,10 @@ real signals), the roles a scaled run starts, the config checks."""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from astraflow.config import ExperimentConfig
 from astraflow.core.errors import ConfigError
@@ -29,13 +29,6 @@ def up(sup: Supervisor, name: str) -> bool:
     """Has role ``name`` printed ``up`` (its signal handler is set)? Its log starts with the
     command line, which holds the word too."""
     return "up" in sup.roles[name].tail().splitlines()[-1:]
-
-
-def wait_for(cond, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
 
 
 def test_the_supervisor_scales_rollout_roles_up_and_retires_the_newest(tmp_path: Path) -> None:

@@ -5,21 +5,15 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from pathlib import Path
+
+from waiting import wait_for
 
 from astraflow.run.supervisor import RoleSpec, Supervisor
 
 
 def py(code: str) -> list[str]:
     return [sys.executable, "-c", code]
-
-
-def wait_for(cond, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
 
 
 def test_killed_role_is_restarted_and_terminal_role_ends_the_phase(tmp_path: Path) -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from astraflow.consumers.scaler.actuators import (
     Actuation,
@@ -23,15 +23,6 @@ from astraflow.consumers.scaler.actuators import (
 from astraflow.consumers.scaler.command import backoff_delays, render, template_fields
 from astraflow.consumers.scaler.config import ActuatorConfig
 from astraflow.core.errors import ConfigError
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what or cond}")
-        time.sleep(0.02)
-
 
 # ---------------------------------------------------------------- command: a recording script
 
@@ -261,12 +252,12 @@ def test_local_scales_up_to_n_with_a_log_each(local_factory, tmp_path) -> None:
     out = act.scale(3, 0)
     assert out.ok and (out.target, out.previous, out.attempts, out.error) == (3, 0, 1, "")
     assert act.count() == 3
-    wait_for(started(tmp_path, 0, 1, 2), what="three children")
+    wait_for(started(tmp_path, 0, 1, 2), 15, what="three children")
     pids = {int((tmp_path / f"started-{n}").read_text()) for n in range(3)}
     assert pids == set(act.pids())
     for n in range(3):
         log = tmp_path / "run" / "logs" / f"scaled-rollout-{n}.log"
-        wait_for(lambda log=log, n=n: f"child {n} up" in log.read_text(), what=f"log {n}")
+        wait_for(lambda log=log, n=n: f"child {n} up" in log.read_text(), 15, what=f"log {n}")
     # already at the target: nothing to do
     same = act.scale(3, 3)
     assert same == Actuation(True, 3, 3, 0, "", same.duration_s)
@@ -275,19 +266,19 @@ def test_local_scales_up_to_n_with_a_log_each(local_factory, tmp_path) -> None:
 def test_local_scale_down_terms_the_newest_and_reaps_them(local_factory, tmp_path) -> None:
     act = local_factory()
     act.scale(3, 0)
-    wait_for(started(tmp_path, 0, 1, 2), what="three children")
+    wait_for(started(tmp_path, 0, 1, 2), 15, what="three children")
     oldest = act.pids()[0]
     out = act.scale(1, 3)
     assert out.ok and (out.previous, out.target) == (3, 1)
     assert act.count() == 1  # the stopping ones are not counted, at once
     assert act.pids() == [oldest]
-    wait_for(lambda: act.stopping() == 0, what="the two newest reaped")
+    wait_for(lambda: act.stopping() == 0, 15, what="the two newest reaped")
     assert (tmp_path / "term-1").exists() and (tmp_path / "term-2").exists()
     assert not (tmp_path / "term-0").exists()
     assert act.exit_codes == {1: 0, 2: 0}  # drained and exited 0
     # scaling up again starts new processes (new numbers, new logs)
     act.scale(2, 1)
-    wait_for(started(tmp_path, 3), what="child 3")
+    wait_for(started(tmp_path, 3), 15, what="child 3")
     assert act.count() == 2 and (tmp_path / "run" / "logs" / "scaled-rollout-3.log").exists()
 
 
@@ -295,10 +286,10 @@ def test_local_kills_a_process_that_ignores_sigterm_after_the_grace(local_factor
                                                                       tmp_path) -> None:
     act = local_factory({0: "ignore"}, grace_s=0.5)
     act.scale(1, 0)
-    wait_for(started(tmp_path, 0), what="child 0")
+    wait_for(started(tmp_path, 0), 15, what="child 0")
     out = act.scale(0, 1)
     assert out.ok and act.count() == 0
-    wait_for(lambda: 0 in act.exit_codes, what="child 0 killed")
+    wait_for(lambda: 0 in act.exit_codes, 15, what="child 0 killed")
     assert act.exit_codes[0] == -signal.SIGKILL
     assert not (tmp_path / "term-0").exists()
     assert act.stopping() == 0
@@ -308,8 +299,8 @@ def test_local_drops_a_crashed_process_from_the_count(local_factory, tmp_path, c
     act = local_factory({1: "crash"})
     with caplog.at_level(logging.WARNING, logger="astraflow.scaler"):
         act.scale(3, 0)
-        wait_for(started(tmp_path, 0, 1, 2), what="three children")
-        wait_for(lambda: act.count() == 2, what="the crash noticed")
+        wait_for(started(tmp_path, 0, 1, 2), 15, what="three children")
+        wait_for(lambda: act.count() == 2, 15, what="the crash noticed")
     assert act.exit_codes == {1: 3}
     assert any("exited" in r.getMessage() and "exit=3" in r.getMessage()
                for r in caplog.records)
@@ -321,7 +312,7 @@ def test_local_drops_a_crashed_process_from_the_count(local_factory, tmp_path, c
 def test_local_close_stops_everything(local_factory, tmp_path) -> None:
     act = local_factory({2: "ignore"}, grace_s=0.5)
     act.scale(3, 0)
-    wait_for(started(tmp_path, 0, 1, 2), what="three children")
+    wait_for(started(tmp_path, 0, 1, 2), 15, what="three children")
     act.close()
     assert act.count() == 0 and act.stopping() == 0
     assert act.exit_codes == {0: 0, 1: 0, 2: -signal.SIGKILL}

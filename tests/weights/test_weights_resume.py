@@ -8,10 +8,10 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
+from waiting import eventually
 
 from astraflow.weights.http import HttpStore, make_server
 from astraflow.weights.publisher import Publisher
@@ -29,15 +29,6 @@ CHILD = textwrap.dedent("""
     syncer.sync_once(timeout=10)
     print("finished", flush=True)
 """)
-
-
-def wait_for(cond, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_killed_syncer_resumes_download(bus, store, tmp_path: Path) -> None:
@@ -60,7 +51,7 @@ def test_killed_syncer_resumes_download(bus, store, tmp_path: Path) -> None:
                 parts = list(cache.rglob("*.part"))
                 return parts[0].stat().st_size if parts else 0
 
-            assert wait_for(lambda: part_size() > 300_000 or child.poll() is not None, 60), \
+            assert eventually(lambda: part_size() > 300_000 or child.poll() is not None, 60), \
                 "the child never started downloading"
             assert child.poll() is None, child.communicate()
             os.kill(child.pid, signal.SIGKILL)

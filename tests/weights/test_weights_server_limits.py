@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from weights_adversary import wait_for
+from waiting import eventually
 
 from astraflow.core.errors import WeightStoreError
 from astraflow.weights.http import HttpStore
@@ -74,10 +74,10 @@ def closed_within(sock: socket.socket, seconds: float) -> bytes | None:
 def test_idle_connections_are_closed_and_a_real_client_is_served(serve) -> None:
     srv = serve(idle_timeout_s=0.5, auth_timeout_s=0.5, max_connections=4)
     idle = [connect(srv) for _ in range(4)]
-    assert wait_for(lambda: srv.unauthenticated == 4, 5)
+    assert eventually(lambda: srv.unauthenticated == 4, 5)
     assert srv.connections == 0  # no request yet: no worker's slot taken
     assert all(closed_within(s, 30) is not None for s in idle)  # 30 s: a hang guard only
-    assert wait_for(lambda: srv.timed_out == 4, 30), srv.timed_out  # closed by their deadline
+    assert eventually(lambda: srv.timed_out == 4, 30), srv.timed_out  # closed by their deadline
     assert srv.evicted == 0
     assert HttpStore(srv.url, timeout=5).read("p/blob.afw") == DATA
     assert srv.refused == 0
@@ -110,7 +110,7 @@ def test_past_the_authenticated_cap_a_request_is_answered_503(serve) -> None:
     assert answer.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in answer
     assert srv.refused == 1
     held.pop().close()
-    assert wait_for(lambda: srv.connections == 3, 5)
+    assert eventually(lambda: srv.connections == 3, 5)
     assert HttpStore(srv.url, token="T", timeout=5).read("p/blob.afw") == DATA
 
 
@@ -123,7 +123,7 @@ def test_idle_unauthenticated_sockets_never_keep_a_worker_out(serve) -> None:
     srv = serve(token="T", max_connections=4, max_unauthenticated=8, auth_timeout_s=60)
     idle = [connect(srv) for _ in range(256)]
     try:
-        assert wait_for(lambda: srv.evicted == 256 - 8, 10), srv.evicted
+        assert eventually(lambda: srv.evicted == 256 - 8, 10), srv.evicted
         assert srv.connections == 0 and srv.unauthenticated <= 8
         for _ in range(20):
             s = connect(srv)
@@ -161,19 +161,24 @@ def test_a_request_must_arrive_whole_within_the_idle_timeout(serve) -> None:
         pass  # closed by the server: what we want
     assert sent < len(head), "the server let a dripped request head take the whole drip"
     assert closed_within(s, 30) is not None  # 30 s: a hang guard only
-    assert wait_for(lambda: srv.timed_out == 1, 30), srv.timed_out
+    assert eventually(lambda: srv.timed_out == 1, 30), srv.timed_out
     assert srv.requests == 0
 
 
 def test_a_keep_alive_connection_serves_several_requests(serve) -> None:
     srv = serve(idle_timeout_s=2)
     s = connect(srv)
-    for _ in range(3):
+    s.settimeout(10)
+    for i in range(3):
         s.sendall(b"GET /p/blob.afw HTTP/1.1\r\nHost: x\r\nRange: bytes=0-3\r\n\r\n")
         got = b""
         while not got.endswith(b"\r\n\r\n" + DATA[:4]):
-            got += s.recv(4096)
+            chunk = s.recv(4096)
+            assert chunk, f"the server closed the connection after {i} answers: {got!r}"
+            got += chunk
+        assert got.startswith(b"HTTP/1.1 206"), got
     s.close()
+    assert eventually(lambda: srv.requests == 3, 10), srv.requests  # one connection, three answers
 
 
 @pytest.mark.parametrize(("value", "status", "body"), [
@@ -267,7 +272,7 @@ def test_more_idle_sockets_than_descriptors_neither_spin_nor_starve(root: Path, 
             except WeightStoreError:
                 return False
 
-        assert wait_for(served, 10, every=0.2)
+        assert eventually(served, 10, every=0.2)
     finally:
         for s in socks:
             s.close()
@@ -291,6 +296,6 @@ def test_a_client_gone_mid_answer_is_counted_without_a_traceback(
     time.sleep(0.2)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, rst)
     s.close()
-    assert wait_for(lambda: srv.client_errors == 3, 10), srv.client_errors
+    assert eventually(lambda: srv.client_errors == 3, 10), srv.client_errors
     assert "Traceback" not in capfd.readouterr().err
     assert HttpStore(srv.url).read("p/blob.afw") == DATA  # still serving

@@ -144,12 +144,3 @@ def stream(head: bytes, total: int, chunk: int = 1 << 16) -> Respond:
                 left -= n
 
     return respond
-
-
-def wait_for(cond: Callable[[], bool], timeout: float, every: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(every)
-    return cond()
