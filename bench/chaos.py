@@ -182,15 +182,15 @@ class Setup:
 
 
 def targets(config: Any, run_dir: Path, setup: Setup) -> Targets:
-    from astraflow.run.roles import checkpoint_path
+    from astraflow.run.roles import configured_checkpoint_path
 
     ck: dict[str, Path] = {}
     for p in config.policies:
         ck[f"trainer-{p}"] = config.trainer_for(p).checkpoint_root(run_dir, p)
-        ck[f"policy-batch-{p}"] = checkpoint_path(config, "batch", p, run_dir)
+        ck[f"policy-batch-{p}"] = configured_checkpoint_path(config, "batch", p, run_dir)
     if config.data.pre_rollout:
-        ck["policy-pre"] = checkpoint_path(config, "pre_rollout", None, run_dir)
-    ck["policy-post"] = checkpoint_path(config, "post_rollout", None, run_dir)
+        ck["policy-pre"] = configured_checkpoint_path(config, "pre_rollout", None, run_dir)
+    ck["policy-post"] = configured_checkpoint_path(config, "post_rollout", None, run_dir)
     return Targets(checkpoints=ck, broker=setup.broker, proxies=setup.proxies, disk=setup.disk,
                    weights=[setup.store / p for p in config.policies])
 
@@ -322,7 +322,7 @@ def replay(bus: Any, config: Any, run_dir: Path, policy: str) -> dict[str, Any]:
     import torch
     from safetensors.torch import load_file
 
-    from astraflow.consumers.trainer.build import build_engine, step_function
+    from astraflow.consumers.trainer.build import build_train_state, step_function
     from astraflow.consumers.trainer.loop import resolve
     from astraflow.run.launch import newest_checkpoint
     from astraflow.run.resources import model_dir
@@ -348,7 +348,7 @@ def replay(bus: Any, config: Any, run_dir: Path, policy: str) -> dict[str, Any]:
         return {"ok": False, "reason": f"checkpoint at version {version} holds offsets {upto} "
                                        f"of {topic}: {len(seq)} distinct batches below them"}
     order = _logged_order(run_dir / f"trainer-{policy}.jsonl", seq[:version])
-    engine = build_engine(tc, model_dir(config, policy, run_dir))
+    engine = build_train_state(tc, model_dir(config, policy, run_dir))
     step = step_function(tc.mode)
     store = claims(config, run_dir)
     # the trajectories read once (fetching each batch's 512 references through a reader of

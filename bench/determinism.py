@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from astraflow.consumers.trainer.build import build_engine
+from astraflow.consumers.trainer.build import build_train_state
 from astraflow.consumers.trainer.config import TrainerConfig
 from astraflow.consumers.trainer.rl import rl_step
 from astraflow.core.cores import machine_cores
@@ -37,7 +37,7 @@ def run_arm(model_dir: Path, batches: list, threads: int, deterministic: bool
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(deterministic)
     try:
-        engine = build_engine(TrainerConfig.model_validate(
+        engine = build_train_state(TrainerConfig.model_validate(
             {"device": "cpu", "threads": threads, "deterministic": deterministic}), model_dir)
         t0 = time.perf_counter()
         for v, batch in enumerate(batches):

@@ -85,7 +85,7 @@ def worker_run(model: Path, root: Path, speed: float, tasks: int, i: int) -> tup
     from astraflow.core.stream import Output, send
     from astraflow.core.topics import topic_name
     from astraflow.run.resources import open_bus
-    from astraflow.run.roles import build_worker
+    from astraflow.run.roles import configured_worker
 
     cfg = ExperimentConfig.model_validate({
         "run": f"r{uuid.uuid4().hex[:8]}",
@@ -103,7 +103,7 @@ def worker_run(model: Path, root: Path, speed: float, tasks: int, i: int) -> tup
                         reference={"answer": str(k + 1)}, n_samples=8)
             send(producer, Output(topic_name(cfg.run, "tasks"), task, task.id.encode()))
         producer.flush()
-        worker = build_worker(cfg, root, bus=bus)
+        worker = configured_worker(cfg, root, bus=bus)
         t, c = time.perf_counter(), time.process_time()
         stats = worker.run(max_tasks=tasks)
         dt, dc = time.perf_counter() - t, time.process_time() - c

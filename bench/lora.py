@@ -59,7 +59,7 @@ def publish_run(name: str, path: Path, lora: dict[str, Any] | None, tmp: Path
     """RL steps of one trainer; every version published. Returns the measurements."""
     from trainer_helpers import random_batch
 
-    from astraflow.consumers.trainer.build import build_engine
+    from astraflow.consumers.trainer.build import build_train_state
     from astraflow.consumers.trainer.config import TrainerConfig
     from astraflow.consumers.trainer.rl import rl_step
     from astraflow.core.bus import connect
@@ -71,7 +71,7 @@ def publish_run(name: str, path: Path, lora: dict[str, Any] | None, tmp: Path
     cfg = TrainerConfig(device="cpu", optimizer={"lr": lr * (10 if lora else 1)}, lora=lora,
                         micro_batch_tokens=4096)
     t0 = time.perf_counter()
-    engine = build_engine(cfg, path)
+    engine = build_train_state(cfg, path)
     load_s = time.perf_counter() - t0
     bus = connect(f"embedded://{tmp}/{name}-{tag}.db")
     pub = Publisher(bus, run="bench", policy=f"{name}-{tag}", store=FileStore(tmp / "w"),

@@ -318,14 +318,14 @@ class Lockstep:
 
     def __post_init__(self) -> None:
         from astraflow.consumers.rollout.runtime import Runtime
-        from astraflow.consumers.trainer.build import build_engine
+        from astraflow.consumers.trainer.build import build_train_state
         from astraflow.producers.producer import tasks
 
         if self.delay < 0:
             raise ValueError(f"delay must be >= 0 versions, got {self.delay}")
         cfg = self.cfg
         self.engines = hf_engines(cfg, self.models, threads=self.threads)
-        self.trainers = {p: build_engine(cfg.trainer_for(p), self.models[p])
+        self.trainers = {p: build_train_state(cfg.trainer_for(p), self.models[p])
                          for p in cfg.policies}
         import torch
 
@@ -439,7 +439,7 @@ class Lockstep:
                 for name, t in target.tensors.items():
                     w = src[name].detach()
                     t.data.copy_((w.to(dtype) if dtype is not None else w).to(t.dtype))
-            target.commit(version)
+            target.finish_version(version)
 
         engine.update_weights(copy)
 
@@ -464,7 +464,7 @@ class Lockstep:
             for name, (dtype, array) in bits.items():
                 target.apply(name, dtype, tuple(array.shape), array.reshape(-1))
             target.set_adapter(trainer.adapter)
-            target.commit(version)
+            target.finish_version(version)
 
         engine.update_weights(apply)
         check_adapter_applied(engine, policy, set(bits), version)

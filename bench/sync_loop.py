@@ -39,7 +39,7 @@ from astraflow.config import ExperimentConfig, load_experiment
 from astraflow.consumers.evaluator import greedy_accuracy, held_out
 from astraflow.consumers.rollout.engines.sampling import eos_ids
 from astraflow.consumers.rollout.rewards import build_reward
-from astraflow.consumers.trainer.build import build_engine
+from astraflow.consumers.trainer.build import build_train_state
 from astraflow.consumers.trainer.rl import rl_step
 from astraflow.core.errors import ConfigError
 from astraflow.core.records import Batch, Group, Trajectory, pack_f32, pack_i32, pack_u8
@@ -152,8 +152,8 @@ def run_sync(source: Path, *, policy: str = "default", seconds: float = 300.0,
 
         cfg = cfg.model_copy(update={"trainer": with_overrides(cfg.trainer, trainer)})
     every = every or cfg.launch.eval_every
-    engine = build_engine(cfg.trainer, mdir)  # seeds torch with the trainer's seed
-    torch.set_num_threads(threads)  # after: build_engine applies trainer.threads (a role's)
+    engine = build_train_state(cfg.trainer, mdir)  # seeds torch with the trainer's seed
+    torch.set_num_threads(threads)  # after: build_train_state applies trainer.threads (a role's)
     seed = cfg.seed if seed is None else seed
     torch.manual_seed(seed)
     model = engine.model

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "trainer"
 from trainer_helpers import produce, trajectory  # noqa: E402
 
 from astraflow.config import ExperimentConfig  # noqa: E402
-from astraflow.consumers.trainer.build import build_engine  # noqa: E402
+from astraflow.consumers.trainer.build import build_train_state  # noqa: E402
 from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState  # noqa: E402
 from astraflow.consumers.trainer.config import TrainerConfig  # noqa: E402
 from astraflow.consumers.trainer.rl import rl_step  # noqa: E402
@@ -47,7 +47,7 @@ from astraflow.core.bus import embedded_url  # noqa: E402
 from astraflow.core.records import Batch, Group  # noqa: E402
 from astraflow.models.tiny import build_model, build_tokenizer, save  # noqa: E402
 from astraflow.run.resources import open_bus  # noqa: E402
-from astraflow.run.roles import build_trainer  # noqa: E402
+from astraflow.run.roles import configured_trainer  # noqa: E402
 from astraflow.weights import FileStore, Publisher  # noqa: E402
 
 TOK = build_tokenizer("arith")
@@ -91,9 +91,9 @@ def plain_step(model: Any, opt: Any, batch: Batch) -> None:
 def part1(model_dir: Path, repeats: int) -> None:
     batches = [quickstart_batch(s) for s in range(4)]
     engines = {
-        "ours, skip zero-advantage groups": build_engine(
+        "ours, skip zero-advantage groups": build_train_state(
             TrainerConfig(device="cpu", micro_batch_tokens=16384), model_dir),
-        "ours, no skipping": build_engine(
+        "ours, no skipping": build_train_state(
             TrainerConfig(device="cpu", micro_batch_tokens=16384,
                           skip_zero_advantage_groups=False), model_dir),
     }
@@ -127,7 +127,7 @@ def part2(model_dir: Path, steps: int, tmp: Path) -> None:
     bus = open_bus(cfg, tmp)
     produce(bus, cfg.run, [quickstart_batch(s) for s in range(steps)])
     publisher = Publisher(bus, run=cfg.run, policy="default", store=FileStore(tmp / "w"))
-    trainer = build_trainer(cfg, "default", tmp, bus=bus, publisher=publisher)
+    trainer = configured_trainer(cfg, "default", tmp, bus=bus, publisher=publisher)
     trainer.setup()
     t = time.perf_counter()
     stats = trainer.run(timeout=600)
@@ -152,7 +152,7 @@ def part3(model_dir: Path, tmp: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "trainer"))
     from trainer_helpers import SEVEN, sample, sft_batch
 
-    e = build_engine(TrainerConfig(device="cpu", mode="sft", optimizer={"lr": 2e-3}),
+    e = build_train_state(TrainerConfig(device="cpu", mode="sft", optimizer={"lr": 2e-3}),
                      model_dir)
     from astraflow.consumers.trainer.sft import sft_step
 
@@ -161,7 +161,7 @@ def part3(model_dir: Path, tmp: Path) -> None:
     print("SFT, one-digit sums, 64 demonstrations/batch, lr 2e-3 — loss (mean token NLL of "
           "the answer + <eos>) at steps " + ", ".join(
               f"{i + 1}: {losses[i]:.2f}" for i in (0, 9, 19, 29, 39, 59)))
-    e = build_engine(TrainerConfig(device="cpu", optimizer={"lr": 3e-3}), model_dir)
+    e = build_train_state(TrainerConfig(device="cpu", optimizer={"lr": 3e-3}), model_dir)
     behaviour = copy.deepcopy(e.model)
     gen = torch.Generator().manual_seed(0)
     rewards = []

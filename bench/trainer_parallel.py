@@ -32,7 +32,7 @@ def rank_main(model_dir: str, parallel: str, steps: int, out: str) -> None:
     """One rank: build the engine, train, write rank 0's measurements to ``out``."""
     import torch
 
-    from astraflow.consumers.trainer.build import build_engine
+    from astraflow.consumers.trainer.build import build_train_state
     from astraflow.consumers.trainer.config import TrainerConfig
     from astraflow.consumers.trainer.rl import rl_step
     from astraflow.consumers.trainer.sharding import local_numel
@@ -42,7 +42,7 @@ def rank_main(model_dir: str, parallel: str, steps: int, out: str) -> None:
 
     tc = TrainerConfig.model_validate({"parallel": parallel, "optimizer": {"lr": 1e-3},
                                        "micro_batch_tokens": 1024, "threads": 1})
-    engine = build_engine(tc, model_dir)
+    engine = build_train_state(tc, model_dir)
     rss_built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     times, first = [], {}
     for k in range(steps + 2):

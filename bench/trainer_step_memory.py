@@ -32,13 +32,13 @@ def one(config: Path, policy: str, tokens: int, steps: int, threads: int) -> dic
     import torch
 
     from astraflow.config import load_experiment
-    from astraflow.consumers.trainer.build import build_engine
+    from astraflow.consumers.trainer.build import build_train_state
     from astraflow.consumers.trainer.rl import rl_step
     from astraflow.core.records import Batch, Group, Trajectory, pack_f32, pack_i32, pack_u8
     from astraflow.run.resources import model_dir
 
     cfg = load_experiment(config, [f"trainer.micro_batch_tokens={tokens}"])
-    engine = build_engine(cfg.trainer_for(policy), model_dir(cfg, policy, ROOT / "runs" /
+    engine = build_train_state(cfg.trainer_for(policy), model_dir(cfg, policy, ROOT / "runs" /
                                                                "trainer-step-memory"))
     torch.set_num_threads(threads)
     rng = random.Random(0)

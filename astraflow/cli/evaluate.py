@@ -32,7 +32,7 @@ def evaluate(
     from astraflow.core.errors import ConfigError
     from astraflow.core.metrics import MetricsEmitter, component_id
     from astraflow.run.resources import open_bus
-    from astraflow.run.roles import build_evaluator, build_team_evaluator
+    from astraflow.run.roles import configured_evaluator, configured_team_evaluator
 
     cfg, out = load_role(config, overrides, out)
     if team and policy is not None:
@@ -46,8 +46,8 @@ def evaluate(
         metrics = MetricsEmitter(bus, run=cfg.run, role=role,
                                  component=component_id(f"evaluator-{name}"))
         try:
-            ev = (build_team_evaluator(cfg, out, bus=bus, metrics=metrics) if team else
-                  build_evaluator(cfg, name, out, bus=bus, metrics=metrics))
+            ev = (configured_team_evaluator(cfg, out, bus=bus, metrics=metrics) if team else
+                  configured_evaluator(cfg, name, out, bus=bus, metrics=metrics))
             try:
                 ev.run(max_evals=max_evals, timeout=timeout, should_stop=should_stop,
                        every=cfg.launch.eval_every)

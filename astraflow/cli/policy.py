@@ -35,13 +35,13 @@ def policy(
     """Run one policy stage: consume, apply its chain of policies, produce, checkpoint and
     commit, until stopped (SIGTERM/SIGINT finish the current cycle first)."""
     from astraflow.cli.common import fail, load_role, role_run
-    from astraflow.run.roles import run_stage
+    from astraflow.run.roles import run_configured_stage
 
     if stage not in STAGES:
         raise fail(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
     cfg, out = load_role(config, overrides, out)
     with role_run() as should_stop:
-        counters = run_stage(cfg, stage, policy=policy_name, out=out,
+        counters = run_configured_stage(cfg, stage, policy=policy_name, out=out,
                              max_records=max_records, timeout=timeout,
                              should_stop=should_stop)
     typer.echo(" ".join(f"{k}={v:g}" for k, v in counters.items()))

@@ -26,7 +26,7 @@ def produce(
     Task per row to `tasks.raw` (or `tasks`), n samples per task, one group id per (task,
     attempt). Re-running skips groups already on the topic."""
     from astraflow.cli.common import load_role, role_run
-    from astraflow.run.roles import produce as run_produce
+    from astraflow.run.roles import run_configured_producer as run_produce
 
     cfg, out = load_role(config, overrides, out)
     with role_run() as should_stop:

@@ -31,11 +31,11 @@ def rollout(
     trajectories. SIGTERM/SIGINT: stop taking tasks, finish or release in-flight ones, commit,
     leave the group, exit 0."""
     from astraflow.cli.common import load_role, role_run
-    from astraflow.run.roles import run_worker
+    from astraflow.run.roles import run_configured_worker
 
     cfg, out = load_role(config, overrides, out)
     with role_run() as should_stop:
-        stats = run_worker(cfg, out, max_tasks=max_tasks, timeout=timeout,
+        stats = run_configured_worker(cfg, out, max_tasks=max_tasks, timeout=timeout,
                            should_stop=should_stop, worker_id=worker_id)
     typer.echo(" ".join(f"{k}={v}" for k, v in stats.as_dict().items()))
 

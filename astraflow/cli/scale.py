@@ -26,11 +26,11 @@ def report(config: ConfigArg, out: OutOpt = None, overrides: SetOpt = None,
     to `reports` every scale.report_every_steps trainer steps (or scale.report_every_s
     seconds). SIGTERM/SIGINT: exit 0."""
     from astraflow.cli.common import load_role, role_run
-    from astraflow.run.roles import run_reporter
+    from astraflow.run.roles import run_configured_reporter
 
     cfg, out = load_role(config, overrides, out)
     with role_run() as should_stop:
-        sent = run_reporter(cfg, out, max_reports=max_reports, timeout=timeout,
+        sent = run_configured_reporter(cfg, out, max_reports=max_reports, timeout=timeout,
                             should_stop=should_stop)
     typer.echo(f"reports={len(sent)}")
 
@@ -45,11 +45,11 @@ def scale(config: ConfigArg, out: OutOpt = None, overrides: SetOpt = None,
     OUT/scaler.jsonl and the `metrics` topic. SIGTERM/SIGINT: stop the processes it started
     (they drain) and exit 0."""
     from astraflow.cli.common import load_role, role_run
-    from astraflow.run.roles import run_scaler
+    from astraflow.run.roles import run_configured_scaler
 
     cfg, out = load_role(config, overrides, out)
     with role_run() as should_stop:
-        decisions = run_scaler(cfg, config, out, max_reports=max_reports, timeout=timeout,
+        decisions = run_configured_scaler(cfg, config, out, max_reports=max_reports, timeout=timeout,
                                should_stop=should_stop)
     acted = sum(1 for d in decisions if d["target"] != d["current"])
     typer.echo(f"decisions={len(decisions)} actions={acted}")

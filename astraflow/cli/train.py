@@ -47,20 +47,24 @@ def train(
     with role_run() as should_stop:
         try:
             from astraflow.core.metrics import MetricsEmitter, component_id
-            from astraflow.run.roles import build_publisher, build_rank_publisher, build_trainer
+            from astraflow.run.roles import (
+                configured_publisher,
+                configured_rank_publisher,
+                configured_trainer,
+            )
 
             out.mkdir(parents=True, exist_ok=True)
             bus = open_bus(cfg, out)
-            trainer = build_trainer(cfg, name, out, bus=bus)
+            trainer = configured_trainer(cfg, name, out, bus=bus)
             engine = trainer.engine
             # fsdp: every rank publishes its own rows; a LoRA adapter (a few MB) is gathered
             # and published whole by rank 0
             if publish and engine.parallel == "fsdp" and engine.adapter is None:
-                trainer.publisher = publisher = build_rank_publisher(
+                trainer.publisher = publisher = configured_rank_publisher(
                     cfg, name, out, bus, rank=engine.rank, world=engine.world)
             if engine.rank == 0:  # data parallel: rank 0 alone talks to the bus
                 if publish and publisher is None:
-                    trainer.publisher = publisher = build_publisher(cfg, name, out, bus)
+                    trainer.publisher = publisher = configured_publisher(cfg, name, out, bus)
                     publisher.adapter = engine.adapter  # LoRA: manifests name the base
                 # the component names the policy: a run's lines tell its trainers apart
                 trainer.metrics = metrics = MetricsEmitter(

@@ -142,7 +142,7 @@ def retraining(config: Any, run_dir: Path, policy: str, bus: Any, *, what: str =
     """A fresh trainer engine of ``policy`` built from ``config`` and the run's starting
     weights, the number of steps the run's trainer took, and the generator that trains the
     engine on the run's batches in its order, yielding (step, the step's metrics) after each."""
-    from astraflow.consumers.trainer.build import build_engine, step_function
+    from astraflow.consumers.trainer.build import build_train_state, step_function
     from astraflow.consumers.trainer.loop import resolve
     from astraflow.core.fetch import fetch
     from astraflow.core.records import Batch, decode
@@ -154,7 +154,7 @@ def retraining(config: Any, run_dir: Path, policy: str, bus: Any, *, what: str =
                           f"{what} runs one process (a sharded {what} is not built yet)")
     tc = config.trainer_for(policy)
     steps = trained_steps(run_dir / f"trainer-{policy}.jsonl")
-    engine = build_engine(tc, model_dir(config, policy, run_dir))
+    engine = build_train_state(tc, model_dir(config, policy, run_dir))
     step = step_function(tc.mode)
     store = claims(config, run_dir)
 

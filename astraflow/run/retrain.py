@@ -83,17 +83,17 @@ def _serve(engine: Any, evaluator: Any, dtype: str | None, version: int) -> None
     for name, t in engine.state_tensors().items():
         kind, bits = as_bits(t, name=name, dtype=dtype)
         evaluator.target.apply(name, kind, tuple(t.shape), bits)
-    evaluator.target.commit(version)
+    evaluator.target.finish_version(version)
 
 
 def retrain_policy(config: Any, run_dir: Path, out: Path, policy: str, bus: Any,
                    write: Callable[[dict[str, Any]], None],
                    progress: Callable[[int, int], None] | None = None) -> Retrained:
-    from astraflow.run.roles import build_evaluator
+    from astraflow.run.roles import configured_evaluator
 
     engine, n, steps = retraining(config, run_dir, policy, bus, what="retrain")
     original = run_evals(run_dir, policy)
-    evaluator = build_evaluator(config, policy, run_dir, bus=bus)
+    evaluator = configured_evaluator(config, policy, run_dir, bus=bus)
     result = Retrained(policy, original=original)
     log = (out / f"trainer-{policy}.jsonl").open("w")
 

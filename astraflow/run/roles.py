@@ -4,8 +4,10 @@ plus the few values it shares with the run (name, policies, models, run director
 Roles never see :class:`~astraflow.config.ExperimentConfig` (an import-linter contract in
 pyproject.toml says so); their factories take typed sections. These functions, used by the
 role commands (`astraflow train|rollout|policy|produce`), tests and benchmarks, unpack the
-experiment for them and keep the old call shape ``build_x(config, ...)``. Heavy imports
-(torch through the trainer and the engines) happen inside each function.
+experiment for them. Their names say so: ``configured_x(config, ...)`` builds what the role's
+own ``build_x(section, ...)`` builds, ``run_configured_x(config, ...)`` runs it (one name, one
+meaning: the role's factory and this unpacking never share a name). Heavy imports (torch
+through the trainer and the engines) happen inside each function.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def models(config: ExperimentConfig) -> dict[str, ModelConfig]:
 
 # trainer -------------------------------------------------------------------------------------
 
-def build_trainer(config: ExperimentConfig, policy: str, out: str | Path, *, bus: Bus,
+def configured_trainer(config: ExperimentConfig, policy: str, out: str | Path, *, bus: Bus,
                   publisher: Publisher | None = None, metrics: Any = None) -> Trainer:
     """The trainer of ``policy`` (its model built first when the config asks for a tiny
     one)."""
@@ -63,7 +65,7 @@ def build_trainer(config: ExperimentConfig, policy: str, out: str | Path, *, bus
                  claims=claims(config, out), limits=config.data.records.limits())
 
 
-def build_publisher(config: ExperimentConfig, policy: str, out: str | Path,
+def configured_publisher(config: ExperimentConfig, policy: str, out: str | Path,
                     bus: Bus) -> Publisher:
     """The weights publisher of ``policy`` as the ``weights`` section describes it."""
     from astraflow.weights.config import build_publisher as build
@@ -71,7 +73,7 @@ def build_publisher(config: ExperimentConfig, policy: str, out: str | Path,
     return build(bus, config.weights, run=config.run, policy=policy, out=out)
 
 
-def build_rank_publisher(config: ExperimentConfig, policy: str, out: str | Path, bus: Bus,
+def configured_rank_publisher(config: ExperimentConfig, policy: str, out: str | Path, bus: Bus,
                          *, rank: int, world: int) -> ShardedPublisher:
     """Rank ``rank``'s publisher of a sharded (``trainer.parallel: fsdp``) trainer: every
     rank publishes the rows it owns, rank 0 sends the manifests (docs/weights.md)."""
@@ -83,7 +85,7 @@ def build_rank_publisher(config: ExperimentConfig, policy: str, out: str | Path,
 
 # rollout -------------------------------------------------------------------------------------
 
-def build_engines(config: ExperimentConfig, out: str | Path = ".") -> dict[str, Engine]:
+def configured_engines(config: ExperimentConfig, out: str | Path = ".") -> dict[str, Engine]:
     """One rollout engine per hosted policy."""
     from astraflow.consumers.rollout.service import build_engines as build
 
@@ -99,7 +101,7 @@ def drain_bounds(config: ExperimentConfig) -> dict[str, int] | None:
     return {p: data.max_staleness_of(p, data.staleness.max_staleness) for p in config.policies}
 
 
-def build_worker(config: ExperimentConfig, out: str | Path = ".", *, bus: Bus,
+def configured_worker(config: ExperimentConfig, out: str | Path = ".", *, bus: Bus,
                  engines: dict[str, Engine] | None = None,
                  worker_id: str | None = None) -> RolloutWorker:
     """A rollout worker on ``bus`` (whose topics exist); draining, it releases the tasks the
@@ -112,12 +114,12 @@ def build_worker(config: ExperimentConfig, out: str | Path = ".", *, bus: Bus,
                  drain_max_staleness=drain_bounds(config))
 
 
-def run_worker(config: ExperimentConfig, out: str | Path = ".", *,
+def run_configured_worker(config: ExperimentConfig, out: str | Path = ".", *,
                max_tasks: int | None = None, timeout: float | None = None,
                should_stop: Callable[[], bool] | None = None, worker_id: str | None = None,
                on_ready: Callable[[RolloutWorker], None] | None = None) -> WorkerStats:
     """``astraflow rollout``: open the run's bus (creating its topics), run a worker until
-    stopped (draining as :func:`build_worker`'s does), close everything."""
+    stopped (draining as :func:`configured_worker`'s does), close everything."""
     from astraflow.consumers.rollout.service import run_worker as run
 
     bus = open_bus(config, out)
@@ -153,7 +155,7 @@ def vocab_sizes(config: ExperimentConfig, out: str | Path = ".") -> dict[str, in
     return sizes
 
 
-def checkpoint_path(config: ExperimentConfig, stage: str, policy: str | None,
+def configured_checkpoint_path(config: ExperimentConfig, stage: str, policy: str | None,
                     out: str | Path = ".") -> Path:
     """Where the ``stage`` processor (of ``policy``, for the batch stage) checkpoints."""
     from astraflow.policies.stage import checkpoint_path as path
@@ -161,7 +163,7 @@ def checkpoint_path(config: ExperimentConfig, stage: str, policy: str | None,
     return path(config.data, stage, policy, run=config.run, out=out)
 
 
-def build_runner(config: ExperimentConfig, stage: str, *, policy: str | None = None,
+def configured_runner(config: ExperimentConfig, stage: str, *, policy: str | None = None,
                  out: str | Path = ".", bus: Bus) -> StageRunner:
     """The runner of ``stage`` on ``bus`` (whose topics exist)."""
     from astraflow.policies.stage import build_runner as build
@@ -172,7 +174,7 @@ def build_runner(config: ExperimentConfig, stage: str, *, policy: str | None = N
                  vocab=vocab_sizes(config, out) if stage == "post_rollout" else None)
 
 
-def run_stage(config: ExperimentConfig, stage: str, *, policy: str | None = None,
+def run_configured_stage(config: ExperimentConfig, stage: str, *, policy: str | None = None,
               out: str | Path = ".", bus: Bus | None = None, max_records: int | None = None,
               timeout: float | None = None, should_stop: Callable[[], bool] | None = None
               ) -> dict[str, float]:
@@ -199,7 +201,7 @@ def run_stage(config: ExperimentConfig, stage: str, *, policy: str | None = None
 
 # evaluator -----------------------------------------------------------------------------------
 
-def build_evaluator(config: ExperimentConfig, policy: str, out: str | Path, *, bus: Bus,
+def configured_evaluator(config: ExperimentConfig, policy: str, out: str | Path, *, bus: Bus,
                     metrics: Any = None) -> Evaluator:
     """The held-out evaluator of ``policy`` (``launch.eval_problems`` problems): its
     judgement of right and wrong claims when it plays the ``verifier`` role of a
@@ -258,7 +260,7 @@ def verifier_turn(config: ExperimentConfig) -> tuple[str, int]:
     return str(kwargs.get("verifier_prompt") or VERIFIER_PROMPT), max_new_tokens
 
 
-def build_team_evaluator(config: ExperimentConfig, out: str | Path, *, bus: Bus,
+def configured_team_evaluator(config: ExperimentConfig, out: str | Path, *, bus: Bus,
                          metrics: Any = None) -> TeamEvaluator:
     """The evaluator of the run's ``solver_verifier`` team (every policy of it, the whole
     episode, greedy, on ``launch.eval_problems`` held-out problems)."""
@@ -283,7 +285,7 @@ def build_team_evaluator(config: ExperimentConfig, out: str | Path, *, bus: Bus,
 
 # producer ------------------------------------------------------------------------------------
 
-def produce(config: ExperimentConfig, out: str | Path = ".", *, max_tasks: int | None = None,
+def run_configured_producer(config: ExperimentConfig, out: str | Path = ".", *, max_tasks: int | None = None,
             should_stop: Callable[[], bool] | None = None) -> ProduceStats:
     """``astraflow produce``: open the run's bus (creating its topics), produce the
     ``producer`` section's tasks, report to ``metrics``, close."""
@@ -318,7 +320,7 @@ def reporter_settings(config: ExperimentConfig) -> Any:
         min_window_s=s.min_window_s)
 
 
-def run_reporter(config: ExperimentConfig, out: str | Path = ".", *,
+def run_configured_reporter(config: ExperimentConfig, out: str | Path = ".", *,
                  max_reports: int | None = None, timeout: float | None = None,
                  should_stop: Callable[[], bool] | None = None) -> list[Any]:
     """``astraflow report``: open the run's bus (creating its topics) and write load reports
@@ -378,7 +380,7 @@ class ScalerRole:
             a.close()
 
 
-def run_scaler(config: ExperimentConfig, config_path: str | Path, out: str | Path = ".", *,
+def run_configured_scaler(config: ExperimentConfig, config_path: str | Path, out: str | Path = ".", *,
                max_reports: int | None = None, timeout: float | None = None,
                should_stop: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
     """``astraflow scale``: the scaler as a process of its own, each pool acting through the
@@ -397,7 +399,7 @@ def run_scaler(config: ExperimentConfig, config_path: str | Path, out: str | Pat
 
 # gateway -------------------------------------------------------------------------------------
 
-def build_gateway(config: ExperimentConfig, out: str | Path = ".", *, bus: Bus,
+def configured_gateway(config: ExperimentConfig, out: str | Path = ".", *, bus: Bus,
                   policy: str | None = None, engines: dict[str, Engine] | None = None,
                   follow_weights: bool | None = None) -> Gateway:
     """The agent gateway of the run on ``bus`` (whose topics exist): ``policy`` alone, or
@@ -438,7 +440,7 @@ def serve_gateway(config: ExperimentConfig, out: str | Path = ".", *,
     token, host = gateway_exposure(config, host)  # before loading anything
     bus = open_bus(config, out)
     try:
-        gateway = build_gateway(config, out, bus=bus, policy=policy)
+        gateway = configured_gateway(config, out, bus=bus, policy=policy)
         try:
             limits = limits_of(gc)
             serve(protect(app_for(gateway, limits=limits), token=token, keys=gc.keys),

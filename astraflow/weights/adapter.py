@@ -8,7 +8,7 @@ sparse deltas, digests, routes); only where they land differs:
 
 * :class:`AdapterTarget` wraps an engine's own weight target: adapter tensors stay on the host
   (deltas decode into them in place), every other tensor goes to the wrapped target. At
-  :meth:`~AdapterTarget.commit` the engine's ``on_adapter`` callback gets the whole adapter
+  :meth:`~AdapterTarget.finish_version` the engine's ``on_adapter`` callback gets the whole adapter
   (spec, tensors, version) when it changed.
 * the ``hf`` engine merges: :func:`merge_lora` writes ``W = W0 + (alpha / r) * B @ A`` into each
   targeted module's weight from a pristine copy of ``W0`` kept at the first merge
@@ -166,7 +166,7 @@ def write_adapter_dir(path: str | Path, spec: AdapterSpec,
 class AdapterTarget:
     """A :class:`~astraflow.weights.target.WeightTarget` that keeps adapter tensors on the
     host and passes every other tensor to ``inner`` (the engine's target for full weights), so
-    one engine follows a full-weight trainer and a LoRA trainer alike. At :meth:`commit` of a
+    one engine follows a full-weight trainer and a LoRA trainer alike. At :meth:`finish_version` of a
     version whose manifest carried an adapter spec (:meth:`set_adapter`, called by the syncer
     before it), ``on_adapter`` gets the adapter when any of its tensors changed."""
 
@@ -177,7 +177,7 @@ class AdapterTarget:
         self.spec: AdapterSpec | None = None
         self.adapter_version: int | None = None  # the version on_adapter last took
         self._changed = False
-        self._applied: set[str] = set()  # adapter tensors applied since the last commit
+        self._applied: set[str] = set()  # adapter tensors applied since the last finished version
 
     @property
     def version(self) -> int | None:
@@ -195,7 +195,7 @@ class AdapterTarget:
 
     def set_adapter(self, spec: AdapterSpec | None) -> None:
         """The spec of the manifest being applied (None: full weights); called after its
-        tensors were applied, before :meth:`commit`."""
+        tensors were applied, before :meth:`finish_version`."""
         if spec is not None and self.spec is not None and spec != self.spec:
             # another adapter (a trainer restarted with other target modules or rank): its
             # version is a full snapshot (the tensor set changed), so what it did not write
@@ -221,7 +221,7 @@ class AdapterTarget:
         self._applied.add(name)
         self._changed = True
 
-    def commit(self, version: int) -> None:
+    def finish_version(self, version: int) -> None:
         if self.adapter_tensors and (self._changed or self.adapter_version is None):
             if self.spec is None:
                 raise WeightIntegrityError(
@@ -231,7 +231,7 @@ class AdapterTarget:
             self.adapter_version = version
             self._changed = False
         self._applied.clear()
-        self.inner.commit(version)
+        self.inner.finish_version(version)
 
 
 def merged_weights(base: dict[str, Any], adapter: dict[str, Any], scale: float

@@ -414,7 +414,7 @@ class Syncer:
         self._version = m.version
         if hasattr(self.target, "set_adapter"):  # LoRA: how the adapter applies (weights/adapter.py)
             self.target.set_adapter(m.adapter)
-        self.target.commit(m.version)
+        self.target.finish_version(m.version)
         self.stats.applied += 1
         self._missing -= uris
         self._drop_cached(uris)

@@ -31,7 +31,7 @@ class WeightTarget(Protocol):
         """Take the verified new bits of one tensor (flat words; may be the very view
         :meth:`host_bits` returned, already updated). Called only for tensors that changed."""
 
-    def commit(self, version: int) -> None:
+    def finish_version(self, version: int) -> None:
         """Every tensor of ``version`` has been applied."""
 
 
@@ -90,7 +90,7 @@ class DictTarget:
             self.tensors[name] = bits.view(np.float16 if dtype == "float16" else np.float32
                                            ).reshape(shape)
 
-    def commit(self, version: int) -> None:
+    def finish_version(self, version: int) -> None:
         self.version = version
 
 

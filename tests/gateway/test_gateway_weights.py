@@ -17,7 +17,7 @@ from astraflow.core.errors import ConfigError
 from astraflow.core.topics import run_topics
 from astraflow.gateway.app import create_app
 from astraflow.gateway.server import ServerThread
-from astraflow.run.roles import build_gateway
+from astraflow.run.roles import configured_gateway
 from astraflow.weights.publisher import Publisher
 from astraflow.weights.store import FileStore
 
@@ -35,7 +35,7 @@ def test_tokens_carry_the_version_the_gateway_followed(ascii_dir: Path, tmp_path
     bus = connect(f"embedded://{tmp_path}/bus.db")
     bus.create_topics(run_topics("wv", ["default"]))
     engine = build_engine("hf", model_path=ascii_dir, threads=1)  # its own: weights change
-    gw = build_gateway(config, tmp_path, bus=bus, engines={"default": engine})
+    gw = configured_gateway(config, tmp_path, bus=bus, engines={"default": engine})
     srv = ServerThread(create_app(gw)).start()
     served = Served(srv.url, gw, bus, "wv", srv)
     try:

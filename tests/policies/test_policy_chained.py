@@ -15,7 +15,7 @@ from astraflow.config import ExperimentConfig
 from astraflow.core.records import Batch, Task, decode
 from astraflow.core.topics import topic_name
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import run_stage
+from astraflow.run.roles import run_configured_stage
 
 DATA = {
     "pre_rollout": ["gate", "greso"],
@@ -44,7 +44,7 @@ def test_all_policies_chained(bus_url: str, make_config: Callable[..., Experimen
 
     def stage(name: str) -> None:
         try:
-            counters[name] = run_stage(cfg, name, out=tmp_path, should_stop=stop.is_set)
+            counters[name] = run_configured_stage(cfg, name, out=tmp_path, should_stop=stop.is_set)
         except BaseException as e:  # noqa: BLE001 - re-raised by the test thread
             errors.append(e)
 

@@ -17,7 +17,7 @@ from astraflow.core.records import DeadLetter, TensorEntry, pack_i32
 from astraflow.core.topics import topic_name
 from astraflow.policies.runner import StageRunner
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import build_runner, run_stage, vocab_sizes
+from astraflow.run.roles import configured_runner, run_configured_stage, vocab_sizes
 
 POST = {"post_rollout": ["assembler"], "assembler": {"group_size": 2},
         "commit_interval_s": 0.001}
@@ -44,7 +44,7 @@ def test_untrustworthy_trajectories_are_dead_lettered_with_their_reason(
     ]
     honest = group_trajs("ok#0", [1.0, 0.0])
     produce(bus, cfg.run, "trajectories", bad + honest)
-    counters = run_stage(cfg, "post_rollout", bus=bus, out=tmp_path,
+    counters = run_configured_stage(cfg, "post_rollout", bus=bus, out=tmp_path,
                          max_records=len(bad) + len(honest), timeout=30)
     assert counters["runner.dead_lettered"] == len(bad)
     reasons = {d.key: d.error for d in letters(bus, cfg.run)}
@@ -64,7 +64,7 @@ def test_clip_lets_an_extreme_reward_through_clipped(
     cfg = make_config({**POST, "records": {"reward_bound": 5.0, "beyond_bound": "clip"}})
     bus = open_bus(cfg, tmp_path)
     produce(bus, cfg.run, "trajectories", group_trajs("x#0", [1e308, -7.0]))
-    counters = run_stage(cfg, "post_rollout", bus=bus, out=tmp_path, max_records=2, timeout=30)
+    counters = run_configured_stage(cfg, "post_rollout", bus=bus, out=tmp_path, max_records=2, timeout=30)
     assert "runner.dead_lettered" not in counters or counters["runner.dead_lettered"] == 0
     (group,) = read_all(bus, topic_name(cfg.run, "groups", "default"))
     assert sorted(r.reward for r in group.refs) == [-5.0, 5.0]
@@ -72,7 +72,7 @@ def test_clip_lets_an_extreme_reward_through_clipped(
 
 
 def _gate(cfg: ExperimentConfig, tmp_path: Path, bus: object, **kw: object) -> StageRunner:
-    return build_runner(cfg, "pre_rollout", out=tmp_path, bus=bus, **kw)  # type: ignore[arg-type]
+    return configured_runner(cfg, "pre_rollout", out=tmp_path, bus=bus, **kw)  # type: ignore[arg-type]
 
 
 def test_a_stage_believes_only_the_versions_a_trainer_can_have_made(

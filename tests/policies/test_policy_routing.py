@@ -15,7 +15,7 @@ from astraflow.core.records import Task, encode, schema_header
 from astraflow.core.topics import topic_name
 from astraflow.policies.routing import BacklogRouter
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import run_stage
+from astraflow.run.roles import run_configured_stage
 
 
 def test_the_router_fills_the_shortest_queue_and_breaks_ties_in_turn() -> None:
@@ -75,7 +75,7 @@ def test_the_pre_rollout_stage_sends_tasks_past_a_backed_up_partition(
     p.flush()
     p.close()
     produce(bus, cfg.run, "tasks.raw", [task(f"new{i}") for i in range(8)])
-    counters = run_stage(cfg, "pre_rollout", bus=bus, max_records=8, timeout=60)
+    counters = run_configured_stage(cfg, "pre_rollout", bus=bus, max_records=8, timeout=60)
     assert counters["runner.in"] == 8 and counters["routing.reads"] >= 1
     ends = bus.describe_topic(tasks).end_offsets
     assert ends == {0: 4, 1: 4, 2: 10, 3: 10}
@@ -90,7 +90,7 @@ def test_key_routing_is_still_there(bus_url: str, tmp_path: Path,
     cfg = make_config({"commit_interval_s": 0.01, "task_routing": "key"}, url=bus_url)
     bus = open_bus(cfg, tmp_path)
     produce(bus, cfg.run, "tasks.raw", [task(f"k{i}") for i in range(16)])
-    counters = run_stage(cfg, "pre_rollout", bus=bus, max_records=16, timeout=60)
+    counters = run_configured_stage(cfg, "pre_rollout", bus=bus, max_records=16, timeout=60)
     assert "routing.reads" not in counters
     from astraflow.core.bus.partitioner import partition_for
 

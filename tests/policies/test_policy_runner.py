@@ -23,7 +23,7 @@ from astraflow.core.topics import topic_name
 from astraflow.policies.base import PolicyError
 from astraflow.policies.runner import StageRunner
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import checkpoint_path, run_stage
+from astraflow.run.roles import configured_checkpoint_path, run_configured_stage
 
 POST = {"post_rollout": ["assembler", "staleness", "dynamic_sampling"],
         "assembler": {"group_size": 4}, "commit_interval_s": 0.001, "poll_records": 8}
@@ -66,10 +66,10 @@ def test_post_stage_end_to_end_and_exact_resume(bus_url: str, tmp_path: Path,
     produce(bus, cfg.run, "trajectories", records)
     with monkeypatch.context() as m:  # commits lost: the checkpoint alone says where to resume
         m.setattr(StageRunner, "_commit", lambda self, consumers: None)
-        first = run_stage(cfg, "post_rollout", bus=bus, max_records=70)
+        first = run_configured_stage(cfg, "post_rollout", bus=bus, max_records=70)
     assert first["runner.in"] == 70
     with caplog.at_level(logging.WARNING, logger="astraflow.policies"):
-        rest = run_stage(cfg, "post_rollout", bus=bus, max_records=len(records) - 70,
+        rest = run_configured_stage(cfg, "post_rollout", bus=bus, max_records=len(records) - 70,
                          timeout=30)
     assert rest["runner.in"] == len(records) - 70 and "runner.recovered_out" not in rest
     assert "runner.skipped_done" not in rest  # the consumer sought the checkpoint's offsets
@@ -94,7 +94,7 @@ def test_undecodable_and_failing_records_go_to_the_dead_letter_topic(
     p.flush()
     produce(bus, cfg.run, "trajectories",
             [traj("z#0", 0, 1.0, policy="stranger")] + group_trajs("ok#0", [1, 0, 0, 1]))
-    counters = run_stage(cfg, "post_rollout", bus=bus, max_records=6, timeout=20)
+    counters = run_configured_stage(cfg, "post_rollout", bus=bus, max_records=6, timeout=20)
     assert counters["runner.dead_lettered"] == 2
     dead = read_all(bus, topic_name(cfg.run, "dlq"))
     assert all(isinstance(d, DeadLetter) for d in dead)
@@ -121,7 +121,7 @@ def test_a_bad_record_close_to_the_size_limit_is_dead_lettered_by_a_stage(
     p.produce(topic_name(cfg.run, "trajectories"), poison, key=b"big")
     p.flush()
     produce(bus, cfg.run, "trajectories", group_trajs("ok#0", [1, 0, 0, 1]))
-    counters = run_stage(cfg, "post_rollout", bus=bus, max_records=5, timeout=20)
+    counters = run_configured_stage(cfg, "post_rollout", bus=bus, max_records=5, timeout=20)
     assert counters["runner.dead_lettered"] == 1 and "runner.too_large" not in counters
     (dead,) = read_all(bus, topic_name(cfg.run, "dlq"))
     assert dead.key == b"big" and dead.value_size == len(poison)
@@ -133,14 +133,14 @@ def test_a_checkpoint_of_another_stage_is_refused(make_config, tmp_path: Path) -
     cfg = make_config(POST)
     bus = open_bus(cfg, tmp_path)
     produce(bus, cfg.run, "trajectories", group_trajs("a#0", [1, 0]))
-    run_stage(cfg, "post_rollout", bus=bus, max_records=2, timeout=20)
-    path = checkpoint_path(cfg, "post_rollout", None)
+    run_configured_stage(cfg, "post_rollout", bus=bus, max_records=2, timeout=20)
+    path = configured_checkpoint_path(cfg, "post_rollout", None)
     other = cfg.model_copy(update={"run": "other"})
-    path.rename(checkpoint_path(other, "post_rollout", None))
+    path.rename(configured_checkpoint_path(other, "post_rollout", None))
     with pytest.raises(PolicyError, match="belongs to run="):
-        run_stage(other, "post_rollout", bus=bus, timeout=0.2)
+        run_configured_stage(other, "post_rollout", bus=bus, timeout=0.2)
     with pytest.raises(ConfigError, match="--policy is for the batch stage"):
-        run_stage(cfg, "post_rollout", policy="default", bus=bus, timeout=0.2)
+        run_configured_stage(cfg, "post_rollout", policy="default", bus=bus, timeout=0.2)
     bus.close()
 
 
@@ -178,7 +178,7 @@ def test_sigkilled_post_stage_restarts_to_the_same_outputs(
     ref = make_config(POST, run=f"{cfg.run}ref")
     ref_bus = open_bus(ref, tmp_path)
     produce(ref_bus, ref.run, "trajectories", records)
-    ref_counters = run_stage(ref, "post_rollout", bus=ref_bus, max_records=len(records))
+    ref_counters = run_configured_stage(ref, "post_rollout", bus=ref_bus, max_records=len(records))
     want_groups, want_stats = outputs(ref_bus, ref.run)
 
     config = write_config(cfg, tmp_path / "post.yaml")

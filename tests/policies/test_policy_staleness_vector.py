@@ -19,7 +19,7 @@ from astraflow.policies.config import DataConfig
 from astraflow.policies.env import BuildEnv
 from astraflow.policies.filters import Staleness, build_staleness
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import run_stage
+from astraflow.run.roles import run_configured_stage
 
 
 def solver_group(name: str, vector: dict[str, int], *, version: int = 10) -> TrajectoryGroup:
@@ -99,7 +99,7 @@ def test_the_post_rollout_stage_learns_every_policys_version_from_its_weights(
                                            version_vector={"solver": 0, "verifier": v})
                    for k, v in enumerate([7, 8, 10]) for i in (0, 1)]
         produce(bus, cfg.run, "trajectories", records)
-        counters = run_stage(cfg, "post_rollout", bus=bus, max_records=len(records),
+        counters = run_configured_stage(cfg, "post_rollout", bus=bus, max_records=len(records),
                              timeout=30)
         groups = read_all(bus, topic_name(cfg.run, "groups", "solver"))
         stats = read_all(bus, topic_name(cfg.run, "stats"))

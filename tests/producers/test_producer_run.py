@@ -1,5 +1,5 @@
 """Producing tasks to the bus: n samples, one group per (task, attempt), idempotent re-runs,
-and the `astraflow produce` command function."""
+and the `astraflow run_configured_producer` command function."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from astraflow.core.records import Task, decode
 from astraflow.core.topics import topic_name
 from astraflow.producers.producer import produce_tasks, tasks
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import produce
+from astraflow.run.roles import run_configured_producer
 
 
 def config(tmp_path: Path, **producer: object) -> ExperimentConfig:
@@ -79,7 +79,7 @@ def test_max_tasks_and_jsonl_source(tmp_path: Path) -> None:
     data.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n"
                             for i in range(10)))
     cfg = config(tmp_path, source="jsonl", path=["{out}/qa.jsonl"], max_tasks=4)
-    stats = produce(cfg, tmp_path)
+    stats = run_configured_producer(cfg, tmp_path)
     assert stats.produced == 4
     bus = open_bus(cfg, tmp_path)
     try:
@@ -100,7 +100,7 @@ def test_jsonl_without_path_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_produce_command_function(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                   new_run: Any) -> None:
-    from astraflow.cli.produce import produce as produce_cmd
+    from astraflow.cli.produce import run_configured_producer as produce_cmd
 
     run = f"c{uuid.uuid4().hex[:6]}"
     path = tmp_path / "exp.yaml"
@@ -118,7 +118,7 @@ def test_producer_counters_show_while_it_produces(tmp_path: Path) -> None:
     from astraflow.core.records import Metric
 
     cfg = config(tmp_path, arithmetic={"count": 6}, rate_limit=2.0)  # 3 s of producing
-    produce(cfg, tmp_path)
+    run_configured_producer(cfg, tmp_path)
     bus = open_bus(cfg, tmp_path)
     c = bus.consumer(f"read-{uuid.uuid4().hex[:6]}", [topic_name(cfg.run, "metrics")])
     metrics = [decode(m.value, Metric) for m in c.consume(100, 2.0)]
@@ -184,12 +184,12 @@ def test_the_producer_keeps_a_bounded_lead_over_its_reader(tmp_path: Path) -> No
 
 
 def test_the_run_role_waits_for_the_pre_rollout_stage(tmp_path: Path) -> None:
-    """`astraflow produce` on ``tasks.raw`` leads the pre-rollout stage's group by at most
+    """`astraflow run_configured_producer` on ``tasks.raw`` leads the pre-rollout stage's group by at most
     ``producer.max_lead``; with ``max_lead: null`` it writes every epoch at once."""
     cfg = config(tmp_path, epochs=4, max_lead=50, flush_every=10, arithmetic={"count": 40})
     until = time.monotonic() + 1.0  # nobody reads: it writes 50 and waits until stopped
-    stats = produce(cfg, tmp_path, should_stop=lambda: time.monotonic() > until)
+    stats = run_configured_producer(cfg, tmp_path, should_stop=lambda: time.monotonic() > until)
     assert stats.produced == 50 and stats.waited_s > 0.5, stats
     unbounded = config(tmp_path / "b", epochs=4, max_lead=None, arithmetic={"count": 40})
     (tmp_path / "b").mkdir()
-    assert produce(unbounded, tmp_path / "b").produced == 160
+    assert run_configured_producer(unbounded, tmp_path / "b").produced == 160

@@ -2,7 +2,7 @@
 
 usage: python _rollout_worker.py CONFIG_JSON OUT_DIR WORKER_ID
 
-Runs ``run_worker`` on the experiment config (JSON) until SIGTERM, then drains and exits 0.
+Runs ``run_configured_worker`` on the experiment config (JSON) until SIGTERM, then drains and exits 0.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import signal
 import sys
 
 from astraflow.config import ExperimentConfig
-from astraflow.run.roles import run_worker
+from astraflow.run.roles import run_configured_worker
 
 
 def main() -> None:
@@ -27,7 +27,7 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     cfg = ExperimentConfig.model_validate(json.loads(config))
-    stats = run_worker(cfg, out, worker_id=worker_id, should_stop=lambda: stop)
+    stats = run_configured_worker(cfg, out, worker_id=worker_id, should_stop=lambda: stop)
     print("stats", json.dumps(stats.as_dict()), flush=True)
 
 

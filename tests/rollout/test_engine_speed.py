@@ -36,7 +36,7 @@ from astraflow.core.errors import ConfigError
 from astraflow.core.records import Metric
 from astraflow.core.topics import topic_name
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import build_worker
+from astraflow.run.roles import configured_worker
 
 WAIT = 60.0  # seconds any future of these tests may take before the test fails
 
@@ -367,7 +367,7 @@ def test_the_worker_runs_its_engines_at_the_configured_speed_and_reports_it(
     bus = open_bus(cfg, tmp_path)
     try:
         produce(bus, cfg.run, [make_task(i, n=2) for i in range(4)])
-        worker = build_worker(cfg, tmp_path, bus=bus, worker_id="w-slow")
+        worker = configured_worker(cfg, tmp_path, bus=bus, worker_id="w-slow")
         engine = worker.runtime.engines["default"]
         assert isinstance(engine, SlowedEngine) and engine.speed == 0.4
         assert worker.runtime.batcher("default").engine is engine
@@ -381,7 +381,7 @@ def test_the_worker_runs_its_engines_at_the_configured_speed_and_reports_it(
         assert last.counters["engine.slowed_s"] == pytest.approx(engine.slowed_s)
         assert engine.slowed_s == pytest.approx(engine.pacer.computed_s * (1 / 0.4 - 1))
 
-        full = build_worker(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
+        full = configured_worker(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
             update={"engine": cfg.rollout.engine.model_copy(update={"speed": 1.0})})}),
             tmp_path, bus=bus, worker_id="w-full")
         assert isinstance(full.runtime.engines["default"], HFEngine)  # no wrapper at 1.0
@@ -409,7 +409,7 @@ def test_a_worker_at_30_percent_keeps_its_engine_busy_1_over_0_3_of_its_compute(
     bus = open_bus(cfg, tmp_path)
     try:
         produce(bus, cfg.run, [make_task(k, n=8) for k in range(8)])
-        worker = build_worker(cfg, tmp_path, bus=bus)
+        worker = configured_worker(cfg, tmp_path, bus=bus)
         engine = worker.runtime.engines["default"]
         assert isinstance(engine, SlowedEngine) and isinstance(engine.inner, HFEngine)
         clock = FakeClock()

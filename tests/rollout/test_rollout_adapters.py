@@ -55,7 +55,7 @@ def publish(view: Any, tensors: dict[str, torch.Tensor], version: int) -> None:
             bits = t.contiguous().view(torch.int32).numpy().reshape(-1)
             target.apply(name, "float32", tuple(t.shape), bits)
         target.set_adapter(SPEC)
-        target.commit(version)
+        target.finish_version(version)
 
     view.update_weights(apply)
 

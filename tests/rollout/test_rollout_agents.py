@@ -33,7 +33,7 @@ from astraflow.core.records import (
 )
 from astraflow.core.topics import topic_name
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import build_worker
+from astraflow.run.roles import configured_worker
 
 
 @pytest.fixture(autouse=True)
@@ -188,7 +188,7 @@ def test_the_worker_writes_roles_and_keeps_them_on_an_oversized_record(
         engine = ScriptedEngine(ascii_tokenizer, ["5", "x" * 190 + " VERDICT: approve"],
                                 version=4)
         produce(bus, cfg.run, [task("solver_verifier")])
-        worker = build_worker(cfg, tmp_path, bus=bus, engines={"default": engine},
+        worker = configured_worker(cfg, tmp_path, bus=bus, engines={"default": engine},
                               worker_id="w-agents")
         worker.run(max_tasks=1)
         trajs = read_all(bus, topic_name(cfg.run, "trajectories"))

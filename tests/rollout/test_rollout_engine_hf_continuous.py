@@ -130,7 +130,7 @@ def test_weight_update_lands_between_steps(arith_dir: Path) -> None:
         with torch.no_grad():
             for p in engine.model.parameters():
                 p.add_(0.01)
-        target.commit(1)
+        target.finish_version(1)
         updated.append(engine.decoder.iterations)
         return 1
 

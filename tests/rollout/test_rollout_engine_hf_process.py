@@ -26,7 +26,7 @@ from astraflow.core.bus import Bus
 from astraflow.core.records import Trajectory, unpack
 from astraflow.core.topics import topic_name
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import build_worker
+from astraflow.run.roles import configured_worker
 from astraflow.weights.publisher import Publisher
 from astraflow.weights.store import FileStore
 from bench.lib.chaos import alive
@@ -63,7 +63,7 @@ def write(engine: ProcessEngine, state: dict[str, torch.Tensor], version: int) -
     with torch.no_grad():
         for name, t in target.tensors.items():
             t.data.copy_(state[name])
-    target.commit(version)
+    target.finish_version(version)
 
 
 def test_same_tokens_and_logprobs_as_the_engine_in_process(engine: ProcessEngine,
@@ -215,7 +215,7 @@ def test_a_worker_with_the_engine_in_its_own_process_follows_published_weights(
                     "commit_interval": 0.05, "poll_timeout": 0.05}})
     bus: Bus = open_bus(cfg, tmp_path)
     try:
-        worker = build_worker(cfg, tmp_path, bus=bus, worker_id="w-pe")
+        worker = configured_worker(cfg, tmp_path, bus=bus, worker_id="w-pe")
         (eng,) = worker.runtime.engines.values()
         assert isinstance(eng, ProcessEngine)
         pub = Publisher(bus, run=run, policy="default", store=FileStore(tmp_path / "weights"))

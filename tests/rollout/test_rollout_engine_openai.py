@@ -459,7 +459,7 @@ def sync_fn(client: OpenAIEngine, version: int) -> Callable[[], int]:
         assert client.target is not None
         client.target.apply("unused.weight", "bfloat16", (2,),
                             np.array([version, version], dtype=np.uint16))
-        client.target.commit(version)
+        client.target.finish_version(version)
         return version
     return fn
 

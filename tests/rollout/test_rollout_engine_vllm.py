@@ -131,7 +131,7 @@ def publish(engine: VLLMEngine, tensors: dict[str, tuple[str, np.ndarray]], vers
     def fn() -> None:
         for name, (dtype, arr) in tensors.items():
             engine.target.apply(name, dtype, arr.shape, arr.reshape(-1))
-        engine.target.commit(version)
+        engine.target.finish_version(version)
 
     engine.update_weights(fn)
 
@@ -337,7 +337,7 @@ def test_lora_versions_are_served_as_new_lora_requests(fake_vllm: None, tmp_path
             for name, (dtype, arr) in bits.items():
                 target.apply(name, dtype, arr.shape, arr.reshape(-1))
             target.set_adapter(spec)
-            target.commit(version)
+            target.finish_version(version)
 
         engine.update_weights(fn)
         req = engine.lora_request
@@ -370,7 +370,7 @@ def test_lora_versions_need_enable_lora(fake_vllm: None) -> None:
         target.apply("base_model.model.q.lora_B.weight", "bfloat16", (4, 2),
                      bf16((4, 2), 1)[1].reshape(-1))
         target.set_adapter(AdapterSpec(r=2, alpha=2.0, target_modules=["q"], base_model="m"))
-        target.commit(1)
+        target.finish_version(1)
 
     with pytest.raises(EngineError, match="enable_lora"):
         engine.update_weights(fn)

@@ -163,7 +163,7 @@ def test_the_same_uid_fallback_is_refused_unless_the_worker_config_allows_it(
 
     from astraflow.config import ExperimentConfig
     from astraflow.run.resources import open_bus
-    from astraflow.run.roles import build_worker
+    from astraflow.run.roles import configured_worker
 
     iso = isolation()
     if not (iso.root and iso.namespaces):
@@ -187,7 +187,7 @@ def test_the_same_uid_fallback_is_refused_unless_the_worker_config_allows_it(
         bus = open_bus(cfg, out)
         try:
             produce(bus, cfg.run, [task])
-            stats = build_worker(cfg, out, bus=bus, worker_id="w-1").run(max_tasks=1)
+            stats = configured_worker(cfg, out, bus=bus, worker_id="w-1").run(max_tasks=1)
         finally:
             bus.close()
         assert stats.tasks_done == 1

@@ -30,7 +30,7 @@ from astraflow.core.bus import Bus
 from astraflow.core.records import Metric, Task, Trajectory
 from astraflow.core.topics import group_name, topic_name
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import build_publisher, build_worker
+from astraflow.run.roles import configured_publisher, configured_worker
 
 HERE = Path(__file__).parent
 HELD = "rollout_helpers:held_single_turn"
@@ -139,8 +139,8 @@ def test_scale_down_mid_episode_loses_nothing(bus_url: str, tmp_path: Path, arit
     bus = open_bus(cfg_b, tmp_path)
     buses.append(bus)
     produce(bus, run, [make_task(i, n=N_SAMPLES, workflow=HELD) for i in range(N_TASKS)])
-    a = build_worker(cfg_a, tmp_path, bus=bus, worker_id="a")
-    b = build_worker(cfg_b, tmp_path, bus=bus, worker_id="b")
+    a = configured_worker(cfg_a, tmp_path, bus=bus, worker_id="a")
+    b = configured_worker(cfg_b, tmp_path, bus=bus, worker_id="b")
     ta = start(a)
     tb: threading.Thread | None = None
     try:
@@ -176,7 +176,7 @@ def test_scale_down_mid_episode_loses_nothing(bus_url: str, tmp_path: Path, arit
 @pytest.mark.slow
 def test_sigterm_scale_down_of_a_worker_process_loses_nothing(
         bus_url: str, tmp_path: Path, arith_dir: Path, buses: list[Bus]) -> None:
-    """The same with worker processes (`run_worker`, as `astraflow rollout` runs it) and a
+    """The same with worker processes (`run_configured_worker`, as `astraflow rollout` runs it) and a
     real SIGTERM: A exits 0 having released its held task; B finishes every task."""
     run = f"s{uuid.uuid4().hex[:8]}"
     cfgs = {"a": config(bus_url, arith_dir, run, workflow=held(3600),
@@ -290,13 +290,13 @@ def test_a_drain_releases_what_is_too_stale_and_finishes_the_rest(
         weights={"enabled": True, "poll_interval": 0.05}, max_concurrent_episodes=8))
     bus = open_bus(cfg, tmp_path)
     buses.append(bus)
-    pub = build_publisher(cfg, "default", tmp_path, bus)
+    pub = configured_publisher(cfg, "default", tmp_path, bus)
     model, _ = load(arith_dir)
     tasks = [make_task(0, n=1, workflow="test_aging", dataset="fresh"),
              make_task(1, n=1, workflow="test_aging", dataset="old"),
              make_task(2, n=1, workflow="test_aging", dataset="fresh")]
     produce(bus, run, tasks)
-    w = build_worker(cfg, tmp_path, bus=bus, worker_id="w")
+    w = configured_worker(cfg, tmp_path, bus=bus, worker_id="w")
     assert w.drain_max_staleness == ({"default": 1} if filtered else None)
     engine = w.runtime.engines["default"]
     thread = start(w)
@@ -349,7 +349,7 @@ def test_a_drain_releases_what_is_too_stale_and_finishes_the_rest(
                                           "drained_released_behind")} == dict.fromkeys(
         ("drained_finished", "drained_released_stale", "drained_released_behind"), 1)
 
-    second = build_worker(cfg, tmp_path, bus=bus, worker_id="w2")
+    second = configured_worker(cfg, tmp_path, bus=bus, worker_id="w2")
     second.run(max_tasks=2)
     pub.close()
     trajs = read_all(bus, trajectories)

@@ -21,7 +21,7 @@ from astraflow.core.records import DeadLetter, Task
 from astraflow.core.registry import RegistryError
 from astraflow.core.topics import topic_name
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import build_worker
+from astraflow.run.roles import configured_worker
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_the_worker_dead_letters_tasks_naming_module_paths(
     try:
         produce(bus, cfg.run, [make_task(0, n=1), make_task(1, n=1, workflow="os:system"),
                                make_task(2, n=1, workflow=f"{name}:run")])
-        stats = build_worker(cfg, tmp_path, bus=bus, worker_id="w-1").run(max_tasks=3)
+        stats = configured_worker(cfg, tmp_path, bus=bus, worker_id="w-1").run(max_tasks=3)
         dead = read_all(bus, topic_name(cfg.run, "dlq"), DeadLetter)
     finally:
         bus.close()

@@ -20,7 +20,7 @@ from astraflow.core.errors import AstraflowError
 from astraflow.core.records import ChatMessage, Metric, Task
 from astraflow.core.topics import topic_name
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import build_worker
+from astraflow.run.roles import configured_worker
 
 
 def run(runtime: Runtime, task: Task) -> EpisodeOutcome:
@@ -117,7 +117,7 @@ def test_the_worker_zeroes_and_counts_cut_replies_of_a_real_engine(tmp_path: Pat
     bus = open_bus(cfg, tmp_path)
     try:
         produce(bus, cfg.run, [make_task(i, n=4) for i in range(4)])
-        stats = build_worker(cfg, tmp_path, bus=bus, worker_id="w-cut").run(max_tasks=4)
+        stats = configured_worker(cfg, tmp_path, bus=bus, worker_id="w-cut").run(max_tasks=4)
         trajs = read_all(bus, topic_name(cfg.run, "trajectories"))
         metrics = [m for m in read_all(bus, topic_name(cfg.run, "metrics"), Metric)
                    if m.component == "w-cut"]

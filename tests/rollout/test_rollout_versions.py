@@ -17,7 +17,7 @@ from astraflow.core.bus import Bus
 from astraflow.core.records import Task, Trajectory
 from astraflow.core.topics import topic_name
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import build_worker
+from astraflow.run.roles import configured_worker
 
 
 async def solver_then_verifier(ctx: Any, task: Task) -> Any:
@@ -49,7 +49,7 @@ def bus_and_config(tmp_path: Path) -> Any:
 def run_tasks(cfg: ExperimentConfig, bus: Bus, tmp_path: Path, engines: dict[str, Any],
               tasks: list[Task]) -> list[Trajectory]:
     produce(bus, cfg.run, tasks)
-    worker = build_worker(cfg, tmp_path, bus=bus, engines=engines, worker_id="w-v")
+    worker = configured_worker(cfg, tmp_path, bus=bus, engines=engines, worker_id="w-v")
     worker.run(max_tasks=len(tasks))
     return read_all(bus, topic_name(cfg.run, "trajectories"))
 

@@ -21,7 +21,7 @@ from astraflow.core.bus import Bus
 from astraflow.core.records import ChatMessage, DeadLetter, Metric, Task, Trajectory
 from astraflow.core.topics import group_name, topic_name
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import build_worker
+from astraflow.run.roles import configured_worker
 
 
 def make_config(tmp_path: Path, model: Path, **rollout: Any) -> ExperimentConfig:
@@ -77,7 +77,7 @@ def test_tasks_become_trajectory_groups(setup, tmp_path: Path) -> None:
     p.produce(topic_name(run, "tasks"), b"\x93not a task", key=b"garbage")
     p.flush()
 
-    worker = build_worker(cfg, tmp_path, bus=bus, worker_id="w-1")
+    worker = configured_worker(cfg, tmp_path, bus=bus, worker_id="w-1")
     stats = worker.run(max_tasks=14)
 
     trajs = read_all(bus, topic_name(run, "trajectories"))
@@ -152,7 +152,7 @@ def test_weight_update_mid_episode_changes_later_versions(setup, tmp_path: Path,
 
     WORKFLOWS.add("test_two_turns", two_turns)
     produce(bus, cfg.run, [make_task(0, n=1, workflow="test_two_turns")])
-    worker = build_worker(cfg, tmp_path, bus=bus)
+    worker = configured_worker(cfg, tmp_path, bus=bus)
     worker.run(max_tasks=1)
     pub.close()
     (t,) = read_all(bus, topic_name(cfg.run, "trajectories"))
@@ -180,7 +180,7 @@ def test_drain_finishes_in_flight_episodes(setup, tmp_path: Path) -> None:
                      workflow={"kwargs": {"rollout_helpers:slow_single_turn": {"delay": 0.5}}})
     tasks = [make_task(i, n=2, workflow="rollout_helpers:slow_single_turn") for i in range(12)]
     produce(bus, cfg.run, tasks)
-    worker = build_worker(cfg, tmp_path, bus=bus)
+    worker = configured_worker(cfg, tmp_path, bus=bus)
     thread = _run_in_thread(worker)
     wait_for(lambda: worker.stats.tasks_taken >= 2, 60, "the worker to take tasks")
     worker.request_stop()
@@ -200,7 +200,7 @@ def test_drain_timeout_releases_unfinished_tasks_to_the_next_worker(setup,
                      workflow={"kwargs": {"rollout_helpers:slow_single_turn": {"delay": 2.0}}})
     tasks = [make_task(i, n=2, workflow="rollout_helpers:slow_single_turn") for i in range(4)]
     produce(bus, cfg.run, tasks)
-    first = build_worker(cfg, tmp_path, bus=bus)
+    first = configured_worker(cfg, tmp_path, bus=bus)
     thread = _run_in_thread(first)
     wait_for(lambda: first.stats.tasks_taken >= 1, 60, "the first worker to take a task")
     first.request_stop()
@@ -208,7 +208,7 @@ def test_drain_timeout_releases_unfinished_tasks_to_the_next_worker(setup,
     assert first.stats.tasks_released >= 1 and first.stats.tasks_done == 0
     assert rollout_lag(bus, cfg.run) == 4  # none committed
 
-    second = build_worker(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
+    second = configured_worker(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(
         update={"drain_timeout": 60.0})}), tmp_path, bus=bus)
     second.run(max_tasks=4)
     groups = by_group(read_all(bus, topic_name(cfg.run, "trajectories")))
@@ -232,10 +232,10 @@ def test_a_busy_worker_hands_partitions_to_a_new_one(setup, tmp_path: Path) -> N
     cfg, bus = setup(max_concurrent_episodes=2, session_timeout=3.0)
     n_tasks = 16
     produce(bus, cfg.run, [make_task(i, n=1, workflow="test_gated") for i in range(n_tasks)])
-    a = build_worker(cfg, tmp_path, bus=bus, worker_id="a")
+    a = configured_worker(cfg, tmp_path, bus=bus, worker_id="a")
     ta = _run_in_thread(a)
     wait_for(lambda: a.stats.tasks_taken >= 2, 60, "worker a to fill its slots")
-    b = build_worker(cfg, tmp_path, bus=bus, worker_id="b")
+    b = configured_worker(cfg, tmp_path, bus=bus, worker_id="b")
     tb = _run_in_thread(b)
     try:
         wait_for(lambda: b.stats.tasks_taken >= 1, 60, "worker b to get tasks while a is full")
@@ -267,7 +267,7 @@ def test_a_worker_starting_after_a_publish_generates_at_that_version(
 
     from astraflow.consumers.rollout.weights import WeightFollower
     from astraflow.models.tiny import load
-    from astraflow.run.roles import build_publisher
+    from astraflow.run.roles import configured_publisher
 
     loop = WeightFollower._loop
 
@@ -280,11 +280,11 @@ def test_a_worker_starting_after_a_publish_generates_at_that_version(
     cfg, bus = setup(weights={"enabled": True, "poll_interval": 5.0},
                      max_concurrent_episodes=64)
     model, _ = load(arith_dir)
-    pub = build_publisher(cfg, "default", tmp_path, bus)
+    pub = configured_publisher(cfg, "default", tmp_path, bus)
     pub.publish(model.state_dict(), 3)
     pub.flush()
     produce(bus, cfg.run, [make_task(i, n=4) for i in range(16)])
-    worker = build_worker(cfg, tmp_path, bus=bus, worker_id="w-late")
+    worker = configured_worker(cfg, tmp_path, bus=bus, worker_id="w-late")
     worker.run(max_tasks=16)
     trajs = read_all(bus, topic_name(cfg.run, "trajectories"))
     assert len(trajs) == 64

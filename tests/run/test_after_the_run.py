@@ -127,11 +127,11 @@ def checkpoint_of(tmp_path: Path, base: Path, lora: dict[str, Any] | None) -> Pa
     them (a LoRA one: its adapter, moved off zero)."""
     import torch
 
-    from astraflow.consumers.trainer.build import build_engine
+    from astraflow.consumers.trainer.build import build_train_state
     from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState
     from astraflow.consumers.trainer.config import TrainerConfig
 
-    engine = build_engine(TrainerConfig(device="cpu", lora=lora), base)
+    engine = build_train_state(TrainerConfig(device="cpu", lora=lora), base)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in engine.model.named_parameters():

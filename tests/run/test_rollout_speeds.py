@@ -46,7 +46,7 @@ def test_each_rollout_process_gets_its_own_speed(tmp_path: Path,
 
         return WorkerStats()
 
-    monkeypatch.setattr("astraflow.run.roles.run_worker", fake_run_worker)
+    monkeypatch.setattr("astraflow.run.roles.run_configured_worker", fake_run_worker)
     runner = CliRunner()
     for name in ("rollout-0", "rollout-1", "rollout-2"):
         assert roles[name][:2] == ["rollout", str(path)]

@@ -245,7 +245,7 @@ def test_verifier_and_team_evaluators_on_real_models(tmp_path: Path, saying_no: 
     from rich.console import Console
 
     from astraflow.run.plots import plot_run, summary
-    from astraflow.run.roles import build_evaluator, build_team_evaluator
+    from astraflow.run.roles import configured_evaluator, configured_team_evaluator
     from astraflow.run.view import render
 
     cfg = example()
@@ -260,8 +260,8 @@ def test_verifier_and_team_evaluators_on_real_models(tmp_path: Path, saying_no: 
             m = MetricsEmitter(bus, run=cfg.run, role="evaluator-team" if name == "team"
                                else "evaluator", component=f"evaluator-{name}")
             emitters.append(m)
-            ev = (build_team_evaluator(cfg, tmp_path, bus=bus, metrics=m) if name == "team"
-                  else build_evaluator(cfg, name, tmp_path, bus=bus, metrics=m))
+            ev = (configured_team_evaluator(cfg, tmp_path, bus=bus, metrics=m) if name == "team"
+                  else configured_evaluator(cfg, name, tmp_path, bus=bus, metrics=m))
             try:
                 ev.run(max_evals=1, timeout=30)
             finally:
@@ -314,12 +314,12 @@ def test_team_evaluator_follows_each_policys_weights(tmp_path: Path, saying_no: 
     solver's version unchanged: the versions of each policy are those the team ran."""
     from safetensors.torch import load_file
 
-    from astraflow.run.roles import build_publisher, build_team_evaluator
+    from astraflow.run.roles import configured_publisher, configured_team_evaluator
 
     cfg = example()
     bus = open_bus(cfg, tmp_path)
-    pub = build_publisher(cfg, "verifier", tmp_path, bus)
-    ev = build_team_evaluator(cfg, tmp_path, bus=bus)  # both models as built: random
+    pub = configured_publisher(cfg, "verifier", tmp_path, bus)
+    ev = configured_team_evaluator(cfg, tmp_path, bus=bus)  # both models as built: random
     try:
         pub.publish(load_file(str(saying_no / "model.safetensors")), 1)
         pub.flush(timeout=60)

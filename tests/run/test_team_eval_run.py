@@ -154,14 +154,14 @@ def test_final_versions_from_named_trainers_else_the_weights_topic(tmp_path: Pat
 
     from astraflow.run.orchestrate import _final_versions
     from astraflow.run.resources import open_bus
-    from astraflow.run.roles import build_publisher
+    from astraflow.run.roles import configured_publisher
 
     cfg = team_config()
     bus = open_bus(cfg, tmp_path)
     col = Collector(bus, cfg.run, policies=cfg.policies)
     solver = MetricsEmitter(bus, run=cfg.run, role="trainer",
                             component=component_id("trainer-solver"))
-    pub = build_publisher(cfg, "verifier", tmp_path, bus)
+    pub = configured_publisher(cfg, "verifier", tmp_path, bus)
     try:
         assert _final_versions(cfg, col) == {"solver": 0, "verifier": 0}  # nothing yet
         solver.set("step", 5)

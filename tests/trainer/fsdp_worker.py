@@ -3,7 +3,7 @@
     python -m torch.distributed.run --standalone --nproc-per-node 2 fsdp_worker.py \
         MODEL_DIR OUT --parallel fsdp --steps 5
 
-Builds the engine as the trainer does (:func:`build_engine`), takes ``--steps`` RL steps on
+Builds the engine as the trainer does (:func:`build_train_state`), takes ``--steps`` RL steps on
 ``random_batch(0..steps-1)`` and writes (rank 0) ``OUT/result.json`` (per-step loss and grad
 norm, each rank's local parameter count) and ``OUT/params.safetensors`` (the whole weights
 after the last step) and ``OUT/optim.safetensors`` (the whole AdamW state by parameter name). ``--save`` / ``--load`` checkpoint through :class:`CheckpointDir`.
@@ -40,7 +40,7 @@ def main() -> None:
     from safetensors.torch import save_file
     from trainer_helpers import random_batch, sft_batch
 
-    from astraflow.consumers.trainer.build import build_engine, step_function
+    from astraflow.consumers.trainer.build import build_train_state, step_function
     from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState
     from astraflow.consumers.trainer.config import TrainerConfig
     from astraflow.consumers.trainer.sharding import local_numel
@@ -49,7 +49,7 @@ def main() -> None:
         "parallel": args.parallel, "micro_batch_tokens": args.budget, "mode": args.mode,
         "optimizer": {"lr": args.lr}, "deterministic": True, "threads": 1,
         **({"loss": {"kl": "k3", "kl_coef": 0.5}} if args.kl else {})})
-    engine = build_engine(tc, args.model)
+    engine = build_train_state(tc, args.model)
     step = step_function(tc.mode)
     version = 0
     if args.load:

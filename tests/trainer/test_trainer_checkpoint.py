@@ -13,14 +13,14 @@ import pytest
 import torch
 from trainer_helpers import random_batch
 
-from astraflow.consumers.trainer.build import build_engine
+from astraflow.consumers.trainer.build import build_train_state
 from astraflow.consumers.trainer.checkpoint import CheckpointDir, CheckpointError, TrainerState
 from astraflow.consumers.trainer.config import TrainerConfig
 from astraflow.consumers.trainer.rl import rl_step
 
 
 def trained_engine(tiny_dir: Path, steps: int = 2):
-    e = build_engine(TrainerConfig(device="cpu"), tiny_dir)
+    e = build_train_state(TrainerConfig(device="cpu"), tiny_dir)
     for v in range(steps):
         rl_step(e, random_batch(v), v)
     return e
@@ -39,7 +39,7 @@ def test_round_trip(tiny_dir: Path, tmp_path: Path) -> None:
         "meta.json", "model.safetensors", "optimizer.safetensors", "rng.safetensors"]
     expect_rng = (torch.rand(3), random.random(), np.random.rand())
 
-    fresh = build_engine(TrainerConfig(device="cpu"), tiny_dir)
+    fresh = build_train_state(TrainerConfig(device="cpu"), tiny_dir)
     loaded = ckpts.load(fresh.model, fresh.optimizer)
     assert loaded == state
     assert (torch.rand(3).tolist(), random.random(), np.random.rand()) == (

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from astraflow.config import ExperimentConfig
-from astraflow.consumers.trainer.build import build_engine, loss_spec
+from astraflow.consumers.trainer.build import build_train_state, loss_spec
 from astraflow.consumers.trainer.config import TrainerConfig
 from astraflow.core.config import validate
 from astraflow.core.errors import ConfigError
-from astraflow.run.roles import build_trainer
+from astraflow.run.roles import configured_trainer
 
 
 def test_defaults_are_valid_and_map_to_a_loss_spec() -> None:
@@ -51,7 +51,7 @@ def test_cuda_without_a_device_is_a_clear_error(tiny_dir: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
     with pytest.raises(ConfigError, match="no CUDA device"):
-        build_engine(TrainerConfig(device="cuda"), tiny_dir)
+        build_train_state(TrainerConfig(device="cuda"), tiny_dir)
 
 
 def test_unknown_policy(experiment: Any, tmp_path: Path) -> None:
@@ -59,7 +59,7 @@ def test_unknown_policy(experiment: Any, tmp_path: Path) -> None:
 
     cfg = experiment()
     with pytest.raises(ConfigError, match="unknown policy 'solver'; valid: default"):
-        build_trainer(cfg, "solver", tmp_path, bus=open_bus(cfg, tmp_path))
+        configured_trainer(cfg, "solver", tmp_path, bus=open_bus(cfg, tmp_path))
 
 
 # per-policy trainer sections ------------------------------------------------------------------
@@ -139,11 +139,11 @@ def test_build_trainer_gets_its_policys_section(experiment: Any, tmp_path: Path,
         seen[policy] = section
         return policy
 
-    monkeypatch.setattr(trainer_build, "build_trainer", fake_build)
+    monkeypatch.setattr(trainer_build, "configured_trainer", fake_build)
     cfg = experiment(policies=["default", "verifier"],
                      trainers={"verifier": {"optimizer": {"lr": 1e-6}}})
     for policy in cfg.policies:
-        assert build_trainer(cfg, policy, tmp_path, bus=None) == policy  # type: ignore[arg-type]
+        assert configured_trainer(cfg, policy, tmp_path, bus=None) == policy  # type: ignore[arg-type]
     assert seen["default"] is cfg.trainer
     assert seen["verifier"].optimizer.lr == 1e-6
     assert seen["verifier"].session_timeout_s == cfg.trainer.session_timeout_s == 1.0

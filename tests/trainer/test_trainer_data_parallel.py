@@ -17,7 +17,7 @@ from trainer_helpers import produce, random_batch
 
 from astraflow.config import load_experiment
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import build_trainer
+from astraflow.run.roles import configured_trainer
 
 
 def steps(out: Path) -> list[dict[str, Any]]:
@@ -44,7 +44,7 @@ def test_two_ranks_match_one(tmp_path: Path, tiny_dir: Path) -> None:
         outs[name] = (out, config, cfg, bus)
 
     out, _, cfg, bus = outs["one"]
-    single = build_trainer(cfg, "default", out, bus=bus)
+    single = configured_trainer(cfg, "default", out, bus=bus)
     assert single.run(timeout=60).version == 3
     single.close()
 

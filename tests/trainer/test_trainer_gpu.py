@@ -14,7 +14,7 @@ from trainer_helpers import produce, random_batch
 from astraflow.core.records import WeightManifest, decode
 from astraflow.core.topics import topic_name
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import build_trainer
+from astraflow.run.roles import configured_trainer
 from astraflow.weights import FileStore, Publisher
 
 
@@ -29,7 +29,7 @@ def test_rl_steps_on_cuda(experiment: Any, tmp_path: Path, precision: str) -> No
     produce(bus, cfg.run, [random_batch(s) for s in range(3)])
     publisher = Publisher(bus, run=cfg.run, policy="default",
                           store=FileStore(tmp_path / "weights"))
-    trainer = build_trainer(cfg, "default", tmp_path, bus=bus, publisher=publisher)
+    trainer = configured_trainer(cfg, "default", tmp_path, bus=bus, publisher=publisher)
     assert next(trainer.engine.model.parameters()).is_cuda
     stats = trainer.run(timeout=120)
     trainer.close()
@@ -47,7 +47,7 @@ def test_rl_steps_on_cuda(experiment: Any, tmp_path: Path, precision: str) -> No
     consumer.close()
     assert versions >= {1, 2, 3}
     # resume on the same device from the checkpoint at 3
-    again = build_trainer(cfg, "default", tmp_path, bus=bus)
+    again = configured_trainer(cfg, "default", tmp_path, bus=bus)
     again.setup()
     assert again.version == 3 and next(again.engine.model.parameters()).is_cuda
     again.close()
@@ -71,7 +71,7 @@ def test_fsdp_bf16_steps(experiment: Any, tmp_path: Path, device: str) -> None:
     publisher = Publisher(bus, run=cfg.run, policy="default",
                           store=FileStore(tmp_path / "weights"))
     try:
-        trainer = build_trainer(cfg, "default", tmp_path, bus=bus, publisher=publisher)
+        trainer = configured_trainer(cfg, "default", tmp_path, bus=bus, publisher=publisher)
         p = next(trainer.engine.model.parameters())
         assert isinstance(p, DTensor) and p.device.type == device
         assert p.dtype == torch.float32  # the sharded master weights
@@ -87,7 +87,7 @@ def test_fsdp_bf16_steps(experiment: Any, tmp_path: Path, device: str) -> None:
         meta = json.loads((tmp_path / "checkpoints/trainer-default/step-0000000002/meta.json"
                            ).read_text())
         assert meta["layout"] == "dcp"
-        again = build_trainer(cfg, "default", tmp_path, bus=bus)
+        again = configured_trainer(cfg, "default", tmp_path, bus=bus)
         again.setup()
         assert again.version == 2
         again.close()
@@ -110,7 +110,7 @@ def test_fsdp_cpu_offload_steps_on_cuda(experiment: Any, tmp_path: Path) -> None
     bus = open_bus(cfg, tmp_path)
     produce(bus, cfg.run, [random_batch(s) for s in range(2)])
     try:
-        trainer = build_trainer(cfg, "default", tmp_path, bus=bus)
+        trainer = configured_trainer(cfg, "default", tmp_path, bus=bus)
         p = next(trainer.engine.model.parameters())
         assert isinstance(p, DTensor) and p.device.type == "cpu"
         stats = trainer.run(timeout=120)

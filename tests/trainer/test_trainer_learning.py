@@ -16,7 +16,7 @@ from trainer_helpers import SEVEN, TOK, produce, sample, sft_batch, trajectory
 
 from astraflow.core.records import Batch, Group
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import build_trainer
+from astraflow.run.roles import configured_trainer
 
 
 def steps(log: Path) -> list[dict[str, Any]]:
@@ -28,7 +28,7 @@ def test_sft_loss_falls(experiment: Any, tmp_path: Path) -> None:
                               "checkpoint_every": 100, "max_steps": 40})
     bus = open_bus(cfg, tmp_path)
     produce(bus, cfg.run, [sft_batch(s) for s in range(40)])
-    trainer = build_trainer(cfg, "default", tmp_path, bus=bus)
+    trainer = configured_trainer(cfg, "default", tmp_path, bus=bus)
     stats = trainer.run(timeout=120)
     trainer.close()
     assert stats.steps == 40 and stats.version == 40
@@ -45,7 +45,7 @@ def test_rl_raises_reward_with_stale_samples(experiment: Any, tmp_path: Path) ->
     so every batch after the first is off-policy and goes through the decoupled correction."""
     cfg = experiment(trainer={"optimizer": {"lr": 3e-3}, "checkpoint_every": 100})
     bus = open_bus(cfg, tmp_path)
-    trainer = build_trainer(cfg, "default", tmp_path, bus=bus)
+    trainer = configured_trainer(cfg, "default", tmp_path, bus=bus)
     trainer.setup()
     behaviour = copy.deepcopy(trainer.engine.model)
     gen = torch.Generator().manual_seed(0)

@@ -17,7 +17,7 @@ from astraflow.consumers.trainer.rl import rl_step
 from astraflow.core.records import DeadLetter, WeightManifest, decode, pack_i32
 from astraflow.core.topics import topic_name
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import build_trainer
+from astraflow.run.roles import configured_trainer
 from astraflow.weights import FileStore, Publisher
 
 
@@ -41,7 +41,7 @@ def test_trains_publishes_checkpoints_and_commits(experiment: Any, tmp_path: Pat
     produce(bus, cfg.run, [random_batch(s) for s in range(6)])
     publisher = Publisher(bus, run=cfg.run, policy="default",
                           store=FileStore(tmp_path / "weights"))
-    trainer = build_trainer(cfg, "default", tmp_path, bus=bus, publisher=publisher)
+    trainer = configured_trainer(cfg, "default", tmp_path, bus=bus, publisher=publisher)
     committed: list[dict[int, int]] = []
 
     def step(engine: Any, batch: Any, version: int) -> dict[str, float]:
@@ -75,7 +75,7 @@ def test_restart_seeks_to_the_checkpoint(experiment: Any, tmp_path: Path,
     cfg = experiment(trainer={"checkpoint_every": 2}, url=bus_url)
     bus = open_bus(cfg, tmp_path)
     produce(bus, cfg.run, [random_batch(s) for s in range(5)])
-    first = build_trainer(cfg, "default", tmp_path, bus=bus)
+    first = configured_trainer(cfg, "default", tmp_path, bus=bus)
     first._commit = lambda: None  # type: ignore[method-assign]  # the crash before commit
 
     class Crash(BaseException):  # the process dies: no exception the trainer may catch
@@ -93,7 +93,7 @@ def test_restart_seeks_to_the_checkpoint(experiment: Any, tmp_path: Path,
     assert first.checkpoints.versions() == [2]
     assert bus.committed(first.group, first.topic) == {}
 
-    second = build_trainer(cfg, "default", tmp_path, bus=bus)
+    second = configured_trainer(cfg, "default", tmp_path, bus=bus)
     seen: list[tuple[int, str]] = []
 
     def record(engine: Any, batch: Any, version: int) -> dict[str, float]:
@@ -129,7 +129,7 @@ def test_a_batch_that_makes_the_step_raise_is_quarantined_and_training_goes_on(
             raise Killed
         return rl_step(engine, batch, version)
 
-    first = build_trainer(cfg, "default", tmp_path, bus=bus)
+    first = configured_trainer(cfg, "default", tmp_path, bus=bus)
     first.step_fn = poisoned
     first._commit = lambda: None  # type: ignore[method-assign]  # the bus lags the checkpoint
     with pytest.raises(Killed):
@@ -142,7 +142,7 @@ def test_a_batch_that_makes_the_step_raise_is_quarantined_and_training_goes_on(
     assert "failed 2 times" in dead[0].error and "IndexError" in dead[0].error
 
     tries.clear()
-    second = build_trainer(cfg, "default", tmp_path, bus=bus)
+    second = configured_trainer(cfg, "default", tmp_path, bus=bus)
     second.step_fn = poisoned
     stats = second.run(max_steps=2, timeout=60)
     second.close()
@@ -167,12 +167,12 @@ def test_a_batch_whose_tries_killed_the_process_is_quarantined_on_restart(
         raise Killed
 
     for _ in range(2):
-        t = build_trainer(cfg, "default", tmp_path, bus=bus)
+        t = configured_trainer(cfg, "default", tmp_path, bus=bus)
         t.step_fn = dies
         with pytest.raises(Killed):
             t.run(timeout=60)
         t.close()
-    last = build_trainer(cfg, "default", tmp_path, bus=bus)
+    last = configured_trainer(cfg, "default", tmp_path, bus=bus)
     stats = last.run(max_steps=1, timeout=60)
     last.close()
     assert stats.steps == 1 and stats.version == 1 and stats.dead_lettered == 1
@@ -201,7 +201,7 @@ def test_untrustworthy_trajectories_of_a_batch_are_dropped_before_the_step(
         g.trajectories = [msgspec.structs.replace(t, reward=float("inf"))
                           for t in g.trajectories]
     produce(bus, cfg.run, [mixed, hopeless, random_batch(2)])
-    trainer = build_trainer(cfg, "default", tmp_path, bus=bus)
+    trainer = configured_trainer(cfg, "default", tmp_path, bus=bus)
     stats = trainer.run(max_steps=2, timeout=60)
     trainer.close()
     assert stats.steps == 2 and stats.dead_lettered == 1
@@ -224,7 +224,7 @@ def test_duplicates_and_bad_records(experiment: Any, tmp_path: Path) -> None:
     producer.produce(topic, b"not msgpack", key=b"default")
     producer.flush()
     produce(bus, cfg.run, [random_batch(1, policy="other"), random_batch(1)])
-    trainer = build_trainer(cfg, "default", tmp_path, bus=bus)
+    trainer = configured_trainer(cfg, "default", tmp_path, bus=bus)
     stats = trainer.run(max_steps=2, timeout=60)
     trainer.close()
     assert stats.steps == 2
@@ -234,7 +234,7 @@ def test_duplicates_and_bad_records(experiment: Any, tmp_path: Path) -> None:
     assert bus.committed(trainer.group, topic) == {0: 5}
     # a restart trains nothing again: the dedup ids and the offsets are in the checkpoint
     produce(bus, cfg.run, [random_batch(1)])
-    again = build_trainer(cfg, "default", tmp_path, bus=bus)
+    again = configured_trainer(cfg, "default", tmp_path, bus=bus)
     stats = again.run(timeout=1.0)
     again.close()
     assert stats.steps == 0 and stats.duplicates == 1
@@ -245,19 +245,19 @@ def test_committed_offsets_without_checkpoint_is_an_error(experiment: Any,
     cfg = experiment(trainer={"checkpoint_every": 1})
     bus = open_bus(cfg, tmp_path)
     produce(bus, cfg.run, [random_batch(0)])
-    trainer = build_trainer(cfg, "default", tmp_path, bus=bus)
+    trainer = configured_trainer(cfg, "default", tmp_path, bus=bus)
     trainer.run(max_steps=1, timeout=60)
     trainer.close()
     for v in trainer.checkpoints.versions():
         import shutil
 
         shutil.rmtree(trainer.checkpoints.path(v))
-    fresh = build_trainer(cfg, "default", tmp_path, bus=bus)
+    fresh = configured_trainer(cfg, "default", tmp_path, bus=bus)
     with pytest.raises(TrainerError, match="source of truth"):
         fresh.setup()
     fresh.close()
     cfg.trainer.on_missing_checkpoint = "committed"
-    lenient = build_trainer(cfg, "default", tmp_path, bus=bus)
+    lenient = configured_trainer(cfg, "default", tmp_path, bus=bus)
     lenient.setup()
     assert lenient.version == 0
     lenient.close()
@@ -275,7 +275,7 @@ def test_a_restarted_trainer_continues_the_weight_chain(experiment: Any, tmp_pat
     for run_steps in (4, 2):  # a first trainer, then one restarted from its checkpoint at 4
         publisher = Publisher(bus, run=cfg.run, policy="default",
                               store=FileStore(tmp_path / "weights"), full_every=100)
-        trainer = build_trainer(cfg, "default", tmp_path, bus=bus, publisher=publisher)
+        trainer = configured_trainer(cfg, "default", tmp_path, bus=bus, publisher=publisher)
         trainer.run(max_steps=run_steps, timeout=60)
         trainer.close()
         publisher.close()

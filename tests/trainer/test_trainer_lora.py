@@ -10,7 +10,7 @@ import pytest
 import torch
 from trainer_helpers import random_batch
 
-from astraflow.consumers.trainer.build import build_engine
+from astraflow.consumers.trainer.build import build_train_state
 from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState
 from astraflow.consumers.trainer.config import TrainerConfig
 from astraflow.consumers.trainer.rl import rl_step
@@ -22,7 +22,7 @@ LORA = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}
 
 
 def lora_engine(tiny_dir: Path, **lora: object):
-    return build_engine(TrainerConfig(device="cpu", optimizer={"lr": 1e-2},
+    return build_train_state(TrainerConfig(device="cpu", optimizer={"lr": 1e-2},
                                       lora={**LORA, **lora}), tiny_dir)
 
 
@@ -89,7 +89,7 @@ def test_the_kl_reference_of_a_lora_model_is_its_base(tiny_dir: Path) -> None:
     from astraflow.consumers.trainer.build import load_model
 
     def engine():
-        return build_engine(TrainerConfig(device="cpu", optimizer={"lr": 1e-2}, lora=LORA,
+        return build_train_state(TrainerConfig(device="cpu", optimizer={"lr": 1e-2}, lora=LORA,
                                           loss={"kl": "k3", "kl_coef": 0.5}), tiny_dir)
 
     own, copy = engine(), engine()
@@ -136,7 +136,7 @@ def test_rl_steps_through_the_loop_publish_adapters_a_rollout_engine_merges(
 
     from astraflow.consumers.rollout.engines.hf import HFEngine
     from astraflow.run.resources import open_bus
-    from astraflow.run.roles import build_trainer
+    from astraflow.run.roles import configured_trainer
     from astraflow.weights.publisher import Publisher
     from astraflow.weights.store import FileStore
     from astraflow.weights.syncer import Syncer
@@ -148,7 +148,7 @@ def test_rl_steps_through_the_loop_publish_adapters_a_rollout_engine_merges(
     store = FileStore(tmp_path / "weights")
     # float32 on the wire: the merge is then compared with the trainer's, not with bf16 rounding
     publisher = Publisher(bus, run=cfg.run, policy="default", store=store, dtype="float32")
-    trainer = build_trainer(cfg, "default", tmp_path, bus=bus, publisher=publisher)
+    trainer = configured_trainer(cfg, "default", tmp_path, bus=bus, publisher=publisher)
     try:
         assert trainer.run(timeout=60).version == 3
     finally:

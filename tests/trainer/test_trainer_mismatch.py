@@ -13,7 +13,7 @@ import pytest
 import torch
 from trainer_helpers import on_policy, random_batch
 
-from astraflow.consumers.trainer.build import build_engine
+from astraflow.consumers.trainer.build import build_train_state
 from astraflow.consumers.trainer.config import MismatchConfig, TrainerConfig
 from astraflow.consumers.trainer.mismatch import (
     Alarm,
@@ -56,7 +56,7 @@ def with_versions(batch: Batch, version: int) -> Batch:
 
 @pytest.fixture
 def engine(tiny_dir: Path):  # noqa: ANN201
-    return build_engine(TrainerConfig.model_validate({"device": "cpu"}), tiny_dir)
+    return build_train_state(TrainerConfig.model_validate({"device": "cpu"}), tiny_dir)
 
 
 def test_the_trainers_own_logprobs_show_no_mismatch(engine) -> None:  # noqa: ANN001

@@ -238,7 +238,7 @@ def test_memory_savers_change_nothing(key: str, tiny_dir: Path) -> None:
     import torch.distributed as dist
     from trainer_helpers import random_batch
 
-    from astraflow.consumers.trainer.build import build_engine
+    from astraflow.consumers.trainer.build import build_train_state
     from astraflow.consumers.trainer.config import TrainerConfig
     from astraflow.consumers.trainer.rl import rl_step
 
@@ -248,7 +248,7 @@ def test_memory_savers_change_nothing(key: str, tiny_dir: Path) -> None:
             tc = TrainerConfig.model_validate({
                 "parallel": "fsdp", "micro_batch_tokens": 30, "optimizer": {"lr": 1e-3},
                 "fsdp": {key: on}})
-            engine = build_engine(tc, tiny_dir)
+            engine = build_train_state(tc, tiny_dir)
             losses = [rl_step(engine, random_batch(k, groups=5, group_size=4), k)["loss"]
                       for k in range(2)]
             results.append((losses, engine.state_tensors()))

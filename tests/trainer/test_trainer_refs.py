@@ -13,7 +13,7 @@ from trainer_helpers import produce, random_batch
 from astraflow.core.records import Batch, DeadLetter, Group, TrajRef, encode, schema_header
 from astraflow.core.topics import topic_name
 from astraflow.run.resources import open_bus
-from astraflow.run.roles import build_trainer
+from astraflow.run.roles import configured_trainer
 
 
 def by_reference(bus: Any, run: str, batch: Batch) -> Batch:
@@ -44,7 +44,7 @@ def weights_after(cfg: Any, out: Path, batches: list[Batch]) -> dict[str, torch.
     bus = open_bus(cfg, out)
     refs = [by_reference(bus, cfg.run, b) if i % 2 else b for i, b in enumerate(batches)]
     produce(bus, cfg.run, refs if out.name == "refs" else batches)
-    trainer = build_trainer(cfg, "default", out, bus=bus)
+    trainer = configured_trainer(cfg, "default", out, bus=bus)
     stats = trainer.run(max_steps=len(batches), timeout=120)
     state = {k: v.detach().clone() for k, v in trainer.engine.model.state_dict().items()}
     trainer.close()
@@ -76,7 +76,7 @@ def test_a_batch_whose_records_are_gone_is_dead_lettered(experiment: Any,
     wrong = Batch(id="default-2", policy="default", seq=2, groups=[Group(
         group_id="g2", task_id="t", refs=[TrajRef("not-this-one", *_addr(good), 0, 1.0)])])
     produce(bus, cfg.run, [good, bad, wrong])
-    trainer = build_trainer(cfg, "default", tmp_path, bus=bus)
+    trainer = configured_trainer(cfg, "default", tmp_path, bus=bus)
     stats = trainer.run(max_steps=1, timeout=20)
     trainer.run(timeout=3)
     trainer.close()
@@ -119,12 +119,12 @@ def test_a_bus_error_while_fetching_is_not_a_dead_letter(experiment: Any,
         return real(topic, *args, **kwargs)
 
     bus.reader = flaky  # type: ignore[method-assign]
-    trainer = build_trainer(cfg, "default", tmp_path, bus=bus)
+    trainer = configured_trainer(cfg, "default", tmp_path, bus=bus)
     with contextlib.suppress(BusError):  # the role exits; the supervisor restarts it
         trainer.run(max_steps=1, timeout=20)
     trainer.close()
     assert read_all(bus, topic_name(cfg.run, "dlq"), DeadLetter) == []
-    again = build_trainer(cfg, "default", tmp_path, bus=bus)
+    again = configured_trainer(cfg, "default", tmp_path, bus=bus)
     stats = again.run(max_steps=1, timeout=20)
     again.close()
     assert stats.steps == 1 and stats.dead_lettered == 0

@@ -12,25 +12,25 @@ import torch
 from trainer_helpers import random_batch, trajectory
 
 from astraflow.consumers.trainer.batching import micro_batches, pack, prepare
-from astraflow.consumers.trainer.build import build_engine
+from astraflow.consumers.trainer.build import build_train_state
 from astraflow.consumers.trainer.config import TrainerConfig
-from astraflow.consumers.trainer.engine import Engine, forward
 from astraflow.consumers.trainer.rl import rl_step
+from astraflow.consumers.trainer.state import TrainState, forward
 from astraflow.core.records import Batch, Group
 
 
-def engine(tiny_dir: Path, *, sgd: bool = False, **kw: object) -> Engine:
+def engine(tiny_dir: Path, *, sgd: bool = False, **kw: object) -> TrainState:
     """An engine on the tiny model; ``sgd``: plain SGD at lr 1 without clipping, so that the
     parameter change *is* the gradient (Adam's first step, lr·g/|g|, would amplify rounding
     differences of near-zero gradient entries into full-size steps)."""
-    e = build_engine(TrainerConfig.model_validate({"device": "cpu", **kw}), tiny_dir)
+    e = build_train_state(TrainerConfig.model_validate({"device": "cpu", **kw}), tiny_dir)
     if sgd:
         e.optimizer = torch.optim.SGD(e.model.parameters(), lr=1.0)
         e.lr, e.grad_clip = 1.0, None
     return e
 
 
-def params(e: Engine) -> dict[str, torch.Tensor]:
+def params(e: TrainState) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in e.model.state_dict().items()}
 
 
@@ -113,7 +113,7 @@ def test_all_groups_skipped_is_a_zero_gradient_step(tiny_dir: Path) -> None:
     assert all(torch.equal(out[0][k], before[k]) for k in out[0])  # Adam: 0 / (0 + eps)
 
 
-def on_policy_batch(e: Engine, seq: int) -> Batch:
+def on_policy_batch(e: TrainState, seq: int) -> Batch:
     """random_batch with behaviour logprobs recomputed by the engine's current model."""
     batch = random_batch(seq, groups=3, group_size=4)
     prep = prepare(batch, skip_zero=False)

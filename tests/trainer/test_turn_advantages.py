@@ -18,7 +18,7 @@ from astraflow.consumers.trainer.batching import (
     turn_advantages,
     turn_of_tokens,
 )
-from astraflow.consumers.trainer.build import build_engine
+from astraflow.consumers.trainer.build import build_train_state
 from astraflow.consumers.trainer.config import TrainerConfig
 from astraflow.consumers.trainer.rl import rl_step
 from astraflow.core.errors import SchemaError
@@ -87,7 +87,7 @@ def test_the_loss_trains_each_turn_by_its_own_advantage(tiny_dir: Path) -> None:
     """One SGD step on a batch whose first answers are flat and whose retries differ: the
     gradient is that of the retries alone (the first answers' tokens have advantage 0)."""
     def step(batch: Batch) -> dict[str, torch.Tensor]:
-        e = build_engine(TrainerConfig.model_validate({"device": "cpu"}), tiny_dir)
+        e = build_train_state(TrainerConfig.model_validate({"device": "cpu"}), tiny_dir)
         e.optimizer = torch.optim.SGD(e.model.parameters(), lr=1.0)
         e.lr, e.grad_clip = 1.0, None
         before = {k: v.detach().clone() for k, v in e.model.state_dict().items()}

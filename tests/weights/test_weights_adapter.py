@@ -80,10 +80,10 @@ def test_target_keeps_adapters_on_the_host_and_passes_the_rest() -> None:
     assert t.host_bits(name)[0] == "bfloat16" and inner.tensors["w"].tolist() == [1, 2, 3]
     assert t.host_bits("w") is not None
     t.set_adapter(SPEC)
-    t.commit(4)
+    t.finish_version(4)
     assert taken == [(SPEC, [name, name.replace("lora_A", "lora_B")], 4)]
     assert t.current_version() == 4 == inner.version
-    t.commit(5)  # nothing changed: the adapter is not handed over again
+    t.finish_version(5)  # nothing changed: the adapter is not handed over again
     assert len(taken) == 1
 
 
@@ -91,7 +91,7 @@ def test_adapter_tensors_without_a_spec_are_refused() -> None:
     t = AdapterTarget(DictTarget(), lambda *a: None)
     t.apply("base_model.model.q.lora_A.weight", "bfloat16", (1,), np.ones(1, np.uint16))
     with pytest.raises(WeightIntegrityError, match="no adapter spec"):
-        t.commit(1)
+        t.finish_version(1)
 
 
 def test_folder_is_what_peft_loads(tmp_path: Path) -> None:
@@ -136,9 +136,9 @@ def test_another_adapter_replaces_the_old_tensors() -> None:
     for name in q:
         t.apply(name, "bfloat16", (2, 2), np.ones(4, np.uint16))
     t.set_adapter(SPEC)
-    t.commit(1)
+    t.finish_version(1)
     for name in k:  # a full snapshot of an adapter on k only
         t.apply(name, "bfloat16", (2, 2), np.ones(4, np.uint16))
     t.set_adapter(AdapterSpec(r=2, alpha=6.0, target_modules=["k"], base_model="tiny"))
-    t.commit(2)
+    t.finish_version(2)
     assert taken == [sorted(q), sorted(k)]

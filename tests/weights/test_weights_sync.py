@@ -216,7 +216,7 @@ class EngineTarget:
         self.weights[name] = bits.tobytes()
         self.applied.append((self.version, name))
 
-    def commit(self, version: int) -> None:
+    def finish_version(self, version: int) -> None:
         self.version = version
 
 

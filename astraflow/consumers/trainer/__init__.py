@@ -7,7 +7,7 @@
 
 The pure parts work without a bus: :func:`group_advantages`, :func:`policy_loss`,
 :func:`prepare` / :func:`micro_batches`, :func:`rl_step` / :func:`sft_step` on an
-:class:`Engine`. Importing this package is light (the config section is read by every
+:class:`TrainState`. Importing this package is light (the config section is read by every
 command); the names below load torch on first use.
 
 Modules:
@@ -16,14 +16,13 @@ Modules:
 - :mod:`.batching`: From a :class:`~astraflow.core.records.Batch` record to padded micro-batches of
   tensors.
 - :mod:`.build`: Factories: the ``trainer`` section (and the policy's ``models`` section) → an
-  :class:`Engine` and a :class:`Trainer`.
+  :class:`TrainState` and a :class:`Trainer`.
 - :mod:`.checkpoint`: Atomic trainer checkpoints: weights, optimizer, RNG, version and consumed
   offsets.
 - :mod:`.config`: Config section ``trainer``: mode, optimizer, loss switches, micro-batching,
   checkpoints.
 - :mod:`.dist`: Data parallelism across processes (``accelerate launch`` / ``torchrun``): one
   reader.
-- :mod:`.engine`: The trainable state of one policy and the parts of a step that RL and SFT share.
 - :mod:`.loop`: The trainer as a bus consumer: batches.<policy> in, optimizer steps, weights out.
 - :mod:`.lora`: LoRA on the trainer (``trainer.lora``): wrap the model with peft, train and publish
   the adapter.
@@ -39,6 +38,7 @@ Modules:
   ``torch.distributed.checkpoint`` (DCP).
 - :mod:`.sharding`: FSDP2 for the trainer (``trainer.parallel: fsdp``): shard, reduce, clip,
   gather.
+- :mod:`.state`: The trainable state of one policy and the parts of a step that RL and SFT share.
 - :mod:`.telemetry`: What the trainer reports: the wait ratio, the per-step JSON lines, metrics on
   the bus.
 """
@@ -52,10 +52,10 @@ _EXPORTS = {
     "LossSpec": "losses", "policy_loss": "losses", "sft_loss": "losses",
     "token_logprobs": "losses", "token_weights": "losses", "kl_penalty": "losses",
     "prepare": "batching", "micro_batches": "batching",
-    "Engine": "engine", "rl_step": "rl", "sft_step": "sft",
+    "TrainState": "state", "rl_step": "rl", "sft_step": "sft",
     "CheckpointDir": "checkpoint", "TrainerState": "checkpoint",
     "Trainer": "loop", "TrainStats": "loop", "TrainerError": "loop",
-    "build_engine": "build", "build_trainer": "build", "build_publisher": "build",
+    "build_train_state": "build", "build_trainer": "build", "build_publisher": "build",
     "TrainerConfig": "config",
 }
 

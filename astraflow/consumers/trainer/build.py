@@ -1,5 +1,5 @@
 """Factories: the ``trainer`` section (and the policy's ``models`` section) → an
-:class:`Engine` and a :class:`Trainer`.
+:class:`TrainState` and a :class:`Trainer`.
 
 Configs reach the trainer's classes only through here; the experiment config never does (the
 composition, :mod:`astraflow.run.roles`, hands over these sections and the run's shared
@@ -22,10 +22,10 @@ import torch
 
 from astraflow.consumers.trainer.checkpoint import CheckpointDir
 from astraflow.consumers.trainer.config import TrainerConfig
-from astraflow.consumers.trainer.engine import Engine
 from astraflow.consumers.trainer.loop import StepFn, Trainer
 from astraflow.consumers.trainer.losses import LossSpec
 from astraflow.consumers.trainer.mismatch import Alarm
+from astraflow.consumers.trainer.state import TrainState
 from astraflow.core.bus.types import Bus
 from astraflow.core.errors import ConfigError
 from astraflow.core.records.checks import RecordLimits
@@ -102,7 +102,7 @@ def vocab_size(model: torch.nn.Module) -> int | None:
     return int(n) if isinstance(n, int) else None
 
 
-def build_engine(tc: TrainerConfig, model_path: str | Path) -> Engine:
+def build_train_state(tc: TrainerConfig, model_path: str | Path) -> TrainState:
     """Seed, pick the device, load the model (and the frozen reference for KL), make the
     optimizer."""
     seed_everything(tc.seed)
@@ -135,7 +135,7 @@ def build_engine(tc: TrainerConfig, model_path: str | Path) -> Engine:
             from astraflow.consumers.trainer.sharding import shard_model
 
             shard_model(ref, tc.fsdp, device, frozen=True)
-    return Engine(
+    return TrainState(
         model=model, optimizer=optimizer, device=device, mode=tc.mode, spec=loss_spec(tc),
         # SFT learns the model's own distribution: the sampling temperature is an RL matter
         temperature=tc.loss.temperature if tc.mode == "rl" else 1.0,
@@ -167,7 +167,7 @@ def build_trainer(tc: TrainerConfig, model: ModelConfig, *, run: str, policy: st
     ``{out}`` in the paths is the run directory ``out``. ``limits``: what a batch's
     trajectories are checked against (``data.records``); the token ids' bound is always the
     loaded model's vocabulary."""
-    engine = build_engine(tc, model_dir(model, policy, out))
+    engine = build_train_state(tc, model_dir(model, policy, out))
     limits = limits or RecordLimits()
     vocab = vocab_size(engine.model)
     if vocab is not None:

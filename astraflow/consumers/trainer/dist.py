@@ -6,7 +6,7 @@ accepts to the other ranks as the record's msgpack bytes (a length, then a uint8
 no pickle) over ``torch.distributed.broadcast``; an empty message tells them to stop. Every
 rank then runs the same step on its share of the micro-batches
 (:func:`~astraflow.consumers.trainer.batching.micro_batches` with ``shard``) and the
-gradients are summed (:func:`~astraflow.consumers.trainer.engine.apply_gradients`).
+gradients are summed (:func:`~astraflow.consumers.trainer.state.apply_gradients`).
 
 Under fsdp some of rank 0's other work is a collective too (gathering the weights to publish,
 writing a sharded checkpoint): rank 0 first sends a *command* (a size of ``COMMAND``, then

@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState
-from astraflow.consumers.trainer.engine import Engine
 from astraflow.consumers.trainer.mismatch import Alarm, describe
 from astraflow.consumers.trainer.quarantine import PoisonBatchError, Quarantine
 from astraflow.consumers.trainer.sharding import publish_weights
+from astraflow.consumers.trainer.state import TrainState
 from astraflow.consumers.trainer.telemetry import Telemetry
 from astraflow.core.bus.types import Bus, Message
 from astraflow.core.claims import BlobStore, unclaim
@@ -56,7 +56,7 @@ from astraflow.core.topics import group_name, topic_name
 
 log = logging.getLogger("astraflow.trainer")
 
-StepFn = Callable[[Engine, Batch, int], dict[str, float]]
+StepFn = Callable[[TrainState, Batch, int], dict[str, float]]
 
 
 class TrainerError(AstraflowError):
@@ -81,7 +81,7 @@ class Trainer:
     ``run(...)`` as often as wanted, ``close()``. Build one with
     :func:`astraflow.consumers.trainer.build.build_trainer`."""
 
-    def __init__(self, *, bus: Bus, run: str, policy: str, engine: Engine, step_fn: StepFn,
+    def __init__(self, *, bus: Bus, run: str, policy: str, engine: TrainState, step_fn: StepFn,
                  checkpoints: CheckpointDir, publisher: Any = None,
                  checkpoint_every: int = 50, publish_every: int = 1,
                  publish_initial: bool = False, max_version: int | None = None,

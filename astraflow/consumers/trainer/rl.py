@@ -17,9 +17,9 @@ import torch
 
 from astraflow.consumers.trainer import mismatch
 from astraflow.consumers.trainer.batching import micro_batches, prepare
-from astraflow.consumers.trainer.engine import Engine, apply_gradients, forward, reference
 from astraflow.consumers.trainer.losses import policy_loss
 from astraflow.consumers.trainer.sharding import filler_passes
+from astraflow.consumers.trainer.state import TrainState, apply_gradients, forward, reference
 from astraflow.core.records import Batch
 
 _MAXED = ("behav_weight_max", "staleness_max", *mismatch.MAXED)
@@ -28,7 +28,7 @@ _SUMMED = ("loss", "pg_loss", "tokens", "clip_low", "clip_high", "dual_clip", "c
            "padded_tokens", "seqs_trained", "micro_batches", *mismatch.SUMMED)
 
 
-def rl_step(engine: Engine, batch: Batch, version: int) -> dict[str, float]:
+def rl_step(engine: TrainState, batch: Batch, version: int) -> dict[str, float]:
     """Train on ``batch`` with the weights of ``version``; the result is ``version + 1``.
     Returns the step's metrics (means over the batch's loss tokens where per token)."""
     spec = engine.spec
@@ -100,7 +100,7 @@ def rl_step(engine: Engine, batch: Batch, version: int) -> dict[str, float]:
     return metrics
 
 
-def _reduce(engine: Engine, totals: dict[str, float]) -> dict[str, float]:
+def _reduce(engine: TrainState, totals: dict[str, float]) -> dict[str, float]:
     """Sum (max for maxima) the per-rank totals across data-parallel ranks."""
     if engine.world == 1:
         return dict(totals)

@@ -13,13 +13,13 @@ import math
 import torch
 
 from astraflow.consumers.trainer.batching import micro_batches, prepare
-from astraflow.consumers.trainer.engine import Engine, apply_gradients, forward
 from astraflow.consumers.trainer.losses import sft_loss
 from astraflow.consumers.trainer.sharding import filler_passes
+from astraflow.consumers.trainer.state import TrainState, apply_gradients, forward
 from astraflow.core.records import Batch
 
 
-def sft_step(engine: Engine, batch: Batch, version: int) -> dict[str, float]:
+def sft_step(engine: TrainState, batch: Batch, version: int) -> dict[str, float]:
     """Train on ``batch``; returns the step's metrics (``loss`` is the mean token NLL)."""
     prep = prepare(batch, advantages=False)
     mbs = micro_batches(prep, token_budget=engine.token_budget, aggregation="token-mean",

@@ -39,7 +39,7 @@ from astraflow.core.errors import ConfigError
 if TYPE_CHECKING:
     from astraflow.consumers.trainer.batching import Prepared
     from astraflow.consumers.trainer.config import FsdpConfig
-    from astraflow.consumers.trainer.engine import Engine
+    from astraflow.consumers.trainer.state import TrainState
 
 log = logging.getLogger("astraflow.trainer")
 
@@ -169,13 +169,13 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
     return float(total)
 
 
-def filler_passes(engine: Engine, done: int, prep: Prepared) -> None:
+def filler_passes(engine: TrainState, done: int, prep: Prepared) -> None:
     """Run the forwards and backwards this rank lacks (it ran ``done``) so that every rank
     runs ``ceil(micro-batches / world)`` of them (fsdp only; see the module docstring)."""
     if engine.parallel != "fsdp" or engine.world == 1:
         return
     from astraflow.consumers.trainer.batching import pack
-    from astraflow.consumers.trainer.engine import reference
+    from astraflow.consumers.trainer.state import reference
 
     total = len(pack([s.length for s in prep.seqs], engine.token_budget))
     for _ in range(-(-total // engine.world) - done):
@@ -189,7 +189,7 @@ def filler_passes(engine: Engine, done: int, prep: Prepared) -> None:
         (out.logits.float().sum() * 0.0).backward()
 
 
-def full_state(engine: Engine) -> dict[str, torch.Tensor]:
+def full_state(engine: TrainState) -> dict[str, torch.Tensor]:
     """Every weight by state-dict name as a whole tensor. Under fsdp a collective: every rank
     must call it at the same point (each gets the full tensors)."""
     from torch.distributed.tensor import DTensor
@@ -198,7 +198,7 @@ def full_state(engine: Engine) -> dict[str, torch.Tensor]:
             for k, v in engine.model.state_dict().items()}
 
 
-def publish_weights(engine: Engine, publisher: Any, version: int) -> None:
+def publish_weights(engine: TrainState, publisher: Any, version: int) -> None:
     """Hand ``version``'s weights to ``publisher``; every rank calls it. A sharded publisher
     (:class:`~astraflow.weights.sharded.ShardedPublisher`, ``sharded = True``) gets each
     rank's own shards and no rank gathers the model; any other publisher gets whole tensors

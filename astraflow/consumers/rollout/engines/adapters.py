@@ -203,7 +203,7 @@ class _VersionOnly:
             f"(rollout.engine.adapters), but its weights carry {name!r}, a tensor of the whole "
             "model: give its trainer trainer.lora, or serve it with an engine of its own")
 
-    def commit(self, version: int) -> None:
+    def finish_version(self, version: int) -> None:
         self.slot.version = version  # an unchanged adapter keeps its matrices, moves on
 
 

@@ -71,7 +71,7 @@ class ModelTarget:
             t.data.copy_(src.to(dtype=t.dtype))
         self.applied += 1
 
-    def commit(self, version: int) -> None:
+    def finish_version(self, version: int) -> None:
         self.version = version
 
 
@@ -98,7 +98,7 @@ class HostTarget:
         self.changed.add(name)
         self.shapes[name] = tuple(shape)
 
-    def commit(self, version: int) -> None:
+    def finish_version(self, version: int) -> None:
         self.version = version
 
     def take_changed(self) -> list[str]:

@@ -1,11 +1,11 @@
 """The trainable state of one policy and the parts of a step that RL and SFT share.
 
-An :class:`Engine` holds the model (fp32 master weights), the optimizer, the device, the
+A :class:`TrainState` holds the model (fp32 master weights), the optimizer, the device, the
 optional frozen reference model and the step settings. :func:`forward` computes token
 logprobs of a micro-batch; :func:`apply_gradients` finishes a step: missing gradients become
 zeros (so a step with every group skipped moves the optimizer exactly as a step whose
 gradient is zero would), gradients are summed across data-parallel ranks, clipped, and the
-optimizer steps. Build one with :func:`astraflow.consumers.trainer.build.build_engine`.
+optimizer steps. Build one with :func:`astraflow.consumers.trainer.build.build_train_state`.
 
 Data parallelism (``accelerate launch`` / torchrun with several processes): every rank holds
 the whole batch (rank 0 reads it from the bus and broadcasts it), takes every world-th
@@ -35,7 +35,7 @@ from astraflow.core.records import AdapterSpec
 
 
 @dataclass
-class Engine:
+class TrainState:
     """Model, optimizer and settings of a trainer; see the module docstring."""
 
     model: torch.nn.Module
@@ -94,7 +94,7 @@ class Engine:
 
 
 @contextlib.contextmanager
-def reference(engine: Engine) -> Iterator[torch.nn.Module]:
+def reference(engine: TrainState) -> Iterator[torch.nn.Module]:
     """The frozen initial model the KL penalty compares with, for the ``with`` block: the
     reference copy (sharded like the model under fsdp), or with LoRA the model itself with its
     adapter switched off (the base: a fresh adapter adds zero, so the base is the initial
@@ -108,7 +108,7 @@ def reference(engine: Engine) -> Iterator[torch.nn.Module]:
         raise ValueError(f"loss.kl={engine.spec.kl} needs a reference model")
 
 
-def forward(engine: Engine, model: torch.nn.Module, mb: MicroBatch, *,
+def forward(engine: TrainState, model: torch.nn.Module, mb: MicroBatch, *,
             entropy: str = "none") -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token logprobs [b, L-1] of ``mb``'s targets under ``model`` at the engine's sampling
     temperature, and the entropy per position: ``entropy`` is "none", "metric" (computed
@@ -124,7 +124,7 @@ def forward(engine: Engine, model: torch.nn.Module, mb: MicroBatch, *,
     return logp, ent
 
 
-def apply_gradients(engine: Engine, version: int) -> dict[str, float]:
+def apply_gradients(engine: TrainState, version: int) -> dict[str, float]:
     """Zero-fill, all-reduce (sum), clip and apply the accumulated gradients; returns
     ``grad_norm`` (before clipping) and ``lr``."""
     params = engine.params
