@@ -21,8 +21,9 @@ signal number, as Popen does) to the launcher, whose :class:`ForkedProcess` answ
 ends when the launcher does (its stdin closes), so a role still stops itself once its launcher
 is gone (:func:`astraflow.core.launcher.stop_when_orphaned`).
 
-Only the commands in :data:`FORKED` go through it (the lighter roles import no torch and keep
-their small footprint). ``ASTRAFLOW_FORK_SERVER=0`` turns it off (every role a fresh
+Only the commands in :data:`FORKED` go through a server: the roles that load torch through
+one that imported it, the lighter roles (producer, policy stages, reporter) through one that
+imported only what they need, so that they keep their small footprint. ``ASTRAFLOW_FORK_SERVER=0`` turns it off (every role a fresh
 interpreter); it is off where ``os.fork`` is missing.
 """
 
@@ -42,15 +43,23 @@ from pathlib import Path
 from typing import IO, Any
 
 ENV = "ASTRAFLOW_FORK_SERVER"
-#: the `astraflow` subcommands forked from the server: the ones that import torch
-FORKED = frozenset({"rollout", "train", "evaluate"})
-#: what the server imports before it serves (a module missing here is skipped): the CLI and
-#: the libraries and modules of the forked roles
-PRELOAD = ("torch", "transformers", "safetensors.torch",
-           "transformers.models.qwen2.modeling_qwen2", "transformers.models.llama.modeling_llama",
-           "transformers.generation.utils", "astraflow.cli.app",
-           "astraflow.consumers.rollout.worker", "astraflow.consumers.rollout.engines.hf",
-           "astraflow.consumers.trainer.build", "astraflow.consumers.evaluator")
+#: the `astraflow` subcommands forked from a server, and which: ``torch`` for the roles that
+#: load it, ``light`` for the others (one server each: forked from the torch server, a light
+#: role cost more CPU than a fresh process, its collections walking a heap it never uses)
+FORKED = {"rollout": "torch", "train": "torch", "evaluate": "torch",
+          "produce": "light", "policy": "light", "report": "light"}
+#: what each server imports before it serves (a module missing here is skipped)
+PRELOAD = {
+    "torch": ("torch", "transformers", "safetensors.torch",
+              "transformers.models.qwen2.modeling_qwen2",
+              "transformers.models.llama.modeling_llama", "transformers.generation.utils",
+              "astraflow.cli.app", "astraflow.consumers.rollout.worker",
+              "astraflow.consumers.rollout.engines.hf", "astraflow.consumers.trainer.build",
+              "astraflow.consumers.evaluator"),
+    "light": ("astraflow.cli.app", "astraflow.config", "astraflow.run.roles",
+              "astraflow.policies.stage", "astraflow.producers.producer",
+              "astraflow.core.bus.embedded"),
+}
 APP = ("-m", "astraflow.cli.app")
 LAUNCHER_PID_ENV = "ASTRAFLOW_LAUNCHER_PID"  # (astraflow.core.launcher's; not imported here)
 
@@ -61,10 +70,12 @@ def enabled() -> bool:
     return hasattr(os, "fork") and os.environ.get(ENV, "1") not in ("0", "false", "no", "")
 
 
-def forkable(argv: Sequence[str]) -> bool:
-    """Whether ``argv`` is an `astraflow` command of :data:`FORKED` run by this interpreter."""
-    return (len(argv) > 3 and argv[0] == sys.executable and tuple(argv[1:3]) == APP
-            and argv[3] in FORKED)
+def forkable(argv: Sequence[str]) -> str | None:
+    """The server (:data:`FORKED`) that forks ``argv``, an `astraflow` command run by this
+    interpreter; None for any other command line."""
+    if len(argv) > 3 and argv[0] == sys.executable and tuple(argv[1:3]) == APP:
+        return FORKED.get(argv[3])
+    return None
 
 
 class ForkServerError(RuntimeError):
@@ -100,7 +111,10 @@ class ForkServer:
     role it forks), sends requests, and a reader thread routes the server's answers and exit
     reports. Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, profile: str = "torch") -> None:
+        if profile not in PRELOAD:
+            raise ValueError(f"fork server profile {profile!r}: one of {sorted(PRELOAD)}")
+        self.profile = profile
         self._lock = threading.Lock()          # one request at a time
         self._proc: subprocess.Popen[bytes] | None = None
         self._answers: list[dict[str, Any]] = []
@@ -153,7 +167,7 @@ class ForkServer:
             return self._proc
         server_env = {k: v for k, v in env.items()
                       if k not in (LAUNCHER_PID_ENV, "ASTRAFLOW_METRICS_PORT")}
-        proc = subprocess.Popen([sys.executable, "-m", "astraflow.core.forkserver"],
+        proc = subprocess.Popen([sys.executable, "-m", "astraflow.core.forkserver", self.profile],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 env=server_env, close_fds=True)
         self._proc = proc
@@ -196,29 +210,33 @@ class ForkServer:
             child._exited(-signal.SIGKILL)
 
 
-_server: ForkServer | None = None
-_server_lock = threading.Lock()
+_servers: dict[str, ForkServer] = {}
+_servers_lock = threading.Lock()
 
 
-def server() -> ForkServer:
-    """This process's fork server (made on first use)."""
-    global _server
-    with _server_lock:
-        if _server is None:
-            _server = ForkServer()
-        return _server
+def server(profile: str = "torch") -> ForkServer:
+    """This process's fork server of ``profile`` (made on first use)."""
+    with _servers_lock:
+        if profile not in _servers:
+            _servers[profile] = ForkServer(profile)
+        return _servers[profile]
 
 
 # -- the server's side ----------------------------------------------------------------------
 
-def _preload() -> None:
+def _preload(profile: str) -> None:
+    import gc
     import importlib
 
-    for name in PRELOAD:
+    for name in PRELOAD[profile]:
         try:
             importlib.import_module(name)
         except Exception as e:  # an optional part missing: the role imports what it needs
             print(f"fork server: not preloaded {name}: {e!r}", file=sys.stderr, flush=True)
+    # What was imported lives as long as the roles: out of the collector's sight, so that a
+    # forked role's collections neither walk it (CPU) nor touch its pages (copy-on-write).
+    gc.collect()
+    gc.freeze()
 
 
 def _send(out: IO[bytes], msg: dict[str, Any]) -> None:
@@ -237,9 +255,9 @@ def _reap(out: IO[bytes]) -> None:
         _send(out, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def serve() -> None:
+def serve(profile: str = "torch") -> None:
     """The server's loop: read requests from stdin, fork, report exits; end at EOF."""
-    _preload()
+    _preload(profile)
     os.environ.pop(LAUNCHER_PID_ENV, None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
     rfd, wfd = os.pipe()
@@ -354,4 +372,4 @@ def _fresh_state(env: Mapping[str, str]) -> None:
 
 
 if __name__ == "__main__":
-    serve()
+    serve(sys.argv[1] if len(sys.argv) > 1 else "torch")

@@ -72,9 +72,9 @@ class Child:
     def start(self, argv: Sequence[str], env: Mapping[str, str], *, nice: int = 0,
               metrics_port: int | None = None) -> subprocess.Popen[bytes] | ForkedProcess:
         """Start ``argv`` with ``env`` (see :func:`role_env`); ``nice`` is added to its
-        scheduling niceness (> 0: it gets the CPU last). A role that loads torch is forked from
-        the fork server (:mod:`astraflow.core.forkserver`), any other command is a fresh
-        process. Raises OSError when it cannot."""
+        scheduling niceness (> 0: it gets the CPU last). A role command is forked from a fork
+        server (:mod:`astraflow.core.forkserver`), any other command is a fresh process.
+        Raises OSError when it cannot."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self._log is None:
             self._log = self.log_path.open("ab")
@@ -149,15 +149,17 @@ def prestart(extra: Mapping[str, str] | None = None) -> None:
     """Start the fork server now, in the background, with a role's environment (``extra`` as
     for :func:`role_env`): it imports while the launcher prepares the run."""
     if forkserver.enabled():
-        forkserver.server().prestart(role_env(extra))
+        for profile in forkserver.PRELOAD:
+            forkserver.server(profile).prestart(role_env(extra))
 
 
 def _start(argv: Sequence[str], env: Mapping[str, str], log_file: IO[bytes], log_path: Path
            ) -> subprocess.Popen[bytes] | ForkedProcess:
-    if forkserver.enabled() and forkserver.forkable(argv):
+    profile = forkserver.forkable(argv) if forkserver.enabled() else None
+    if profile is not None:
         log_file.flush()
         try:
-            return forkserver.server().start(argv, env, log_path)
+            return forkserver.server(profile).start(argv, env, log_path)
         except forkserver.ForkServerError as e:  # a fresh process, then
             log.warning("fork server: %s; starting %s as a fresh process", e, argv[3])
     return subprocess.Popen(list(argv), stdout=log_file, stderr=subprocess.STDOUT,

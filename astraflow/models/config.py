@@ -50,19 +50,28 @@ def model_dir(model: ModelConfig, policy: str, out: str | Path = ".") -> Path:
         return resolve(raw, key=f"models.{policy}.path",
                        progress=lambda msg: log.warning("policy=%s %s", policy, msg))
     if not (path / "config.json").exists():
+        import shutil
         import tempfile
 
-        from astraflow.models.tiny import build_model, build_tokenizer, save
+        from astraflow.models.source import cache_root
+        from astraflow.models.tiny import built
 
-        tok = build_tokenizer(model.build.removeprefix("tiny-"))
+        alphabet = model.build.removeprefix("tiny-")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
-        save(build_model(tok, seed=model.seed), tok, tmp)
+        try:  # built once a machine (the cache), copied into the run
+            shutil.copytree(built(alphabet, model.seed, cache_root() / "tiny"), tmp,
+                            dirs_exist_ok=True)
+        except OSError as e:  # no cache to write: build it here
+            log.warning("policy=%s tiny model cache unavailable (%s); building in place",
+                        policy, e)
+            from astraflow.models.tiny import build_model, build_tokenizer, save
+
+            tok = build_tokenizer(alphabet)
+            save(build_model(tok, seed=model.seed), tok, tmp)
         try:
             tmp.rename(path)
         except OSError:  # another process built it first: use theirs
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)
     return path
 

@@ -91,6 +91,36 @@ def save(model: Any, tokenizer: Any, path: str | Path) -> Path:
     return out
 
 
+def built(alphabet: str, seed: int, cache: Path) -> Path:
+    """The tiny model of ``alphabet`` and ``seed`` as :func:`save` writes it, built once into
+    ``cache`` and reused: a run that builds one copies it from there instead of importing torch
+    and transformers to make it again. The entry's name holds a digest of this module and of
+    the versions of the libraries that shape the files, so a change to either builds anew."""
+    import hashlib
+    import shutil
+    import tempfile
+    from importlib.metadata import PackageNotFoundError, version
+
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    for package in ("torch", "transformers", "tokenizers", "safetensors"):
+        try:
+            h.update(f"{package}={version(package)};".encode())
+        except PackageNotFoundError:
+            h.update(f"{package}=?;".encode())
+    entry = cache / f"tiny-{alphabet}-seed{seed}-{h.hexdigest()[:16]}"
+    if (entry / "config.json").exists():
+        return entry
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{entry.name}-"))
+    tok = build_tokenizer(alphabet)
+    save(build_model(tok, seed=seed), tok, tmp)
+    try:
+        tmp.rename(entry)
+    except OSError:  # another process built it first: theirs is the same
+        shutil.rmtree(tmp, ignore_errors=True)
+    return entry
+
+
 def load_tokenizer(path: str | Path) -> Any:
     """The tokenizer :func:`save` wrote, exactly as saved (see
     :func:`astraflow.models.load.load_tokenizer`)."""

@@ -1,10 +1,11 @@
 """astraflow/core/forkserver.py: a role forked from the server runs as ``python -m MODULE``
 would (its own session, log, environment, signals and random seeds, its command line in ps),
 its exit code reaches the launcher as Popen gives it, and a server that dies takes no role
-with it; the launcher forks only the roles that load torch."""
+with it; the launcher forks the role commands, each from the server of its kind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -26,11 +27,38 @@ PROBE = [sys.executable, "-m", "forked_probe"]
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
 
 
+class Probes(ForkServer):
+    """A server whose probes are SIGKILLed when the test ends, passed or failed (a probe that
+    waits for a signal would outlive a test that failed before sending it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: list[ForkedProcess] = []
+
+    def start(self, argv, env, log_path, *, cwd=None):  # type: ignore[no-untyped-def]
+        proc = super().start(argv, env, log_path, cwd=cwd)
+        self.started.append(proc)
+        return proc
+
+    def kill_all(self) -> None:
+        for p in self.started:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGKILL)
+        self.started.clear()
+
+
 @pytest.fixture(scope="module")
-def server() -> Iterator[ForkServer]:
-    s = ForkServer()
+def probes() -> Iterator[Probes]:
+    s = Probes()
     yield s
     s.close()
+
+
+@pytest.fixture
+def server(probes: Probes) -> Iterator[Probes]:
+    yield probes
+    probes.kill_all()
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -98,7 +126,8 @@ def test_exit_codes_are_the_ones_popen_would_give(server: ForkServer, tmp_path: 
 
 
 def test_a_server_that_dies_takes_no_role_with_it(tmp_path: Path) -> None:
-    s = ForkServer()
+    s = Probes()
+    request_cleanup = s.kill_all
     proc = s.start([*PROBE, "orphan"], env(**{LAUNCHER_PID_ENV: str(os.getpid())}),
                    tmp_path / "probe.log")
     seen(tmp_path / "probe.log")
@@ -119,23 +148,33 @@ def test_a_server_that_dies_takes_no_role_with_it(tmp_path: Path) -> None:
         raise AssertionError("the role outlived its fork server")
     # a later start gets a new server
     assert s.start([*PROBE, "exit", "0"], env(), tmp_path / "again.log").wait(30) == 0
+    request_cleanup()
     s.close()
 
 
-def test_the_launcher_forks_only_the_roles_that_load_torch(tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch
-                                                           ) -> None:
-    assert forkserver.forkable(cli("rollout", "c.yaml")) and forkserver.forkable(cli("train"))
-    assert not forkserver.forkable(cli("produce", "c.yaml"))
-    assert not forkserver.forkable(cli("policy", "c.yaml", "post_rollout"))
-    assert not forkserver.forkable(["/usr/bin/python3", "-m", "astraflow.cli.app", "train"])
+def test_the_launcher_forks_role_commands_from_the_server_of_their_kind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert forkserver.forkable(cli("rollout", "c.yaml")) == "torch"
+    assert forkserver.forkable(cli("train")) == forkserver.forkable(cli("evaluate")) == "torch"
+    assert forkserver.forkable(cli("produce", "c.yaml")) == "light"
+    assert forkserver.forkable(cli("policy", "c.yaml", "post_rollout")) == "light"
+    assert forkserver.forkable(cli("config", "show")) is None
+    assert forkserver.forkable(["/usr/bin/python3", "-m", "astraflow.cli.app", "train"]) is None
     child = Child(tmp_path / "evaluate.log")
     proc = child.start(cli("evaluate", "--help"), role_env())
     assert isinstance(proc, ForkedProcess)
     assert child.reap(60) == 0 and "Usage" in child.tail(100)
-    light = Child(tmp_path / "config.log")
-    assert isinstance(light.start(cli("config", "--help"), role_env()), subprocess.Popen)
-    assert light.reap(60) == 0
+    light = Child(tmp_path / "policy.log")
+    assert isinstance(light.start(cli("policy", "--help"), role_env()), ForkedProcess)
+    assert light.reap(60) == 0 and "Usage" in light.tail(100)
+    # the light server never imported torch: its roles keep their small footprint
+    light_server = forkserver.server("light")._proc
+    assert light_server is not None
+    maps = Path(f"/proc/{light_server.pid}/maps").read_text()
+    assert "libtorch" not in maps
+    other = Child(tmp_path / "config.log")
+    assert isinstance(other.start(cli("config", "--help"), role_env()), subprocess.Popen)
+    assert other.reap(60) == 0
     monkeypatch.setenv(forkserver.ENV, "0")
     fresh = Child(tmp_path / "fresh.log")
     assert isinstance(fresh.start(cli("evaluate", "--help"), role_env()), subprocess.Popen)
