@@ -58,3 +58,41 @@ def test_a_saved_tokenizer_loads_as_saved_spaces_and_newlines_included(tmp_path:
         assert ids == encode(tok, text, special=False)
         assert len(ids) == len(text)
         assert loaded.decode(ids) == text
+
+
+def test_a_tiny_build_is_made_once_into_the_cache_and_copied_into_each_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from astraflow.models.config import ModelConfig, model_dir
+
+    monkeypatch.setenv("ASTRAFLOW_CACHE", str(tmp_path / "cache"))
+    mc = ModelConfig(path="{out}/models/{policy}", build="tiny-arith", seed=3)
+    first = model_dir(mc, "default", tmp_path / "run1")
+    (entry,) = (tmp_path / "cache" / "models" / "tiny").iterdir()
+    assert entry.name.startswith("tiny-arith-seed3-")
+    built_at = (entry / "model.safetensors").stat().st_mtime_ns
+    second = model_dir(mc, "default", tmp_path / "run2")
+    assert (entry / "model.safetensors").stat().st_mtime_ns == built_at  # copied, not rebuilt
+    assert sorted(p.name for p in first.iterdir()) == sorted(p.name for p in entry.iterdir())
+    for f in entry.iterdir():
+        assert (first / f.name).read_bytes() == (second / f.name).read_bytes() == f.read_bytes()
+    # the copy is what a build in place makes
+    tok = build_tokenizer("arith")
+    fresh = save(build_model(tok, seed=3), tok, tmp_path / "fresh")
+    m1, m2 = load(first)[0], load(fresh)[0]
+    for (k, a), (_, b) in zip(m1.state_dict().items(), m2.state_dict().items(), strict=True):
+        assert torch.equal(a, b), k
+    # another seed is another entry
+    model_dir(ModelConfig(path="{out}/m", build="tiny-arith", seed=4), "default", tmp_path / "r3")
+    assert len(list((tmp_path / "cache" / "models" / "tiny").iterdir())) == 2
+
+
+def test_without_a_writable_cache_the_tiny_model_is_built_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from astraflow.models.config import ModelConfig, model_dir
+
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the cache would go")
+    monkeypatch.setenv("ASTRAFLOW_CACHE", str(blocked))
+    path = model_dir(ModelConfig(path="{out}/m", build="tiny-arith"), "default", tmp_path / "r")
+    assert (path / "config.json").exists() and load(path)[0] is not None
+    assert "tiny model cache unavailable" in caplog.text
