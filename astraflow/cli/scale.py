@@ -49,7 +49,7 @@ def scale(config: ConfigArg, out: OutOpt = None, overrides: SetOpt = None,
 
     cfg, out = load_role(config, overrides, out)
     with role_run() as should_stop:
-        decisions = run_configured_scaler(cfg, config, out, max_reports=max_reports, timeout=timeout,
-                               should_stop=should_stop)
+        decisions = run_configured_scaler(cfg, config, out, max_reports=max_reports,
+                                          timeout=timeout, should_stop=should_stop)
     acted = sum(1 for d in decisions if d["target"] != d["current"])
     typer.echo(f"decisions={len(decisions)} actions={acted}")

@@ -23,8 +23,9 @@ is gone (:func:`astraflow.core.launcher.stop_when_orphaned`).
 
 Only the commands in :data:`FORKED` go through a server: the roles that load torch through
 one that imported it, the lighter roles (producer, policy stages, reporter) through one that
-imported only what they need, so that they keep their small footprint. ``ASTRAFLOW_FORK_SERVER=0`` turns it off (every role a fresh
-interpreter); it is off where ``os.fork`` is missing.
+imported only what they need, so that they keep their small footprint.
+``ASTRAFLOW_FORK_SERVER=0`` turns it off (every role a fresh interpreter); it is off where
+``os.fork`` is missing.
 """
 
 from __future__ import annotations

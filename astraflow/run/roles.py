@@ -53,7 +53,7 @@ def models(config: ExperimentConfig) -> dict[str, ModelConfig]:
 # trainer -------------------------------------------------------------------------------------
 
 def configured_trainer(config: ExperimentConfig, policy: str, out: str | Path, *, bus: Bus,
-                  publisher: Publisher | None = None, metrics: Any = None) -> Trainer:
+                       publisher: Publisher | None = None, metrics: Any = None) -> Trainer:
     """The trainer of ``policy`` (its model built first when the config asks for a tiny
     one)."""
     from astraflow.consumers.trainer.build import build_trainer as build
@@ -66,7 +66,7 @@ def configured_trainer(config: ExperimentConfig, policy: str, out: str | Path, *
 
 
 def configured_publisher(config: ExperimentConfig, policy: str, out: str | Path,
-                    bus: Bus) -> Publisher:
+                         bus: Bus) -> Publisher:
     """The weights publisher of ``policy`` as the ``weights`` section describes it."""
     from astraflow.weights.config import build_publisher as build
 
@@ -74,7 +74,7 @@ def configured_publisher(config: ExperimentConfig, policy: str, out: str | Path,
 
 
 def configured_rank_publisher(config: ExperimentConfig, policy: str, out: str | Path, bus: Bus,
-                         *, rank: int, world: int) -> ShardedPublisher:
+                              *, rank: int, world: int) -> ShardedPublisher:
     """Rank ``rank``'s publisher of a sharded (``trainer.parallel: fsdp``) trainer: every
     rank publishes the rows it owns, rank 0 sends the manifests (docs/weights.md)."""
     from astraflow.weights.config import build_sharded_publisher
@@ -102,8 +102,8 @@ def drain_bounds(config: ExperimentConfig) -> dict[str, int] | None:
 
 
 def configured_worker(config: ExperimentConfig, out: str | Path = ".", *, bus: Bus,
-                 engines: dict[str, Engine] | None = None,
-                 worker_id: str | None = None) -> RolloutWorker:
+                      engines: dict[str, Engine] | None = None,
+                      worker_id: str | None = None) -> RolloutWorker:
     """A rollout worker on ``bus`` (whose topics exist); draining, it releases the tasks the
     run's staleness filter would drop (when the run has one)."""
     from astraflow.consumers.rollout.service import build_worker as build
@@ -115,9 +115,11 @@ def configured_worker(config: ExperimentConfig, out: str | Path = ".", *, bus: B
 
 
 def run_configured_worker(config: ExperimentConfig, out: str | Path = ".", *,
-               max_tasks: int | None = None, timeout: float | None = None,
-               should_stop: Callable[[], bool] | None = None, worker_id: str | None = None,
-               on_ready: Callable[[RolloutWorker], None] | None = None) -> WorkerStats:
+                          max_tasks: int | None = None, timeout: float | None = None,
+                          should_stop: Callable[[], bool] | None = None,
+                          worker_id: str | None = None,
+                          on_ready: Callable[[RolloutWorker], None] | None = None
+                          ) -> WorkerStats:
     """``astraflow rollout``: open the run's bus (creating its topics), run a worker until
     stopped (draining as :func:`configured_worker`'s does), close everything."""
     from astraflow.consumers.rollout.service import run_worker as run
@@ -156,7 +158,7 @@ def vocab_sizes(config: ExperimentConfig, out: str | Path = ".") -> dict[str, in
 
 
 def configured_checkpoint_path(config: ExperimentConfig, stage: str, policy: str | None,
-                    out: str | Path = ".") -> Path:
+                               out: str | Path = ".") -> Path:
     """Where the ``stage`` processor (of ``policy``, for the batch stage) checkpoints."""
     from astraflow.policies.stage import checkpoint_path as path
 
@@ -164,7 +166,7 @@ def configured_checkpoint_path(config: ExperimentConfig, stage: str, policy: str
 
 
 def configured_runner(config: ExperimentConfig, stage: str, *, policy: str | None = None,
-                 out: str | Path = ".", bus: Bus) -> StageRunner:
+                      out: str | Path = ".", bus: Bus) -> StageRunner:
     """The runner of ``stage`` on ``bus`` (whose topics exist)."""
     from astraflow.policies.stage import build_runner as build
 
@@ -175,9 +177,9 @@ def configured_runner(config: ExperimentConfig, stage: str, *, policy: str | Non
 
 
 def run_configured_stage(config: ExperimentConfig, stage: str, *, policy: str | None = None,
-              out: str | Path = ".", bus: Bus | None = None, max_records: int | None = None,
-              timeout: float | None = None, should_stop: Callable[[], bool] | None = None
-              ) -> dict[str, float]:
+                         out: str | Path = ".", bus: Bus | None = None,
+                         max_records: int | None = None, timeout: float | None = None,
+                         should_stop: Callable[[], bool] | None = None) -> dict[str, float]:
     """``astraflow policy``: run one stage processor until ``max_records`` main input records,
     ``timeout`` seconds or ``should_stop()``; returns its counters. Opens the run's bus unless
     ``bus`` is given; the run's topics are created either way."""
@@ -202,7 +204,7 @@ def run_configured_stage(config: ExperimentConfig, stage: str, *, policy: str | 
 # evaluator -----------------------------------------------------------------------------------
 
 def configured_evaluator(config: ExperimentConfig, policy: str, out: str | Path, *, bus: Bus,
-                    metrics: Any = None) -> Evaluator:
+                         metrics: Any = None) -> Evaluator:
     """The held-out evaluator of ``policy`` (``launch.eval_problems`` problems): its
     judgement of right and wrong claims when it plays the ``verifier`` role of a
     ``solver_verifier`` team (prompted as the run's workflow prompts it), else its answers."""
@@ -261,7 +263,7 @@ def verifier_turn(config: ExperimentConfig) -> tuple[str, int]:
 
 
 def configured_team_evaluator(config: ExperimentConfig, out: str | Path, *, bus: Bus,
-                         metrics: Any = None) -> TeamEvaluator:
+                              metrics: Any = None) -> TeamEvaluator:
     """The evaluator of the run's ``solver_verifier`` team (every policy of it, the whole
     episode, greedy, on ``launch.eval_problems`` held-out problems)."""
     from astraflow.consumers.rollout.rewards.sandbox import configure
@@ -285,8 +287,9 @@ def configured_team_evaluator(config: ExperimentConfig, out: str | Path, *, bus:
 
 # producer ------------------------------------------------------------------------------------
 
-def run_configured_producer(config: ExperimentConfig, out: str | Path = ".", *, max_tasks: int | None = None,
-            should_stop: Callable[[], bool] | None = None) -> ProduceStats:
+def run_configured_producer(config: ExperimentConfig, out: str | Path = ".", *,
+                            max_tasks: int | None = None,
+                            should_stop: Callable[[], bool] | None = None) -> ProduceStats:
     """``astraflow produce``: open the run's bus (creating its topics), produce the
     ``producer`` section's tasks, report to ``metrics``, close."""
     from astraflow.core.topics import group_name
@@ -321,8 +324,8 @@ def reporter_settings(config: ExperimentConfig) -> Any:
 
 
 def run_configured_reporter(config: ExperimentConfig, out: str | Path = ".", *,
-                 max_reports: int | None = None, timeout: float | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> list[Any]:
+                            max_reports: int | None = None, timeout: float | None = None,
+                            should_stop: Callable[[], bool] | None = None) -> list[Any]:
     """``astraflow report``: open the run's bus (creating its topics) and write load reports
     until stopped."""
     from astraflow.policies.reporter import run_reporter as run
@@ -380,9 +383,11 @@ class ScalerRole:
             a.close()
 
 
-def run_configured_scaler(config: ExperimentConfig, config_path: str | Path, out: str | Path = ".", *,
-               max_reports: int | None = None, timeout: float | None = None,
-               should_stop: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
+def run_configured_scaler(config: ExperimentConfig, config_path: str | Path,
+                          out: str | Path = ".", *, max_reports: int | None = None,
+                          timeout: float | None = None,
+                          should_stop: Callable[[], bool] | None = None
+                          ) -> list[dict[str, Any]]:
     """``astraflow scale``: the scaler as a process of its own, each pool acting through the
     actuator its config names (``local``: `astraflow rollout` processes this process starts
     and stops). Returns the decisions."""
@@ -400,8 +405,8 @@ def run_configured_scaler(config: ExperimentConfig, config_path: str | Path, out
 # gateway -------------------------------------------------------------------------------------
 
 def configured_gateway(config: ExperimentConfig, out: str | Path = ".", *, bus: Bus,
-                  policy: str | None = None, engines: dict[str, Engine] | None = None,
-                  follow_weights: bool | None = None) -> Gateway:
+                       policy: str | None = None, engines: dict[str, Engine] | None = None,
+                       follow_weights: bool | None = None) -> Gateway:
     """The agent gateway of the run on ``bus`` (whose topics exist): ``policy`` alone, or
     the policies ``gateway.policies`` names (default: the rollout workers')."""
     from astraflow.gateway.build import build_gateway as build

@@ -166,8 +166,8 @@ def write_adapter_dir(path: str | Path, spec: AdapterSpec,
 class AdapterTarget:
     """A :class:`~astraflow.weights.target.WeightTarget` that keeps adapter tensors on the
     host and passes every other tensor to ``inner`` (the engine's target for full weights), so
-    one engine follows a full-weight trainer and a LoRA trainer alike. At :meth:`finish_version` of a
-    version whose manifest carried an adapter spec (:meth:`set_adapter`, called by the syncer
+    one engine follows a full-weight trainer and a LoRA trainer alike. At
+    :meth:`finish_version` of a version whose manifest carried an adapter spec (:meth:`set_adapter`, called by the syncer
     before it), ``on_adapter`` gets the adapter when any of its tensors changed."""
 
     def __init__(self, inner: Any, on_adapter: OnAdapter) -> None:

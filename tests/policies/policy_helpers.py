@@ -6,8 +6,6 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from waiting import wait_for  # noqa: F401 (the helpers' callers import it from here)
-
 from astraflow.core.bus import Bus
 from astraflow.core.records import (
     Batch,

@@ -9,7 +9,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from policy_helpers import end_count, group_trajs, manifest, produce, read_all, task, wait_for
+from policy_helpers import end_count, group_trajs, manifest, produce, read_all, task
+from waiting import wait_for
 
 from astraflow.config import ExperimentConfig
 from astraflow.core.records import Batch, Task, decode

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from policy_helpers import end_count, group_trajs, produce, read_all, tgroup, traj, wait_for
+from policy_helpers import end_count, group_trajs, produce, read_all, tgroup, traj
+from waiting import wait_for
 
 from astraflow.config import ExperimentConfig
 from astraflow.core.errors import ConfigError

@@ -1,5 +1,5 @@
 """Producing tasks to the bus: n samples, one group per (task, attempt), idempotent re-runs,
-and the `astraflow run_configured_producer` command function."""
+and the `astraflow produce` command function."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def test_jsonl_without_path_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_produce_command_function(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                   new_run: Any) -> None:
-    from astraflow.cli.produce import run_configured_producer as produce_cmd
+    from astraflow.cli.produce import produce as produce_cmd
 
     run = f"c{uuid.uuid4().hex[:6]}"
     path = tmp_path / "exp.yaml"
@@ -184,7 +184,7 @@ def test_the_producer_keeps_a_bounded_lead_over_its_reader(tmp_path: Path) -> No
 
 
 def test_the_run_role_waits_for_the_pre_rollout_stage(tmp_path: Path) -> None:
-    """`astraflow run_configured_producer` on ``tasks.raw`` leads the pre-rollout stage's group by at most
+    """`astraflow produce` on ``tasks.raw`` leads the pre-rollout stage's group by at most
     ``producer.max_lead``; with ``max_lead: null`` it writes every epoch at once."""
     cfg = config(tmp_path, epochs=4, max_lead=50, flush_every=10, arithmetic={"count": 40})
     until = time.monotonic() + 1.0  # nobody reads: it writes 50 and waits until stopped

@@ -2,7 +2,8 @@
 
 usage: python _rollout_worker.py CONFIG_JSON OUT_DIR WORKER_ID
 
-Runs ``run_configured_worker`` on the experiment config (JSON) until SIGTERM, then drains and exits 0.
+Runs ``run_configured_worker`` on the experiment config (JSON) until SIGTERM, then drains and
+exits 0.
 """
 
 from __future__ import annotations

@@ -11,8 +11,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from waiting import wait_for  # noqa: F401 (the helpers' callers import it from here)
-
 from astraflow.consumers.rollout.engines.base import GenRequest, GenResult
 from astraflow.core.bus import Bus
 from astraflow.core.records import ChatMessage, Task, Trajectory, decode

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 import torch
-from rollout_helpers import make_task, produce, read_all, wait_for
+from rollout_helpers import make_task, produce, read_all
+from waiting import wait_for
 
 from astraflow.config import ExperimentConfig
 from astraflow.consumers.rollout.engines import EngineError, GenRequest, build_engine

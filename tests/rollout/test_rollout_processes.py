@@ -13,7 +13,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from rollout_helpers import Follow, make_task, produce, wait_for
+from rollout_helpers import Follow, make_task, produce
+from waiting import wait_for
 
 from astraflow.config import ExperimentConfig
 from astraflow.core.records import Metric, Trajectory

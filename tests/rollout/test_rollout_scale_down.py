@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from rollout_helpers import Follow, make_task, produce, read_all, wait_for
+from rollout_helpers import Follow, make_task, produce, read_all
+from waiting import wait_for
 
 from astraflow.config import ExperimentConfig
 from astraflow.consumers.rollout.drain import InFlight, oldest_versions, stale_by, to_release
@@ -159,7 +160,7 @@ def test_scale_down_mid_episode_loses_nothing(bus_url: str, tmp_path: Path, arit
         assert a.stats.drained_released_stale == a.stats.drained_released_behind == 0
         trajectories = topic_name(run, "trajectories")
         wait_for(lambda: len({t.group_id for t in read_all(bus, trajectories)}) == N_TASKS,
-                 180, "every task's trajectories", interval=0.2)
+                 180, "every task's trajectories", every=0.2)
     finally:
         a.request_stop()
         b.request_stop()
@@ -176,8 +177,8 @@ def test_scale_down_mid_episode_loses_nothing(bus_url: str, tmp_path: Path, arit
 @pytest.mark.slow
 def test_sigterm_scale_down_of_a_worker_process_loses_nothing(
         bus_url: str, tmp_path: Path, arith_dir: Path, buses: list[Bus]) -> None:
-    """The same with worker processes (`run_configured_worker`, as `astraflow rollout` runs it) and a
-    real SIGTERM: A exits 0 having released its held task; B finishes every task."""
+    """The same with worker processes (`run_configured_worker`, as `astraflow rollout` runs it)
+    and a real SIGTERM: A exits 0 having released its held task; B finishes every task."""
     run = f"s{uuid.uuid4().hex[:8]}"
     cfgs = {"a": config(bus_url, arith_dir, run, workflow=held(3600),
                         max_concurrent_episodes=N_SAMPLES, drain_timeout=0.5),

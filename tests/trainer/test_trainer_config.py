@@ -139,7 +139,7 @@ def test_build_trainer_gets_its_policys_section(experiment: Any, tmp_path: Path,
         seen[policy] = section
         return policy
 
-    monkeypatch.setattr(trainer_build, "configured_trainer", fake_build)
+    monkeypatch.setattr(trainer_build, "build_trainer", fake_build)
     cfg = experiment(policies=["default", "verifier"],
                      trainers={"verifier": {"optimizer": {"lr": 1e-6}}})
     for policy in cfg.policies:
