@@ -65,10 +65,9 @@ def model_dir(model: ModelConfig, policy: str, out: str | Path = ".") -> Path:
         except OSError as e:  # no cache to write: build it here
             log.warning("policy=%s tiny model cache unavailable (%s); building in place",
                         policy, e)
-            from astraflow.models.tiny import build_model, build_tokenizer, save
+            from astraflow.models.tiny import build_into
 
-            tok = build_tokenizer(alphabet)
-            save(build_model(tok, seed=model.seed), tok, tmp)
+            build_into(tmp, alphabet, model.seed)
         try:
             tmp.rename(path)
         except OSError:  # another process built it first: use theirs

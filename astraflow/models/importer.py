@@ -168,7 +168,7 @@ def _write_source(folder: Path, info: dict[str, Any]) -> None:
     (folder / SOURCE_FILE).write_text(json.dumps(info, indent=2) + "\n")
 
 
-def _aside(dest: Path) -> Path:
+def aside(dest: Path) -> Path:
     """An empty folder beside ``dest`` to build into; refused when ``dest`` has content."""
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise ConfigError(f"{dest} exists and is not empty: give a new folder (or remove it)")
@@ -187,7 +187,7 @@ def open_up(folder: Path) -> None:
         f.chmod((0o777 if f.is_dir() else 0o666) & ~umask)
 
 
-def _place(tmp: Path, dest: Path) -> Path:
+def place(tmp: Path, dest: Path) -> Path:
     """Rename the finished ``tmp`` to ``dest``; when another process placed one first, keep
     theirs."""
     open_up(tmp)
@@ -212,7 +212,7 @@ def import_gguf(gguf: str | Path, dest: str | Path, *, source: str | None = None
     say = _say(progress)
     say(f"hashing {gguf.name}")
     sha = file_sha256(gguf)
-    tmp = _aside(dest)
+    tmp = aside(dest)
     try:
         info = _convert(gguf, tmp, say)
         _write_source(tmp, {"source": source or str(gguf), "kind": "shortcut" if source else
@@ -222,7 +222,7 @@ def import_gguf(gguf: str | Path, dest: str | Path, *, source: str | None = None
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     IMPORTS += 1
-    return _place(tmp, dest)
+    return place(tmp, dest)
 
 
 def cached_import(gguf: str | Path, *, source: str | None = None,
@@ -295,7 +295,7 @@ def import_hub(repo_id: str, dest: str | Path, *, progress: Progress | None = No
     from astraflow.models.hub import endpoint, fetch
 
     dest = Path(dest).expanduser()
-    tmp = _aside(dest)
+    tmp = aside(dest)
     try:
         _say(progress)(f"downloading {repo_id} from {endpoint()}")
         fetch(repo_id, local_dir=tmp)
@@ -304,7 +304,7 @@ def import_hub(repo_id: str, dest: str | Path, *, progress: Progress | None = No
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return _place(tmp, dest)
+    return place(tmp, dest)
 
 
 def import_source(source: str, dest: str | Path, *, progress: Progress | None = None) -> Path:

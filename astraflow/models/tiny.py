@@ -91,15 +91,23 @@ def save(model: Any, tokenizer: Any, path: str | Path) -> Path:
     return out
 
 
+def build_into(folder: str | Path, alphabet: str, seed: int) -> Path:
+    """The tiny model of ``alphabet`` and ``seed``, built and saved in ``folder``."""
+    tok = build_tokenizer(alphabet)
+    return save(build_model(tok, seed=seed), tok, folder)
+
+
 def built(alphabet: str, seed: int, cache: Path) -> Path:
-    """The tiny model of ``alphabet`` and ``seed`` as :func:`save` writes it, built once into
-    ``cache`` and reused: a run that builds one copies it from there instead of importing torch
-    and transformers to make it again. The entry's name holds a digest of this module and of
-    the versions of the libraries that shape the files, so a change to either builds anew."""
+    """The tiny model of ``alphabet`` and ``seed`` as :func:`build_into` writes it, built once
+    into ``cache`` (aside, then renamed into place, as imports are) and reused: a run that
+    builds one copies it from there instead of importing torch and transformers to make it
+    again. The entry's name holds a digest of this module and of the versions of the
+    libraries that shape the files, so a change to either builds anew."""
     import hashlib
-    import shutil
-    import tempfile
     from importlib.metadata import PackageNotFoundError, version
+
+    from astraflow.models.importer import aside, place
+    from astraflow.models.source import has_model
 
     h = hashlib.sha256(Path(__file__).read_bytes())
     for package in ("torch", "transformers", "tokenizers", "safetensors"):
@@ -108,17 +116,9 @@ def built(alphabet: str, seed: int, cache: Path) -> Path:
         except PackageNotFoundError:
             h.update(f"{package}=?;".encode())
     entry = cache / f"tiny-{alphabet}-seed{seed}-{h.hexdigest()[:16]}"
-    if (entry / "config.json").exists():
+    if has_model(entry):
         return entry
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{entry.name}-"))
-    tok = build_tokenizer(alphabet)
-    save(build_model(tok, seed=seed), tok, tmp)
-    try:
-        tmp.rename(entry)
-    except OSError:  # another process built it first: theirs is the same
-        shutil.rmtree(tmp, ignore_errors=True)
-    return entry
+    return place(build_into(aside(entry), alphabet, seed), entry)
 
 
 def load_tokenizer(path: str | Path) -> Any:
