@@ -11,7 +11,7 @@ milliseconds, and a restarted or added rollout worker too.
 How: :class:`ForkServer` runs ``python -m astraflow.core.forkserver`` (one thread, nothing
 started but imports: forking is safe) and talks to it over its stdin/stdout, one JSON object a
 line (no pickle). A request names the role's argv (``astraflow.cli.app``'s arguments), its
-environment, working directory, log file and niceness; the server forks, and the child does
+environment, working directory and log file; the server forks, and the child does
 what :class:`subprocess.Popen` with ``start_new_session=True`` would: a session of its own,
 stdin from /dev/null, stdout and stderr appended to the log, unbuffered, the environment
 replaced, signals as a fresh interpreter has them, fresh random seeds; then it runs the
@@ -43,6 +43,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from astraflow.core.metrics import PORT_ENV
+
 ENV = "ASTRAFLOW_FORK_SERVER"
 #: the `astraflow` subcommands forked from a server, and which: ``torch`` for the roles that
 #: load it, ``light`` for the others (one server each: forked from the torch server, a light
@@ -62,7 +64,6 @@ PRELOAD = {
               "astraflow.core.bus.embedded"),
 }
 APP = ("-m", "astraflow.cli.app")
-LAUNCHER_PID_ENV = "ASTRAFLOW_LAUNCHER_PID"  # (astraflow.core.launcher's; not imported here)
 
 log = logging.getLogger("astraflow.forkserver")
 
@@ -166,8 +167,9 @@ class ForkServer:
     def _ensure(self, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
-        server_env = {k: v for k, v in env.items()
-                      if k not in (LAUNCHER_PID_ENV, "ASTRAFLOW_METRICS_PORT")}
+        from astraflow.core.launcher import LAUNCHER_PID_ENV  # (it imports this module)
+
+        server_env = {k: v for k, v in env.items() if k not in (LAUNCHER_PID_ENV, PORT_ENV)}
         proc = subprocess.Popen([sys.executable, "-m", "astraflow.core.forkserver", self.profile],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 env=server_env, close_fds=True)
@@ -179,7 +181,7 @@ class ForkServer:
     def _next_answer(self, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
         with self._answered:
             while not self._answers:
-                if proc.poll() is not None and not self._answers:
+                if proc.poll() is not None:
                     raise ForkServerError(f"the fork server ended (exit {proc.returncode})")
                 self._answered.wait(0.5)
             return self._answers.pop(0)
@@ -259,6 +261,8 @@ def _reap(out: IO[bytes]) -> None:
 def serve(profile: str = "torch") -> None:
     """The server's loop: read requests from stdin, fork, report exits; end at EOF."""
     _preload(profile)
+    from astraflow.core.launcher import LAUNCHER_PID_ENV
+
     os.environ.pop(LAUNCHER_PID_ENV, None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
     rfd, wfd = os.pipe()
@@ -319,6 +323,8 @@ def _become(request: dict[str, Any], server_fds: Sequence[int]) -> None:
         module = request["module"]
         # (before the environment is replaced: setproctitle takes room from the original one)
         _title([sys.executable, "-m", module, *request["argv"]])
+        from astraflow.core.launcher import LAUNCHER_PID_ENV
+
         env = dict(request["env"])
         if LAUNCHER_PID_ENV in env:
             env[LAUNCHER_PID_ENV] = str(os.getppid())  # this server stands for the launcher
