@@ -54,7 +54,8 @@ class Scenario:
     margin: float               # last mean - first mean at least this
     warm: str                   # "flag": --warm RUN (the quickstart); "path":
     #                             models.default.path=MODEL; "own": the example's own warm-up
-    measure: str = "train"      # "train": train reward per step; "held_out": evaluations
+    every: int | None = None    # held-out evaluations every this many steps (launch.eval_every):
+    #                             learning measured on them, else on the train reward per step
 
 
 SCENARIOS = {
@@ -69,8 +70,8 @@ SCENARIOS = {
          "trainer.lora={r: 8, alpha: 16}", "trainer.optimizer.lr=1.0e-3"),
         steps=150, first=25, last=50, margin=0.02, warm="flag"),
     "tool-agent": Scenario(
-        "agent_tools.yaml", ("launch.eval_every=10", "launch.eval_problems=200"),
-        steps=80, first=1, last=2, margin=0.10, warm="own", measure="held_out"),
+        "agent_tools.yaml", ("launch.eval_problems=200",),
+        steps=80, first=1, last=2, margin=0.10, warm="own", every=10),
 }
 
 
@@ -102,7 +103,8 @@ def run_args(s: Scenario, warm_run: Path | None, out: Path) -> list[str]:
     """The `astraflow run` argument list of scenario ``s`` from the warm-up run ``warm_run``."""
     from astraflow.run.warmup import start_models
 
-    sets = [*s.sets, f"trainer.max_steps={s.steps}", "launch.timeout_s=1800"]
+    sets = [*s.sets, f"trainer.max_steps={s.steps}", "launch.timeout_s=1800",
+            *([f"launch.eval_every={s.every}"] if s.every else [])]
     warm: list[str] = []
     if s.warm == "flag":
         assert warm_run is not None
@@ -147,44 +149,44 @@ class Result:
     seconds: float
 
 
+def measured(s: Scenario, run_dir: Path) -> tuple[list[float], int]:
+    """The curve learning is judged on (held-out evaluations on the grid, or the train reward
+    per step) and the number of RL steps the trainer logged."""
+    rewards = (train_rewards(run_dir) if (run_dir / "trainer-default.jsonl").exists()
+               else [])
+    if s.every is None:
+        return rewards, len(rewards)
+    evals = (held_out(run_dir, s.every, s.steps) if (run_dir / "metrics.jsonl").exists()
+             else [])
+    return evals, len(rewards)
+
+
 def run_one(name: str, repeat: int, warm_run: Path | None, out: Path) -> Result:
     s = SCENARIOS[name]
     run_dir = out / f"{name}-{repeat}"
-    print(f"[{name} #{repeat}] astraflow {' '.join(run_args(s, warm_run, run_dir))}",
-          flush=True)
+    args = run_args(s, warm_run, run_dir)
+    print(f"[{name} #{repeat}] astraflow {' '.join(args)}", flush=True)
     t0 = time.monotonic()
-    code = astraflow(run_args(s, warm_run, run_dir), out / f"{name}-{repeat}.log")
+    code = astraflow(args, out / f"{name}-{repeat}.log")
     seconds = time.monotonic() - t0
-    if s.measure == "held_out":
-        every = int(next(v for v in s.sets if v.startswith("launch.eval_every=")).split("=")[1])
-        curve = (held_out(run_dir, every, s.steps) if (run_dir / "metrics.jsonl").exists()
-                 else [])
-        steps = len(train_rewards(run_dir)) if (run_dir / "trainer-default.jsonl").exists() \
-            else 0
-    else:
-        curve = train_rewards(run_dir) if (run_dir / "trainer-default.jsonl").exists() else []
-        steps = len(curve)
+    curve, steps = measured(s, run_dir)
     if len(curve) < s.first + s.last:
         print(f"[{name} #{repeat}] exit {code}, {steps} steps: too few to compare "
               f"(see {out / f'{name}-{repeat}.log'})", flush=True)
         return Result(name, repeat, code, steps, float("nan"), float("nan"),
                       float("nan"), s.margin, False, seconds)
-    if s.measure == "held_out":  # the first evaluation against the mean of the best after it
+    if s.every:  # the first evaluation against the mean of the best after it
         first = curve[0]
         last = sum(sorted(curve[1:])[-s.last:]) / s.last
-        r = Result(name, repeat, code, steps, first, last, last - first, s.margin,
-                   code == 0 and steps == s.steps and last - first >= s.margin, seconds)
-        print(f"[{name} #{repeat}] exit {code} in {seconds:.0f} s: held-out {curve}: "
-              f"{first:.3f} -> best {s.last} {last:.3f} ({r.gain:+.3f}; margin {s.margin})",
-              flush=True)
-        return r
-    rewards = curve
-    first = sum(rewards[:s.first]) / s.first
-    last = sum(rewards[-s.last:]) / s.last
-    r = Result(name, repeat, code, len(rewards), first, last, last - first, s.margin,
-               code == 0 and len(rewards) == s.steps and last - first >= s.margin, seconds)
-    print(f"[{name} #{repeat}] exit {code} in {seconds:.0f} s: reward {first:.3f} -> "
-          f"{last:.3f} ({r.gain:+.3f}; margin {s.margin})", flush=True)
+        what = f"held-out {curve}: {first:.3f} -> best {s.last} {last:.3f}"
+    else:
+        first = sum(curve[:s.first]) / s.first
+        last = sum(curve[-s.last:]) / s.last
+        what = f"reward {first:.3f} -> {last:.3f}"
+    r = Result(name, repeat, code, steps, first, last, last - first, s.margin,
+               code == 0 and steps == s.steps and last - first >= s.margin, seconds)
+    print(f"[{name} #{repeat}] exit {code} in {seconds:.0f} s: {what} ({r.gain:+.3f}; "
+          f"margin {s.margin})", flush=True)
     return r
 
 

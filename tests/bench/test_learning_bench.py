@@ -30,6 +30,8 @@ def test_every_scenario_is_a_valid_run_of_its_example(name: str, tmp_path: Path,
     sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
     cfg = load_experiment(ROOT / "examples" / s.config, sets)
     assert cfg.trainer.max_steps == s.steps >= s.first + s.last
+    if s.every is not None:  # held-out evaluations on the grid learning is judged on
+        assert cfg.launch.eval_every == s.every
     if s.warm == "path":
         assert cfg.model("default").path == str(model) and cfg.launch.warmup.steps == 0
 
