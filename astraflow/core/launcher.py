@@ -36,6 +36,7 @@ from astraflow.core.metrics import PORT_ENV
 
 LAUNCHER_PID_ENV = "ASTRAFLOW_LAUNCHER_PID"
 POLL_S = 1.0
+TAIL_BYTES = 64 * 1024  # Child.tail reads no more than this of a log
 
 log = logging.getLogger("astraflow.launcher")
 
@@ -76,12 +77,11 @@ class Child:
         server (:mod:`astraflow.core.forkserver`), any other command is a fresh process.
         Raises OSError when it cannot."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        if self._log is None:
-            self._log = self.log_path.open("ab")
+        if self._log is None:  # unbuffered: a banner a full disk refused is not left pending
+            self._log = self.log_path.open("ab", buffering=0)  # for the next start to flush
         with contextlib.suppress(OSError):  # a full disk: the banner is lost, the role starts
             self._log.write(f"\n=== start {time.strftime('%H:%M:%S')} "
                             f"{' '.join(argv)}\n".encode())
-            self._log.flush()
         env = dict(env)
         if metrics_port is not None:
             env[PORT_ENV] = str(metrics_port)
@@ -131,12 +131,14 @@ class Child:
         return self.reap(grace_s, on_kill)
 
     def tail(self, n: int = 30) -> str:
-        """The last ``n`` lines of the log."""
+        """The last ``n`` lines of the log (within its last 64 KiB)."""
         try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
+            with self.log_path.open("rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
+                data = f.read(TAIL_BYTES)
         except FileNotFoundError:
             return ""
-        return "\n".join(lines[-n:])
+        return "\n".join(data.decode(errors="replace").splitlines()[-n:])
 
     def close(self) -> None:
         """Close the log file (the process, if any, is not touched)."""
@@ -157,7 +159,6 @@ def _start(argv: Sequence[str], env: Mapping[str, str], log_file: IO[bytes], log
            ) -> subprocess.Popen[bytes] | ForkedProcess:
     profile = forkserver.forkable(argv) if forkserver.enabled() else None
     if profile is not None:
-        log_file.flush()
         try:
             return forkserver.server(profile).start(argv, env, log_path)
         except forkserver.ForkServerError as e:  # a fresh process, then

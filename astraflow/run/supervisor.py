@@ -48,6 +48,7 @@ class RoleProcess:
     restarts: int = 0
     exit_codes: list[int] = field(default_factory=list)
     handled: bool = False  # the current process's exit has been dealt with
+    unstarted: bool = False  # a restart raised OSError: tried again at the next check
     retiring: float | None = None  # monotonic time retire() asked it to stop
     child: Child = field(init=False)
 
@@ -157,6 +158,9 @@ class Supervisor:
                     and time.monotonic() - r.retiring > self.grace_s):
                 self.event(f"role {r.spec.name} did not stop in {self.grace_s:.0f}s; killing")
                 r.signal(signal.SIGKILL)
+            if r.unstarted:
+                self._restart(r, "was not started")
+                continue
             if r.proc is None or r.proc.poll() is None or r.handled:
                 continue
             rc = r.proc.returncode
@@ -168,20 +172,37 @@ class Supervisor:
             if rc == 0:
                 continue  # finished its work (a terminal role, or a producer that is done)
             r.exit_codes.append(rc)
-            tail = r.tail(15)
-            if r.spec.restart and r.restarts < self.max_restarts:
-                r.restarts += 1
-                self.event(f"role {r.spec.name} died (exit {rc}); restarting "
-                           f"({r.restarts}/{self.max_restarts}). Log tail:\n{tail}")
-                r.start(self.env)
-                self._write_pids()
+            if r.spec.restart:
+                self._restart(r, f"died (exit {rc})", f" Log tail:\n{r.tail(15)}")
             else:
                 self.failed.append(r.spec.name)
                 self.event(f"role {r.spec.name} died (exit {rc}) and is not restarted. "
-                           f"Log tail:\n{tail}")
+                           f"Log tail:\n{r.tail(15)}")
         if any(r.spec.name in self.failed for r in terminals):
             return False
         return not terminals or any(r.state != "done" for r in terminals)
+
+    def _restart(self, r: RoleProcess, what: str, tail: str = "") -> None:
+        """Start role ``r`` again after it ``what``, if restarts are left. A start that raises
+        OSError (a fork refused, a file that cannot be opened) counts as a restart and is tried
+        again at the next check: the supervisor goes on either way, for the other roles."""
+        if r.restarts >= self.max_restarts:
+            r.unstarted = False
+            self.failed.append(r.spec.name)
+            self.event(f"role {r.spec.name} {what} and is not restarted "
+                       f"({r.restarts} restarts made).{tail}")
+            return
+        r.restarts += 1
+        self.event(f"role {r.spec.name} {what}; restarting "
+                   f"({r.restarts}/{self.max_restarts}).{tail}")
+        try:
+            r.start(self.env)
+        except OSError as e:
+            r.unstarted = True
+            self.event(f"role {r.spec.name} could not be started: {e}")
+            return
+        r.unstarted = False
+        self._write_pids()
 
     def add(self, spec: RoleSpec) -> None:
         """Start one more role while the phase goes on (a scaled-up rollout process)."""

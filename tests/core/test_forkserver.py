@@ -167,6 +167,14 @@ def test_the_launcher_forks_role_commands_from_the_server_of_their_kind(
     light = Child(tmp_path / "policy.log")
     assert isinstance(light.start(cli("policy", "--help"), role_env()), ForkedProcess)
     assert light.reap(60) == 0 and "Usage" in light.tail(100)
+    # a log on a full disk (/dev/full: ENOSPC on every write): the banner is lost, the role is
+    # forked all the same, and again (bench/chaos.py's disk_full fault stopped `astraflow run`
+    # with ENOSPC here, flushing the banner before a restart)
+    (tmp_path / "full.log").symlink_to("/dev/full")
+    full = Child(tmp_path / "full.log")
+    for _ in range(2):
+        assert isinstance(full.start(cli("policy", "--help"), role_env()), ForkedProcess)
+        assert full.reap(60) is not None  # it ran (its help text, refused, made it exit 1)
     # the light server never imported torch: its roles keep their small footprint
     light_server = forkserver.server("light")._proc
     assert light_server is not None

@@ -121,12 +121,18 @@ def learned(out: Path, warmup: Path) -> None:
     the evaluator's version 0 (the warm model) measures what the warm-up's landing check
     measured, on the same problems.
 
-    RL: the train reward (the objective GRPO climbs: 512 sampled completions a step) of the last
-    50 steps is at least 0.02 above that of the first 25 (measured here over 200 steps with two
-    rollout processes: +0.047 from a landing at 0.266, +0.115 from one at 0.318; with the one
-    process the quickstart now runs, from 0.318: +0.079 at steps 101-150, the last 50 of this
-    budget), and held-out greedy accuracy did not collapse (GRPO at lr 1e-3 takes it to ~0
-    within 60 steps). Why not a held-out gain: 200 steps from the band do not reliably give
+    RL: the train reward (the objective GRPO climbs: 512 sampled completions a step) rose by at
+    least 0.04 over the first 25 steps in some later 25-step window, and held-out greedy accuracy
+    did not collapse (GRPO at lr 1e-3 takes it to ~0 within 60 steps). Why a window and not the
+    run's end: GRPO's climb dips on the way. A CI run from a landing at 0.318 rose from 0.19
+    (steps 1-25) to 0.26 (steps 51-90), fell to 0.18 (steps 101-110) and was back at 0.24 by
+    step 150: its last 50 steps were only +0.018 above its first 25, though it had learned
+    (held-out 0.318 → 0.342). Earlier runs measured, last 50 against first 25: +0.047 from a
+    landing at 0.266, +0.115 and +0.079 from 0.318. Without learning, the best of the later
+    windows is above the first by one or two times a window's noise (a 25-step mean jitters by
+    ~0.006 here: steps 1-25 of that run, sd 0.018 a step, lag-1 correlation 0.47): 0.04 is far
+    above that.
+    Why not a held-out gain: 200 steps from the band do not reliably give
     one. The landing is the first check inside the
     band, so it is a high point of a jittering SFT trajectory (0.266 right after 0.19); from
     there three runs measured 0.266 → 0.268 (last two evaluations' mean), 0.266 → 0.244 (CI)
@@ -135,8 +141,10 @@ def learned(out: Path, warmup: Path) -> None:
     by ~0.08 (0.284 → 0.204 in the CI run)."""
     rewards = rl_rewards(out)
     assert len(rewards) == STEPS, len(rewards)
-    first, last = sum(rewards[:25]) / 25, sum(rewards[-50:]) / 50
-    assert last >= first + 0.02, (round(first, 3), round(last, 3))
+    window = 25
+    means = [sum(rewards[i:i + window]) / window for i in range(len(rewards) - window + 1)]
+    first, best = means[0], max(means[window:])
+    assert best >= first + 0.04, (round(first, 3), round(best, 3))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
     assert (evals[-1] + evals[-2]) / 2 >= evals[0] - 0.08, evals

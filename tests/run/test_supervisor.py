@@ -100,3 +100,49 @@ def test_a_full_disk_does_not_kill_the_supervisor(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "processes.json").read_text())["worker"] == \
         sup.roles["worker"].proc.pid  # type: ignore[union-attr]
     sup.stop()
+
+
+def test_a_log_the_disk_refuses_does_not_stop_a_restart(tmp_path: Path) -> None:
+    """The role's log is on a full disk (/dev/full refuses every write with ENOSPC): the start
+    banner is lost, the role is started again anyway (bench/chaos.py's disk_full fault found
+    `astraflow run` dying of ENOSPC while it restarted a role)."""
+    events: list[str] = []
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "worker.log").symlink_to("/dev/full")
+    sup = Supervisor(tmp_path, max_restarts=2, grace_s=5, on_event=events.append)
+    sup.start([RoleSpec("worker", py("import time\nwhile True: time.sleep(0.1)"))])
+    first = sup.roles["worker"].proc
+    assert first is not None
+    os.kill(first.pid, signal.SIGKILL)
+    wait_for(lambda: (sup.check() or True) and sup.roles["worker"].restarts == 1)
+    second = sup.roles["worker"].proc
+    assert second is not None and second.pid != first.pid and second.poll() is None
+    assert "worker died (exit -9); restarting (1/2)" in events[0], events
+    sup.stop()
+
+
+def test_a_start_that_raises_is_tried_again_as_a_restart(tmp_path: Path) -> None:
+    """A restart whose start raises OSError (here: the program is gone) does not end the
+    supervisor: it counts as a restart and is tried at the next check; out of restarts, the
+    role has failed."""
+    events: list[str] = []
+    sup = Supervisor(tmp_path, max_restarts=3, grace_s=5, on_event=events.append)
+    loop = py("import time\nwhile True: time.sleep(0.1)")
+    sup.start([RoleSpec("worker", loop)])
+    r = sup.roles["worker"]
+    first = r.proc
+    assert first is not None
+    r.spec.argv = [str(tmp_path / "gone")]
+    os.kill(first.pid, signal.SIGKILL)
+    wait_for(lambda: (sup.check() or True) and r.restarts == 1)
+    assert r.proc is first and r.unstarted
+    assert any("worker could not be started" in e for e in events), events
+    r.spec.argv = loop
+    assert sup.check() is True and r.restarts == 2 and not r.unstarted
+    assert r.proc is not first and r.proc is not None and r.proc.poll() is None
+    assert r.exit_codes == [-signal.SIGKILL]  # the one exit, counted once
+    r.spec.argv = [str(tmp_path / "gone")]
+    os.kill(r.proc.pid, signal.SIGKILL)
+    wait_for(lambda: (sup.check() or True) and sup.failed == ["worker"])
+    assert r.restarts == 3 and "not restarted (3 restarts made)" in events[-1], events
+    sup.stop()
