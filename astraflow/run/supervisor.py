@@ -23,6 +23,8 @@ from astraflow.core.launcher import Child, role_env, stop_all
 if TYPE_CHECKING:
     import subprocess
 
+    from astraflow.core.forkserver import ForkedProcess
+
 log = logging.getLogger("astraflow.run")
 
 @dataclass
@@ -56,7 +58,7 @@ class RoleProcess:
         self.child = Child(self.log_path)
 
     @property
-    def proc(self) -> subprocess.Popen[bytes] | None:
+    def proc(self) -> subprocess.Popen[bytes] | ForkedProcess | None:
         """The current process (a new one after each restart)."""
         return self.child.proc
 
@@ -161,9 +163,9 @@ class Supervisor:
             if r.unstarted:
                 self._restart(r, "was not started")
                 continue
-            if r.proc is None or r.proc.poll() is None or r.handled:
+            rc = r.proc.poll() if r.proc is not None and not r.handled else None
+            if rc is None:
                 continue
-            rc = r.proc.returncode
             r.handled = True  # this exit is dealt with once
             if r.retiring is not None:
                 r.exit_codes.append(rc)
