@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 
@@ -51,7 +52,7 @@ app = typer.Typer(
 )
 
 #: (name, module function, panel, one-line help)
-COMMANDS = [
+COMMANDS: list[tuple[str, Callable[..., Any], str, str]] = [
     ("run", run.run, RUN, "Run an experiment: every role as a process on this host."),
     ("check", check.check, RUN, "Check a config (models, data, reward, memory); start nothing."),
     ("demo", demo.demo, RUN, "Show the bus at work: workers join, die and leave, no model."),

@@ -86,15 +86,15 @@ def inspect(
     # Without --follow: stop once every record that existed at start has been printed.
     pending = {p: end for p, end in ends.items() if reader.position(p) < end}
     seen = 0
-    out = sys.stdout.buffer
+    stdout = sys.stdout.buffer
     try:
         while (limit is None or seen < limit) and (follow or pending):
             msgs = reader.consume(500 if limit is None else min(500, limit - seen), 0.5)
             for m in msgs:
                 if follow or m.offset < ends.get(m.partition, 0):
-                    out.write(message_json(m) + b"\n")
+                    stdout.write(message_json(m) + b"\n")
                     seen += 1
-            out.flush()
+            stdout.flush()
             pending = {p: end for p, end in pending.items() if reader.position(p) < end}
     except KeyboardInterrupt:
         pass

@@ -8,11 +8,15 @@ torch loads inside the command.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from astraflow.cli.common import OutOption
+
+if TYPE_CHECKING:
+    from astraflow.weights.publisher import Publisher
+    from astraflow.weights.sharded import ShardedPublisher
 
 
 def train(
@@ -42,7 +46,8 @@ def train(
     name = policy or cfg.policies[0]
     if max_steps is not None:
         cfg.trainer.max_steps = max_steps
-    trainer = publisher = metrics = None
+    trainer = metrics = None
+    publisher: Publisher | ShardedPublisher | None = None
     bus = None
     with role_run() as should_stop:
         try:

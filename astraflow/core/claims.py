@@ -74,7 +74,7 @@ def unclaim(msg: Message, store: BlobStore | None) -> Message:
     there is no store, the blob is missing, or its bytes do not match the claim."""
     if not is_claim(msg):
         return msg
-    c: Claim = decode(msg.value, Claim)  # type: ignore[assignment]
+    c: Claim = decode(msg.value, Claim)
     if store is None:
         raise SchemaError(f"{msg.origin} is a claim check for {c.uri} but this reader has no "
                           "claim store configured (bus.claims)")

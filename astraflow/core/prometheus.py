@@ -62,7 +62,7 @@ def serve(emitter: MetricsEmitter, port: int | None = None, addr: str = "0.0.0.0
     from prometheus_client import CollectorRegistry, start_http_server
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(emitter))  # type: ignore[arg-type]
+    registry.register(_Collector(emitter))
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     bound = int(server.server_port)
     emitter.set("prometheus_port", bound)

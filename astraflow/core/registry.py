@@ -218,7 +218,7 @@ class Registry(Generic[F]):
         if not callable(obj):
             raise RegistryError(f"{where} is a {type(obj).__name__}, not a callable",
                                 reason="not callable", path=ep.value)
-        return obj  # type: ignore[no-any-return]
+        return obj
 
     def origins(self) -> list[Origin]:
         """Every name with where it comes from, built-ins first, then entry points."""

@@ -442,7 +442,7 @@ class _Typed(Generic[R]):
         self.kind = kind
 
     def __call__(self, msg: Message) -> R:
-        return decode(msg.value, self.kind)  # type: ignore[return-value]
+        return decode(msg.value, self.kind)
 
 
 def run_processor(bus: Bus, *, group: str, inputs: Sequence[str], kind: type[R],

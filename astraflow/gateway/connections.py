@@ -89,7 +89,7 @@ def guarded_protocol(limits: Limits, cap: int, said: RateLimitedLog) -> type[asy
     per_peer = min(cap, limits.max_connections_per_peer)
     peers: Counter[str] = Counter()  # address -> connections open from it
 
-    class GuardedH11Protocol(H11Protocol):  # type: ignore[misc]
+    class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
         _peer: str | None = None  # counted in ``peers`` while open
 
@@ -97,7 +97,7 @@ def guarded_protocol(limits: Limits, cap: int, said: RateLimitedLog) -> type[asy
             super().__init__(*args, **kwargs)
             self.logger = _QuietWarnings(self.logger, said)  # type: ignore[assignment]
 
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             peer = peer_of(transport)
             if peers[peer] >= per_peer:
@@ -174,7 +174,7 @@ class _OneFailure:
         return getattr(self.sock, name)
 
 
-class GuardedLoop(asyncio.SelectorEventLoop):  # type: ignore[misc,valid-type]
+class GuardedLoop(asyncio.SelectorEventLoop):
     """asyncio's loop, but out of file descriptors it retries ``accept`` once a second, not
     once per queued connection each second (CPython 3.11's accept loop schedules a retry for
     every failed ``accept`` of its backlog-long loop and goes on: thousands of retries a

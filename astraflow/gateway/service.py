@@ -334,7 +334,7 @@ class Gateway:
                                "recorded", code="session_closed")
             await self.store.record(
                 s, kind="call", policy=spec.policy, call_id=key or "",
-                route=spec.route,  # type: ignore[arg-type]
+                route=spec.route,
                 segment=p.segment if p.segment is not None else s.next_segment(spec.policy),
                 parent=p.parent, parent_choice=p.parent_choice, prompt_ids=pack_i32(p.tail),
                 prompt_role=p.role, prompt_len=len(p.prompt), n_messages=spec.n_messages,

@@ -78,7 +78,7 @@ def existing_groups(bus: Bus, topic: str, *, timeout: float = 120.0) -> set[str]
             raise SourceError(f"reading {topic} to skip existing groups took over {timeout:g} s;"
                               " set producer.skip_existing=false to produce without the check")
         try:
-            groups.add(decode(msg.value, Task).resolved_group_id())  # type: ignore[union-attr]
+            groups.add(decode(msg.value, Task).resolved_group_id())
         except SchemaError:
             continue
     return groups

@@ -108,7 +108,7 @@ class Collector:
                 m = decode(msg.value, Metric)
             except SchemaError:
                 continue
-            self._take(m)  # type: ignore[arg-type]
+            self._take(m)
             n += 1
         if self._fh is not None and n:
             self._fh.flush()

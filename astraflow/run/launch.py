@@ -246,6 +246,7 @@ def tool_demonstrations(config: ExperimentConfig, tokenizer: Any, specs: list[An
         if tool is None or (allowed is not None and tool not in allowed):
             out.append(turns_demonstration(tokenizer, spec, [answer], kind="sft"))
             continue
+        assert m is not None  # (a tool was found for it above)
         a, b = int(m.group(1)), int(m.group(3))
         output = str(TOOLS.resolve(tool)(a, b))
         out.append(turns_demonstration(tokenizer, spec, [

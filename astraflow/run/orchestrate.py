@@ -140,9 +140,10 @@ def run_experiment(config: ExperimentConfig, out: Path, *, live: bool = True,
     try:
         rl = config
         if config.launch.warmup.steps > 0:
-            rl = _warmup(config, out, bus, sup, console, resume=resume, ticker=ticker)
-            if rl is None:
+            warm = _warmup(config, out, bus, sup, console, resume=resume, ticker=ticker)
+            if warm is None:
                 return exits.run_code(sup.failed) or exits.ERROR
+            rl = warm
         if warmup_only:
             return _warmup_only_done(rl, out, console)
         code = _rl_phase(rl, out, bus, sup, console, live=live, started=time.time(),

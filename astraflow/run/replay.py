@@ -162,11 +162,11 @@ def retraining(config: Any, run_dir: Path, policy: str, bus: Any, *, what: str =
         for s in steps:
             (msg,) = fetch(bus, s.topic, [(s.partition, s.offset)]).values()
             batch = decode(msg.value, Batch)
-            if batch.id != s.batch_id:  # type: ignore[union-attr]
+            if batch.id != s.batch_id:
                 raise ReplayError(f"{s.topic}[{s.partition}]@{s.offset} holds batch "
-                                  f"{batch.id!r}, the log says "  # type: ignore[union-attr]
+                                  f"{batch.id!r}, the log says "
                                   f"{s.batch_id!r}")
-            yield s, step(engine, resolve(bus, batch, store), s.version - 1)  # type: ignore
+            yield s, step(engine, resolve(bus, batch, store), s.version - 1)
 
     return engine, len(steps), run()
 

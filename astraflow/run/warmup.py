@@ -207,7 +207,7 @@ def _record(config: ExperimentConfig, runs: dict[str, PolicyWarmup], out: Path,
         "band": list(band) if band else None, "check_every": w.check_every,
         "cap": w.steps, "on_miss": w.on_miss, "lr": w.lr, "seconds": round(ended - started, 1),
         "policies": {}}
-    lines = []
+    lines: list[dict[str, Any]] = []
     for p, r in runs.items():
         chosen = r.chosen
         result["policies"][p] = {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -110,7 +111,7 @@ class CodecResult:
         return asdict(self)
 
 
-def _best(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
+def _best(fn: Callable[[], object], repeat: int) -> float:
     best = math.inf
     for _ in range(repeat):
         t = time.perf_counter()

@@ -47,7 +47,7 @@ def _cctx(level: int) -> zstandard.ZstdCompressor:
 def _dctx() -> zstandard.ZstdDecompressor:
     if not hasattr(_local, "d"):
         _local.d = zstandard.ZstdDecompressor()
-    return _local.d  # type: ignore[no-any-return]
+    return _local.d
 
 
 @dataclass(frozen=True)

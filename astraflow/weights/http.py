@@ -87,12 +87,12 @@ class HttpStore:
         def response_class(sock: Any, *args: Any, **kwargs: Any) -> http.client.HTTPResponse:
             resp = http.client.HTTPResponse(sock, *args, **kwargs)
             r = DeadlineReader(sock, self.timeout, head_by, keep=cast(io.IOBase, resp.fp))
-            resp.fp = io.BufferedReader(r)  # type: ignore[assignment]
+            resp.fp = io.BufferedReader(r)
             reader.append(r)
             return resp
 
         cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = cls(self._host, self._port, timeout=self.timeout)  # type: ignore[arg-type]
+        conn = cls(self._host, self._port, timeout=self.timeout)
         conn.response_class = response_class  # type: ignore[assignment]
         sent = {"Accept-Encoding": "identity", **(headers or {})}
         if self.token is not None:

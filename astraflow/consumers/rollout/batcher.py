@@ -153,7 +153,7 @@ class Batcher:
                 f.set_result(res)
 
     def _done(self) -> None:
-        self._running.discard(asyncio.current_task())  # type: ignore[arg-type]
+        self._running.discard(asyncio.current_task())
         assert self._wake is not None
         self._wake.set()
 

@@ -190,9 +190,9 @@ def _eval(node: ast.AST) -> float | int:
             raise CalculatorError(
                 f"refused: {_short(left)} {_SYMBOLS[type(node.op)]} {_short(right)} would have "
                 f"{digits} digits, more than {MAX_DIGITS} digits (the calculator's limit)")
-        return _OPS[type(node.op)](left, right)  # type: ignore[no-any-return]
+        return _OPS[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_eval(node.operand))  # type: ignore[no-any-return]
+        return _OPS[type(node.op)](_eval(node.operand))
     raise ValueError(f"unsupported expression element {type(node).__name__}")
 
 

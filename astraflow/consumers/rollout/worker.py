@@ -261,7 +261,7 @@ class RolloutWorker:
     async def _accept(self, msg: Message, epoch: int) -> None:
         self.stats.tasks_taken += 1
         try:
-            task: Task = decode(msg.value, Task)  # type: ignore[assignment]
+            task: Task = decode(msg.value, Task)
             self._validate(task)
         except (SchemaError, TaskRejected, RegistryError) as e:
             self.stats.tasks_dead_lettered += 1

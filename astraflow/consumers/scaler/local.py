@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from astraflow.consumers.scaler.actuation import Actuation
+from astraflow.core.forkserver import ForkedProcess
 from astraflow.core.launcher import Child, cli, role_env
 
 log = logging.getLogger("astraflow.scaler")
@@ -43,7 +44,7 @@ class _Proc:
     stopping: bool = False
 
     @property
-    def proc(self) -> subprocess.Popen[bytes]:
+    def proc(self) -> subprocess.Popen[bytes] | ForkedProcess:
         assert self.child.proc is not None  # a _Proc is made once its process started
         return self.child.proc
 

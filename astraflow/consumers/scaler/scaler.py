@@ -105,7 +105,7 @@ class Scaler:
 
 
 def _decode_report(msg: Message) -> LoadReport:
-    return decode(msg.value, LoadReport)  # type: ignore[return-value]
+    return decode(msg.value, LoadReport)
 
 
 def scaler_processor(bus: Bus, scaler: Scaler, *, run: str, component: str = "scaler",

@@ -86,8 +86,9 @@ def load_model(path: str | Path, device: torch.device) -> tuple[torch.nn.Module,
         raise ConfigError(f"model directory {p} has no config.json; set models.<policy>.path "
                           "to a Hugging Face model directory or models.<policy>.build to a "
                           "tiny model")
-    model = AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32,
-                                                 use_safetensors=True).to(device)
+    model: Any = AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32,
+                                                      use_safetensors=True)
+    model = model.to(device)
     pad = model.config.pad_token_id
     return model, int(pad) if pad is not None else 0
 
@@ -122,7 +123,7 @@ def build_train_state(tc: TrainerConfig, model_path: str | Path) -> TrainState:
     oc = tc.optimizer
     # LoRA: only the adapter requires a gradient, so only it gets AdamW state
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                  lr=oc.lr, betas=tuple(oc.betas),
+                                  lr=oc.lr, betas=oc.betas,
                                   weight_decay=oc.weight_decay, eps=oc.eps)
     ref = None
     # LoRA's reference is its own base (the adapter switched off: engine.reference); a full

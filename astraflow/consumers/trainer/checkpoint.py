@@ -151,7 +151,8 @@ def _rng_parts() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"cuda.{i}"] = s
     py = random.getstate()
-    kind, keys, pos, gauss, cached = np.random.get_state()
+    numpy_state: Any = np.random.get_state()  # (typed a union with a dict's str keys)
+    kind, keys, pos, gauss, cached = numpy_state
     return tensors, {"python": [py[0], list(py[1]), py[2]],
                      "numpy": [kind, keys.tolist(), int(pos), int(gauss), float(cached)]}
 

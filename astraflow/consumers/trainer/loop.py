@@ -336,7 +336,7 @@ class Trainer:
         return []
 
     def _decode(self, msg: Message) -> Batch:
-        batch: Batch = decode(msg.value, Batch)  # type: ignore[assignment]
+        batch: Batch = decode(msg.value, Batch)
         if batch.policy != self.policy:
             raise SchemaError(f"batch {batch.id!r} is for policy {batch.policy!r}, this "
                               f"trainer trains {self.policy!r}")
@@ -518,7 +518,7 @@ def resolve(bus: Bus, batch: Batch, claims: BlobStore | None = None) -> Batch:
         return batch
     fetched = {topic: fetch(bus, topic, addresses) for topic, addresses in by_topic.items()}
     return assemble(batch, lambda topic, part, off: decode(
-        unclaim(fetched[topic][(part, off)], claims).value, Trajectory))  # type: ignore[arg-type,return-value]
+        unclaim(fetched[topic][(part, off)], claims).value, Trajectory))
 
 
 def assemble(batch: Batch, trajectory: Callable[[str, int, int], Trajectory]) -> Batch:

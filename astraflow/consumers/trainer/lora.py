@@ -42,7 +42,8 @@ def wrap(model: torch.nn.Module, lora: LoraSection) -> Any:
     targets: Any = lora.target_modules
     if targets == ["all-linear"]:
         targets = "all-linear"
-    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+    alpha: Any = lora.alpha  # peft annotates an int; the scale alpha / r takes a float too
+    config = LoraConfig(r=lora.r, lora_alpha=alpha, lora_dropout=lora.dropout,
                         target_modules=targets, bias="none", task_type="CAUSAL_LM")
     try:
         peft_model = get_peft_model(model, config)

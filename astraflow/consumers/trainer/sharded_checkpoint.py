@@ -133,9 +133,10 @@ def load_full(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     )
 
     full = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, weights, options=full)
+    full_weights: dict[str, Any] = dict(weights)  # (the API's value type is a union)
+    set_model_state_dict(model, full_weights, options=full)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
-    state: dict[str, dict[str, Any]] = {}
+    state: dict[str, Any] = {}  # parameter name -> its optimizer state
     for key, value in opt_tensors.items():
         _, pid, name = key.split(".", 2)
         state.setdefault(names[int(pid)], {})[name] = value

@@ -92,7 +92,7 @@ def _checkpointed(block: torch.nn.Module) -> None:
     def forward(*args: Any, **kwargs: Any) -> Any:
         return checkpoint(inner, *args, use_reentrant=False, **kwargs)
 
-    block.forward = forward  # type: ignore[method-assign]
+    block.forward = forward
 
 
 def shard_model(model: torch.nn.Module, fc: FsdpConfig, device: torch.device, *,

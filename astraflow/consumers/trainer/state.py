@@ -128,18 +128,20 @@ def apply_gradients(engine: TrainState, version: int) -> dict[str, float]:
     """Zero-fill, all-reduce (sum), clip and apply the accumulated gradients; returns
     ``grad_norm`` (before clipping) and ``lr``."""
     params = engine.params
+    grads: list[torch.Tensor] = []
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+        grads.append(p.grad)
     if engine.world > 1 and engine.parallel != "fsdp":  # fsdp summed in the backward
         import torch.distributed as dist
 
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         offset = 0
-        for p in params:
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset:offset + n].view_as(g))
             offset += n
     max_norm = engine.grad_clip if engine.grad_clip is not None else math.inf
     if engine.parallel == "fsdp":

@@ -51,7 +51,7 @@ def offset_problem(topic: str, partition: object, offset: object, bounds: Bounds
     """Why a reader of ``topic`` cannot read ``partition`` from ``offset`` (None: it can)."""
     if isinstance(partition, bool) or partition not in bounds:
         return (f"{topic!r} has no partition {partition!r} (valid: 0..{len(bounds) - 1})")
-    lo, hi = bounds[partition]  # type: ignore[index]
+    lo, hi = bounds[partition]
     if isinstance(offset, bool) or not isinstance(offset, int) or not lo <= offset <= hi:
         return (f"offset {offset!r} is outside {topic}[{partition}]'s {lo}..{hi} (the first "
                 "record still on the bus .. the end, where the next record will be written)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgspec
 
@@ -54,6 +54,12 @@ def schema_header(record: Record | type[Record]) -> tuple[str, bytes]:
     return SCHEMA_HEADER, f"{cls.schema_name()}/{cls.SCHEMA_VERSION}".encode()
 
 
+@overload
+def decode(data: bytes, kind: type[R]) -> R: ...
+@overload
+def decode(data: bytes, kind: None = None) -> AnyRecord: ...
+
+
 def decode(data: bytes, kind: type[R] | None = None) -> R | AnyRecord:
     """Decode and validate msgpack bytes into a record.
 
@@ -62,7 +68,7 @@ def decode(data: bytes, kind: type[R] | None = None) -> R | AnyRecord:
     """
     target: Any = kind if kind is not None else AnyRecord
     try:
-        return _decoder(target).decode(data)  # type: ignore[no-any-return]
+        return _decoder(target).decode(data)
     except msgspec.ValidationError as e:
         expected = kind.schema_name() if kind is not None else "a known record"
         raise SchemaError(f"invalid {expected}: {e}") from e
@@ -79,7 +85,7 @@ def decode(data: bytes, kind: type[R] | None = None) -> R | AnyRecord:
 
 
 def decode_many(items: Sequence[bytes], kind: type[R]) -> list[R]:
-    return [decode(b, kind) for b in items]  # type: ignore[misc]
+    return [decode(b, kind) for b in items]
 
 
 def to_builtins(record: Record) -> Any:

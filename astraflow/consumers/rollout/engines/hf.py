@@ -143,7 +143,7 @@ class StepGate:
             u.done.wait()
         if u.error is not None:
             raise u.error
-        return u.result  # type: ignore[no-any-return]
+        return u.result
 
 
 class HFEngine:

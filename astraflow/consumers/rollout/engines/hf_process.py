@@ -241,7 +241,7 @@ class ProcessEngine:
         torch.set_num_threads(1)  # this side only applies weights
         model, self.tokenizer = load(model_path, device="cpu", dtype=getattr(torch, dtype))
         self.model = model.eval()
-        self._weights_fd, self._weights, self._layout = share(self.model)
+        self._weights_fd, self._shared, self._layout = share(self.model)  # (the mmap, kept)
         self.target = ModelTarget(self.model)
         # LoRA versions: merged into the shared weights (weights/adapter.py)
         self._weights = merging_target(self.model, self.target)

@@ -139,7 +139,7 @@ class SlowedEngine:
         self.steps: StepPacer | None = None
         if self.continuous and hasattr(inner, "step_hook"):
             self.steps = StepPacer(self.pacer, getattr(inner, "step_hook", None))
-            inner.step_hook = self.steps  # type: ignore[attr-defined]
+            inner.step_hook = self.steps
         self._queues = self.continuous and callable(getattr(inner, "submit", None))
         if self._queues:
             self.submit = self._submit  # the batcher awaits these futures directly
