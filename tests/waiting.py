@@ -3,12 +3,15 @@
     from waiting import eventually, wait_for
     wait_for(lambda: log.exists(), 30, "the log")            # AssertionError naming it
     assert eventually(lambda: proc.poll() is not None, 10)   # a bool, for the test to judge
+    assert eventually(lambda: not alive(pid), 30)            # a killed process is gone
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -43,3 +46,17 @@ def eventually(cond: Callable[[], Any], timeout: float, every: float = 0.02) -> 
             return True
         time.sleep(every)
     return bool(cond())
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` still runs: a zombie (ended, not yet reaped by its parent) is
+    not. A SIGKILLed process still runs for a moment while the kernel tears it down, so a
+    test that kills one waits with `eventually(lambda: not alive(pid), ...)`."""
+    try:
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    except PermissionError:  # someone else's process under a reused pid: not ours, gone
+        return False
+    return state not in ("Z", "X")

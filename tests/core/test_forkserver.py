@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waiting import alive, wait_for
 
 from astraflow.core import forkserver
 from astraflow.core.forkserver import ForkedProcess, ForkServer, ForkServerError
@@ -135,17 +136,7 @@ def test_a_server_that_dies_takes_no_role_with_it(tmp_path: Path) -> None:
     # the launcher hears that the server is gone and counts its role as ended...
     assert proc.wait(30) == -signal.SIGKILL
     # ...and the role, its parent gone, stops itself (its SIGTERM handler exits 3)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            break
-        if state == "Z":  # ended, not yet reaped by its new parent
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError("the role outlived its fork server")
+    wait_for(lambda: not alive(proc.pid), 30, "the role to end with its fork server")
     # a later start gets a new server
     assert s.start([*PROBE, "exit", "0"], env(), tmp_path / "again.log").wait(30) == 0
     request_cleanup()

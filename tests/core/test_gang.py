@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from waiting import wait_for
+from waiting import alive, wait_for
 
 from astraflow.core.gang import gang_argv
 
@@ -39,15 +39,6 @@ def start(tmp_path: Path, mode: str, ranks: int = 2) -> subprocess.Popen[bytes]:
     script.write_text(RANK)
     return subprocess.Popen(gang_argv(ranks, [sys.executable, str(script), str(tmp_path),
                                               mode]), start_new_session=True)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is dead too (reaped by the gang in the normal case)
-    return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def test_ranks_get_torchrun_environment(tmp_path: Path) -> None:

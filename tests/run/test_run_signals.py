@@ -15,19 +15,9 @@ from pathlib import Path
 
 import pytest
 from run_helpers import launched
+from waiting import alive
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead
-        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
 
 
 @pytest.mark.slow
@@ -57,14 +47,14 @@ def test_a_signal_stops_every_role_and_writes_the_summary(tmp_path: Path, sig: i
         assert (out / "summary.json").exists(), text[-3000:]
         assert "interrupted: stopping every role" in text, text[-3000:]
         deadline = time.monotonic() + 15
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not [p for p in pids if _alive(p)], "roles outlived the run"
+        assert not [p for p in pids if alive(p)], "roles outlived the run"
     finally:
         if proc.poll() is None:
             proc.kill()
         for p in pids:
-            if _alive(p):
+            if alive(p):
                 os.killpg(p, signal.SIGKILL)
 
 
@@ -90,13 +80,13 @@ def test_roles_stop_themselves_when_the_run_is_killed(tmp_path: Path) -> None:
             proc.kill()
             proc.wait(10)
             deadline = time.monotonic() + 60
-            while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+            while any(alive(p) for p in pids.values()) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            assert not [r for r, p in pids.items() if _alive(p)], "roles outlived the killed run"
+            assert not [r for r, p in pids.items() if alive(p)], "roles outlived the killed run"
             for role in pids:  # each said why it stopped
                 log = (out / "logs" / f"{role}.log").read_text()
                 assert "the launcher of this role (astraflow run, pid" in log, (role, log[-2000:])
         finally:
             for p in pids.values():
-                if _alive(p):
+                if alive(p):
                     os.killpg(p, signal.SIGKILL)
