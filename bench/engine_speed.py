@@ -1,4 +1,4 @@
-"""``rollout.engine.speed`` on the wall clock: what tests/rollout/test_engine_speed.py checks on
+"""``rollout.engine.speed`` on the wall clock: what tests/consumers/rollout/test_engine_speed.py checks on
 the pacer's own clock (each computation followed by ``(1/s - 1)`` times its time asleep),
 measured here as ratios against a full-speed baseline run in the same process.
 

@@ -6,7 +6,7 @@
     astraflow run examples/quickstart.yaml --warmup-only --out runs/quickstart   # makes one
 
 CI checks what these runs are made of on short runs (the trajectories exact, nothing lost or
-trained twice, restarts, replay; tests/run/test_gateway_agent_e2e.py and test_lora_run_e2e.py)
+trained twice, restarts, replay; tests/e2e/test_gateway_agent_e2e.py and test_lora_run_e2e.py)
 and that the quickstart itself learns (test_quickstart_e2e.py). These scenarios take the
 learning claims of the other paths, each from the quickstart's warm model (its SFT warm-up,
 run once here unless ``--warm``; the tool agent makes its own), each one `astraflow run`:
@@ -22,7 +22,7 @@ run once here unless ``--warm``; the tool agent makes its own), each one `astraf
   RL: episodes that call a multiplication tool), 80 steps, held-out evaluation (200 problems,
   the episode run with the tool) every 10. Learned: the mean of the two best evaluations after
   the first at least 0.10 above the first (the model has short collapses and recovers; the
-  best, not the last: see tests/run/test_agent_tools.py).
+  best, not the last: see tests/e2e/test_agent_tools.py).
 
 The margins are the ones the CI tests used when these runs were CI tests (their reasoning:
 five standard errors of the difference of the two means for the agent; the quickstart's own

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "trainer"))
+sys.path.insert(0, str(ROOT / "tests" / "consumers" / "trainer"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 LORA = {"r": 8, "alpha": 16.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}

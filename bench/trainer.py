@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "trainer"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "consumers" / "trainer"))
 from trainer_helpers import produce, trajectory  # noqa: E402
 
 from astraflow.config import ExperimentConfig  # noqa: E402
@@ -149,7 +149,7 @@ def part2(model_dir: Path, steps: int, tmp: Path) -> None:
 
 
 def part3(model_dir: Path, tmp: Path) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "trainer"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "consumers" / "trainer"))
     from trainer_helpers import SEVEN, sample, sft_batch
 
     e = build_train_state(TrainerConfig(device="cpu", mode="sft", optimizer={"lr": 2e-3}),

@@ -2,13 +2,15 @@
 # The whole test suite, set-up included: the virtual environment, Python packages, and the
 # Kafka broker jars from Maven Central (the Kafka tests start a real broker themselves).
 # Extra arguments go to pytest, e.g. scripts/test.sh -k conformance -x
+# scripts/test.sh unit [ARGS]: the unit part alone (a contributor's inner loop): the quick tests
+# of the package's own modules, leaving out tests/e2e (whole runs) and tests/bench.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/bootstrap.sh"
 cd "$ROOT"
 echo "==> fetching the Kafka broker jars (cached after the first time)"
 astraflow broker fetch
-# tests/run/test_prometheus_dashboard.py runs the real Prometheus server against a run; it
+# tests/e2e/test_prometheus_dashboard.py runs the real Prometheus server against a run; it
 # fails (it does not skip) where the server is missing.
 if ! command -v prometheus >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -40,6 +42,15 @@ show_hangs() {
   done
   rm -f "$ASTRAFLOW_TEST_HANG_DIR"/hang-*.txt "$ASTRAFLOW_TEST_HANG_DIR"/stacks-*.txt
 }
+if [ "${1:-}" = unit ]; then
+  shift
+  echo "==> running the unit part (not slow, not kafka, not gpu; not tests/e2e, tests/bench)"
+  rc=0
+  python -m pytest -m "not gpu and not slow and not kafka" --ignore=tests/e2e \
+    --ignore=tests/bench -n 3 "$@" || rc=$?
+  show_hangs
+  exit "$rc"
+fi
 if [ "$#" -gt 0 ]; then
   echo "==> running the tests (all but gpu-marked ones): pytest -m 'not gpu' $*"
   rc=0
@@ -57,7 +68,7 @@ fi
 #     tests: 348 s at two, 322 s at three, 2% idle). The Kafka tests share one process (one
 #     broker; tests/conftest.py), the
 #     agentic example's two runs another (the Kafka one starts from the embedded one's warm
-#     model); the quickstart's warm-up is made once for both processes (tests/run/conftest.py);
+#     model); the quickstart's warm-up is made once for both processes (tests/e2e/conftest.py);
 #  3. the tests marked `alone` (timed phases, rates over a slow link) one at a time, with
 #     nothing else on the machine.
 # Each part also has a wall-clock bound (`timeout`, several times what it takes here) behind

@@ -53,7 +53,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     module with a group of its own keeps it. (A broker in each process instead, the Kafka
     tests spread over both, took 806 s here against 737 s: one run each.) The tests that start
     from the quickstart's warm-up go to either: the processes share one warm-up
-    (tests/run/conftest.py)."""
+    (tests/e2e/conftest.py)."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None and (
                 item.get_closest_marker("kafka") is not None):

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 STUCK = '''
 import signal, time
 import pytest
@@ -51,6 +53,7 @@ def test_a_stuck_test_ends_with_its_stacks_on_file(tmp_path: Path) -> None:
     assert "in test_stuck" in report
 
 
+@pytest.mark.slow  # 9-35 s here: out of the unit part (scripts/test.sh unit)
 def test_under_xdist_the_run_goes_on_after_a_stuck_test(tmp_path: Path) -> None:
     run = _pytest(tmp_path, "-n", "1")
     out = run.stdout + run.stderr

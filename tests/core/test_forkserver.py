@@ -81,6 +81,7 @@ def server_pid(s: ForkServer) -> int:
     return s._proc.pid
 
 
+@pytest.mark.slow  # 9-35 s here: out of the unit part (scripts/test.sh unit)
 def test_a_forked_module_runs_as_python_m_would(server: ForkServer, tmp_path: Path) -> None:
     log = tmp_path / "probe.log"
     proc = server.start([*PROBE, "wait"], env(FORKED_PROBE_VALUE="x",
@@ -126,6 +127,7 @@ def test_exit_codes_are_the_ones_popen_would_give(server: ForkServer, tmp_path: 
         server.start(["python3", "x.py"], env(), tmp_path / "d.log")
 
 
+@pytest.mark.slow  # 9-35 s here: out of the unit part (scripts/test.sh unit)
 def test_a_server_that_dies_takes_no_role_with_it(tmp_path: Path) -> None:
     s = Probes()
     request_cleanup = s.kill_all
@@ -143,6 +145,7 @@ def test_a_server_that_dies_takes_no_role_with_it(tmp_path: Path) -> None:
     s.close()
 
 
+@pytest.mark.slow  # 9-35 s here: out of the unit part (scripts/test.sh unit)
 def test_the_launcher_forks_role_commands_from_the_server_of_their_kind(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert forkserver.forkable(cli("rollout", "c.yaml")) == "torch"

@@ -40,6 +40,7 @@ def _on_loop(served: Served, coro: Any) -> Any:
     return asyncio.run_coroutine_threadsafe(coro, served.gw.loop).result(timeout=60)
 
 
+@pytest.mark.slow  # 9-35 s here: out of the unit part (scripts/test.sh unit)
 def test_refused_prompts_never_fill_the_template_cache(serve: Any, echo: Any) -> None:
     """1,000 distinct prompts over the context, each refused (400): the cache of rendered
     templates holds 0 bytes after them; accepted distinct prompts fill it up to its bound in

@@ -1,6 +1,6 @@
 """`astraflow run --warm DIR` (RL from the models another run's warm-up left) and
 `--warmup-only` (the warm-up alone): what they read, and what they refuse. The whole path, a
-real warm-up and RL started from it, is tests/run/test_quickstart_e2e.py."""
+real warm-up and RL started from it, is tests/e2e/test_quickstart_e2e.py."""
 
 from __future__ import annotations
 

@@ -174,6 +174,7 @@ def test_a_killed_engine_process_fails_its_batch_and_starts_again(
     assert r.token_ids and r.versions == [4] * len(r.token_ids)  # the shared weights' version
 
 
+@pytest.mark.slow  # 9-35 s here: out of the unit part (scripts/test.sh unit)
 def test_no_engine_process_outlives_a_worker_killed_with_sigkill(arith_dir: Path) -> None:
     code = ("import sys, time\n"
             "from astraflow.consumers.rollout.engines import build_engine\n"
@@ -202,6 +203,7 @@ def test_refused_where_it_cannot_work(arith_dir: Path) -> None:
         build_engine("hf", model_path=arith_dir, process=True, dtype="auto")
 
 
+@pytest.mark.slow  # 9-35 s here: out of the unit part (scripts/test.sh unit)
 def test_a_worker_with_the_engine_in_its_own_process_follows_published_weights(
         arith_dir: Path, tmp_path: Path) -> None:
     """Through the config: ``rollout.engine.process``, the real weight syncer applying a

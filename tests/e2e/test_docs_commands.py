@@ -44,7 +44,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs" / "tutorials").glob("*.md")),
          *sorted((ROOT / "docs" / "how-to").glob("*.md"))]
 SHELL = {"bash", "sh", "shell", "console", "zsh"}
@@ -482,7 +482,7 @@ def test_every_shell_block_is_classified() -> None:
     problems = classification_problems(all_blocks())
     assert not problems, (
         "shell blocks of the docs need a marker on the line before the fence: "
-        "<!-- runnable --> (tests/test_docs_commands.py runs it) or "
+        "<!-- runnable --> (tests/e2e/test_docs_commands.py runs it) or "
         "<!-- not-runnable: REASON -->:\n" + "\n".join(problems))
 
 

@@ -6,7 +6,7 @@ the rollout worker follows the adapter versions the trainer publishes, and the r
 adapter merged into its final model.
 
 Learning is not this test's to show (150 steps of two ranks: ~170 s alone, ~280 s beside
-another test): tests/trainer/test_trainer_lora_fsdp.py shows two sharded ranks train a peft
+another test): tests/consumers/trainer/test_trainer_lora_fsdp.py shows two sharded ranks train a peft
 model as one process does, bench/lora.py that LoRA learns on the quickstart (r=8, lr 1e-3:
 held-out 0.318 -> 0.348 at step 75), and bench/learning.py's `lora-sharded` scenario runs this
 same configuration for 150 steps and checks its train reward rises."""

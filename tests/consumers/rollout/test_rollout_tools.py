@@ -20,7 +20,7 @@ from astraflow.consumers.rollout.tools import TOOLS, call_tool
 from astraflow.core.errors import ConfigError
 from astraflow.core.records import ChatMessage, Task
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent_tools.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "agent_tools.yaml"
 RELEASE = threading.Event()  # set at the end of the module: the hung sync tools return
 
 

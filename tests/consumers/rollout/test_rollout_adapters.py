@@ -232,7 +232,7 @@ def test_the_config_refuses_adapters_it_cannot_serve() -> None:
     from astraflow.config import load_experiment
     from astraflow.core.errors import ConfigError
 
-    team = Path(__file__).resolve().parents[2] / "examples" / "smollm2_team.yaml"
+    team = Path(__file__).resolve().parents[3] / "examples" / "smollm2_team.yaml"
     cfg = load_experiment(team)
     assert cfg.rollout.engine.adapters == ["solver", "verifier"]
     for sets, says in [

@@ -4,7 +4,7 @@ rank 1 SIGKILLed midway. The gang (astraflow.core.gang) kills rank 0 too, the su
 restarts the trainer role as a whole, it resumes from its last sharded checkpoint, and the
 run ends with every trajectory accounted for (none lost, none trained twice).
 
-Learning is not this test's to show: the equality tests (tests/trainer/test_trainer_parallel.py)
+Learning is not this test's to show: the equality tests (tests/consumers/trainer/test_trainer_parallel.py)
 show that 2 fsdp ranks compute what one process computes, and the quickstart learns in one
 process (test_quickstart_e2e); bench/learning.py runs the longer learning scenarios."""
 
