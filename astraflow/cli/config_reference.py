@@ -1,16 +1,11 @@
 """The configuration reference (docs/config.md), generated from the config models themselves.
 
-Every section of :class:`astraflow.config.ExperimentConfig` is walked: a field whose type is a
-section becomes a section of the page; so does the section inside a field that may hold one
-(``trainer.lora``: a section or null) and the section each key of a mapping of sections holds
-(``models.<policy>``, ``scale.pools.<pool>``). A section's introduction is its model's whole
-docstring; a field's row is its key, type, default (as YAML, from the default the enclosing
-section really has) and description. A test (tests/cli/test_config_reference.py) compares the
-page with what this module writes, so a field changed in code and not in the docs fails the
-suite. Regenerate with ``astraflow config reference > docs/config.md``.
-
-Only the standard library at import time: the CLI app imports this module for
-``astraflow --help``; the config models load inside :func:`reference_markdown`.
+Every section of :class:`astraflow.config.ExperimentConfig` becomes a section of the page: its
+model's docstring, then one row per field (key, type, default as YAML, description).
+tests/cli/test_config_reference.py compares the page with what this module writes; regenerate
+with ``astraflow config reference > docs/config.md``. Only the standard library at import time
+(``astraflow --help`` imports this module); the config models load inside
+:func:`reference_markdown`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A producer releases arithmetic tasks to ``tasks``; three rollout-like worker *pr
 the run's rollout consumer group and answer each task with a trajectory on ``trajectories``;
 midway one worker is killed with SIGKILL. Its partitions move to the others after the session
 timeout and its uncommitted tasks are redelivered, so every task still gets its trajectory.
-A tour of the bus's guarantees in ~20 s without torch; the main job is ``astraflow run``
+A short tour of the bus's guarantees without torch; the main job is ``astraflow run``
 (``scripts/quickstart.sh``).
 """
 

@@ -1,11 +1,9 @@
-"""Greedy episodes for evaluation: a run's workflow run at temperature 0 on held-out problems,
-through the rollout :class:`~astraflow.consumers.rollout.runtime.Runtime` and
-:func:`~astraflow.consumers.rollout.runtime.run_episode` (what the rollout workers run, minus
-the sampling), every problem at once so the engines batch the concurrent turns.
+"""Greedy episodes for evaluation: a run's workflow run at temperature 0 on held-out problems.
 
-Used by the evaluator's ``episode`` kind (a tool-using workflow: the answer that counts comes
-after tool calls) and by the team evaluator. Injected latencies (``verifier_latency``,
-``tool_latency``) are left out: they measure the pipeline, not the answers.
+Episodes go through the rollout :func:`~astraflow.consumers.rollout.runtime.run_episode`, as
+the rollout workers run them minus the sampling, every problem at once so the engines batch
+the turns. Used by the evaluator's ``episode`` kind and by the team evaluator; injected
+latencies (``verifier_latency``, ``tool_latency``) are left out.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """The evaluator: follows ``weights.<policy>`` and measures each new version of one policy on
-held-out data, greedily (a consumer like any other; the trainer never waits for it).
+held-out data, greedily (the trainer never waits for it).
 
-What it measures depends on the role the policy plays in the run's team (``kind``):
-
-* ``answer`` (a solver, or a single-policy run): the fraction of the held-out problems whose
-  greedy completion the experiment's reward scores right; ``eval_accuracy``.
-* ``episode`` (a policy whose workflow takes several turns, e.g. ``multi_turn_tools``): the
-  run's workflow run greedily on every held-out problem (tools called for real, injected tool
-  latency left out; :mod:`astraflow.consumers.episodes`); ``eval_accuracy`` is the fraction
-  whose episode ends with a right answer (``launch.eval_temperature``: sampled instead of
-  greedy, from the same seed every time).
-* ``verdict`` (a verifier): judgement of the held-out claims (:mod:`astraflow.producers.claims`
-  over the test split: each problem with its right answer and with a wrong one), the verdict
-  parsed as the ``solver_verifier`` workflow parses it. ``eval_accuracy`` is the balanced
-  accuracy, the mean of the accuracy on right claims (``eval_right_accuracy``: approved) and on
-  wrong claims (``eval_wrong_accuracy``: rejected); an unclear verdict is wrong on both
-  (``eval_unclear``: its fraction). A verifier that approves everything scores 0.5.
-
-For every version it reaches (skipping versions that arrive while it is busy) it emits
-``eval_step`` (the weight version) and the gauges above on the metrics topic; `astraflow run`
-turns those into the evaluation lines of ``metrics.jsonl``. The team as a whole is measured by
-:mod:`astraflow.consumers.team_evaluator`.
+By the policy's ``kind``: ``answer`` scores the greedy answer with the reward; ``episode`` runs
+the multi-turn workflow (:mod:`astraflow.consumers.episodes`); ``verdict`` measures a
+verifier's balanced accuracy on right and wrong claims. Each version it reaches (skipping those
+that arrive while it is busy) yields ``eval_step`` and gauges on ``metrics``
+(docs/evaluation.md).
 """
 
 from __future__ import annotations

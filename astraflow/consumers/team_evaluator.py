@@ -1,20 +1,11 @@
 """The team evaluator: follows ``weights.<policy>`` of every policy of a ``solver_verifier`` team
 and measures the whole episode on held-out problems, greedily.
 
-It runs the workflow itself (the rollout :class:`~astraflow.consumers.rollout.runtime.Runtime`
-and :func:`~astraflow.consumers.rollout.runtime.run_episode`, ``hf`` engines at temperature 0)
-on every held-out problem at once, so what it measures is what the rollout workers run, minus
-the sampling: the solver answers, the verifier judges, a reject earns the retry, the final
-answer is scored. Per evaluation it emits
-
-* ``system_accuracy``: the fraction of problems whose final answer is right;
-* ``first_accuracy``: the solver's first answer alone (what the solver scores without the team);
-* ``retry_rate``: the fraction of episodes the verifier sent back (``unclear_rate``: verdicts
-  neither approve nor reject; ``error_rate``: episodes that failed);
-* ``version.<policy>``: the weight version of each team policy evaluated, and ``eval_step``:
-  the solver's.
-
-Measured on the demo's tiny models (CPU, one thread): see docs/evaluation.md.
+It runs the workflow itself (:func:`~astraflow.consumers.rollout.runtime.run_episode`, ``hf``
+engines at temperature 0) on every held-out problem at once: what the rollout workers run,
+minus the sampling. Per evaluation it emits ``system_accuracy``, ``first_accuracy``,
+``retry_rate``, ``unclear_rate``, ``error_rate``, ``version.<policy>`` and ``eval_step`` (the
+solver's version); what each means: docs/evaluation.md.
 """
 
 from __future__ import annotations

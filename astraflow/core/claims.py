@@ -1,17 +1,13 @@
 """Claim checks: records too large for the bus travel as a reference (docs/config.md#busclaims).
 
-A producer whose record is over the bus's message limit puts the encoded bytes in a blob
-store and produces a small :class:`~astraflow.core.records.Claim` in its place (same topic,
-same key). A reader that meets a claim fetches the bytes, checks their size and digest and
-goes on with the original record: the processor runtime and the trainer's fetch do this, so
-handlers never see a claim. The store is any object with ``put(path, data)`` and
-``read(path)`` — the weight stores (file, HTTP) are such objects, so long episodes can share
-the store the weights already use. Paths are content addressed
-(``claims/<schema>/<sha256>.msgpack``), so producing the same record twice writes one blob.
+A record over the bus's message limit is put in a blob store (any object with ``put`` and
+``read``, such as a weight store) under a content-addressed path, and a small
+:class:`~astraflow.core.records.Claim` is produced in its place. Readers resolve claims and
+check size and digest; the processor runtime and the trainer's fetch do this, so handlers
+never see one.
 
 >>> value, headers = encode_for_bus(record, limit=bus.max_message_bytes, store=store)
->>> msg = unclaim(msg, store)        # the original record's bytes, checked
-"""
+>>> msg = unclaim(msg, store)        # the original record's bytes, checked"""
 
 from __future__ import annotations
 

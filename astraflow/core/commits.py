@@ -1,22 +1,12 @@
 """The one commit rule, for every role: a consumer group's committed offset on a partition moves
 past a record only once that record's outputs, and those of every record before it on the
-partition, are flushed (durable on the bus). A crash then redelivers, never loses.
+partition, are flushed. A crash then redelivers, never loses.
 
-Two ways to know what is durable, one rule:
-
-* **in order** (:class:`~astraflow.core.stream.Processor`): a record is finished when its
-  handler returns, so the finished prefix is everything handled; the handler's checkpoint
-  holds it, and the runtime commits it after producing and flushing the cycle's outputs;
-* **out of order** (:mod:`astraflow.core.outoforder`, the rollout worker): records finish in
-  any order (an episode takes as long as it takes), so :class:`OffsetTracker` keeps, per
-  partition, the delivered and finished offsets, and only the contiguous prefix of finished
-  ones is committed, after a flush. Revoking a partition forgets it (a new *epoch*): work of
-  the old assignment that finishes later does not count; the partition's new owner redoes it.
-
-:func:`commit_through` is the one place a commit is written to a consumer. Its other half,
-:func:`resume_consumer`: a processor whose checkpoint, not the group's committed offsets,
-says where reading resumes seeks each partition it is assigned there.
-"""
+In order (:class:`~astraflow.core.stream.Processor`) the finished prefix is everything handled;
+out of order (:mod:`astraflow.core.outoforder`) :class:`OffsetTracker` keeps each partition's
+finished offsets and only their contiguous prefix is committed. :func:`commit_through` is the
+one place a commit is written; :func:`resume_consumer` seeks a consumer to a checkpoint's
+offsets."""
 
 from __future__ import annotations
 

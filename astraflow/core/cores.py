@@ -1,31 +1,10 @@
 """Cores shared by the compute roles of one machine: an idle role lends its cores to the busy.
 
-On one host the trainer and the rollout workers compete for the same cores. A fixed split
-wastes them: with one thread each on two cores, a worker whose batch is done waits for the
-next weights on one core while the other worker (or the trainer's waiting core) sits idle.
-Here every compute role has a *share* (its own cores, at least one) and says when it is busy;
-before each unit of work (a decoding step, at most every ``every_s``) a role that *borrows*
-sets its torch threads to
-
-    threads = max(share, cores − Σ shares of the *other* roles that are busy now)
-
-so a borrower alone at work takes the whole machine, and two at work each take their own
-share. Nobody waits for anybody: a role never blocks on the budget, and a split that is
-briefly off (the other role woke up mid-step) costs one step of oversubscription.
-
-The trainer lends and never borrows (``borrow=False``): the order of a CPU kernel's partial
-sums follows its thread count, so a trainer whose threads followed the workers would give
-steps that differ in the last bits from run to run, and a run could no longer be replayed
-bit for bit from its log (measured: 25 of 27 tensors off by up to 1.2e-7 after 60 steps).
-Sampling has no such promise to keep.
-
-Busy is an exclusive ``flock`` on the role's file in the run's ``cores/`` folder, held while
-the role computes; others test it without blocking. The kernel drops the lock of a process
-that dies, so a crashed role counts as idle at once and its cores are taken by the others.
-
-`astraflow run` turns it on for the roles it starts on a CPU-only host (``launch.share_cores``)
-through :data:`ENV`; :func:`from_env` builds a role's :class:`CoreShare` (None when off).
-"""
+Each role has a *share* and marks itself busy (an ``flock`` on its file in the run's ``cores/``
+folder); a role that borrows sets its torch threads before each unit of work to
+``max(share, cores − Σ shares of the other busy roles)``. The trainer lends but never borrows,
+so its steps stay bit-for-bit reproducible (docs/metrics.md). `astraflow run` turns it on
+through :data:`ENV`; :func:`from_env` builds a role's :class:`CoreShare` (None when off)."""
 
 from __future__ import annotations
 

@@ -2,14 +2,11 @@
 to trajectory records, not copies; docs/reference/topics.md).
 
 :func:`fetch` reads the records at given ``(partition, offset)`` addresses of one topic with a
-group-less :class:`~astraflow.core.bus.types.Reader`: each partition is read from its first
-wanted offset in order, and a gap of more than ``max_gap`` unwanted records is skipped with a
-seek, so records that lie together (the trajectories of one batch were produced at about the
-same time) cost one sequential read, and scattered ones one seek each.
+group-less :class:`~astraflow.core.bus.types.Reader`, reading runs of nearby records
+sequentially and seeking over gaps longer than ``max_gap``.
 
 >>> msgs = fetch(bus, "af.demo.trajectories", [(3, 1200), (3, 1201), (7, 88)])
->>> msgs[(3, 1200)].value
-"""
+>>> msgs[(3, 1200)].value"""
 
 from __future__ import annotations
 

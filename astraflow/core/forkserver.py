@@ -1,32 +1,11 @@
 """A fork server for the roles that load torch: started once, it imports torch, transformers
-and the roles' modules, then forks each such role instead of a fresh interpreter importing them
-again.
+and the roles' modules, then forks each such role instead of starting a fresh interpreter.
 
-Why: a role of `astraflow run` spends most of its start importing (torch and transformers:
-~3 s of CPU a process here), and a run starts three such processes at once (rollout worker,
-trainer, evaluator), more with restarts and scaled workers; on two cores a tiny run spent
-about half its CPU importing. Forked from a process that has imported them, a role starts in
-milliseconds, and a restarted or added rollout worker too.
-
-How: :class:`ForkServer` runs ``python -m astraflow.core.forkserver`` (one thread, nothing
-started but imports: forking is safe) and talks to it over its stdin/stdout, one JSON object a
-line (no pickle). A request names the role's argv (``astraflow.cli.app``'s arguments), its
-environment, working directory and log file; the server forks, and the child does
-what :class:`subprocess.Popen` with ``start_new_session=True`` would: a session of its own,
-stdin from /dev/null, stdout and stderr appended to the log, unbuffered, the environment
-replaced, signals as a fresh interpreter has them, fresh random seeds; then it runs the
-command. The server is the role's parent: it reaps it and reports its exit code (a negative
-signal number, as Popen does) to the launcher, whose :class:`ForkedProcess` answers
-``poll``/``wait`` like a Popen. A role's ``ASTRAFLOW_LAUNCHER_PID`` names the server, which
-ends when the launcher does (its stdin closes), so a role still stops itself once its launcher
-is gone (:func:`astraflow.core.launcher.stop_when_orphaned`).
-
-Only the commands in :data:`FORKED` go through a server: the roles that load torch through
-one that imported it, the lighter roles (producer, policy stages, reporter) through one that
-imported only what they need, so that they keep their small footprint.
-``ASTRAFLOW_FORK_SERVER=0`` turns it off (every role a fresh interpreter); it is off where
-``os.fork`` is missing.
-"""
+:class:`ForkServer` runs ``python -m astraflow.core.forkserver`` and talks to it over
+stdin/stdout, one JSON object a line; the forked child is set up as ``subprocess.Popen`` with
+``start_new_session=True`` would set it up, and :class:`ForkedProcess` answers
+``poll``/``wait`` like a Popen. Only the commands in :data:`FORKED` are forked;
+``ASTRAFLOW_FORK_SERVER=0`` turns it off (docs/architecture.md)."""
 
 from __future__ import annotations
 

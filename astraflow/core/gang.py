@@ -2,24 +2,11 @@
 
     python -m astraflow.core.gang 2 -- python -m astraflow.cli.app train CONFIG ...
 
-starts the command N times with the environment torchrun gives its workers (``RANK``,
-``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), so
-``torch.distributed`` / ``accelerate`` set up one process group. Like torchrun's agent, the
-gang hosts the ranks' rendezvous store itself, on a loopback port the OS gives it, before any
-rank starts (``TORCHELASTIC_USE_AGENT_STORE``: every rank is a client): a port picked free and
-bound later by rank 0 could meanwhile be taken by another job's connection, whose ranks would
-then talk to ours.
-
-Why not torchrun: its workers run in sessions of their own, so a SIGKILL of torchrun (what a
-launcher does to a role that does not stop) leaves them running, blocked in collectives. Here
-the ranks stay in the gang's process group, so :class:`~astraflow.core.launcher.Child`'s
-signal to the group reaches every rank, and the gang watches them: when any rank exits with
-a non-zero code or a signal (an OOM kill, ``kill -9`` of one rank), the others are SIGKILLed
-— they cannot finish a collective without it, and anything they did since the last
-checkpoint is trained again from it — and the gang exits 1, for its launcher to restart the
-whole gang. SIGTERM (or SIGINT) to the gang is passed to every rank (each stops at a step
-boundary, rank 0 checkpoints with the others joining); the gang exits 0 once all exit 0.
-"""
+starts the command N times with torchrun's environment (``RANK``, ``WORLD_SIZE``, ...) and
+hosts the ranks' rendezvous store itself. Unlike torchrun, the ranks stay in the gang's
+process group, so a launcher's signal reaches them all. When any rank fails the others are
+killed and the gang exits 1, to be restarted whole; SIGTERM is passed to every rank and the
+gang exits 0 once all do."""
 
 from __future__ import annotations
 

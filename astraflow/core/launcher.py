@@ -1,20 +1,10 @@
 """The one launcher of role processes: `astraflow run`'s supervisor and the scaler's ``local``
 actuator both start, stop and reap their children here.
 
-A role process (:class:`Child`) runs in a session of its own (so a role's SIGINT/SIGTERM and
-its process group are its own, and a signal reaches the processes it started), with its output
-appended to one log file that each start marks with a banner. Stopping is SIGTERM to the
-group (a rollout worker drains, a trainer stops at a step boundary), then SIGKILL once a grace
-period has passed; :func:`stop_all` does it to many at once against one deadline.
-
-No orphans: the launcher names itself in ``ASTRAFLOW_LAUNCHER_PID`` (:func:`role_env`), and a
-role started with it watches its parent (:func:`stop_when_orphaned`, called by every
-``astraflow`` command): a launcher killed with SIGKILL (an OOM kill, ``kill -9``, a test that
-gave up) can stop nothing, so once the parent is no longer the launcher the role sends itself
-SIGTERM and its own graceful stop runs. Roles started by hand (``astraflow rollout CONFIG``
-from another terminal) have no such variable and are left alone; the variable is taken out of
-the role's environment, so the processes a role starts itself do not watch the launcher.
-"""
+A role process (:class:`Child`) runs in a session of its own, its output appended to one log
+file. Stopping is SIGTERM to its group, then SIGKILL after a grace period; :func:`stop_all`
+stops many against one deadline. A role started with ``ASTRAFLOW_LAUNCHER_PID``
+(:func:`role_env`) stops itself once its launcher is gone (:func:`stop_when_orphaned`)."""
 
 from __future__ import annotations
 

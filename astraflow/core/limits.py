@@ -1,12 +1,9 @@
 """What a Trajectory becomes when it does not fit: the one rule for every producer of them.
 
-A rollout worker and the agent gateway both produce trajectories. One too large for the bus
-(and for the claim store, or with none configured) is never dropped: a stand-in with the same
-id, group, policy, role, sample and version vector, no tokens and ``finish_reason="error"``
-takes its place, so its group still hears of the sample, as the right role, under the right
-versions (:func:`send_or_shrink`). Error texts on a trajectory are cut to
-:data:`MAX_ERROR_CHARS` (:func:`error_text`).
-"""
+A trajectory too large for the bus and the claim store is never dropped: :func:`send_or_shrink`
+produces a stand-in with the same ids, role and version vector, no tokens and
+``finish_reason="error"``, so its group still hears of the sample. Error texts are cut to
+:data:`MAX_ERROR_CHARS` (:func:`error_text`)."""
 
 from __future__ import annotations
 

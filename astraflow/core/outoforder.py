@@ -1,27 +1,12 @@
 """The runtime's out-of-order mode: consume → (work finishes in any order) → flush → commit the
 finished prefix, for a handler on an asyncio event loop whose records take as long as they
-take (the rollout worker: one task is many episodes).
+take (the rollout worker).
 
-What it owns, the durability rule of :mod:`astraflow.core.commits` applied out of order:
-
-* **intake**: joins the group and reads records while the handler has room (asked through
-  ``room()``), marks each delivered and hands it to ``accept``; while the handler is full it
-  still polls now and then (anything read is put back), so a rebalance can move partitions
-  (the embedded bus moves them only inside a poll);
-* **finish**: the handler calls :meth:`OutOfOrder.finish` once a record's outputs are
-  produced; a committer flushes the producer and commits each partition's contiguous prefix
-  of finished offsets, every ``commit_interval`` seconds or as soon as something finishes;
-* **rebalance**: partitions taken away have their finished prefix committed, are forgotten
-  (a new epoch), and the epochs dropped go to ``on_release`` on the event loop (the handler
-  cancels their work: the new owner redoes it);
-* **stop**: :meth:`OutOfOrder.stop_committer`, then (once the handler has released what it
-  does not finish) :meth:`OutOfOrder.leave`: a last flush and commit, and the group is left.
-
-A crash anywhere redelivers every record not in a committed prefix; a record's outputs may
-then be produced twice, which is why downstream effects are made idempotent by record id.
-
-Every bus call runs on one :class:`BusThread` (consumers are not for concurrent use).
-"""
+The handler takes records while it has ``room()``, calls :meth:`OutOfOrder.finish` once a
+record's outputs are produced, and cancels the work ``on_release`` hands it after a rebalance.
+To stop: :meth:`OutOfOrder.stop_committer`, then :meth:`OutOfOrder.leave`. Only contiguous
+finished prefixes are committed (:mod:`astraflow.core.commits`), so a crash redelivers and
+outputs must be idempotent by record id. Every bus call runs on one :class:`BusThread`."""
 
 from __future__ import annotations
 

@@ -1,33 +1,10 @@
 """What counts as a secret, by the name of its key and by the shape of its value, and how text
 (an error, a log line) is shown without one.
 
-**By name** (:func:`secret_key`), case-insensitive, the name split into parts at ``_ - .``,
-spaces and camelCase humps (``openaiApiKey`` -> openai, api, key):
-
-- a part ``password``, ``passwd``, ``passphrase``, ``secret``, ``secrets``, ``authorization``,
-  ``credential``, ``credentials``, ``cookie`` or ``apikey``;
-- a last part ``token`` (``token``, ``hf_token``, ``access_token``, ``X-Auth-Token``), except a
-  tokenizer's special tokens (``pad_token``, ``eos_token``, ...);
-- a part ``key`` after ``api``, ``access``, ``private``, ``secret``, ``signing``,
-  ``encryption``, ``client``, ``auth``, ``master``, ``license``, ``subscription`` or
-  ``account`` (``openai_api_key``, ``x-api-key``, ``aws_access_key_id``, ``ssl.key.pem``'s
-  file is named by its own rule);
-- a few exact names (``sasl.oauthbearer.config``).
-
-Deliberately *not* secret: ``key`` alone (a record's key field), ``keys`` (a count or a list),
-``tokens`` (``max_tokens``, ``micro_batch_tokens``), ``tokenizer`` and its settings,
-``*_timeout_s``. A test walks the whole configuration reference and checks that no field but
-the real secrets is taken for one.
-
-**By shape** (:func:`secret_shape`, :data:`SHAPES`): the well-known token formats, found
-anywhere in a string: ``Bearer <token>``, Hugging Face ``hf_...``, OpenAI/Anthropic
-``sk-...``, GitHub ``ghp_...``/``github_pat_...``, Slack ``xox?-...``, AWS ``AKIA...``,
-Google ``AIza...``, JSON Web Tokens (``eyJ...``), PEM private key blocks, and a URL's
-password (``scheme://user:PASSWORD@host``). A config value (not free text) that is a long
-random-looking string is a secret too (:func:`random_looking`): 32 or more characters of
-``A-Z a-z 0-9 _ - + =`` with upper case, lower case and digits, no run of more than six lower
-case letters (which a word or a model name has), and at least 4 bits of entropy per character.
-"""
+:func:`secret_key` judges a key name (``password``, ``api_key``, ``hf_token``, ... but not
+``max_tokens`` or ``key`` alone); :func:`secret_shape` and :data:`SHAPES` find well-known token
+formats anywhere in a string; :func:`random_looking` flags a long random-looking config value.
+The rules are listed in docs/operations.md."""
 
 from __future__ import annotations
 

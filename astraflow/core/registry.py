@@ -1,26 +1,11 @@
 """Name → callable registries: the one idiom of every pluggable part (workflows, rewards,
 tools, engines, policies, actuators, weight stores).
 
-A name resolves, in this order, to
-
-1. a callable registered in code: ``@WORKFLOWS.register("single_turn")``,
-   ``REWARDS.add("math", fn)``, or ``WORKFLOWS.add("openai_agent", "pkg.module:fn")`` — a
-   ``module:attr`` string is imported on first use, so a registry can name code whose imports
-   are heavy or that lives in a package above it;
-2. an entry point of the registry's group (``astraflow.workflows``, ``astraflow.rewards``,
-   ``astraflow.tools``, ``astraflow.policies``, ``astraflow.actuators``) in an installed
-   distribution, so a user's package registers plug-ins by name without editing config paths::
-
-       [project.entry-points."astraflow.workflows"]
-       my_agent = "my_pkg.agent:run_episode"
-
-3. a ``module.path:attr`` written in the config, imported on first use: from an installed
-   package, or from a user's own file in the current directory or the config's directory
-   (:func:`add_code_dirs`, which the CLI calls: ``my_reward:score`` is ``my_reward.py`` there).
-
-A name registered in code wins over an entry point of the same name: an installed package
-cannot silently replace a built-in (``astraflow plugins`` lists it as shadowed).
-"""
+A name resolves, in this order, to a callable registered in code (``@WORKFLOWS.register(...)``
+or ``WORKFLOWS.add(name, "pkg.module:fn")``, imported on first use), an entry point of the
+registry's group (``astraflow.workflows``, ...), or a ``module.path:attr`` written in the
+config, also found in the config's directory (:func:`add_code_dirs`). Code wins over an entry
+point of the same name (docs/plugins.md)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """Secrets in config files: which values are secret, how a dump hides them, and the one
 private file that keeps them for the roles.
 
-A run directory's ``config.yaml`` (and ``config-rl.yaml``, ``config-warmup.yaml``) is what a
-person reads, copies into a bug report and leaves world-readable; the tokens and passwords in
-it (``gateway.token``, a weight store's ``token``, an engine's ``api_key``, Kafka's
-``sasl.password`` in ``bus.options`` or the bus URL's query, an ``hf_token`` or an
-``Authorization`` header in a workflow's or an engine's keyword arguments) are not. Which
-values are secrets, by their key's name and by their own shape (``Bearer ...``, ``hf_...``,
-``sk-...``, a JWT, a long random string), is :mod:`astraflow.core.redact`'s. So a dump writes
-each secret as ``***`` and the real values go to :data:`SECRETS_FILE` beside it, created ``0600``
-(never written wider and narrowed after). :func:`astraflow.core.config.load` puts them back
-when it reads a dump whose value is exactly the redacted form of the kept one, so every role
-the supervisor starts with the dump's path gets the real secret; a value still redacted after
-that (the file gone, a dump copied elsewhere) is a ConfigError, never a literal ``***``
-token sent to a server.
-"""
+A dumped ``config.yaml`` writes each secret (as :mod:`astraflow.core.redact` decides) as
+``***`` and keeps the real values in :data:`SECRETS_FILE` beside it, created ``0600``.
+:func:`astraflow.core.config.load` puts them back when it reads such a dump; a value still
+redacted after that is a ConfigError, never a literal ``***`` sent to a server
+(docs/operations.md)."""
 
 from __future__ import annotations
 

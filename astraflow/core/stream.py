@@ -1,38 +1,11 @@
 """The one processor runtime: every consume → transform → produce role is a handler on it.
 
-:class:`Processor` owns what every stateful consumer must get right, once (docs/reference/bus.md,
-docs/architecture.md#what-keeps-it-correct):
-
-1. **consume** each input (a consumer group per input) and **skip what was already done**:
-   a record before the offset the handler's checkpoint holds for its partition is a
-   redelivery and is skipped (consumers are also sought to those offsets when assigned);
-2. **decode** it — a claim check (:mod:`astraflow.core.claims`) is resolved first, so
-   handlers never see one; a record that cannot be decoded goes to the dead-letter topic with
-   its origin and error, and processing goes on — and **hand it to the handler**, which returns
-   output records (a record whose handling raises one of the isolated errors is dead-lettered
-   too);
-3. at a **cycle** (by interval, when input pauses, when the handler asks, and at the stop):
-   **checkpoint** — the handler makes its state durable together with the input offsets and,
-   in outbox mode, the outputs not yet produced; then **produce** the outbox, **flush** (the
-   outputs are durable), and **commit** the offsets the checkpoint holds. The bus's committed
-   offsets never run ahead of the checkpoint;
-4. on start, the handler's checkpoint is the source of truth: its offsets say where each
-   partition resumes and an outbox not known to be delivered is produced again;
-5. **stop** by count, time or signal (:class:`Stop`), then run a last cycle.
-
-A crash anywhere before the commit redelivers the inputs; their outputs may then be produced
-twice, which is why downstream effects are made idempotent by record id.
-
-The commit is the house's one rule (:mod:`astraflow.core.commits`): an offset is committed
-only once the outputs of every record before it are flushed. Here records finish in order (a
-record is done when its handler returns); :mod:`astraflow.core.outoforder` is the runtime's
-out-of-order mode, for a handler whose records finish in any order (the rollout worker).
-
-Handlers: the stage processor (:mod:`astraflow.policies.runner`), the trainer
-(:mod:`astraflow.consumers.trainer.loop`), the evaluator, and stateless functions through
-:func:`run_processor`. Outputs and dead letters (:mod:`astraflow.core.outputs`), stopping and
-fault points (:mod:`astraflow.core.stop`) are re-exported from here.
-"""
+:class:`Processor` consumes each input, skips redeliveries, resolves claim checks, hands
+records to the handler and dead-letters what cannot be decoded or handled. At each cycle the
+handler checkpoints its state with the input offsets, then outputs are produced and flushed and
+only then are offsets committed (:mod:`astraflow.core.commits`). A crash before the commit
+redelivers inputs, so downstream effects must be idempotent by record id. Stateless handlers
+use :func:`run_processor`; see docs/reference/bus.md."""
 
 from __future__ import annotations
 

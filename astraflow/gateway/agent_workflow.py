@@ -1,7 +1,7 @@
 """``openai_agent``: a user's agent written only against the OpenAI SDK, trained as it is.
 
-The config names the agent (``module.path:function``, importable where the worker runs) and
-what else to pass it::
+The config names the agent (``module.path:function``, importable where the worker runs);
+other kwargs go to the agent, except sampling keys and ``gateway``::
 
     rollout:
       workflow:
@@ -9,34 +9,14 @@ what else to pass it::
         kwargs:
           openai_agent: {agent: "my_agents.solver:episode", max_turns: 3}
 
-The function plays one episode::
+The function plays one episode and returns its reward (a number) or its final answer (a
+string, scored by the configured reward)::
 
     def episode(client: openai.OpenAI, task: dict, **kwargs) -> float | str
-    async def episode(client: openai.AsyncOpenAI, task: dict, **kwargs) -> float | str
 
-``client`` is an SDK client whose base URL is this episode's session of the worker's gateway
-(:mod:`astraflow.gateway.local`: one per worker, in its process, over its engines and
-batchers); ``task`` is ``{"id", "prompt" (OpenAI messages), "reference", "metadata",
-"dataset", "group_id", "attempt", "sample_index", "n_samples"}``. A synchronous function runs
-on a thread of its own, an asynchronous one on the worker's event loop. It returns its reward
-(a number) or its final answer (a string, scored by the configured reward against the task's
-reference, as the built-in workflows score theirs). What it raises fails the episode as any
-workflow's error does (a failed record, counted; the worker goes on).
-
-Every call the agent makes is recorded as exact tokens (token-in, token-out: the next turn
-checked against the previous one, drift counted as ``gateway_drift``); the episode's
-trajectories are the session's (one per policy and segment: the sampled tokens, loss mask over
-the model's tokens, behaviour logprobs, versions, spans; the same layout ``astraflow serve``
-produces), each with the episode's reward. Keyword arguments: ``agent``; ``gateway`` (keys of
-the ``gateway`` section that apply here: ``aliases``, ``on_drift``, ``max_n``,
-``context_length``, ``tools_prompt``, ``tool_result_format``); sampling keys (``temperature``,
-``top_p``, ``max_new_tokens``/``max_tokens``, ``stop``, ``stop_token_ids``): the defaults of
-the episode's calls over ``rollout.engine``'s (a request's own fields win); every other one
-goes to the agent.
-
-The workflow lives with the gateway it runs (the gateway is a client of rollout, never the
-reverse); rollout's workflow registry names it by its path (``"astraflow.gateway.
-agent_workflow:openai_agent"``), imported on first use.
+``client`` points at this episode's session of the worker's gateway
+(:mod:`astraflow.gateway.local`); the session's calls become the episode's trajectories.
+Details: docs/gateway.md.
 """
 
 from __future__ import annotations
@@ -105,7 +85,7 @@ async def openai_agent(ctx: EpisodeContext, task: Task, *, agent: str,
     openai = _openai()
     # an HTTP client per episode, as an agent has (one shared by hundreds of episodes scans its
     # whole connection pool on every request); plain HTTP to 127.0.0.1: no SSL context to
-    # load (16 ms a client), no proxy from the environment
+    # load per client (slow), no proxy from the environment
     http = {"trust_env": False, "verify": False, "timeout": None}
     start = time.monotonic()
     try:

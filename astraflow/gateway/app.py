@@ -1,21 +1,12 @@
 """The HTTP API (FastAPI): OpenAI's routes under ``/v1`` and under ``/sessions/{id}/v1``, the
 session routes, and every error in OpenAI's shape.
 
-* ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-  ``GET /v1/models/{model}``; the same under ``/sessions/{session_id}/v1`` (an SDK's
-  ``base_url``), or under ``/v1`` with an ``X-Session-Id`` header. No session: served, not
-  recorded. A session is opened on first use, with ``X-Task-Id``, ``X-Group-Id``,
-  ``X-Sample-Index``, ``X-Group-Size``, ``X-Agent`` as its metadata (later calls' are ignored).
-* ``POST /sessions`` (open with metadata), ``GET /sessions/{id}``,
-  ``POST /sessions/{id}/reward``, ``POST /sessions/{id}/end``.
-* ``Idempotency-Key`` on any POST: a retry answers the recorded response, recorded once.
-* Sessions belong to the client that opened them (its key, :mod:`astraflow.gateway.auth`);
-  another client's session is 404.
-* Errors: 400 (malformed JSON, unknown field, bad value, prompt over the context, too many
-  or too long messages), 404 (unknown model, session, route; another client's session), 408
-  (body too slow), 409 (reward twice, session ended or closed), 413 (body too large), 429
-  with ``Retry-After`` (full), 500 (engine failure); body ``{"error": {message, type, param,
-  code}}``.
+OpenAI's routes (``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``) are served
+under ``/sessions/{session_id}/v1`` (an SDK's ``base_url``), or under ``/v1`` with an
+``X-Session-Id`` header; without a session a call is served, not recorded. Session routes:
+``POST /sessions``, ``GET /sessions/{id}``, ``POST /sessions/{id}/reward`` and ``/end``.
+Errors have the body ``{"error": {message, type, param, code}}``. Routes, headers and status
+codes: docs/gateway.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Who may call the gateway, and who owns a session.
 
-**Credentials.** With ``gateway.token`` (or ``$ASTRAFLOW_GATEWAY_TOKEN``) and/or
-``gateway.keys`` (client name -> key) set, every request but ``GET /health`` must carry
-``Authorization: Bearer <credential>`` — what the OpenAI SDK sends for ``api_key=...`` — or
-gets a 401 in OpenAI's error shape. A pure ASGI wrapper: no per-request cost beyond comparing
-the header with each credential (constant time).
-
-**Ownership.** The request's client is put in the ASGI scope (``scope["state"]["client"]``):
-the name of its key in ``gateway.keys``, or ``""`` for the shared token (and for a gateway
-with no credentials). A session belongs to the client that opened it; any other client gets
-404 for it, as if it did not exist. Everyone who holds the shared token is one client: give
-each agent harness its own key when they must not touch each other's sessions.
-
-**Exposure** (:func:`check_exposure`): ``astraflow serve`` refuses to listen on a non-loopback
-address with no credential unless ``gateway.allow_unauthenticated`` is set, and warns once
-when it serves loopback without one.
+With ``gateway.token`` (or ``$ASTRAFLOW_GATEWAY_TOKEN``) and/or ``gateway.keys`` (client name
+-> key) set, every request but ``GET /health`` must carry ``Authorization: Bearer
+<credential>`` (the SDK's ``api_key``, compared in constant time) or gets a 401. A pure ASGI
+wrapper; it puts the request's client in ``scope["state"]["client"]``: its key's name, or
+``""`` for the shared token. A session belongs to the client that opened it; others get 404.
+:func:`check_exposure` refuses a non-loopback address with no credential. See docs/gateway.md.
 """
 
 from __future__ import annotations

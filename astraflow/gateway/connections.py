@@ -1,14 +1,9 @@
 """Connections the gateway holds, and for how long: uvicorn's h11 protocol with a deadline for a
-request's headers (a fresh connection that sends nothing, or sends its headers a byte at a
-time, is closed), a cap on open connections that stays below the process's file-descriptor
-limit (one more is closed at once, quietly) and a cap per peer address (one client cannot
-hold every connection: its own new ones are closed instead), and running out of file descriptors anyway
-(:class:`GuardedLoop` retries ``accept`` once a second, not thousands of times; the error is
-logged as one line, at most once a minute, not a traceback per try).
-
-uvicorn's own settings do the rest: ``timeout_keep_alive`` closes a connection idle between
-requests, ``h11_max_incomplete_event_size`` bounds an unfinished head's size (a finished one
-over ``max_header_bytes`` is a 431: :class:`~astraflow.gateway.guards.HeadLimit`).
+request's headers, a cap on open connections below the process's file-descriptor limit and a
+cap per peer address (one more is closed at once, quietly), and :class:`GuardedLoop`, which
+retries ``accept`` once a second when file descriptors run out and logs it at most once a
+minute. uvicorn's own settings do the rest (``timeout_keep_alive``,
+``h11_max_incomplete_event_size``). The limits: docs/gateway.md#limits.
 """
 
 from __future__ import annotations

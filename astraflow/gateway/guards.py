@@ -1,18 +1,12 @@
 """Who may reach the gateway through a browser, and how large a request's head may be: two
 ASGI wrappers that answer before any route (or the body) is read.
 
-**Host and Origin** (:class:`HostCheck`). A gateway with no credential trusts whoever can
-connect; a web page the user visits can connect too (a cross-site ``fetch``, or DNS rebinding:
-a name of the attacker's that resolves to 127.0.0.1). So without a credential, a request whose
-``Host`` is not a loopback name (``localhost``, ``127.0.0.0/8``, ``::1``) or whose ``Origin``
-(sent by browsers) is not a loopback origin is refused (403). ``gateway.allowed_hosts`` lists
-more names to take (``*``: any); when it is set, it applies with a credential too (with a
-credential and no list, any name is taken: a page cannot send the credential). ``/health``
-is open, as it is without a credential.
+:class:`HostCheck`: without a credential, a request whose ``Host`` or ``Origin`` is not
+loopback is refused (403), so a web page cannot reach a local gateway;
+``gateway.allowed_hosts`` lists more names to take. ``/health`` is open.
 
-**The head** (:class:`HeadLimit`): a request line and headers larger than
-``gateway.max_header_bytes`` are a 431, however they arrived (h11 bounds only a head still
-incomplete; one sent whole in one packet is parsed at any size up to a read's 64 KiB).
+:class:`HeadLimit`: a request line and headers larger than ``gateway.max_header_bytes`` are a
+431, however they arrived. Details: docs/gateway.md.
 """
 
 from __future__ import annotations

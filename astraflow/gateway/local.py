@@ -1,22 +1,12 @@
 """The gateway of one rollout worker, inside it: what the ``openai_agent`` workflow points a
 user's OpenAI-SDK agent at (docs/gateway.md, "Train your own agent with astraflow run").
 
-One per :class:`~astraflow.consumers.rollout.runtime.Runtime` (one per worker) and set of
-options, started by the first episode that needs it:
-
-* a :class:`~astraflow.gateway.service.Gateway` over the runtime's engines whose generations
-  go through the runtime's own batchers, on the worker's event loop (an engine has exactly one
-  batcher: the hf engine is not thread-safe, and one batch per engine is the throughput);
-* its sessions in memory: no ``gateway`` records and no Trajectory from the gateway; the
-  workflow takes each episode's session and returns its drafts, and the worker produces,
-  commits and drains them as it does any workflow's;
-* served by uvicorn on a thread of its own (its own event loop; calls cross to the worker's
-  loop with ``run_coroutine_threadsafe``), on 127.0.0.1 at a free port, behind a bearer token
-  of its own (:attr:`LocalGateway.token`, the agents' ``api_key``): another process on the
-  host cannot put calls into an episode's session.
-
-It stops when its runtime is garbage collected or its worker's event loop has closed (checked
-when another starts), or on :meth:`LocalGateway.stop`.
+One per :class:`~astraflow.consumers.rollout.runtime.Runtime` and set of options, started by
+the first episode that needs it: a :class:`~astraflow.gateway.service.Gateway` whose
+generations go through the runtime's own batchers, its sessions in memory, served by uvicorn
+on a thread of its own at 127.0.0.1, behind a bearer token of its own
+(:attr:`LocalGateway.token`, the agents' ``api_key``). It stops on :meth:`LocalGateway.stop`,
+or when its runtime is garbage collected or its worker's event loop has closed.
 """
 
 from __future__ import annotations

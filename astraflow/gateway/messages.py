@@ -1,19 +1,12 @@
 """OpenAI chat messages and tools as the text the model reads and writes (the tool protocol of
-the ``multi_turn_tools`` workflow, so a policy trained on either speaks both):
+the ``multi_turn_tools`` workflow, so a policy trained on either speaks both).
 
-* ``tools`` become one system message first in the conversation: ``gateway.tools_prompt``
-  with ``{tools}`` replaced by a line per tool, ``NAME: DESCRIPTION parameters=JSON``;
-* an assistant tool call is the text ``<tool>NAME(ARGUMENTS)</tool>``, ARGUMENTS the call's
-  JSON object exactly as the model wrote it (``function.arguments``), after the message's
-  content; while tools are offered, generation stops at ``</tool>``, so a turn holds one call;
-* a ``tool`` message is ``gateway.tool_result_format`` with ``{output}`` replaced by its
-  content (``<result>...</result>`` by default); its name is the one of the call it answers;
-* ``developer`` messages are ``system`` messages; content parts are joined (text parts only).
-
+``tools`` become one system message (``gateway.tools_prompt``); a tool call is the text
+``<tool>NAME(ARGUMENTS)</tool>``; a ``tool`` message is ``gateway.tool_result_format``;
+``developer`` messages are ``system`` messages; content parts are joined (text parts only).
 Model output is turned back into ``tool_calls`` only when it is exactly content followed by
-well-formed calls of offered tools (a JSON object as arguments): then rendering the returned
-message gives back the very text the model wrote, so the next turn extends the recorded tokens.
-Anything else is returned as plain content.
+well-formed calls of offered tools, so that rendering the returned message gives back the very
+text the model wrote; anything else is plain content. See docs/gateway.md#tools.
 """
 
 from __future__ import annotations

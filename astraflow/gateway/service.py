@@ -2,16 +2,11 @@
 capacity. :mod:`astraflow.gateway.app` puts routes on it; :mod:`astraflow.gateway.build`
 makes one from the config.
 
-A call runs: route ``model`` to a policy (404 if none) → check the request (400) → render it to
-token ids → in a session, :func:`~astraflow.gateway.session.plan` where it continues (it
-may tokenize: through ``offload``, off the event loop, when the app gives one) → generate
-``n`` completions on the policy's engine (through rollout's batcher, or the ``generate`` it
-was given) → answer body → record the call (produced and flushed) → answer. Without a session
-nothing is recorded.
-
-Calls, rewards and ends act for a client (``owner``: its name, :mod:`astraflow.gateway.auth`):
-another client's session is 404 to it. Sessions idle past the store's ``idle_timeout_s`` are
-ended as abandoned by a task started with the gateway (:meth:`Gateway.expire`).
+A call: route ``model`` to a policy → check the request → render it to token ids → in a
+session, :func:`~astraflow.gateway.session.plan` where it continues → generate ``n``
+completions on the policy's engine → record the call (produced and flushed) → answer. Without
+a session nothing is recorded. Calls, rewards and ends act for a client (``owner``); another
+client's session is 404 to it. :meth:`Gateway.expire` ends idle sessions as abandoned.
 """
 
 from __future__ import annotations

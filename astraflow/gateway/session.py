@@ -1,43 +1,12 @@
 """A session's state, folded from its :class:`~astraflow.core.records.GatewayCall` events, and
-where its next call continues (a pure function of the state: testable without a bus or model).
+where its next call continues.
 
-**Calls form chains.** Each recorded call names its parent: the call whose prompt + completion
-its own prompt extends (``-1``: it starts a chain). A policy's calls in a session fall into
-*segments*; the trajectory of a segment is the chain that ends at its newest call.
-
-**Where a new call continues** (:func:`plan`). The request is rendered with the chat template
-into token ids, and these are checked against the client's *view* of the policy's newest call
-(its prompt as the client rendered it + each of its choices' tokens), then of that call's
-ancestors:
-
-* the view is a prefix of the rendering: the call continues there; its prompt is the recorded
-  tokens followed by what the rendering adds (the new messages, with the template's glue);
-* the same, once the completion's trailing tokens that the returned text left out (an EOS the
-  template does not write back, a trimmed stop string: ``hidden``) are set aside: the call
-  still continues on *all* the recorded tokens, and the client's view of it lacks them
-  (``view_drop``), so the next turns are matched as the client renders them;
-* an ancestor matches (the client went back, or retried a turn without an Idempotency-Key):
-  a branch; the newest call of a segment decides which branch is trained;
-* the request is exactly the prompt of the chain's first call: a retried first turn.
-
-* the request carries, where the newest call's reply goes, an assistant message whose text is
-  exactly the text served for one of its choices (:attr:`Choice.text`), after the messages
-  that call was given (a text completion: its prompt is that call's prompt, then text that
-  starts with the text served): the call continues on the token ids *served* for that choice, however
-  that text re-tokenizes (a special token the text leaves out, a tokenization the model
-  sampled that the tokenizer would not produce). Its prompt is the recorded tokens followed by
-  the tokens of the messages after the reply; the request as rendered is its client's view.
-
-A request that carries a reply where the newest call's goes but not one it served (the agent
-edited the text), or whose earlier messages differ, is never taken for a branch: it is drift.
-Otherwise the history has **drifted** from what was recorded (the client edited it, or the
-chat template re-renders an earlier turn into other tokens). It is counted, and handled as
-configured: ``continue`` keeps the recorded tokens and appends the tokens of the messages the
-request adds after the recorded history (when it adds any; else a new segment); ``segment``
-starts a new segment from the request as rendered. Tokens are never silently re-tokenised. A
-continued drift records the request as rendered as the client's view (``view_ids``): later
-turns are matched against it (so one edit counts once), their prompts built on the recorded
-tokens.
+Each recorded call names its parent, the call whose prompt + completion its own prompt extends
+(``-1``: it starts a chain); a segment's trajectory is the chain that ends at its newest call.
+:func:`plan`, a pure function of the state, decides where a request continues: on the recorded
+tokens of the newest call or of an ancestor (a branch), on the tokens served for a reply sent
+back unchanged, or, when the history has drifted, as ``on_drift`` says. Tokens are never
+silently re-tokenised. The rules: docs/gateway.md#tokens-in-tokens-out.
 """
 
 from __future__ import annotations

@@ -1,35 +1,12 @@
-"""The gateway's sessions and the bus under them: every event is produced and flushed before it
-changes a session (so an answered call is durable), and a restarted gateway rebuilds its open
-sessions by reading the ``gateway`` topic back (:meth:`SessionStore.rebuild`).
+"""The gateway's sessions and the bus under them (:class:`SessionStore`).
 
-A session whose end and reward are both in is turned into Trajectory records on the run's
-``trajectories`` topic, then a ``done`` event closes it (a crash in between produces them again
-at the restart: same ids, dropped by the assembler as duplicates). Closed sessions are
-remembered by id for ``closed_retention_s`` (so a late call to one is refused rather than
-opening a new session, and a retried reward or end is answered as before), then forgotten.
-
-**Capacity**: at most ``max_open_sessions`` sessions are open, exactly, however many requests
-open them at once (a slot is reserved before the open event is recorded), and at most
-``max_open_per_owner`` of them belong to one client, so one client cannot lock the others out.
-A refused open leaves nothing behind (no session, no lock).
-
-**Owners** (:mod:`astraflow.gateway.auth`): each session records the client that opened it;
-every lookup on behalf of a client (``owner``) answers 404 for another client's session, open
-or closed, and replays none of its responses. ``owner=None``: the gateway itself (no check).
-
-**Idle sessions** (``idle_timeout_s``, on a bus): a session with no event for that long and no
-call running is ended as abandoned (an ``end`` event with reason ``abandoned``), its
-trajectories produced with finish_reason ``abandoned``, and closed (:meth:`abandon`). A
-restarted gateway gives the sessions it rebuilt a full timeout from its start.
-
-All bus calls run on one thread of their own; sessions are touched on the event loop only,
-each under its own lock while an event of it is being recorded.
-
-**In memory** (``bus=None``): events are folded into the sessions and recorded nowhere, no
-Trajectory is produced, and a session stays open until its owner takes it
-(:meth:`SessionStore.take`). The ``openai_agent`` rollout workflow runs its gateway so: the
-worker turns the taken session into its episode's trajectories and produces, commits and
-drains them as it does any workflow's.
+Every event is produced and flushed before it changes a session, so an answered call is
+durable, and a restarted gateway rebuilds its open sessions from the ``gateway`` topic
+(:meth:`SessionStore.rebuild`). A session with its end and its reward is turned into
+Trajectory records, then closed. Lookups for a client (``owner``) see only its sessions. Bus
+calls run on a thread of their own; sessions are touched on the event loop only. With
+``bus=None`` nothing is recorded and a session stays open until its owner takes it
+(:meth:`SessionStore.take`). See docs/gateway.md#durability.
 """
 
 from __future__ import annotations

@@ -2,18 +2,11 @@
 lays out an episode (:class:`~astraflow.consumers.rollout.context.Conversation`).
 
 :func:`drafts` is the one layout, shared by both ways a session ends: :func:`trajectories`
-stamps its drafts into Trajectory records (``astraflow serve``: the store produces them on
-reward + end), and the ``openai_agent`` rollout workflow returns them to the worker, which
-stamps them like any workflow's.
-
-``token_ids`` is the chain's whole token sequence; ``loss_mask`` is 1 exactly over the tokens
-the model generated, with their behaviour ``logprobs`` and ``versions``; every other token
-(prompt, tool results, user turns, the chat template around them) has mask 0, logprob 0 and
-version -1. Spans: ``prompt`` first, then ``assistant`` for each completion and the new
-messages' role (``tool``, ``user``, ``other``) for the tokens between. Ids follow the worker's
-rule, ``{group_id}/{policy}/{sample_index}`` with ``.1``, ``.2``, ... for later segments, so a
-session produced twice (a crash between producing and recording it) gives recognisable
-duplicates that the assembler drops.
+stamps its drafts into Trajectory records (``astraflow serve``), and the ``openai_agent``
+workflow returns them to the worker. ``loss_mask`` is 1 exactly over the tokens the model
+generated; ids are ``{group_id}/{policy}/{sample_index}`` (``.1``, ``.2``, ... for later
+segments), so a session produced twice gives duplicates the assembler drops. The layout:
+docs/gateway.md#sessions.
 """
 
 from __future__ import annotations

@@ -2,15 +2,9 @@
 shortcut's gguf file, or a hub id. What ``astraflow models import`` runs, and what
 :func:`astraflow.models.resolve.resolve` runs once per gguf file into the cache.
 
-Every import is built aside and renamed into place, under a file lock, so role processes that
-resolve the same gguf file at once agree on one folder and the work is done once. Each folder
-gets an ``astraflow-source.json``: the source, its sha256, the versions that converted it, the
-date and the parameter count.
-
-transformers reads gguf files (with the ``gguf`` package) into a model it will not save
-("quantized with gguf"): the weights are copied into a fresh model built from the same config,
-which saves like any other.
-"""
+Every import is built aside and renamed into place under a file lock, so processes importing
+the same file at once agree on one folder. Each folder gets an ``astraflow-source.json``
+naming its source, sha256, converter versions, date and parameter count."""
 
 from __future__ import annotations
 

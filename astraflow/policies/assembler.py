@@ -1,43 +1,11 @@
 """Group assembler (post-rollout, ``trajectories → groups``).
 
-Collects the trajectories of the n samples (episodes) of each (policy, agent, group id) and
-emits one TrajectoryGroup, plus a GroupStats for the ``stats`` topic (GRESO's feedback, the
-gate's accounting). A sample is a ``sample_index``; an episode may give a policy several
-trajectories (a workflow returning several drafts), all of which belong to the group.
-
-**Agent-wise groups.** ``agent`` is the workflow role a trajectory was produced in
-(``Trajectory.agent``). When one policy plays two roles (``solver_verifier`` with both roles
-mapped to one policy), its solver and verifier trajectories of a task are two groups, each
-with its own reward mean/std (and so its own advantages in the trainer), its own GroupStats
-and its own completeness: a group of solver answers and a group of verdicts are different
-populations. Records without an agent ("") group by (policy, group id) as before.
-
-The incomplete-group rule:
-
-* a trajectory whose ``finish_reason`` is in ``failed_reasons`` (default ``error``,
-  ``timeout``, ``aborted``) counts as *arrived* but is never trained on;
-* a group is *complete* when trajectories of n distinct sample indices have arrived; it
-  closes at the end of that step (``tick``), so the other trajectories of its last episode,
-  produced together, are in; an incomplete group closes ``timeout_s`` after its first
-  trajectory arrived (a worker died, a task was lost);
-* on close, the usable (not failed) trajectories form the group if there are at least
-  ``min(min_group_size, n)`` of them; otherwise the group is dropped and counted
-  (``dropped_incomplete``);
-* every closed group, kept or dropped, emits one GroupStats over its usable trajectories
-  (``n`` = how many), so the gate sees every released task come back; its ``kept`` says
-  whether the group left the stage (False when dropped here, or by a later post-rollout
-  policy in the same step: the chain settles it, see :mod:`astraflow.policies.chain`);
-* a trajectory id seen before (at-least-once redelivery) is dropped (``duplicate``), and one
-  for a group already closed is dropped (``late``).
-
-n is ``Trajectory.group_size`` when the record carries it (rollout workers write the task's
-``n_samples``), else ``assembler.group_size`` (in an experiment config: the producer's
-``n_samples`` unless set); a trajectory with neither is refused.
-
-On the bus the assembler keeps and emits **references** (:class:`TrajRef`: topic, partition,
-offset, id, sample index, reward), not copies: its state stays small, a trajectory crosses the
-bus once, and the trainer fetches the records of a batch itself. Run as a pure function
-(no bus position in the context) it keeps copies instead.
+Collects the trajectories of the n samples of each (policy, agent, group id) and emits one
+TrajectoryGroup, plus a GroupStats on ``stats`` for every closed group, kept or dropped (GRESO's
+feedback, the gate's accounting). n is ``Trajectory.group_size``, else ``assembler.group_size``.
+A group closes when n distinct samples have arrived or ``timeout_s`` after its first; failed
+trajectories count as arrived but are never trained on. On the bus it keeps and emits
+references (:class:`TrajRef`), not copies. The incomplete-group rule: docs/policies.md.
 """
 
 from __future__ import annotations

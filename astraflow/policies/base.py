@@ -1,35 +1,15 @@
 """What a data-algorithm policy is: a pure function of (record, state, context) → records.
 
 A policy object holds only its configuration; everything that changes lives in a separate
-*state* (a msgspec Struct made by :meth:`Policy.init_state`), so that the stage runner can
-checkpoint it (msgpack, never pickle) and a test can drive a policy on a list of records
-without any bus::
+*state* (a msgspec Struct made by :meth:`Policy.init_state`, with a ``counts`` dict), which
+the stage runner checkpoints (msgpack, never pickle). A test drives a policy without a bus::
 
     state = policy.init_state()
     out = [o for r in records for o in policy.process(r, state, ctx)]
 
-Required: ``name``, ``consumes`` / ``produces`` (record types: what flows in and out along
-the chain), ``init_state()`` and ``process(record, state, ctx)``. Optional hooks, looked up by
-name (a policy implements only those it needs):
-
-* ``on_stats(stats, state, ctx)`` — a GroupStats from the ``stats`` topic (GRESO, the gate);
-* ``on_group(ref, state, ctx)`` — a group accepted onto ``groups.<primary>`` (no built-in
-  policy needs it: the gate reads ``GroupStats.kept``);
-* ``on_version(policy, old, new, state, ctx)`` — the trainer published a newer version;
-* ``tick(state, ctx) -> list`` — called every loop; emits what time or capacity released;
-* ``on_emitted(records, state, ctx)`` — the records that left the whole stage after a step;
-* ``ready(state) -> bool`` — False pauses the stage's main input (the gate's backpressure);
-* ``wants`` — side inputs needed besides weights: a subset of ``{"stats", "groups"}``;
-* ``counters(state) -> dict`` — what the stage reports (default: ``state.counts``);
-* ``levels`` — names in ``counters`` that are current values (queue lengths, probabilities),
-  exported as gauges rather than counters;
-* ``holds_groups`` — True for a ``TrajectoryGroup`` policy that keeps a group past the step
-  it got it in (to release it from ``tick``). Otherwise a group that ``process`` does not
-  return (with the same group id) is taken as dropped, and in ``post_rollout`` its
-  GroupStats says ``kept=False``, which frees its slot in the gate.
-
-Every state has a ``counts: dict[str, int]`` of counters; counters are state, so they are
-checkpointed with it and a restarted processor never counts a record twice.
+Required: ``name``, ``consumes`` / ``produces`` (record types), ``init_state()`` and
+``process(record, state, ctx)``. Optional hooks, looked up by name (``on_stats``,
+``on_version``, ``tick``, ``ready``, ``holds_groups``, ...): docs/policies.md#writing-a-policy.
 """
 
 from __future__ import annotations

@@ -2,17 +2,9 @@
 
 Batch ids are ``f"{policy}-{seq}"`` with ``seq`` counting from 0, so a batch produced twice
 (a crash between produce and checkpoint) is recognisable by id. A fresh group is put in a
-batch at most once (recent group ids are remembered); a replayed group may come again, but
-never twice in the same batch.
-
-**Back-pressure** (``data.batch_ahead``, off when null): batch ``seq`` leaves only while
-``seq - version < batch_ahead``, ``version`` being the newest on ``weights.<policy>`` (the
-trainer has trained that many batches). A trainer that is slow, dead or restarting then never
-finds a deep queue of old batches that it would train far past the staleness bound: the stage
-stops reading (``ready``), the groups wait on ``groups.<policy>``, and a ``staleness`` entry
-before the batcher in ``data.batch`` judges them against the trainer's version when they are
-read. The gate bounds the primary policy's work at task release; this bounds every policy's
-at its trainer's door.
+batch at most once; a replayed group may come again, but never twice in the same batch. With
+``data.batch_ahead`` set, batch ``seq`` leaves only while ``seq - version < batch_ahead``
+(back-pressure at the trainer's door; docs/policies.md).
 """
 
 from __future__ import annotations

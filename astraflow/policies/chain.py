@@ -1,21 +1,12 @@
 """A stage's chain of policies, run in order inside one process, with no bus in sight.
 
-Each record fed in goes through the policies in order: what a policy returns of its
-``produces`` type goes on to the next one; anything else (a GroupStats from the assembler)
-is a side output and leaves the stage at once. Records released by a policy's ``tick``
-continue from the policy after it. After every step, the records that left the end of the
-chain are reported to every policy's ``on_emitted`` (the gate counts releases there).
-
-A ``GroupStats`` side output says whether its group was kept (``GroupStats.kept``). The
-policy that writes it (the assembler) knows only its own decision, so the chain settles the
-field at the end of the step: a group that a later policy dropped in the same step (staleness,
-dynamic sampling: ``process`` returned no group with its group id) gets ``kept=False``. A
-policy that holds groups to release them in a later step declares ``holds_groups = True``;
-a group it takes counts as kept (the gate's safe reading: the group keeps its slot).
-
-The chain also owns the stage's :class:`~astraflow.policies.base.Context` (trainer versions,
-time, seed) and turns side inputs into hook calls. ``snapshot``/``restore`` move every
-policy's state to and from msgpack bytes for checkpoints.
+Each record goes through the policies in order: what a policy returns of its ``produces`` type
+goes on to the next; anything else (a GroupStats) leaves the stage at once. Records released by
+a policy's ``tick`` continue from the policy after it. At the end of each step the chain settles
+``GroupStats.kept`` (a group a later policy dropped gets ``kept=False``) and reports what left
+the stage to every ``on_emitted``. The chain owns the stage's
+:class:`~astraflow.policies.base.Context`; ``snapshot``/``restore`` move the policies' states
+to and from msgpack bytes.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Stage checkpoints: every policy's state, the input offsets it reflects, and the outputs
 derived from those inputs (the *outbox*), in one msgpack file replaced atomically.
 
-Why the outbox: a stage's outputs may depend on the order in which records of different
-partitions arrived (which groups share a batch). Writing the outputs into the checkpoint
-*before* producing them makes a crash harmless: on restart the outbox is produced again
-(same records, same ids: duplicates a reader recognises) and processing resumes from the
-checkpoint's offsets with the checkpoint's state. Nothing is lost, nothing is counted twice,
-and no output is ever decided two different ways.
+Outputs are written into the checkpoint before they are produced, so a crash never makes a
+restarted stage decide the same inputs differently: on restart the outbox is produced again
+(same records, same ids) and processing resumes from the checkpoint's offsets and state. See
+docs/policies.md#exactly-resume.
 """
 
 from __future__ import annotations

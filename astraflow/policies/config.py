@@ -7,12 +7,9 @@ A stage is a chain of policies named in order::
       post_rollout: [assembler, staleness, dynamic_sampling]  # trajectories -> groups.<policy>
       batch: [replay, batcher]                            # groups.<policy> -> batches.<policy>
 
-An entry is a built-in name, a user policy as ``"module.path:factory"`` (options for it in
-``data.options["module.path:factory"]``), or the name of a policy an installed package
-registers under the ``astraflow.policies`` entry-point group (docs/plugins.md). Orders are checked when the config is loaded: each
-policy must take what the one before it gives, and each stage must end with the record type
-its output topic carries. This module imports nothing heavy: the policies themselves are
-built by :mod:`astraflow.policies.registry`.
+An entry is a built-in name, ``"module.path:factory"`` (options in ``data.options``), or a
+name registered under the ``astraflow.policies`` entry points (docs/plugins.md). Orders are
+checked when the config is loaded. This module imports nothing heavy.
 """
 
 from __future__ import annotations

@@ -4,32 +4,12 @@ Releases tasks only while the work started stays within ``max_staleness`` versio
 trainer (AReaL's rule)::
 
     started <= (max_staleness + version + 1) * batch_size
-
-``version`` is the newest ``WeightManifest.version`` of the primary policy (0 before any);
-``batch_size`` is that policy's B (groups per batch). ``started`` counts work in flight or
-accepted, like AReaL's ``running + accepted``::
-
     started = in_flight + accepted
 
-* ``in_flight``: groups released (tasks that left the pre-rollout stage, after every policy,
-  so a task GRESO skips after the gate gives its slot back) whose GroupStats has not come
-  back on ``stats`` yet; the post-rollout stage reports every group it closes, kept or
-  dropped;
-* ``accepted``: groups released here whose GroupStats says ``kept`` (they left the
-  post-rollout stage for ``groups.<primary>``).
-
-A group is accounted from its one GroupStats: in flight until it arrives, then accepted
-(``kept``) or given back (dropped by the assembler, the staleness filter or dynamic
-sampling), so the gate keeps releasing until batches fill. Because no second record is
-awaited, the bound holds whatever the order of ``stats`` and ``weights.<primary>`` records:
-``started`` never drops while the group's work still counts, and the gate releases only while
-``started`` is below the capacity. A GroupStats without ``kept`` (older records) counts as
-kept. Only groups this gate released are counted (by group id), so stats of other runs, of
-replays and redeliveries are ignored. A released group not back within ``lost_after_s`` is
-written off (``lost``), so a task a worker lost cannot hold a slot forever; if its GroupStats
-comes after all (``late``) and says kept, the group counts as accepted. Tasks that do not fit
-wait in the gate, in order; while any wait, the stage reads no more input, so the wait list
-stays within one poll of records and a slow trainer slows task release.
+``version`` and ``batch_size`` are the primary policy's. A released group is in flight until
+its one GroupStats comes back on ``stats``, then accepted (``kept``) or given back; one not
+back within ``lost_after_s`` is written off. Tasks that do not fit wait in order, and while
+any wait the stage reads no more input. Details: docs/policies.md.
 """
 
 from __future__ import annotations

@@ -1,45 +1,11 @@
 """GRESO selective rollout (pre-rollout, ``tasks.raw → tasks``; arXiv 2506.02177).
 
 Per task, from the GroupStats feedback on ``stats``: ``z``, the length of the trailing run of
-zero-variance groups of one kind (``easy``: all right, ``hard``: all wrong). A group of the
-other kind starts a new run (easy, easy, hard → a hard run of 1); a group with variance ends
-it. A task is skipped with probability ``1 - max(p_kind^z, floor_kind)``; z = 0 is never
-skipped.
-
-After each trainer step (a newer version on ``weights.<primary>``), once past
-``warmup_steps``, each p moves by ``delta_p`` toward its target zero-variance ratio: the
-fraction of groups closed since the previous step that were easy (hard) is compared with
-``alpha * easy_share`` (``alpha * (1 - easy_share)``); at or above target, p decreases (skip
-more); below, it increases; clamped to [p_min, p_max]. Several versions at once count as one
-step.
-
-The skip draw is counter-based: ``uniform(seed, task id, attempt, created_at, draws)``, where
-``draws`` counts the task's draws since it entered the streak table; a re-read record decides
-the same. State: the runs of tasks whose last group was zero-variance (a task leaves the table
-when a group with variance ends its run), both p's and the counts of the current window.
-
-Compared with the authors' implementation (github.com/Infini-AI-Lab/GRESO, verl-based:
-``presampling_selector.DataProfiler`` and the p update in ``ray_trainer.fit``):
-
-* same: the trailing-run count per kind; ``1 - max(p^z, 0.01)`` (our floors default to its
-  fixed 0.01 and are configurable per kind); initial p 0.5 / 0.5, step 0.01, targets
-  ``0.25 / 3`` easy and ``0.25 * 2 / 3`` hard (its training scripts); p clamped to
-  [0.05, 0.95]; p decreases at or above its target; the ratios are over the groups rolled
-  out since the previous training step.
-* kept different — the easy/hard classification: GRESO classifies a group by its mean reward
-  on its own reward scale (1 right, 0.1 wrong answer, 0 bad format; n = 8): easy when the
-  mean is >= 0.98, hard when <= 0.11 (its p update counts all-1 and all-0.1 groups). Here a
-  group is easy/hard only when it has zero variance (all rewards within ``reward_eps``),
-  easy when their value is >= ``easy_threshold``. Both agree for 0/1 rewards and n < 10;
-  ours does not depend on the reward scale or n, and it is exactly the property GRESO
-  predicts (a zero-variance group gives GRPO no gradient), where a mean threshold would
-  call a group of 0 and 0.1 rewards, or 1 right in 10, "hard" although it has variance.
-* kept different — when p starts adapting: GRESO from its second epoch; a stream has no
-  epochs, so here after ``warmup_steps`` trainer versions.
-* kept different — GroupStats of fewer than ``min_group_size`` trajectories (a group cut
-  short by failed episodes) are ignored; GRESO's groups are always complete. Only the
-  primary policy's groups count. Draws are counter-based rather than ``torch.rand``, so a
-  restarted processor decides as an uninterrupted one would; the distribution is the same.
+zero-variance groups of one kind (easy or hard). A task is skipped with probability
+``1 - max(p_kind^z, floor_kind)``; z = 0 is never skipped. After each trainer step past
+``warmup_steps``, each p moves by ``delta_p`` toward its target zero-variance ratio. The draw
+is counter-based, so a re-read record decides the same. The rules and how they differ from
+the authors' implementation: docs/policies.md.
 """
 
 from __future__ import annotations

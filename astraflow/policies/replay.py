@@ -1,18 +1,12 @@
 """Replay (batch stage, right before the batcher): a share r of every batch is drawn from a
 bounded buffer of past groups.
 
-The flow is cut in blocks of B groups, one block per batch the batcher will form. Batch i gets
-``k_i = floor((i+1)·r·B) - floor(i·r·B)`` replayed groups, so the long-run replayed fraction
-is exactly r even when r·B is not an integer. Fresh groups pass at once; once the block's
-free slots are down to its missing replays, replayed groups fill them. Candidates are buffered
-groups not in the current block, replayed fewer than ``max_uses`` times and at most
-``max_staleness`` versions older than the trainer (older ones are evicted). When too few
-candidates exist, fresh groups fill the remaining slots (early batches are all fresh).
-
-Selection: ``recent`` takes the newest candidates; ``advantage`` samples without replacement
-with weight = mean |reward - group mean| (priority by |advantage|), using counter-based
-randomness keyed by (seed, batch index, group id), so a restarted run picks the same.
-Replayed groups carry ``replayed=True``; fresh duplicates (redelivery) are dropped.
+Batch i gets ``k_i = floor((i+1)·r·B) - floor(i·r·B)`` replayed groups, so the long-run
+replayed fraction is exactly r. Candidates are buffered groups replayed fewer than
+``max_uses`` times and at most ``max_staleness`` versions old; with too few, fresh groups fill
+the slots. Selection is ``recent`` or ``advantage`` (weighted by mean |reward - group mean|,
+with counter-based randomness, so a restarted run picks the same). Replayed groups carry
+``replayed=True``. See docs/policies.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,12 @@
 """The reporter (docs/elastic.md#the-load-report, `astraflow report`): reads every process's
-heartbeats on ``metrics`` and the run's consumer-group lags, and writes a :class:`LoadReport` to ``reports``
-every ``every_steps`` trainer steps (and after ``every_s`` seconds without one, so a trainer
-starved of input, which makes no steps, is still reported).
+heartbeats on ``metrics`` and the run's consumer-group lags, and writes a :class:`LoadReport` to
+``reports`` every ``every_steps`` trainer steps (and after ``every_s`` seconds without one, so a
+starved trainer is still reported).
 
-A report covers the window since the previous one:
-
-* per policy: its trainer's wait ratio ``Δwait_s / (Δwait_s + Δbusy_s)`` (the trainer's own
-  counters, so the window is exact whatever the heartbeat rate), trajectories produced
-  (rollout workers' ``trajectories.<policy>`` counters) and consumed (the trainer's
-  ``trajectories``), steps;
-* per rollout process: status, episodes/s over the window, last heartbeat, health (heard
-  within ``heartbeat_timeout_s`` and not stopped or failed), utilization (the mean of
-  ``inflight / max_inflight`` over its heartbeats in the window: the busy share of its
-  episode slots); ``current_workers`` counts the healthy ones not draining and
-  ``utilization`` is the mean of theirs;
-* ``tasks_lag``: tasks released on ``tasks`` that the rollout group has not committed (the raw
-  lag an external autoscaler such as KEDA scales on);
-* ``ready``: groups produced and not yet trained on: the post-rollout stage's lag on
-  ``trajectories`` (in groups), the batch stages' lag on ``groups.<policy>`` and the batches
-  on ``batches.<policy>`` beyond the trainer's step (in groups);
-* ``horizon``: ``Σ (max_staleness + 1) · B`` over the policies: how many groups may be ahead
-  of the trainers and still be fresh enough to train on;
-* ``useful_lag = min(tasks_lag, max(0, horizon − ready))``: the queued work that, produced now,
-  is trained within the staleness bound. Raw lag overcounts: when the trainer is the
-  bottleneck ``ready`` fills the horizon and none of the queue is urgent, yet ``tasks`` stays
-  full (the staleness gate keeps releasing up to the bound).
-
-Counters are deltas against each process's first heartbeat in the reporter's view, so a
-restarted reporter (it reads ``metrics`` from its end) or a process that joins mid-window
-counts only what it did since the reporter heard it first.
+A report covers the window since the previous one: per policy, per rollout process, and the
+lags (``tasks_lag``, ``ready``, ``horizon``, ``useful_lag``) an autoscaler acts on. Counters are
+deltas against each process's first heartbeat the reporter heard, so a restarted reporter or a
+process that joins mid-window counts only what it did since.
 """
 
 from __future__ import annotations

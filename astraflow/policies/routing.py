@@ -1,19 +1,11 @@
 """Where a released task goes: the partition of ``tasks`` with the least unfinished work.
 
-Rollout workers take tasks by partition (a consumer group), so routing by the group id's hash
-gives every worker an equal share whatever its speed: a worker at 30% of the others' speed
-gets as many tasks as they do, its partitions back up, and the gate's staleness budget sits
-in its queue while the fast workers idle. :class:`BacklogRouter` sends each task instead to the
-partition whose backlog is smallest, where a partition's backlog is the rollout group's lag on
-it (tasks produced and not yet committed as done: waiting, in flight, or finished behind an
-older unfinished one) plus the tasks routed there since that lag was read. A fast worker's
-partitions drain quickly and get more; a slow or dead worker's get fewer. This is
-join-the-shortest-queue with a partition as the queue.
-
-The lag is read by a background thread every ``refresh_s`` (on Kafka a read costs a few round
-trips, which must not hold the stage), so the router never blocks. Until the first read (or
-when reads fail) partitions are taken in turn. Ties go to the partition after the last one
-chosen, so an idle topic is filled evenly.
+:class:`BacklogRouter` sends each task to the partition whose backlog is smallest: the rollout
+group's lag on it plus the tasks routed there since that lag was read. So a slow or dead
+worker's partitions get fewer tasks, unlike hash routing's equal share. The lag is read by a
+background thread every ``refresh_s``, so the router never blocks; until the first read (or
+while reads fail) partitions are taken in turn, and ties go to the partition after the last
+one chosen. See docs/policies.md.
 """
 
 from __future__ import annotations

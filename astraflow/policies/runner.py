@@ -1,25 +1,11 @@
 """The stage processor: one process running one stage's chain between its topics.
 
-It is a handler on the processor runtime (:class:`~astraflow.core.stream.Processor`, outbox
-mode), which owns offsets, dedup, dead letters, the cycle and stopping. Each loop reads side inputs (trainer versions on ``weights.<policy>``; ``stats`` and
-``groups.<primary>`` when a policy wants them) and then, unless a policy holds records back,
-the main input; runs them through the chain; and, at most every ``commit_interval_s`` (at
-once when input pauses), runs one *cycle*:
-
-1. write the checkpoint: every policy's state, the offsets of every input record processed,
-   the trainer versions and the outputs not yet produced (the outbox), atomically;
-2. produce the outbox and flush (the outputs are durable);
-3. commit the input offsets on the bus.
-
-On start, the checkpoint is the source of truth: states and versions are restored, its
-outbox is produced again, and each partition is read from the checkpoint's offset (the
-consumer seeks there when the partition is assigned, and any record before it that is
-delivered anyway is skipped). Without a checkpoint, reading starts at the group's committed
-offsets with fresh states. Bus commits follow the checkpoint, so they never run ahead of it.
-
-A stage is a singleton per run (per policy for ``batch``): its state covers every partition
-of its input, so a second instance in the same consumer group would split the input without
-its state.
+A handler on the processor runtime (:class:`~astraflow.core.stream.Processor`, outbox mode),
+which owns offsets, dedup, dead letters, the cycle and stopping. Each loop reads side inputs,
+then the main input, and runs them through the chain; every ``commit_interval_s`` a cycle
+checkpoints the states, offsets and pending outputs, produces the outputs, then commits the
+offsets. On start the checkpoint is the source of truth. A stage is a singleton per run (per
+policy for ``batch``). Details: docs/policies.md#exactly-resume.
 """
 
 from __future__ import annotations

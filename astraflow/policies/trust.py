@@ -1,20 +1,12 @@
 """Which trainer versions a stage believes: a weight manifest is followed only when it could be
 the trainer's.
 
-Anyone who can produce to ``weights.<policy>`` can write a manifest. A rollout worker refuses
-one it cannot verify (a malformed manifest, a blob path outside the store, a blob that does
-not fetch or match its digest); a stage never fetches blobs, so before it lets a manifest move
-its version (the gate's release window, the staleness filters, the batch stage's
-back-pressure) it applies the checks that need no blob: the manifest is well-formed
-(:func:`astraflow.weights.follow.manifest_problem`, the worker's first check) and its version
-is one the trainer can have made. The trainer takes one step per batch record of
-``batches.<policy>`` (version 0 is the model it starts from), so a version above the number
-of records ever written there is forged: believing it would release the gate's whole task
-backlog at once and make every honest trajectory look stale. A refused manifest is
-dead-lettered with its reason, and a checkpoint that holds such a version (written before
-this check) is cut back to the bound on restore. The same bound holds for the versions of a
-trajectory's generated tokens (a worker samples only with versions the trainer published):
-a trajectory claiming a newer one is refused too.
+Anyone who can produce to ``weights.<policy>`` can write a manifest, and a stage never fetches
+blobs. So before a manifest moves a stage's version, it must be well-formed
+(:func:`astraflow.weights.follow.manifest_problem`) and its version no newer than the batch
+records written to ``batches.<policy>`` (the trainer takes one step per batch). A refused
+manifest is dead-lettered; a trajectory claiming a newer token version is refused too.
+Details: docs/policies.md#errors.
 """
 
 from __future__ import annotations

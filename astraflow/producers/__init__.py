@@ -7,23 +7,15 @@ rollout); each has a held-out split (:func:`held_out_specs`) disjoint from what 
 
 Modules:
 
-- :mod:`.arithmetic`: Synthetic arithmetic tasks ``a<op>b=`` with the answer as reference (the
-  quickstart's data).
-- :mod:`.claims`: Claims for a verifier: a problem with a proposed answer, right or wrong, half of
-  each.
-- :mod:`.config`: Config section ``producer``: where tasks come from and how they are released, and
-  which of them are held out for evaluation (docs/tasks.md).
-- :mod:`.demos`: Demonstrations for the SFT warm-up: tasks with their reference answers, as
-  training batches (``Batch`` records) on ``batches.<policy>``.
-- :mod:`.hf_datasets`: Hugging Face ``datasets`` as a task source (``source: hf_datasets``), from
-  local disk only.
-- :mod:`.producer`: The task producer: a dataset or generator → Task records on ``tasks.raw`` (or
-  ``tasks``).
-- :mod:`.reasoning_gym`: reasoning-gym task suites (``source: reasoning_gym``): seeded procedural
-  problems, scored by the dataset's own ``score_answer``.
-- :mod:`.sources`: Dataset readers: JSONL and Parquet rows → :class:`TaskSpec` (prompt messages +
-  reference).
-- :mod:`.splits`: Train and held-out (test) splits of every task source, disjoint by construction.
+- :mod:`.arithmetic`: synthetic arithmetic tasks ``a<op>b=`` (the quickstart's data).
+- :mod:`.claims`: claims for a verifier: a problem with a proposed answer.
+- :mod:`.config`: config section ``producer`` (docs/tasks.md).
+- :mod:`.demos`: demonstrations for the SFT warm-up, as ``Batch`` records.
+- :mod:`.hf_datasets`: Hugging Face ``datasets`` from local disk (``source: hf_datasets``).
+- :mod:`.producer`: the task producer: a dataset or generator → Task records.
+- :mod:`.reasoning_gym`: reasoning-gym task suites (``source: reasoning_gym``).
+- :mod:`.sources`: dataset readers: JSONL and Parquet rows → :class:`TaskSpec`.
+- :mod:`.splits`: train and held-out splits of every task source, disjoint by construction.
 """
 
 from astraflow.producers.arithmetic import split_of

@@ -1,21 +1,12 @@
 """Claims for a verifier: a problem with a proposed answer, right or wrong, half of each.
 
-A claim is a :class:`TaskSpec` whose prompt is the verifier's prompt (``prompt``, formatted with
-``{problem}``: the problem's text, ``{answer}``: the proposed answer, as the ``solver_verifier``
-workflow formats it) and whose reference holds the verdict to give (``answer``: ``approve`` or
-``reject`` words) and ``correct`` ("1"/"0"). The SFT warm-up of a verifier trains on them
-(:func:`astraflow.producers.demos.demo_batches` with the verdict as the answer); the verifier's
-evaluator measures its judgement on the test split's claims, balanced over right and wrong.
-
-Wrong answers look like a tiny solver's mistakes: half change one digit of the right answer,
-half are off by 1 to 9; never negative, never the right answer. Deterministic in ``seed``.
-
-**The verifier's work** (``work``, :data:`WORK_FORMATS`): what a verifier writes before its
-verdict line. ``sum``: its own answer ("46\nno"); ``columns``: the column sums of an addition,
-units first, then its own answer ("2+9=11\n1+3+1=5\n51\nno"), the work that lets a tiny model
-add right in ~200 SFT steps where answering directly takes ~500 to reach 0.85
-(bench/sum_order.py); ``none``: the verdict alone. In every format the line before the verdict
-is the verifier's own answer (the ``solver_verifier`` workflow scores it as ``work``).
+A claim is a :class:`TaskSpec` whose prompt is the verifier's (``prompt`` formatted with
+``{problem}`` and ``{answer}``, as the ``solver_verifier`` workflow formats it) and whose
+reference holds the verdict to give (``answer``) and ``correct`` ("1"/"0"). The verifier's SFT
+warm-up trains on them and its evaluator measures its judgement on them. Wrong answers look
+like a tiny solver's mistakes; deterministic in ``seed``. ``work`` (:data:`WORK_FORMATS`:
+``sum``, ``columns``, ``none``) is what the verifier writes before its verdict line
+(docs/config.md, ``launch.warmup.verifier_work``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """reasoning-gym task suites (``source: reasoning_gym``): seeded procedural problems, scored by
 the dataset's own ``score_answer`` (the rollout reward ``reasoning_gym``).
 
-Each split is generated from its own seed (``seed`` / ``test_seed``) and kept only where a hash
-of the question text says so (``test_fraction`` of the question space is held out, like
-:func:`~astraflow.producers.arithmetic.split_of`), so no question is ever in both splits,
-whatever the seeds, sizes or config. The held-out split keeps each question once.
-
-A task's id is ``<dataset name>/<hash of the question>`` (stable across runs and sizes); its
-reference carries what the reward needs: ``answer`` (the oracle answer as text, for the
-plain rewards), ``rg_dataset``, ``rg_config``, ``rg_entry`` (the item, made msgpack/JSON-safe)
-and where it came from (``rg_seed``, ``rg_size``, ``rg_index``), so the reward can regenerate
-the item exactly when JSON lost a type the scorer compares (tuples in ARC grids).
+Each split is generated from its own seed (``seed`` / ``test_seed``) and filtered by a hash of
+the question text (``test_fraction`` held out), so no question is ever in both splits. A
+task's id is ``<dataset name>/<hash of the question>``; its reference carries the oracle
+``answer`` and what the reward needs to regenerate the item exactly (``rg_dataset``,
+``rg_config``, ``rg_entry``, ``rg_seed``, ``rg_size``, ``rg_index``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Train and held-out (test) splits of every task source, disjoint by construction.
 
-* ``arithmetic``: a hash of the problem (``producer.arithmetic.test_fraction``).
-* ``reasoning_gym``: each split from its own seed, filtered by a hash of the question
-  (``producer.reasoning_gym.test_fraction``).
-* ``jsonl`` / ``parquet``: the ``producer.test_path`` files, and training leaves out every row
-  whose prompt is also in them; else ``producer.test_fraction`` of the rows by a hash of the
-  prompt (so a question repeated under two ids still lands in one split).
-* ``hf_datasets``: the dataset's ``test_split``, training leaving out prompts that are also in
-  it; else ``producer.test_fraction`` of ``split`` by a hash of the prompt.
-
-:func:`split_specs` is one pass over a split; the producer releases the train split, the
-evaluators measure on :func:`held_out_specs`.
+``arithmetic`` and ``reasoning_gym`` split by a hash of the problem; ``jsonl`` / ``parquet``
+take ``producer.test_path`` (training leaves out every row whose prompt is also there), else
+``producer.test_fraction`` of the rows by a hash of the prompt; ``hf_datasets`` takes the
+dataset's ``test_split`` the same way. :func:`split_specs` is one pass over a split; the
+producer releases the train split, the evaluators measure on :func:`held_out_specs`.
+See docs/tasks.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Where every trajectory of a run ended: trained on, waiting, or filtered with a reason.
 
-Read from the topics themselves after the roles stopped (so it checks the processes rather
-than trusting their counters). ``unaccounted`` must be 0 and ``trained_twice`` must be 0.
-
-A batch counts as trained by the trainer of policy ``q`` when it lies on ``batches.<q>``
-before the offset that trainer's consumer group committed (the trainer commits only what its
-newest checkpoint holds) and names ``q`` (``Batch.policy``; a trainer dead-letters a batch for
-another policy, so such a batch trained nothing), and is not on the dead-letter topic (a batch
-whose records could not be fetched or decoded was consumed but trained nothing). A batch id
-counts once per trainer, as the trainer's own dedup window does. With several policies the
-result also has ``by_policy`` (the same buckets per policy) and ``trained_by_wrong_trainer``:
-trajectories of policy ``p`` trained by the trainer of another policy.
+Read from the topics after the roles stopped, so it checks the processes rather than their
+counters: ``unaccounted`` and ``trained_twice`` must be 0. A batch counts as trained by policy
+``q``'s trainer when it lies on ``batches.<q>`` before that trainer's committed offset, names
+``q`` and was not dead-lettered; a batch id counts once per trainer (docs/metrics.md).
 """
 
 from __future__ import annotations

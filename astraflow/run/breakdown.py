@@ -1,19 +1,10 @@
 """Where every second goes: a run's wall time per role, broken down into its phases.
 
-Every process reports ``time.alive_s`` (its age) and the roles that compute report where that
-time went, as counters on the ``metrics`` topic:
-
-* trainer: ``time.load_s`` (start to ready: imports, model, checkpoint), ``time.wait_s``
-  (waiting for a batch), ``time.train_s`` (the optimizer step), ``time.publish_s`` (handing
-  the weights to the publisher), ``time.checkpoint_s``;
-* rollout worker: ``time.load_s`` (start to joining its group: imports, engines, first weight
-  sync), ``time.generate_s`` (any of its engines decoding, counted once);
-* evaluator: ``time.evaluate_s`` (measuring versions).
-
-:func:`time_breakdown` sums them per role (a role's processes together: rollout workers, a
-restarted trainer) and names the rest ``other`` (for a worker: waiting for tasks or weights,
-scoring and its bus work; for an evaluator: loading and waiting for versions). Shown by
-`astraflow top` and `astraflow run`'s end table, kept in ``summary.json`` under ``time``.
+Every process reports its age (``time.alive_s``) and the compute roles report where it went as
+``time.<phase>_s`` counters on the ``metrics`` topic (the phases of each role: docs/metrics.md).
+:func:`time_breakdown` sums them per role, a role's processes together, and names the rest
+``other``. Shown by `astraflow top` and `astraflow run`'s end table, kept in ``summary.json``
+under ``time``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """``astraflow check CONFIG``: what would fail at runtime, found before any role starts.
 
-It loads each policy's model config and tokenizer and renders one prompt with the chat
-template, reads the first rows of every data split the run uses, imports every module the
-config names (workflow modules, the reward, custom data policies) and scores one sample with
-the reward, and estimates the memory of the trainer and engines from the model's size. Every
-problem is reported at once, each with the key path to fix; `astraflow run` runs it first and
-starts nothing on a config that fails it.
-
-On a host of a run spread over several (docs/how-to/deploy.md), ``roles`` names the role
-commands that host runs, and only what they need is checked: a rollout host has no producer
-data to read, a trainer host no vLLM to import. Without ``roles`` the host runs every role,
-as `astraflow run` does.
+Models, tokenizers, data splits, the modules the config names, the reward and a memory
+estimate are checked, and every problem is reported at once with the key path to fix;
+`astraflow run` runs it first. ``roles`` limits it to what one host of several needs
+(docs/check.md).
 
 >>> report = check_experiment(config, out)
 >>> report.ok, [f"{f.key}: {f.message}" for f in report.problems]

@@ -1,24 +1,11 @@
 """Reads the run's ``metrics`` topic: the newest snapshot of every process, rates, and the
 lines of ``metrics.jsonl``.
 
-``metrics.jsonl`` has one JSON object per line. Every line has ``time`` (seconds since the
-epoch), ``elapsed`` (seconds since the collector started) and ``step`` (the trainer's step);
-trainer lines carry the trainer's gauges (``loss``, ``reward_mean``, ``wait_ratio``, ...) and,
-when its component names it, its ``policy``; rollout summary lines carry ``episodes_per_s`` and
-``gen_tokens_per_s`` (tokens generated per second).
-
-Evaluation lines name their ``policy`` and ``kind`` (docs/evaluation.md):
-
-* ``answer`` — ``eval_accuracy``: the policy's held-out greedy accuracy (0..1); ``step`` is the
-  weight version evaluated;
-* ``verdict`` — a verifier: ``eval_accuracy`` is its balanced judgement accuracy, with
-  ``eval_right_accuracy``, ``eval_wrong_accuracy`` and ``eval_unclear``;
-* ``system`` — the team (``policy: "team"``): ``system_accuracy``, ``first_accuracy``,
-  ``retry_rate``, ``unclear_rate``, ``error_rate``, and ``versions`` (policy -> the version
-  evaluated); ``step`` is the solver's version.
-
-A process's policy comes from its component id, ``<role>-<policy>-<host>-<pid>-<hex>``
-(:func:`astraflow.core.metrics.component_id` of ``evaluator-<policy>``).
+Every line of ``metrics.jsonl`` is one JSON object with ``time`` (seconds since the epoch),
+``elapsed`` (seconds since the collector started) and ``step`` (the trainer's step); trainer
+lines carry the trainer's gauges, rollout summary lines the rates, evaluation lines their
+``policy`` and ``kind`` (docs/evaluation.md). A process's policy comes from its component id,
+``<role>-<policy>-<host>-<pid>-<hex>``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """A rough memory estimate of one policy's trainer and engines, from the model's config.json
 and the run's settings (for `astraflow check`; no torch).
 
-Trainer: per rank as :func:`astraflow.run.trainer_memory.trainer_memory` computes it (model
-states by ZeRO's 16 bytes a trained parameter, divided by the ranks under fsdp; LoRA; CPU
-offload; activations of one micro-batch of ``trainer.micro_batch_tokens`` tokens), plus the
-bf16 snapshot the publisher encodes from (its shard under fsdp), times the ranks on the host.
-Engine: the weights in ``rollout.engine.dtype``, plus the KV cache of a full batch
-(``max_batch_size`` sequences of prompt + ``max_new_tokens``; the prompt taken as 256 tokens
-unless the model's context is shorter). Rough estimates, to catch the order-of-magnitude
-mistakes (a 7B model on a 16 GiB host), not to plan a cluster.
+Trainer: per rank as :func:`astraflow.run.trainer_memory.trainer_memory` computes it, plus the
+bf16 snapshot the publisher encodes from, times the ranks on the host. Engine: the weights in
+``rollout.engine.dtype`` plus the KV cache of a full batch. Meant to catch order-of-magnitude
+mistakes (a 7B model on a 16 GiB host), not to plan a cluster (docs/check.md).
 """
 
 from __future__ import annotations

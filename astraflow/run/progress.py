@@ -1,15 +1,10 @@
 """Progress without a terminal: one plain line every ``launch.progress_every_s`` seconds while
-`astraflow run` has no live view to draw (stdout is a pipe or a file, or ``--no-live``), so a
-run piped to a log says where it stands during the warm-up and the RL phase.
+`astraflow run` has no live view to draw (stdout not a terminal, or ``--no-live``).
 
-The numbers are the live view's (:mod:`astraflow.run.view`): the collector's newest snapshot
-of each trainer and evaluator, the rollout workers' episode rate, the bus lag of the rollout
-group. A line looks like::
+The numbers are the live view's (:mod:`astraflow.run.view`), ``-`` where none is measured yet;
+the fields are described in docs/cli.md. A line looks like::
 
     progress rl 1m05s step 12/50 reward 0.412 accuracy 0.360 episodes/s 8.20 wait 0.31 lag 14
-
-A run of several policies gets ``policy <name>:`` before each policy's step, reward, accuracy
-and wait. A field not measured yet is ``-``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """`astraflow replay RUN_DIR`: re-train a run's policies from its log and check every version.
 
-Every batch a trainer trained is a record on the run's bus, and every weight version it
-published is a manifest carrying the digest of each tensor. Replay builds a fresh trainer
-engine per policy from the run's own config and starting weights, feeds it the batches the
-run's trainer trained — in its order, from its JSON log (the last line of each step: a
-trainer killed and resumed trains the steps after its checkpoint again) — and after each step
-compares the digest of every tensor with the run's manifest of that version. The first tensor
-that differs is named; otherwise "N versions reproduced bit for bit".
-
-What makes a trainer reproducible on CPU: a fixed thread count (``trainer.threads``; the
-trainer never borrows cores for that reason, core/cores.py) and the same code and library
-versions; on GPU also ``trainer.deterministic`` (docs/trainer.md#replay). Replay runs one
-process: a run trained by several ranks (``launch.trainer_ranks`` > 1, sharded publishing)
-is refused with that reason.
+Per policy, a fresh trainer built from the run's config and starting weights trains the batches
+the run's trainer trained, in the order of its JSON log; after each step the digest of every
+tensor is compared with the run's manifest of that version, and the first tensor that differs
+is named. A run trained by several ranks is refused. What makes a trainer reproducible
+(``trainer.threads``, ``trainer.deterministic``): docs/trainer.md#replay.
 """
 
 from __future__ import annotations

@@ -2,12 +2,9 @@
 plus the few values it shares with the run (name, policies, models, run directory, seed).
 
 Roles never see :class:`~astraflow.config.ExperimentConfig` (an import-linter contract in
-pyproject.toml says so); their factories take typed sections. These functions, used by the
-role commands (`astraflow train|rollout|policy|produce`), tests and benchmarks, unpack the
-experiment for them. Their names say so: ``configured_x(config, ...)`` builds what the role's
-own ``build_x(section, ...)`` builds, ``run_configured_x(config, ...)`` runs it (one name, one
-meaning: the role's factory and this unpacking never share a name). Heavy imports (torch
-through the trainer and the engines) happen inside each function.
+pyproject.toml): ``configured_x(config, ...)`` builds what the role's own
+``build_x(section, ...)`` builds, and ``run_configured_x(config, ...)`` runs it. Heavy imports
+(torch) happen inside each function.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The supervisor behind `astraflow run`: starts every role as its own OS process, watches
 them, restarts the ones that die (by config), and stops everything when the run is over.
 
-It is not in charge of the dataflow — the roles coordinate through the topics only. It is a
-launcher with a pulse: what a user would otherwise do by hand in six terminals. Processes are
-started, stopped and reaped by :mod:`astraflow.core.launcher`, as the scaler's ``local``
+It is not in charge of the dataflow: the roles coordinate through the topics only. Processes
+are started, stopped and reaped by :mod:`astraflow.core.launcher`, as the scaler's ``local``
 actuator's are.
 """
 

@@ -1,31 +1,10 @@
 """The trainer's memory per rank: a pure function of the model's shape and the trainer's setup.
 
-Model states (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
-Parameter Models", §3.1): mixed-precision AdamW keeps per trained parameter 2 bytes of 16-bit
-weights, 2 of 16-bit gradients and K = 12 of fp32 master weights, momentum and variance:
-**16 bytes**. In fp32 (``mixed_precision: no``) the weights are the master copy and the
-gradients fp32: 4 + 4 + 8 = 16 bytes too. Data parallelism (``ddp``) keeps all of it on every
-rank; FSDP's full sharding (ZeRO stage 3, Zhao et al. 2023, "PyTorch FSDP") divides it by the
-N ranks, and adds the working set of the units being computed: one transformer block's
-weights gathered unsharded and its unsharded gradients, twice (FSDP2 prefetches the next
-block while computing one).
-
-LoRA (Hu et al. 2021) trains only the adapters: ``r·(in + out)`` parameters per target linear
-layer, each with the 16 bytes above; the frozen base weights are held once, in 16-bit (2 bytes)
-or fp32 (4 bytes), with no gradient and no optimizer state. A KL penalty (``loss.kl``) adds
-the frozen reference model's fp32 weights (4 bytes a parameter, /N under fsdp, which shards
-it too); LoRA's reference is its own base with the adapter off: nothing more. CPU offload (FSDP2's
-``CPUOffloadPolicy``) moves the sharded states to host memory: the GPU keeps the working set and
-the activations.
-
-Activations of one micro-batch of T tokens (Korthikanti et al. 2022, "Reducing Activation
-Recomputation in Large Transformer Models", §4.1: ``s·b·h·(34 + 5·a·s/h)`` bytes per layer in
-16-bit; the ``5·a·s/h`` attention-score term is gone with fused (flash / SDPA) attention): 34·T·h
-bytes per layer, twice that in fp32; with activation checkpointing, each block's 16-bit input
-(2·T·h) plus one block recomputed (34·T·h). The logits in fp32 three times over (logits,
-log-softmax and their gradient): 12·T·V. Each rank runs its own micro-batch: activations do not
-shrink with N. These are estimates for planning (allocator fragmentation, CUDA context and
-communication buffers are not counted): keep ~10% of the GPU free.
+Model states follow ZeRO's 16 bytes per trained parameter (mixed-precision AdamW), on every rank
+under ``ddp`` and divided by the ranks under ``fsdp``; LoRA, a KL reference model, CPU offload
+and one micro-batch's activations are added as docs/trainer.md#memory-per-rank derives them.
+Estimates for planning (fragmentation, CUDA context and buffers not counted): keep ~10% of the
+GPU free.
 """
 
 from __future__ import annotations

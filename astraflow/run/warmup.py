@@ -1,26 +1,10 @@
-"""The SFT warm-up phase of `astraflow run`, and where it stops.
+"""The SFT warm-up phase of `astraflow run`, and where it stops (``launch.warmup``).
 
-Demonstrations (the producer's train split with its reference answers) go through the bus to
-`astraflow train` in ``sft`` mode, a separate process like every role. RL then starts from
-what the warm-up left. Two ways to end it (``launch.warmup``):
-
-* ``target_accuracy: null`` — exactly ``steps`` SFT steps; RL starts from the last one.
-* ``target_accuracy: [low, high]`` — the trainer checkpoints every ``check_every`` steps; this
-  process measures each checkpoint's held-out greedy accuracy (the evaluator's problems,
-  ``launch.eval_problems`` of them, nothing trained on) while the trainer goes on, and the
-  first checkpoint inside the band is where RL starts (the trainer is stopped then). ``steps``
-  is the cap. If no check lands in the band by then, ``on_miss`` decides: ``error`` fails the
-  run, ``closest`` starts RL from the checked model nearest the band, with a warning.
-
-Why by measurement: SFT of a tiny model at a high learning rate is chaotic, so the same
-number of steps lands at very different accuracies on CPUs whose floating-point paths differ
-(measured: 0.236 on one machine, 0.760 on another, after the same 400 steps), and where RL
-starts decides what RL can show. The checks are cheap (500 greedy problems of the quickstart:
-0.1 s) next to the SFT steps between them.
-
-Every check is a line of ``metrics.jsonl`` (``phase: warmup``) and the outcome is
-``warmup.json`` in the run directory (and ``warmup`` in ``summary.json``). The band logic,
-the held-out probe and the checkpoint watch are :mod:`astraflow.run.warmup_checks`.
+Demonstrations go through the bus to `astraflow train` in ``sft`` mode; RL starts from what it
+left. Without ``target_accuracy`` it runs ``steps`` steps; with a band ``[low, high]`` the
+held-out accuracy of every ``check_every``-th checkpoint is measured while training goes on,
+and RL starts from the first inside the band (``on_miss`` decides if none lands by ``steps``).
+The outcome is ``warmup.json``; the checks are :mod:`astraflow.run.warmup_checks`.
 """
 
 from __future__ import annotations

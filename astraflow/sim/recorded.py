@@ -1,19 +1,10 @@
 """A workload from a run directory made by ``astraflow run``: its trajectories' turns and timings.
 
-An episode is every trajectory record with one (group id, sample index): one per policy (a
-solver and its verifier share one). Its turns are the assistant spans of those records, in
-record order (a record without spans: one turn of all its generated tokens); a turn's tokens
-are the generated ones (``loss_mask`` 1) in its span, or the whole span when none is (a turn
-another role trained on nothing of). Waits come from the episode's ``timings``: ``tools`` is
-spread evenly over the gaps between turns (after the only turn when there is one); every other
-timing but ``generate`` and ``total`` (``reward``, ``verifier_latency``, ...) is waited after
-the last turn. Where in the episode a tool or verifier really waited is not recorded, only
-how long in all, so the replay keeps the totals, not the order.
-
-Groups are in the order their first record was created. ``trainer-<policy>.jsonl`` gives the
-trainer's median seconds per step (``step_s``) and groups per step (``groups``); with several
-trainers, the slowest.
-"""
+An episode is every trajectory record with one (group id, sample index); its turns are the
+assistant spans of those records and its waits come from their ``timings``. Only total wait
+times are recorded, so the replay keeps the totals, not where they fell. The trainer's
+median step seconds and groups per step come from ``trainer-<policy>.jsonl``
+(docs/replay.md)."""
 
 from __future__ import annotations
 

@@ -1,27 +1,10 @@
 """A discrete-event simulation of rollout feeding a trainer, on the event clock of
 :mod:`astraflow.sim.events`.
 
-**Engine.** One continuously batching engine: it runs decoding steps, each advancing every
-episode now decoding by one token and lasting ``step_a + step_b * batch`` seconds (``batch``:
-the episodes in that step). An episode that starts decoding while a step runs joins at the next
-step boundary. At most ``concurrency`` episodes are in flight (started, not finished; 0: no
-limit); the rest queue in launch order. A wait (tool, verifier, reward) holds the episode's
-slot but not the engine.
-
-**Trainer.** A step takes ``train_s`` seconds on ``batch_groups`` whole groups, then
-``sync_s`` seconds to publish the weights; the policy version goes up by one at its end.
-
-**Schedules.** Groups are launched in workload order, and at policy version ``v`` at most
-``(v + staleness + 1) * batch_groups`` groups may have been launched in all; the trainer
-starts a step as soon as it is idle and ``batch_groups`` finished groups wait (the first ones
-to finish). *Asynchronous* is that with ``staleness`` k ≥ 1: rollout runs up to k versions
-ahead of the trainer. *Synchronous* is the same with k = 0: a step's groups are launched
-together, the trainer trains when the last of them finishes, publishes, and only then are the
-next step's groups launched — the rollout sits idle while the trainer works.
-
-The bound is on launches (as in AReaL): a group that is slow to finish may still be trained
-more than k versions after its launch; :attr:`Result.staleness_max` reports it.
-"""
+One continuously batching engine (a step lasts ``step_a + step_b * batch`` seconds) feeds a
+trainer that takes ``train_s`` per step plus ``sync_s`` to publish. At policy version ``v`` at
+most ``(v + staleness + 1) * batch_groups`` groups may have been launched; ``staleness`` 0 is
+synchronous training. The model is described in docs/replay.md."""
 
 from __future__ import annotations
 

@@ -1,22 +1,11 @@
 """LoRA adapters on the rollout side: where adapter tensors land and how engines apply them.
 
-A trainer with ``trainer.lora`` publishes only its adapter (peft's adapter state dict, the
-tensor names ``base_model.model.<module>.lora_A.weight`` and ``...lora_B.weight``), and the
-manifest says so (:class:`~astraflow.core.records.AdapterSpec`: r, alpha, target modules, the
-base model's identity). The syncer treats adapter tensors like any others (full snapshots and
-sparse deltas, digests, routes); only where they land differs:
-
-* :class:`AdapterTarget` wraps an engine's own weight target: adapter tensors stay on the host
-  (deltas decode into them in place), every other tensor goes to the wrapped target. At
-  :meth:`~AdapterTarget.finish_version` the engine's ``on_adapter`` callback gets the whole adapter
-  (spec, tensors, version) when it changed.
-* the ``hf`` engine merges: :func:`merge_lora` writes ``W = W0 + (alpha / r) * B @ A`` into each
-  targeted module's weight from a pristine copy of ``W0`` kept at the first merge
-  (:class:`PristineBase`), so no rounding of an earlier merge accumulates.
-* the ``vllm`` and ``openai`` engines hand the adapter to the server as peft writes it:
-  :func:`write_adapter_dir` (``adapter_model.safetensors`` + ``adapter_config.json``), loaded
-  under a new name per version.
-"""
+The syncer treats adapter tensors like any others; only where they land differs.
+:class:`AdapterTarget` wraps an engine's weight target, keeps adapter tensors on the host and
+hands the whole adapter to the engine's ``on_adapter`` callback when it changed. The ``hf``
+engine merges with :func:`merge_lora` from a pristine base (:class:`PristineBase`); the
+``vllm`` and ``openai`` engines load :func:`write_adapter_dir`'s peft folder
+(docs/trainer.md#lora)."""
 
 from __future__ import annotations
 

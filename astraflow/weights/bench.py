@@ -1,12 +1,9 @@
 """Codec benchmark on a synthetic bf16 model (``astraflow weights bench``, ``bench/weights.py``).
 
-A set of tensors with the shapes of a decoder-only LM (embedding, attention and MLP matrices,
-norms) holds bf16 weights drawn like a trained model's (normal, std 0.02; norms near 1). A
-version step changes each value with probability ``1 - unchanged`` at uniformly random
-positions, by a fixed distribution of bf16 steps (87.7% ±1 unit in the last place, 5% ±2, the
-rest ±3..±16: the constants of :func:`step`), and the codec is timed both ways
-against baselines measured in the same run.
-"""
+Tensors with the shapes of a decoder-only LM hold bf16 weights drawn like a trained model's; a
+version step changes each value with probability ``1 - unchanged`` by a fixed distribution of
+bf16 steps (:func:`step`), and the codec is timed both ways against baselines measured in the
+same run. Results: docs/weights.md#benchmarks."""
 
 from __future__ import annotations
 

@@ -10,11 +10,8 @@ Layout (all integers little-endian)::
     16  H  header: msgpack map (BlobHeader below)
     16+H   payload: each tensor's bytes at [offset, offset + length) relative to here
 
-The header lists, per tensor: name, dtype, shape, encoding and its parameters, byte range,
-the digest of the tensor after applying and (delta) the digest of the base it applies to.
-Manifests repeat the ranges as absolute blob offsets so a reader can check one against the
-other. Tensors are stored as flat words; see :mod:`astraflow.weights.codec` for encodings.
-"""
+The header lists each tensor's name, dtype, shape, encoding, byte range and digests
+(docs/weights.md); encodings are :mod:`astraflow.weights.codec`'s."""
 
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """The per-tensor codec: raw bits in, compressed bytes out, bit-exact back (numpy + zstd only).
 
-Encodings (the choice of each is measured; see docs/weights.md "Why these encodings"):
-
-* ``delta`` — the positions whose bits changed and their new values. Positions are stored as
-  gaps (``idx[i] - idx[i-1] - 1``), values as the difference to the base's bits modulo
-  2^width, zigzag-mapped so that ±1 ulp becomes 1 and 2. Both are split into byte planes (all
-  low bytes, then the next byte of all, ...; only as many planes as the largest value needs)
-  and the two streams go through one zstd frame. ``values="raw"`` stores the new bits instead
-  of the difference (measured 4× larger; kept for comparison and for callers without a base).
-* ``zplanes`` — a full tensor as byte planes through zstd (the exponent byte of bf16 compresses
-  well, the mantissa byte does not): ≈70% of dense for bf16 weights.
-* ``raw`` — a full tensor as little-endian words, when zplanes would not save 5%.
-
-Every decoder validates sizes before it allocates and raises
-:class:`~astraflow.core.errors.WeightIntegrityError` naming the tensor.
-"""
+Encodings: ``delta`` (the changed positions and their difference to the base's bits),
+``zplanes`` (a full tensor as byte planes through zstd) and ``raw`` (little-endian words, when
+zplanes would not save 5%); docs/weights.md#the-codec has the format and why. Every decoder
+validates sizes before it allocates and raises
+:class:`~astraflow.core.errors.WeightIntegrityError` naming the tensor."""
 
 from __future__ import annotations
 
@@ -28,8 +18,8 @@ import zstandard
 from astraflow.core.errors import WeightIntegrityError
 from astraflow.weights.bits import Hasher
 
-#: zstd level: 1 was the smallest *and* fastest on delta streams (levels 1/3/6/9 measured:
-#: 10.9/11.0/10.8/10.7 bits per changed bf16 value at 0.4/0.4/1.1/1.6 ms per 100k changes).
+#: zstd level: 1 is the smallest *and* fastest on delta streams
+#: (docs/weights.md#why-these-encodings).
 DEFAULT_LEVEL = 1
 GAP_SHIFT = 4  # low bits of each gap stored packed, the rest as byte planes
 _SCAN_CHUNK = 1 << 18  # elements compared per step: keeps the mask and both inputs in cache
@@ -39,7 +29,7 @@ _local = threading.local()
 def _cctx(level: int) -> zstandard.ZstdCompressor:
     cache: dict[int, zstandard.ZstdCompressor] = _local.__dict__.setdefault("c", {})
     if level not in cache:
-        # threads=0: one core, as measured; the checksum gives a precise error on a bit flip
+        # threads=0: one core; the checksum gives a precise error on a bit flip
         cache[level] = zstandard.ZstdCompressor(level=level, write_checksum=True, threads=0)
     return cache[level]
 
@@ -205,7 +195,7 @@ def encode_delta(base: np.ndarray, new: np.ndarray, *, level: int = DEFAULT_LEVE
 
 def _compress_streams(parts: list[np.ndarray], level: int) -> bytes:
     """One zstd frame, each stream starting a new block: a block mixing two streams gets one
-    Huffman table for both, which cost 1.2 bits per change (11.2 vs 10.0) when measured."""
+    Huffman table for both, which costs size (docs/weights.md#why-these-encodings)."""
     cobj = _cctx(level).compressobj(size=sum(p.nbytes for p in parts))
     out = [cobj.compress(p.data) + cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK) for p in parts
            if len(p)]

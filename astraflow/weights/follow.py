@@ -1,17 +1,10 @@
 """Reading ``weights.<policy>``: what the syncer and the mirror share.
 
-Both follow the topic from its first record with a group-less reader and want, at each look,
-every manifest published so far: :func:`read_new` reads up to the end offsets seen when it is
-called (waiting for records known to exist, however the client batches its fetches), and
+:func:`read_new` reads every manifest published so far with a group-less reader, and
 :func:`decode_manifest` turns a record into a manifest of the expected policy or says why not.
-
-Anyone who can produce to the topic can write a manifest, so a manifest is checked before it is
-acted on (:class:`ManifestBook`): :func:`manifest_problem` refuses one that is malformed (no
-tensors, several blobs, a path :func:`~astraflow.weights.store.check_path` refuses, versions
-that do not fit its kind, ranges outside its blob), and of two manifests naming the same blob
-the first one read stands — blob names are unique per publication (a random suffix), so a
-second, different manifest of a blob is never the trainer's and must not hide the real one.
-"""
+Anyone who can produce to the topic can write a manifest, so :class:`ManifestBook` checks each
+before it is acted on: :func:`manifest_problem` refuses a malformed one, and of two manifests
+naming the same blob the first one read stands."""
 
 from __future__ import annotations
 

@@ -1,23 +1,10 @@
 """The HTTP weight store's client, :class:`HttpStore` (its server is in
 :mod:`astraflow.weights.server`; ``WeightServer`` and ``make_server`` are re-exported here).
 
-The client trusts the server with nothing it cannot check:
-
-* **No redirects.** A 3xx answer is an error naming the ``Location``: a redirect would carry
-  the bearer token to whatever origin it names. Point the store at the final URL instead.
-* **Lengths.** A 200/206 answer must carry one valid ``Content-Length`` (no chunked or
-  close-delimited bodies) and a 206 a ``Content-Range`` for exactly the range asked; no body
-  is read past its length, and :func:`~astraflow.weights.store.download` reads no more than
-  the manifest's size.
-* **Time.** Every request has a deadline, checked on every socket read, so a server dripping
-  bytes cannot hold the caller: the caller's (``download``'s, scaled from the blob's size),
-  else the answer's head within ``timeout`` seconds and its body within ``timeout`` plus its
-  length at ``min_rate`` bytes/s. ``timeout`` also bounds each single read.
-* **Errors.** Every failure — refused, unreachable, timed out, malformed or truncated — is a
-  :class:`~astraflow.core.errors.WeightStoreError` (``BlobNotFoundError`` for a 404).
-
-Environment proxies (``HTTP_PROXY``) are not used.
-"""
+The client trusts the server with nothing it cannot check: it follows no redirects, requires
+exact ``Content-Length`` and ``Content-Range``, puts a deadline on every request, and ignores
+environment proxies. Every failure is a :class:`~astraflow.core.errors.WeightStoreError`
+(``BlobNotFoundError`` for a 404); the rules are in docs/weights.md#stores."""
 
 from __future__ import annotations
 

@@ -1,40 +1,15 @@
 """The regional mirror: fetches each weight version once across the far link and serves a
 region's workers, so the trainer's egress does not grow with the number of remote workers.
 
-::
-
-    trainer ─▶ FileStore ─serve─▶ ══ far link ══▶ Mirror ─▶ DIR ─serve─▶ the region's workers
-                                                     ▲
-    weights.<policy> (bus) ──manifests───────────────┘ (and to the workers, as before)
-
-A :class:`Mirror` follows one or more policies' ``weights.<policy>`` topics with group-less
-readers from the earliest offset (like the syncer), and for every manifest whose blob is not in
-its directory yet downloads the blob from the upstream store (resumably, optionally
-rate-limited) to a hidden staging name, verifies it against the manifest — the ``blob_digest``
-of the whole blob when the manifest carries one, else the blob header against the manifest's
-entries — and only then renames it to its final name (fsync of the file and the directory), so
-the weight server never serves a partial or unverified blob. A blob that fails verification is
-deleted and fetched again, at most ``max_attempts`` times, then skipped. Upstream errors (the
-trainer unreachable, a blob it pruned) are retried later with a per-blob backoff; they never
-stop the loop. Manifests are checked first, as the syncer checks them
-(:class:`~astraflow.weights.follow.ManifestBook`): a malformed one, or a second manifest of a
-blob that says something else than the first, is refused (``stats.refused``) — so a forged
-manifest cannot make the mirror judge the real blob by false digests and give it up. Every
-download has a deadline (``deadline_s`` plus its size at ``min_rate``, or ``rate_limit``).
-
-A restarted mirror resumes: a blob already complete in its directory is verified once and kept
-(a corrupt one is fetched again), a staged ``.part`` continues where it stopped.
+A :class:`Mirror` follows ``weights.<policy>`` like a syncer, downloads each new blob from the
+upstream store, verifies it against its manifest and only then makes it visible; a restarted
+mirror resumes. :func:`serve_mirror` serves the directory, holding a request for a blob still
+being fetched. Details: docs/weights.md#regional-mirror.
 
 >>> mirror = Mirror(bus, run="demo", policies=["solver"], upstream=HttpStore(trainer_url),
 ...                 root="/data/mirror")
 >>> threading.Thread(target=mirror.run, daemon=True).start()
->>> serve_mirror(mirror, host="0.0.0.0", port=8470).serve_forever()
-
-:func:`serve_mirror` is the weight server over the mirror's directory, except that a request
-for a blob the mirror is still fetching waits for it: a worker sees a manifest when the mirror
-does, and one that asked first would otherwise get a 404 and fetch the blob across the far link
-from its fallback store.
-"""
+>>> serve_mirror(mirror, host="0.0.0.0", port=8470).serve_forever()"""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """Socket reads with an idle timeout *and* a deadline, for the weight server and its client.
 
-A socket timeout bounds one read. A peer that sends a byte just inside it, again and again
-(a slow drip, or a request head sent one byte at a time), is never timed out and holds the
-other side for as long as it likes. :class:`DeadlineReader` is the raw stream under the
-``BufferedReader`` that ``http.server`` and ``http.client`` read from: before every read it
-sets the socket's timeout to what is left until ``deadline`` (at most ``idle`` seconds), and
-once the deadline has passed it raises :class:`TimeoutError`, which both stdlib modules treat
-as a timed-out connection.
-"""
+A socket timeout bounds one read, so a peer that drips one byte at a time is never timed out.
+:class:`DeadlineReader` is the raw stream under ``http.server``'s and ``http.client``'s
+``BufferedReader``: before every read it sets the timeout to what is left until ``deadline``
+(at most ``idle``), and past the deadline raises :class:`TimeoutError`."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Manifests of versions published from the shards: one blob per rank, tensors in row slices.
 
-A sharded trainer (FSDP2 shards every parameter along dim 0) publishes a version as one blob
-per rank that owns rows (:mod:`astraflow.weights.sharded`); its manifest lists those blobs in
-``parts`` and one tensor entry per slice, with the full tensor's ``shape``, the slice's
-``rows`` ``[start, stop)`` and the slice's own range, digest and base digest. Everything that
-reads manifests sees a part through :func:`split_parts` as the single-blob manifest it is (a
-mirror fetches and verifies blobs one by one), and a tensor slice through :func:`part_key`
-(the digests of a weight state are those of its slices). A manifest without parts is its own
-only part, so old manifests read as before.
-"""
+A sharded publish (:mod:`astraflow.weights.sharded`) lists one blob per rank in ``parts`` and
+one tensor entry per slice, with the full ``shape`` and the slice's ``rows``. Readers see each
+part as a single-blob manifest through :func:`split_parts`, and a slice through
+:func:`part_key`; a manifest without parts is its own only part."""
 
 from __future__ import annotations
 

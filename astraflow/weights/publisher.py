@@ -1,23 +1,9 @@
 """The publisher: the trainer's side. Turns a version's tensors into a blob and a manifest.
 
-:meth:`Publisher.publish` copies the tensors to host memory as raw bits (cast to the serving
-dtype first when one is set) and returns; that copy is the only time it holds the training
-loop. A background thread then encodes a delta against the previously published version and/or
-a full snapshot, writes each blob to the store (durably: temporary file, fsync, rename), and only
-then produces the manifests to ``weights.<policy>`` and flushes them: a manifest on the bus
-means its blob is there.
-
-What is written for version v:
-
-* a **full** snapshot when it is the first version this publisher sees, when
-  ``v - last_full >= full_every``, or when the tensor set changed (names, shapes, dtypes);
-* a **delta** against the last published version whenever there is one and it is at most
-  ``max_delta_fraction`` of the dense size, so a worker can walk the chain across a full point;
-  when a delta is too large a full is written instead.
-
-If the trainer publishes faster than versions are encoded, a version still waiting is replaced
-by the newer one (``coalesce``): workers skip it, and deltas stay against what was published.
-"""
+:meth:`Publisher.publish` copies the tensors to host memory and returns; a background thread
+encodes a delta and/or a full snapshot, writes each blob durably to the store, and only then
+produces its manifest to ``weights.<policy>``: a manifest on the bus means its blob is there.
+When to write a full, a delta, or skip a version is in docs/weights.md#publisher."""
 
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """Route planning: from the weights a worker holds to the newest version, for the fewest bytes.
 
-A pure function of the manifests seen on ``weights.<policy>``. The nodes are weight *states*:
-a version together with the digests of its tensors. A full manifest is an edge from anywhere
-(including from nothing) to the state its digests name; a delta manifest is an edge from the
-state its base digests name to the state its digests name. So a delta is planned only from
-the exact bytes it was made against: after a trainer restarted from a checkpoint and published
-versions again, a worker holding the dead trainer's version 12 takes the new trainer's delta 13
-only if the new 12 is bit-identical to the one it holds, and otherwise goes through a full —
-without fetching the delta to find out. The cheapest path wins: usually the chain of deltas
-from where the worker is, or the newest full plus the deltas after it; ties go to fewer blobs.
-
-Manifests written before base digests existed (``base_digest`` empty), and a worker that does
-not know the digests of what it holds, fall back to matching on version numbers; the syncer
-still checks every blob's base digests before applying it.
-"""
+:func:`plan_route` is a pure function of the manifests seen on ``weights.<policy>``. Its nodes
+are weight states (a version and its tensor digests): a full manifest is an edge from anywhere,
+a delta an edge from the exact state its base digests name. The cheapest path wins; ties go to
+fewer blobs. Manifests without base digests fall back to version numbers
+(docs/weights.md#syncer)."""
 
 from __future__ import annotations
 

@@ -1,26 +1,10 @@
 """The weight server: a small read-only HTTP server over a blob directory.
 
 ``astraflow weights serve DIR`` runs :func:`make_server`: ``GET``/``HEAD /<blob path>`` with
-single ``Range: bytes=`` requests (206 partial content, 416 when unsatisfiable), an optional
-bearer token, and the same path checks as :class:`~astraflow.weights.store.FileStore`. Only
-regular files are served: a FIFO, a socket, a device or a directory under the store is a
-``404`` at once (opened non-blocking, never waited on), a symlink leading out of it a ``403``. Workers
-pull (outbound connections only), so hosts behind NAT reach it. Writes go to the directory
-directly (the trainer's FileStore); the server never accepts uploads.
-
-It is reachable by whoever can reach its port, token or not, so a connection holds a worker's
-slot only once it has shown the token: a new connection is *unauthenticated* and must send its
-first request head whole within ``auth_timeout_s`` (however slowly it drips); at most
-``max_unauthenticated`` wait so, and one more closes the oldest waiting one to make room (an
-attacker must outpace every worker's connect-and-send to keep one out, not just hold sockets).
-A request with the token (any complete request when no token is set) moves its connection
-into the ``max_connections`` slots of authenticated ones; past that cap it is answered ``503``
-with ``Retry-After`` and closed. A wrong or missing token is a 401 and the connection closes
-without taking a slot. An authenticated connection must send each later request head whole
-within ``idle_timeout_s`` and is closed after that long without a request or without reading.
-Both caps are lowered to what the process's descriptor limit allows; if descriptors still run
-out, accepting pauses instead of spinning.
-"""
+single ``Range`` requests, an optional bearer token, and the path checks of
+:class:`~astraflow.weights.store.FileStore`; only regular files are served, never uploads. A
+connection takes one of ``max_connections`` slots only once a request has shown the token;
+the limits and timeouts are in docs/weights.md."""
 
 from __future__ import annotations
 

@@ -1,26 +1,14 @@
 """Publishing from the shards: every rank of a sharded trainer encodes the rows it owns.
 
-Under FSDP2 no rank holds the whole model, and gathering it on rank 0 to publish costs rank 0
-the model's size in memory (and the network a gather). Instead every rank calls
-:meth:`ShardedPublisher.publish` with its :class:`Shard` s (the local rows of each tensor,
-along dim 0, as ``fully_shard`` places them): each rank keeps its own copy of the rows it
-last published, encodes the delta (or a full snapshot) of those rows with the same codec as
-:class:`~astraflow.weights.publisher.Publisher`, and writes its blob to the store. The ranks
-then agree, by exchanging a few bytes of JSON (uint8 tensors over ``all_gather``: no pickle),
-on what this version is (full or delta: the same rules as the unsharded publisher, decided on
-the sums over the ranks), and rank 0 sends one manifest listing every rank's blob as a part
-and every slice as a tensor entry with its ``rows`` (:mod:`astraflow.weights.parts`). A syncer
-decodes each slice into its rows of the full tensor, so the weights it ends with are bit for
-bit those an unsharded publisher of the same weights would have given it.
-
-Publishing is synchronous (the ranks meet twice in collectives, which must run in the same
-order on every rank, so not in a background thread): its cost is each rank's encode of
-1/N of the model.
+Under FSDP2 every rank calls :meth:`ShardedPublisher.publish` with its :class:`Shard` s (its
+rows of each tensor along dim 0) and writes its own blob; rank 0 sends one manifest listing
+every rank's blob as a part (:mod:`astraflow.weights.parts`). Publishing is a collective: call
+it on every rank, in the same order. A syncer ends with bit-for-bit the weights an unsharded
+publisher would give (docs/weights.md).
 
 >>> pub = ShardedPublisher(bus if rank == 0 else None, run="demo", policy="solver",
 ...                        store=FileStore("/mnt/weights"), rank=rank, world_size=world)
->>> pub.publish(shards_of(model.state_dict(), rank), version=step)
-"""
+>>> pub.publish(shards_of(model.state_dict(), rank), version=step)"""
 
 from __future__ import annotations
 

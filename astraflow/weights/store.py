@@ -1,16 +1,10 @@
 """Weight stores: where blobs live. Manifests on the bus point into a store by relative path.
 
-A store is anything with the :class:`WeightStore` methods. Two ship here: :class:`FileStore`
-(a local directory or a shared mount) and :class:`~astraflow.weights.http.HttpStore` (the client
-of ``astraflow weights serve``). Blob paths come from manifests, which may come from a peer we
-do not trust: every path is checked by :func:`check_path` before it touches a filesystem or a URL.
-
-:func:`download` copies a blob from any store to a local file, resumably: bytes go to
-``<dest>.part`` and a later call continues from that file's size with a ranged read. Blob names
-are immutable (a version's blob is never rewritten under the same name), so resuming is safe.
-It never takes more than the size it expects (a store that sends more fills neither disk nor
-memory) and can be given a deadline (a store that drips bytes does not hold the caller).
-"""
+A store is anything with the :class:`WeightStore` methods: :class:`FileStore` (a directory or
+shared mount) and :class:`~astraflow.weights.http.HttpStore` ship here. Every path from a
+manifest is checked by :func:`check_path` before it is used. :func:`download` copies a blob to
+a local file resumably (through ``<dest>.part``), never past the expected size, and within a
+deadline when given one."""
 
 from __future__ import annotations
 

@@ -1,27 +1,13 @@
 """The syncer: keeps a rollout worker's weights at the newest published version.
 
-It reads every manifest of ``weights.<policy>`` from the beginning with a group-less reader
-(:meth:`~astraflow.core.bus.types.Bus.reader`: no consumer group, nothing committed), plans
-the cheapest route from the version its target holds
-(:func:`~astraflow.weights.route.plan_route`), fetches the blobs (resumably, optionally
-rate-limited), checks each blob against its manifest, applies it in place and verifies every
-tensor's digest. A missing blob, a corrupt blob or a wrong base is healed: the route is planned
-again without that blob, from nothing if the target was left half-applied, which ends at a full
-snapshot plus the deltas after it.
-
-Manifests are checked before they are acted on (:class:`~astraflow.weights.follow.ManifestBook`:
-malformed ones and second, different manifests of a blob already seen are refused and
-counted). A blob no store has costs one request and is then remembered as missing and never
-asked for again by this syncer (a manifest anyone could have forged must not cost a request on
-every poll, nor spend ``max_heals``, which bounds the corrupt blobs met in one sync). The
-trainer writes a blob before its manifest, so a real blob is never missing when its manifest is
-read; one that a mirror has not fetched yet is waited for through the fallback store instead. Every download has a deadline: ``deadline_s`` plus
-its size at ``min_rate`` bytes/s (or at ``rate_limit`` when that is lower).
+It reads every manifest of ``weights.<policy>`` with a group-less reader, plans the cheapest
+route from the version its target holds (:func:`~astraflow.weights.route.plan_route`),
+fetches and checks each blob, applies it in place and verifies every tensor's digest. A
+missing or corrupt blob is routed around (docs/weights.md#syncer).
 
 >>> syncer = Syncer(bus, run="demo", policy="solver", store=HttpStore(url),
 ...                 target=DictTarget(model_state), cache_dir="/tmp/weights-cache")
->>> syncer.sync_once()          # between generation steps: returns the version now held
-"""
+>>> syncer.sync_once()          # between generation steps: returns the version now held"""
 
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
 """The async front of an engine: collects the requests of concurrent episodes into batches.
 
-Episodes ``await batcher.generate(request)``. One loop per engine takes every request pending
-(up to ``max_batch_size``), runs :meth:`Engine.generate` on them in the engine's own thread and
-resolves each episode's future. While a batch runs, the event loop keeps collecting the next
-one, which is what gives throughput on a CPU. An engine with ``pipeline_depth`` > 1 (the ``hf``
-engine in a process of its own) takes up to that many batches at once and runs them one after
-the other, so it starts the next as soon as one ends instead of waiting for the worker to hand
-it over; a second batch goes to it only once full (or when it is idle), so batches stay full.
-Engines that batch themselves (``continuous``)
-get each request on its own call instead, up to ``max_batch_size`` at once; those that offer
-``submit(request) -> concurrent.futures.Future`` (the continuous ``hf`` engine) are awaited on
-that future directly, with no thread per request, and queue the request themselves.
-
-:attr:`Batcher.mean_batch` is what batching achieved: requests per call of a batched engine;
-for one that batches itself, its own count of sequences per decoding step where it keeps one
-(:func:`step_counts`). Requests handed to such an engine one by one share its steps, so
-counting each as a batch (requests per call: always 1) says nothing about batching.
+Episodes ``await batcher.generate(request)``. One loop per engine runs :meth:`Engine.generate`
+on the pending requests (up to ``max_batch_size``) in the engine's thread while it collects the
+next batch; an engine with ``pipeline_depth`` > 1 is handed that many full batches at once.
+Engines that batch themselves (``continuous``) get each request on its own call, or through
+their ``submit``. :attr:`Batcher.mean_batch` is what batching achieved.
 """
 
 from __future__ import annotations

@@ -8,10 +8,9 @@ A workflow is ``async def workflow(ctx: EpisodeContext, task: Task, **kwargs)`` 
 >>> conv.add(ChatMessage(role="tool", content="4")) # other turns, tokens masked 0
 >>> return conv.finish(await ctx.reward(gen.text))
 
-A :class:`Conversation` keeps the exact token sequence the model saw and produced, so the loss
-mask covers exactly the generated tokens, logprobs are the behaviour logprobs, and versions are
-the policy versions per generated token. Messages added later are rendered with the tokenizer's
-chat template and only the new text is tokenized (the tokens already there never change).
+A :class:`Conversation` keeps the exact token sequence the model saw and produced, with the
+behaviour logprobs and policy versions of its generated tokens; later messages are rendered with
+the chat template and only the new text is tokenized.
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
-"""What a draining worker does with each task in flight: finish it or release it (docs/rollout.md
-"Adding and removing rollout processes while a run goes on"; docs/elastic.md "Scaling down
-without losing work").
+"""What a draining worker does with each task in flight: finish it or release it (docs/rollout.md,
+"Adding and removing rollout processes while a run goes on").
 
-A task is **stale** when one of its policies' tokens would be dropped by the run's staleness
-filter: for a policy ``p`` with a bound, ``newest[p] - oldest[p] > bound[p]``, where
-``oldest[p]`` is the oldest version of any token of ``p`` its episodes generated so far (the
-version its group will carry) and ``newest[p]`` the newest version the worker knows of
-(``weights.<p>`` as its follower read it, or its engine's). Tokens still to come are
-generated at the engine's version, so a task that has generated nothing yet is fresh.
-
-A stale task is released (cancelled, not committed; the partition's next owner redoes it at
-the newest version) unless that would make a task be produced twice. The commit rule moves a
-partition's committed offset only over a contiguous prefix of finished tasks, so releasing
-the task at offset ``o`` has the next owner redo every task after ``o`` on that partition too:
-
-* a task after ``o`` whose trajectories are already produced (finished, or being produced)
-  would be produced again, so a stale task before such a one is finished instead (its
-  group is then dropped by the staleness filter: accounted, not lost);
-* the tasks in flight after ``o`` are released with it: finishing them would only produce
-  trajectories that the next owner produces again.
-
-So per partition the released tasks are a suffix: from the oldest releasable stale task on.
-Pure functions, testable without a worker.
+A task is stale when the run's staleness filter would drop one of its policies' tokens. A stale
+task is released with the tasks in flight after it on its partition, unless a later task there
+has already produced its trajectories (then it is finished, so none is produced twice): per
+partition the released tasks are a suffix. Pure functions, testable without a worker.
 """
 
 from __future__ import annotations

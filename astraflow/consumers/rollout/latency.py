@@ -1,31 +1,13 @@
-"""Latency distributions: extra seconds a workflow waits at some point of an episode, standing
-in for a slow checker, a long analysis or a tool call (the long tail that stalls a lockstep
-trainer). A spec is a small typed mapping chosen by its ``type``:
+"""Latency distributions: extra seconds a workflow waits at some point of an episode, standing in
+for a slow checker, a long analysis or a tool call.
 
-=============  ==================================  ====================================
-``type``       keys                                 draws
-=============  ==================================  ====================================
-``fixed``      ``seconds``                          always ``seconds``
-``uniform``    ``low``, ``high``                    uniform in [low, high]
-``lognormal``  ``p50``, ``p99``                     lognormal with that median and 99th
-                                                    percentile: ``mu = ln p50``,
-                                                    ``sigma = (ln p99 - ln p50) / z(0.99)``
-``trace``      ``path``, ``order`` (cycle|sample)   recorded seconds from a file (one number
-                                                    a line, ``#`` comments, or a JSON list),
-                                                    replayed in order (cycled) or sampled
-``phases``     ``phases``: [[seconds, duration]]    by the wall clock: ``seconds`` during
-                                                    each phase of the cycle (every process
-                                                    agrees on the phase)
-=============  ==================================  ====================================
-
-A bare number means ``fixed``. Use :func:`parse_latency` on whatever the configuration holds
-(None, a number, a mapping, a spec) and :func:`wait` inside the workflow: it samples with the
-caller's ``random.Random`` and ``asyncio.sleep``-s, so other episodes keep decoding meanwhile.
+A spec's ``type`` is ``fixed`` (or a bare number), ``uniform``, ``lognormal`` (by ``p50`` and
+``p99``), ``trace`` (recorded seconds from a file) or ``phases`` (by the wall clock).
+:func:`parse_latency` reads one from configuration; :func:`wait` draws with the caller's
+``random.Random`` and ``asyncio.sleep``-s:
 
     >>> spec = parse_latency({"type": "lognormal", "p50": 0.05, "p99": 2.0}, where="x")
     >>> seconds = await wait(spec, random.Random(f"{task.id}/{sample_index}"))
-
-Nothing here knows about workflows: a tool or a reward can take a spec too.
 """
 
 from __future__ import annotations

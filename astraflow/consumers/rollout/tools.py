@@ -4,20 +4,10 @@
 ... def add(a: float, b: float) -> float:
 ...     return a + b
 
-A tool takes keyword arguments (the JSON object of the call) or positional ones (a JSON list)
-and returns anything ``str()`` can print; async tools are awaited. Only registered tools are
-called (``rollout.tools`` registers a ``module:function`` under a name): the name comes from
-the model, so a ``module:function`` in a call is an unknown tool, never an import. A call never
-raises into the workflow: an unknown tool, bad arguments, an exception, a timeout or a result
-that cannot be printed all come back as a :class:`ToolResult` with ``ok`` false and an error
-text the model sees; an output longer than ``max_output_chars`` is cut (the model sees how much
-was cut).
-
-Sync tools run each in a daemon thread of its own, not in a shared pool: a sync tool that hangs
-cannot be killed, but it holds only its own thread, so no other call waits behind it (with a
-pool of a few threads, a few hung calls would stall every later one). Its result is dropped and
-:data:`ABANDONED` counts it; tools that may hang should be async or run in a subprocess (the
-built-in ``python`` tool uses the sandbox).
+Tools take keyword arguments (a JSON object) or positional ones (a JSON list) and may be async.
+Only registered names are called. A call never raises into the workflow: a failure is a
+:class:`ToolResult` with ``ok`` false and an error the model sees. Each sync call runs in a
+thread of its own, so a hung tool holds only that thread (:data:`ABANDONED` counts them).
 """
 
 from __future__ import annotations

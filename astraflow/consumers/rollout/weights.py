@@ -1,13 +1,10 @@
 """Following ``weights.<policy>``: a background thread per hosted policy.
 
-The thread watches the topic through the weights :class:`~astraflow.weights.syncer.Syncer`.
-When a newer version is published it first downloads the route's blobs in the background
-(:meth:`Syncer.prefetch`: the engine keeps decoding while they cross the link), then asks the
-engine to run the sync at a safe point (:meth:`Engine.update_weights`: between two decoding
-steps for ``hf``, between batches for ``vllm``, at once for ``openai``), where only the local
-decode-and-apply happens. So the engine never stops for a download or a full reload, and
-in-flight episodes go on with the new weights, each token recording the version that
-produced it. ``fetch_s`` and ``apply_s`` are the running totals of the two phases.
+When the weights :class:`~astraflow.weights.syncer.Syncer` sees a newer version, the thread
+downloads its blobs in the background (:meth:`Syncer.prefetch`), then asks the engine to apply
+them at a safe point (:meth:`Engine.update_weights`), where only the local decode-and-apply
+happens: the engine never stops for a download, and in-flight episodes go on with the new
+weights. ``fetch_s`` and ``apply_s`` are the running totals of the two phases.
 """
 
 from __future__ import annotations

@@ -1,30 +1,11 @@
 """The rollout worker: a consumer of ``tasks`` and a producer of ``trajectories``, nothing more.
 
-Semantics (docs/rollout.md has the long form):
-
-* joins the run's rollout consumer group (``af.<run>.rollout``) on ``tasks``; runs up to ``max_concurrent_episodes`` episodes
-  at once (each task runs its workflow ``n_samples`` times, one trajectory group per task);
-* a record that does not decode as a Task, or names an unknown workflow, goes to the DLQ;
-* an episode that raises becomes a failed trajectory (``finish_reason="error"``) with its error;
-* trajectory ids are ``"{group_id}/{policy}/{sample_index}"``, so a task redelivered after a crash
-  produces recognisable duplicates;
-* **commit rule** (the house's one, :mod:`astraflow.core.commits`): tasks finish out of order,
-  so the worker runs on the runtime's out-of-order mode (:mod:`astraflow.core.outoforder`):
-  it produces a task's trajectories and marks the task finished; per partition only the
-  contiguous prefix of finished offsets is committed, after flushing the producer (the
-  trajectories are durable before their task is committed); the trajectories of tasks that
-  finish while a produce call runs go out together in the next one;
-* **rebalance**: partitions taken away mid-episode are released: their finished prefix is
-  committed, their in-flight episodes cancelled (the new owner redoes them);
-* **drain** (SIGTERM, ``request_stop``, ``max_tasks``, ``timeout``): stop taking tasks, finish
-  in-flight ones for up to ``drain_timeout`` seconds, release the rest, commit, leave the group;
-  with ``drain_max_staleness`` it finishes only the tasks whose trajectories will still be fresh
-  enough to train on and releases the stale ones at once, re-judged as new versions appear
-  (:mod:`~astraflow.consumers.rollout.drain` says which, so that none is produced twice);
-* heartbeats and metrics go to ``metrics`` every ``metrics_interval`` seconds.
-
-All bus calls run on one thread of their own (consumers are not for concurrent use), the
-engines on theirs, and the workflows on the asyncio event loop.
+It runs up to ``max_concurrent_episodes`` episodes at once, ``n_samples`` per task, with
+trajectory ids ``"{group_id}/{policy}/{sample_index}"`` (a redelivered task yields recognisable
+duplicates). Per partition it commits only the contiguous prefix of finished tasks, after their
+trajectories are flushed (:mod:`astraflow.core.commits`); SIGTERM drains
+(:mod:`~astraflow.consumers.rollout.drain`). Bus calls run on a thread of their own, engines on
+theirs, workflows on the event loop. The long form: docs/rollout.md, "Worker semantics".
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""Actuators: how the scaler changes a pool's size (docs/elastic.md#actuators), chosen by the pool's
-``actuator.type``:
+"""Actuators: how the scaler changes a pool's size (docs/elastic.md#actuators), chosen by the
+pool's ``actuator.type``: ``local`` (:class:`~.local.LocalActuator`, processes on this host) or
+``command`` (:class:`~.command.CommandActuator`, a templated shell command for Slurm,
+``kubectl scale`` or anything else).
 
-- ``local`` (:class:`~.local.LocalActuator`): starts and stops ``astraflow rollout``
-  processes on this host;
-- ``command`` (:class:`~.command.CommandActuator`): runs a templated shell command with the
-  target count, for Slurm, ``kubectl scale`` or anything else (docs/elastic-cluster.md).
-
-The system has no scheduler-specific code: a cluster is reached through ``command``. An
-installed package adds a type under the ``astraflow.actuators`` entry-point group: a builder
+An installed package adds a type under the ``astraflow.actuators`` entry-point group: a builder
 called like the two below, returning an :class:`~.actuation.Actuator` (docs/plugins.md).
 """
 

@@ -1,17 +1,11 @@
 """The ``command`` actuator: a shell command template run with the target count (Slurm,
 ``kubectl scale``, anything else; docs/elastic-cluster.md).
 
-Templates name ``{target}``, ``{current}``, ``{pool}`` and ``{run}`` (``count_command``:
-``{pool}`` and ``{run}``). Other braces are left
-alone when they cannot be a placeholder (``jsonpath={.spec.replicas}``, shell ``${VAR}``);
-``{{`` and ``}}`` are literal braces (``{{end}}`` for a jsonpath ``{end}``). A name that is not
-a placeholder is a :class:`~astraflow.core.errors.ConfigError` when the actuator is built, not
-a failure at the first scaling action.
-
-A failing call (non-zero exit, timeout, a shell that cannot start) is retried ``retries``
-times, the delay starting at ``backoff_s`` and doubling (at most :data:`MAX_BACKOFF_S`); the
-outcome comes back as an :class:`~.actuation.Actuation`, never as an exception, so a broken
-cluster command cannot crash the scaler.
+Templates name ``{target}``, ``{current}``, ``{pool}`` and ``{run}``; braces that cannot be a
+placeholder are left alone, ``{{`` and ``}}`` are literal braces, and an unknown name is a
+:class:`~astraflow.core.errors.ConfigError` when the actuator is built. A failing call is
+retried ``retries`` times, the delay doubling from ``backoff_s``; the outcome is an
+:class:`~.actuation.Actuation`, never an exception.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The ``local`` actuator: starts and stops ``astraflow rollout`` processes on this host.
 
-Scaling up starts new processes, each in its own session, its output in
-``<out>/logs/scaled-<pool>-<n>.log``. Scaling down sends SIGTERM to the newest ones (a rollout
-worker then stops taking tasks, finishes or releases its in-flight ones, commits and exits 0)
-and returns at once: a reaper thread per stopping process waits for it and sends SIGKILL
-after ``grace_s``. Stopping processes are not counted; a process that died on its own is
-dropped from the count and logged. Processes are started, stopped and reaped by
-:mod:`astraflow.core.launcher`, as `astraflow run`'s supervisor's are; like its roles, they
-stop themselves if this process is killed without stopping them.
-
-Under ``astraflow run`` the supervisor owns the rollout processes, and the run uses its own
-supervisor-backed actuator instead of this one.
+Scaling up starts processes (output in ``<out>/logs/scaled-<pool>-<n>.log``); scaling down
+sends SIGTERM to the newest ones and returns at once, a reaper thread sending SIGKILL after
+``grace_s``. Stopping processes are not counted; one that died on its own is dropped and
+logged. Under ``astraflow run`` the supervisor owns the rollout processes and the run uses its
+own supervisor-backed actuator instead.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """The scaling rule (docs/elastic.md#the-rule): from a :class:`LoadReport` to a target pool size.
 
-Three zones on the trainer wait ratio ``w`` of the policies a pool feeds (the largest)::
-
-    w > high_wait  (starved)  target = ceil(G / (1 - w))                 at least G + 1
-    w < low_wait   (idle)     target = min(G, ceil(G * consumed/capacity * headroom))
-
-where capacity is ``produced`` divided by the pool's utilization when the report has one
-(see :func:`zone_target`), else ``produced`` as in the reference's rule;
-    otherwise      (balanced) hold
-
-then the pool's bounds, ``max_step_up`` / ``max_step_down``, hysteresis (``confirm`` reports
-in a row must want the same direction) and a cooldown after each action (``up_cooldown_s``
-before a scale-up, when set: a starved trainer need not wait out a scale-down's cooldown).
-
-With ``use_useful_lag`` the useful lag adds what the wait ratio cannot see, because ``w`` only
-rises once the trainer is already starving: when less than one batch is ready ahead of the
-trainer (``useful_lag > horizon - batch``, i.e. ``ready < batch``) and rollout produces less
-than the trainer consumes, the pool grows to ``ceil(G * consumed/produced)`` before the
-trainer waits (zone ``draining``). Raw lag cannot say this: the staleness gate keeps
-``tasks`` full whether the trainer or rollout is the bottleneck.
-
-:class:`Rule` keeps the state (the last action's time, the streak of wishes); it is pure
-otherwise, so tests drive it with report streams and a clock.
+Zones on the largest trainer wait ratio ``w`` of the pool's policies: starved
+(``w > high_wait``) grows the pool, idle (``w < low_wait``) shrinks it, draining
+(``use_useful_lag``: less than a batch ready, rollout slower than the trainer) grows it before
+the trainer starves, balanced holds; then bounds, step limits, hysteresis (``confirm``) and
+cooldowns apply. :class:`Rule` keeps the state (last action, streak of wishes) and is otherwise
+pure, so tests drive it with report streams and a clock.
 """
 
 from __future__ import annotations

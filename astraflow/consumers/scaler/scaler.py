@@ -2,15 +2,11 @@
 each pool's size by :class:`~astraflow.consumers.scaler.rule.Rule`, and asks the pool's
 actuator for it.
 
-It runs on the one processor runtime (:mod:`astraflow.core.stream`): a report that does not
-decode goes to the DLQ and the scaler goes on; one whose handling raises (an actuator bug) is
-dead-lettered too. An actuator's failure is not an exception: the actuator retries with
-backoff and returns an :class:`~astraflow.consumers.scaler.actuators.Actuation` saying what
-happened, which is logged, counted (``actuation_failures``) and kept with the decision; the
-next report decides again once the cooldown is over.
-
-Every decision is logged with its inputs (one JSON line in ``log_path``, and gauges on
-``metrics``: ``pool.<name>.current``, ``.target``, ``.w``, ``.useful_lag``).
+A report that does not decode, or whose handling raises, is dead-lettered and the scaler goes
+on; an actuator's failure comes back as an
+:class:`~astraflow.consumers.scaler.actuators.Actuation`, logged and counted
+(``actuation_failures``). Every decision is one JSON line in ``log_path`` and gauges on
+``metrics`` (docs/elastic.md#the-rule).
 """
 
 from __future__ import annotations

@@ -7,40 +7,27 @@
 
 The pure parts work without a bus: :func:`group_advantages`, :func:`policy_loss`,
 :func:`prepare` / :func:`micro_batches`, :func:`rl_step` / :func:`sft_step` on an
-:class:`TrainState`. Importing this package is light (the config section is read by every
-command); the names below load torch on first use.
+:class:`TrainState`. Importing this package is light; the names below load torch on first use.
 
 Modules:
 
-- :mod:`.advantages`: Group-relative advantages (GRPO and Dr.
-- :mod:`.batching`: From a :class:`~astraflow.core.records.Batch` record to padded micro-batches of
-  tensors.
-- :mod:`.build`: Factories: the ``trainer`` section (and the policy's ``models`` section) → an
-  :class:`TrainState` and a :class:`Trainer`.
-- :mod:`.checkpoint`: Atomic trainer checkpoints: weights, optimizer, RNG, version and consumed
-  offsets.
-- :mod:`.config`: Config section ``trainer``: mode, optimizer, loss switches, micro-batching,
-  checkpoints.
-- :mod:`.dist`: Data parallelism across processes (``accelerate launch`` / ``torchrun``): one
-  reader.
-- :mod:`.loop`: The trainer as a bus consumer: batches.<policy> in, optimizer steps, weights out.
-- :mod:`.lora`: LoRA on the trainer (``trainer.lora``): wrap the model with peft, train and publish
-  the adapter.
-- :mod:`.losses`: The GRPO-family policy loss with every switch, the SFT loss, and token logprobs.
-- :mod:`.mismatch`: Train–inference mismatch: how far the engine's token logprobs are from the
-  trainer's.
-- :mod:`.quarantine`: Poison batches: a batch that makes the trainer's step raise is tried a
-  bounded number of times.
-- :mod:`.rl`: One RL optimizer step on one batch: advantages, micro-batched loss, gradient, update.
-- :mod:`.sft`: One SFT optimizer step: cross-entropy on the masked tokens of a batch of
-  demonstrations.
-- :mod:`.sharded_checkpoint`: The tensors of a sharded (fsdp) checkpoint, through
-  ``torch.distributed.checkpoint`` (DCP).
-- :mod:`.sharding`: FSDP2 for the trainer (``trainer.parallel: fsdp``): shard, reduce, clip,
-  gather.
-- :mod:`.state`: The trainable state of one policy and the parts of a step that RL and SFT share.
-- :mod:`.telemetry`: What the trainer reports: the wait ratio, the per-step JSON lines, metrics on
-  the bus.
+- :mod:`.advantages`: Group-relative advantages (GRPO and Dr. GRPO).
+- :mod:`.batching`: From a ``Batch`` record to padded micro-batches of tensors.
+- :mod:`.build`: Factories: the ``trainer`` section → a :class:`TrainState` and a :class:`Trainer`.
+- :mod:`.checkpoint`: Atomic trainer checkpoints: weights, optimizer, RNG, offsets.
+- :mod:`.config`: Config section ``trainer``.
+- :mod:`.dist`: Data parallelism across processes: one reader, the batch broadcast.
+- :mod:`.loop`: The trainer as a bus consumer: batches in, optimizer steps, weights out.
+- :mod:`.lora`: LoRA on the trainer (``trainer.lora``): train and publish the adapter.
+- :mod:`.losses`: The GRPO-family policy loss, the SFT loss, and token logprobs.
+- :mod:`.mismatch`: Train–inference mismatch of the engine's token logprobs.
+- :mod:`.quarantine`: Poison batches: tried a bounded number of times, then dead-lettered.
+- :mod:`.rl`: One RL optimizer step on one batch.
+- :mod:`.sft`: One SFT optimizer step on a batch of demonstrations.
+- :mod:`.sharded_checkpoint`: The tensors of a sharded (fsdp) checkpoint, through DCP.
+- :mod:`.sharding`: FSDP2 for the trainer (``trainer.parallel: fsdp``).
+- :mod:`.state`: The trainable state of one policy and the shared parts of a step.
+- :mod:`.telemetry`: What the trainer reports: wait ratio, per-step lines, bus metrics.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Group-relative advantages (GRPO and Dr. GRPO), from the group structure of a batch.
 
-For a group of n trajectories of one prompt with rewards r_1..r_n:
-
-    A_i = r_i - mean(r)                         std_norm = false  (Dr. GRPO)
-    A_i = (r_i - mean(r)) / (std(r) + eps)      std_norm = true   (GRPO)
-
-``std`` is the unbiased sample std (n - 1), as in GRPO's reference code; a group of one has
-advantage 0, and so does a group whose rewards are all equal. Pure torch functions: no bus, no model.
-
-A group is one ``Group`` of a batch, i.e. one TrajectoryGroup of the assembler: one (policy,
-agent, task attempt). A policy playing two roles of a workflow (solver and verifier) has one
-group per role, so its advantages are agent-wise (each role against its own baseline).
+For a group of n trajectories with rewards r_1..r_n, ``A_i = r_i - mean(r)`` with
+``std_norm: false`` (Dr. GRPO), else ``(r_i - mean(r)) / (std(r) + eps)`` (GRPO, unbiased
+std); a group of one, or of equal rewards, has advantage 0. A group is one (policy, agent, task
+attempt), so each role a policy plays has its own baseline. Pure torch: no bus, no model.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """From a :class:`~astraflow.core.records.Batch` record to padded micro-batches of tensors.
 
-:func:`prepare` unpacks every trajectory, computes group-relative advantages from the batch's
-groups, drops the groups whose advantages are all zero when asked (their policy-loss gradient
-is exactly zero) and counts the batch's *global* normalisers — loss tokens, sequences, the
-longest completion — over every group, skipped or not. :func:`micro_batches` then packs the
-kept sequences into micro-batches of at most ``token_budget`` padded tokens and gives each
-token its weight ω (see :func:`~astraflow.consumers.trainer.losses.token_weights`) computed
-with those global counts: the micro-batch losses add up to the loss of the whole batch, and
-skipping zero-advantage groups changes nothing but the time it takes.
-
-Turns scored apart: where a group's trajectories carry ``turn_rewards`` (one reward per
-assistant turn, e.g. a solver's first answer scored by itself and its retry by the final
-answer), each turn is normalised within the group among the members that have that turn
-(:func:`turn_advantages`) and every token gets its turn's advantage: ``MicroBatch.adv`` is per
-token.
-
-Alignment: logits at position t - 1 predict token t, so every per-token array is shifted by
-one (``targets = ids[1:]``, ``mask = loss_mask[1:]``, ...). A loss-mask bit on token 0 has no
-prediction and is ignored. Sequences are cut after their last loss token (what follows cannot
-change the loss of a causal model) and right-padded.
+:func:`prepare` unpacks the trajectories, computes group-relative advantages (per turn with
+``turn_rewards``: :func:`turn_advantages`), optionally drops zero-advantage groups, and counts
+the batch's *global* normalisers. :func:`micro_batches` packs sequences into micro-batches of at
+most ``token_budget`` padded tokens, weighted by those counts so the micro-batch losses add up
+to the batch's loss. Per-token arrays are shifted by one (logits at t - 1 predict token t).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
-"""Factories: the ``trainer`` section (and the policy's ``models`` section) → an
+"""Factories: the ``trainer`` section (and the policy's ``models`` section) → a
 :class:`TrainState` and a :class:`Trainer`.
 
-Configs reach the trainer's classes only through here; the experiment config never does (the
-composition, :mod:`astraflow.run.roles`, hands over these sections and the run's shared
-values). ``accelerate`` places the model on the device (CPU, one GPU, or one GPU per process
-under ``accelerate launch``) and provides autocast for ``mixed_precision``; no launcher is
-needed for a single process.
+Configs reach the trainer's classes only through here; the experiment config never does
+(:mod:`astraflow.run.roles` hands over the sections). ``accelerate`` places the model on the
+device (CPU, one GPU, or one GPU per process under ``accelerate launch``) and provides autocast
+for ``mixed_precision``.
 """
 
 from __future__ import annotations

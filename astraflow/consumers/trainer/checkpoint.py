@@ -1,33 +1,10 @@
 """Atomic trainer checkpoints: weights, optimizer, RNG, version and consumed offsets.
 
-A checkpoint is a directory ``step-<version>`` under the checkpoint root::
-
-    model.safetensors      fp32 master weights, by state-dict name
-    optimizer.safetensors  every tensor of the optimizer state, as "state.<param>.<key>"
-    rng.safetensors        torch CPU (and CUDA) generator states, uint8
-    meta.json              version, run, policy, consumed offsets per topic and partition,
-                           recent batch ids, optimizer param groups and scalar state,
-                           python/numpy RNG states, counters, sha256 of the three files
-
-Under ``trainer.parallel: fsdp`` (a sharded model) the tensors are a
-``torch.distributed.checkpoint`` directory instead (format 2, see :mod:`.sharded_checkpoint`)::
-
-    dcp/                   every rank's shards of the weights and the AdamW state, by
-                           parameter name (loadable at any world size), and DCP's .metadata
-    rng.safetensors        rank 0's generator states
-    meta.json              as above, with layout "dcp", the world size that wrote it and the
-                           sha256 of every file under dcp/
-
-Every rank writes its shards into the same temporary directory (rank 0's pid names it); rank
-0 then writes ``meta.json`` and renames. Either format loads into either kind of trainer: a
-single-file checkpoint into a sharded model (each rank keeps its shards of the whole tensors),
-a DCP one into an unsharded model (whole tensors, read without collectives).
-
-No pickle: tensors go through safetensors and everything else through JSON, so a checkpoint
-can be inspected (and safely read) by anything. It is written into ``.tmp-step-<v>-<pid>``,
-each file fsynced, ``meta.json`` last, then the directory is renamed into place and its parent
-fsynced: a reader sees a whole checkpoint or none. :meth:`CheckpointDir.load` takes the newest
-checkpoint whose files match their digests (an older one if the newest is damaged).
+A checkpoint is a directory ``step-<version>``: safetensors for the tensors (or, under fsdp, a
+``dcp/`` directory of every rank's shards: :mod:`.sharded_checkpoint`) and ``meta.json`` for
+the rest, with the sha256 of every file; no pickle. It is written to a temporary directory,
+fsynced and renamed, so a reader sees a whole checkpoint or none; :meth:`CheckpointDir.load`
+takes the newest one whose digests match (layout: docs/trainer.md#checkpoints-and-resume).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Config section ``trainer``: mode, optimizer, loss switches, micro-batching, checkpoints.
 
-Every key here is documented in docs/trainer.md with the formula it switches (the defaults:
-docs/config.md, generated from these classes). The section imports nothing heavy; the trainer
-builds torch objects from it in :mod:`astraflow.consumers.trainer.build`. An example that
-changes some defaults (DAPO's asymmetric clip, a dual clip, a KL term), checked against these
-classes by tests/test_config_examples.py:
+Every key is documented in docs/trainer.md with the formula it switches (defaults:
+docs/config.md). The section imports nothing heavy; :mod:`astraflow.consumers.trainer.build`
+makes torch objects from it. ``trainers.<policy>`` lays a partial section over it for one
+policy (:func:`with_overrides`). An example, checked by tests/test_config_examples.py:
 
     trainer:
       mode: rl                      # rl | sft
@@ -18,9 +17,6 @@ classes by tests/test_config_examples.py:
         kl: k3                      # none | k1 | k3, against the frozen initial model
         kl_coef: 0.001
       checkpoint_every: 50
-
-Several policies share this section; ``trainers.<policy>`` in the experiment config lays a
-partial section over it for one policy (:func:`with_overrides`).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Data parallelism across processes (``accelerate launch`` / ``torchrun``): one reader.
 
-The batches topic has one partition per policy, so one process reads it: rank 0 is the
-trainer on the bus (consumer, publisher, checkpoints, metrics). It hands every batch it
-accepts to the other ranks as the record's msgpack bytes (a length, then a uint8 tensor:
-no pickle) over ``torch.distributed.broadcast``; an empty message tells them to stop. Every
-rank then runs the same step on its share of the micro-batches
-(:func:`~astraflow.consumers.trainer.batching.micro_batches` with ``shard``) and the
-gradients are summed (:func:`~astraflow.consumers.trainer.state.apply_gradients`).
-
-Under fsdp some of rank 0's other work is a collective too (gathering the weights to publish,
-writing a sharded checkpoint): rank 0 first sends a *command* (a size of ``COMMAND``, then
-the command's bytes, e.g. ``b"gather"`` or ``b"save:12"``) so that every rank joins it.
+Rank 0 is the trainer on the bus and broadcasts every batch it accepts to the other ranks as
+the record's msgpack bytes (no pickle; an empty message means stop); every rank steps on its
+share of the micro-batches and the gradients are summed. Under fsdp, collective work (gathering,
+saving) is announced first as a *command* (e.g. ``b"gather"``, ``b"save:12"``) so every rank
+joins it.
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """The trainer as a bus consumer: batches.<policy> in, optimizer steps, weights out.
 
-It never manages rollouts and waits for nothing but its own input topic. Each step:
-
-1. wait for the next batch record (the time spent here is *waiting*; the rest is *busy*:
-   ``wait_ratio = wait / (wait + busy)`` over the last steps is the ``w`` the scaler uses);
-2. drop it if it is before the checkpointed offset or its id was trained already
-   (redelivered or re-produced duplicates), dead-letter it if it cannot be decoded or is for
-   another policy;
-3. one optimizer step (``step_fn``): version v → v + 1;
-4. every ``publish_every`` versions, hand the weights to the publisher (which blocks only for
-   a copy);
-5. every ``checkpoint_every`` versions, write a checkpoint holding the consumed offsets, and
-   only then commit those offsets to the bus.
-
-On start the newest checkpoint is loaded and the consumer is **seeked** to its offsets: the
-checkpoint is the source of truth and the bus's commits only follow it, so after a crash
-every batch after the checkpoint is trained again exactly once and none before it is. When
-stopped (``max_steps``, ``timeout``, ``should_stop`` — the CLI sets it on SIGTERM) it
-finishes the current step, checkpoints, commits, flushes the publisher and returns.
-
-The trainer is a handler on the processor runtime (:class:`~astraflow.core.stream.Processor`):
-the runtime owns the consumer, the offset guard, dead letters, the checkpoint → commit order
-and stopping; the trainer owns the step, the batch-id dedup window, publishing and the
-checkpoint's contents. An error inside a step is not isolated: it stops the trainer, and a
-restart resumes at the checkpoint.
+Each batch is one optimizer step (version v → v + 1); duplicates are skipped, batches that do
+not decode or are for another policy dead-lettered. Weights are published every
+``publish_every`` versions; every ``checkpoint_every`` a checkpoint is written and only then
+are its offsets committed. The checkpoint is the source of truth: on start the consumer seeks
+to its offsets. Stopped (``max_steps``, ``timeout``, ``should_stop``), it finishes the step,
+checkpoints, commits and flushes (docs/trainer.md#checkpoints-and-resume).
 """
 
 from __future__ import annotations

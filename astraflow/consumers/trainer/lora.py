@@ -1,21 +1,10 @@
 """LoRA on the trainer (``trainer.lora``): wrap the model with peft, train and publish the adapter.
 
-:func:`wrap` turns the loaded model into peft's ``PeftModelForCausalLM`` (``LoraConfig`` +
-``get_peft_model``): the base weights are frozen (``requires_grad`` False), so only the
-adapter's ``lora_A`` / ``lora_B`` get gradients and AdamW state (the engine's optimizer is
-built over the parameters that require a gradient). The adapter is initialised as peft does
-(A random from the seeded torch generator, B zero: the wrapped model starts equal to the base).
-
-What leaves the trainer is the adapter only:
-
-* :func:`adapter_tensors`: peft's adapter state dict (``base_model.model.<module>.lora_A.weight``
-  ...), which the publisher sends (sparse deltas as for full weights) with the manifest marked
-  by :func:`spec` (r, alpha, the resolved target modules, the base model's identity);
-* checkpoints hold the trainable tensors and the optimizer; the base model comes from the model
-  path at restart (:mod:`.checkpoint`).
-
-With FSDP the wrapping comes first: ``fully_shard`` then shards the peft model, frozen base
-parameters included (FSDP2 handles mixed ``requires_grad`` within a module group).
+:func:`wrap` makes the loaded model a peft ``PeftModelForCausalLM`` with frozen base weights, so
+only ``lora_A`` / ``lora_B`` get gradients and AdamW state; B starts at zero, so the wrapped
+model starts equal to the base. Only the adapter leaves the trainer: :func:`adapter_tensors`
+to the publisher (its manifest marked by :func:`spec`), the trainable tensors to checkpoints.
+Under fsdp the model is wrapped before it is sharded (docs/trainer.md#lora).
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Train–inference mismatch: how far the engine's token logprobs are from the trainer's.
 
-The trainer recomputes the logprob of every token it trains. For a token the engine sampled
-with logprob ``b`` at weights version ``v``, and the trainer computes as ``t`` at its own
-version, ``d = t − b``. When ``v`` is the trainer's version and every token before it in the
-reply was sampled at ``v`` too (a *fresh* token: :func:`fresh_tokens`), the two ran the same
-weights on the same prefix, so ``d`` measures the engine against the trainer alone: another
-dtype, another kernel, a stale or corrupted weight copy. For a *stale* token ``d`` also holds
-the policy's change since (what the decoupled loss corrects for), including a token decoded
-over a KV cache that an update mid-reply left at the older version.
-
-Per step, for each kind (``fresh``, ``stale``):
-
-* ``mismatch_k3_<kind>``: the mean of ``(e^d − 1) − d``, Schulman's k3 estimate of
-  KL(engine ‖ trainer) from the engine's own samples (≥ 0, 0 when they agree);
-* ``mismatch_abs_max_<kind>``, ``mismatch_abs_p99_<kind>``: of ``|d|`` (with several ranks,
-  the largest of the ranks' p99);
-* ``mismatch_beyond_<kind>``: the share of tokens with ``|d| > trainer.mismatch.token_threshold``;
-* ``mismatch_tokens_<kind>``: how many tokens.
-
-:class:`Alarm` reads a step's metrics against ``trainer.mismatch`` (fresh tokens only: stale
-ones differ by design) and says when it is breached.
+``d = t − b`` for a token the engine sampled with logprob ``b`` and the trainer computes as
+``t``. On a *fresh* token (:func:`fresh_tokens`: its reply sampled at the trainer's version up
+to it) ``d`` measures the engine against the trainer alone; on a *stale* one it also holds the
+policy's change. Each step reports ``mismatch_*_fresh`` and ``mismatch_*_stale``
+(docs/trainer.md#train-inference-mismatch); :class:`Alarm` checks the fresh ones against
+``trainer.mismatch``.
 """
 
 from __future__ import annotations

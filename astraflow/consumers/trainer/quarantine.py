@@ -1,18 +1,9 @@
 """Poison batches: a batch that makes the trainer's step raise is tried a bounded number of
 times, then quarantined — dead-lettered with the error — and training goes on with the next.
 
-Without it one bad batch ends a run: the step raises, the trainer exits, the supervisor
-restarts it, the restarted trainer resumes at its checkpoint and meets the same batch, and
-after the restart budget the run is over; ``--resume`` replays the batch once more. So the
-tries of the batch in training are kept in a small file beside the checkpoints
-(:data:`FILE`), written before each try: a try that kills the process (a native crash, the
-kernel's OOM killer) counts as well as one that raises. A batch is tried at most
-``max_tries`` times over all restarts, then dead-lettered once; its id stays in the file
-(the newest :data:`KEEP`), so a trainer restarted from a checkpoint older than the
-quarantine skips it rather than dead-lettering it again.
-
-Only a single-process trainer quarantines: in a data-parallel trainer the other ranks are
-inside the step's collectives with rank 0, so an error there stops the trainer as before.
+Tries are written to :data:`FILE` beside the checkpoints before each one, so a try that kills
+the process counts too; quarantined ids stay there (the newest :data:`KEEP`), so a restart from
+an older checkpoint skips them. Only a single-process trainer quarantines (docs/trainer.md).
 """
 
 from __future__ import annotations

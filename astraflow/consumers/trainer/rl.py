@@ -1,12 +1,9 @@
 """One RL optimizer step on one batch: advantages, micro-batched loss, gradient, update.
 
-The proximal policy π_prox of decoupled PPO is the policy *before this update*. The trainer
-takes exactly one optimizer step per batch, so the parameters the forward runs with are
-π_prox: recomputing it (AReaL's extra no-grad forward) would give the very numbers the
-forward already has. :func:`rl_step` therefore uses ``logp.detach()`` from the same forward
-as π_prox — the recompute at zero cost. (An extension to several updates per batch would
-need the no-grad pass before the first update.) The model runs in eval mode (no dropout) so
-that this equality is exact.
+The trainer takes exactly one optimizer step per batch, so the forward already runs the
+proximal policy π_prox of decoupled PPO: :func:`rl_step` takes ``logp.detach()`` from that
+forward as π_prox, with no extra no-grad pass (docs/trainer.md). The model runs in eval mode
+(no dropout) so that this equality is exact.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """The tensors of a sharded (fsdp) checkpoint, through ``torch.distributed.checkpoint`` (DCP).
 
-:class:`~astraflow.consumers.trainer.checkpoint.CheckpointDir` owns the directory, the atomic
-rename, ``meta.json`` and the digests; this module owns what goes into ``dcp/``:
-
-- :func:`save_shards`: every rank writes its own shards of the model and of the AdamW state
-  (``get_model_state_dict`` / ``get_optimizer_state_dict``: keys are parameter names, so the
-  files do not depend on the world size); a collective.
-- :func:`load_shards`: every rank reads what its shards need, whatever world size wrote them
-  (DCP reshards: 2 → 1 and 1 → 2 ranks load the same tensors). Into a model that is not
-  sharded (ddp) it reads whole tensors without any collective.
-- :func:`load_full`: a single-file (safetensors) checkpoint of the unsharded format into a
-  sharded model: every rank holds the whole tensors and keeps its shards.
-
-No pickle is run on a checkpoint's contents: DCP writes tensors raw and small objects with
-``torch.save`` (read back with ``weights_only=True``). Its ``.metadata`` file, a plain pickle
-in stock DCP, is written here with ``torch.save`` (a zip) and read with
-``torch.load(weights_only=True)`` allowing only DCP's own metadata classes (:func:`_writer`,
-:func:`_reader`); stock DCP tools therefore cannot read it (load it with
-:func:`load_shards`). ``meta.json``'s sha256 of every file is checked before any is read.
+:class:`~astraflow.consumers.trainer.checkpoint.CheckpointDir` owns the directory,
+``meta.json`` and the digests; this module owns ``dcp/``: :func:`save_shards` (every rank its
+shards, keyed by parameter name; a collective), :func:`load_shards` (at any world size, or
+whole tensors into an unsharded model) and :func:`load_full` (a single-file checkpoint into a
+sharded model). No pickle is run: DCP's ``.metadata`` is written with ``torch.save`` and read
+with ``weights_only=True``, so stock DCP tools cannot read it.
 """
 
 from __future__ import annotations

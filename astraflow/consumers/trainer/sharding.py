@@ -1,28 +1,10 @@
 """FSDP2 for the trainer (``trainer.parallel: fsdp``): shard, reduce, clip, gather.
 
-:func:`shard_model` applies ``torch.distributed.fsdp.fully_shard`` to every transformer block
-(the decoder's layer ``ModuleList``, found by :func:`transformer_blocks`) and then to the
-root, so each rank keeps 1/N of every parameter (a ``DTensor`` sharded on dim 0) and the
-optimizer built afterwards keeps 1/N of AdamW's moments.
-
-Gradients are **summed** across ranks, as under ddp (see :mod:`.engine`): the token weights
-carry the whole batch's normalisers, so the sum of the ranks' gradients is the batch's
-gradient. FSDP2 averages by default; :func:`shard_model` sets a divide factor of 1 and asks
-for plain SUM collectives (gloo has no PREMUL_SUM), so the reduce-scatter is a sum.
-
-Every rank must run the same number of forwards and backwards (each is a collective:
-all-gather before, reduce-scatter after). Micro-batches are dealt round-robin, so when their
-count is not a multiple of the world some ranks run :func:`filler_passes`: a forward of two
-pad tokens and a backward of ``0 * logits.sum()``, which adds exactly zero to the gradients.
-
-:func:`clip_grad_norm` computes the total norm over every rank's shards (the norm is a
-``DTensor`` with a partial placement; ``full_tensor()`` all-reduces it), so every rank clips
-with, and skips a non-finite step on, the same number.
-
-:func:`publish_weights` is how the trainer hands weights to the publisher: under fsdp every
-rank publishes the rows it owns through its own sharded publisher (``astraflow train`` builds
-one per rank: no rank gathers the model); a whole-model publisher (a test's, a tool's) gets
-the gathered tensors on rank 0.
+:func:`shard_model` shards every transformer block, then the root, so each rank keeps 1/N of
+the parameters and of AdamW's moments; gradients are summed across ranks, as under ddp.
+Every rank runs the same number of passes (:func:`filler_passes` make up the difference),
+:func:`clip_grad_norm` uses the global norm, and :func:`publish_weights` hands each rank's rows
+to its sharded publisher (docs/trainer.md#parallelism-ddp-and-fsdp).
 """
 
 from __future__ import annotations

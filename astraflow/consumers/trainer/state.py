@@ -1,22 +1,11 @@
 """The trainable state of one policy and the parts of a step that RL and SFT share.
 
 A :class:`TrainState` holds the model (fp32 master weights), the optimizer, the device, the
-optional frozen reference model and the step settings. :func:`forward` computes token
-logprobs of a micro-batch; :func:`apply_gradients` finishes a step: missing gradients become
-zeros (so a step with every group skipped moves the optimizer exactly as a step whose
-gradient is zero would), gradients are summed across data-parallel ranks, clipped, and the
-optimizer steps. Build one with :func:`astraflow.consumers.trainer.build.build_train_state`.
-
-Data parallelism (``accelerate launch`` / torchrun with several processes): every rank holds
-the whole batch (rank 0 reads it from the bus and broadcasts it), takes every world-th
-micro-batch, and the gradients are **summed** across ranks after accumulation. The token
-weights already carry the batch's global normalisers, so the sum is the gradient of the
-whole batch — no DDP wrapper, no per-rank averaging to correct.
-
-Sharded (``trainer.parallel: fsdp``): the model is FSDP2-sharded over the ranks
-(:mod:`.sharding`); the micro-batches are dealt the same way, FSDP's reduce-scatter sums the
-gradients during the backward (each rank keeps its shard of the sum), and the clipping norm is
-taken over every rank's shards.
+optional frozen reference model and the step settings; build one with
+:func:`astraflow.consumers.trainer.build.build_train_state`. :func:`forward` computes a
+micro-batch's token logprobs; :func:`apply_gradients` finishes a step: missing gradients become
+zeros, gradients are summed across data-parallel ranks, clipped, and the optimizer steps. Data
+parallelism and fsdp: docs/trainer.md#parallelism-ddp-and-fsdp.
 """
 
 from __future__ import annotations

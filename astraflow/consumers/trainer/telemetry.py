@@ -1,11 +1,9 @@
 """What the trainer reports: the wait ratio, the per-step JSON lines, metrics on the bus.
 
-``wait_ratio`` is the share of the last steps' wall time the trainer spent waiting for its
-input topic: ``Σ wait / (Σ wait + Σ busy)`` over a window of steps plus the wait still open
-(so a starved trainer's ratio climbs towards 1 between steps). *Waiting* is time blocked in
-the bus poll; *busy* is the step, the weights hand-off and any checkpoint. The scaler reads
-it as ``w`` (docs/elastic.md#the-rule); the counters ``wait_s`` and ``busy_s`` let a reader
-compute it over any window of its own.
+``wait_ratio`` is ``Σ wait / (Σ wait + Σ busy)`` over recent steps plus the wait still open, so a
+starved trainer's ratio climbs towards 1 between steps; *waiting* is time blocked in the bus
+poll, *busy* the step, hand-off and checkpoints. The scaler reads it as ``w``
+(docs/elastic.md#the-rule).
 """
 
 from __future__ import annotations

@@ -2,13 +2,9 @@
 
 Modules:
 
-- :mod:`.jars`: The local broker's jars: fetched from Maven Central with ``mvn`` once, into a
-  cache.
-- :mod:`.local`: A local single-node Apache Kafka (KRaft, broker + controller in one JVM) for
-  development and tests.
-- :mod:`.probe`: Whether a starting local broker serves clients yet (:meth:`LocalBroker.start`
-  polls it).
-"""
+- :mod:`.jars`: the local broker's jars, fetched from Maven Central with ``mvn`` once.
+- :mod:`.local`: a local single-node Apache Kafka (KRaft, one JVM).
+- :mod:`.probe`: whether a starting local broker serves clients yet."""
 
 from astraflow.core.broker.jars import (
     cache_dir,

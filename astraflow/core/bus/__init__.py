@@ -9,30 +9,19 @@ contract both backends meet.
 
 Modules:
 
-- :mod:`.embedded`: The embedded bus: partitioned, offset-addressed logs and consumer groups in one
-  SQLite file.
-- :mod:`.embedded_db`: The SQLite file behind the embedded bus: schema, connections and write
-  transactions.
-- :mod:`.embedded_fetch`: Reading records of the embedded bus: per-partition fetch buffers and fair
-  delivery.
-- :mod:`.embedded_group`: Consumer groups of the embedded bus: membership, heartbeats, rebalancing,
-  fetch and commit.
-- :mod:`.embedded_reader`: The embedded bus's group-less reader: every partition of one topic,
-  read-only.
-- :mod:`.kafka`: The Kafka backend of the bus, through confluent-kafka (librdkafka).
-- :mod:`.kafka_clients`: The Kafka bus's producer and consumer (confluent-kafka).
-- :mod:`.kafka_common`: What the Kafka bus's clients share (confluent-kafka): the error classes
-  they retry or give up on, librdkafka's log routing.
-- :mod:`.kafka_reader`: The Kafka bus's group-less reader: every partition of one topic through
-  ``assign()``.
-- :mod:`.partitioner`: Key → partition, the same on every backend: Kafka's murmur2 (Java's default
-  partitioner).
-- :mod:`.reader`: The backend-neutral half of the group-less reader.
-- :mod:`.types`: The bus protocol: the one narrow interface every component uses
-  (docs/reference/bus.md).
-- :mod:`.url`: Bus URLs: ``embedded:///abs/path/bus.db``, ``embedded://rel/path.db``,
-  ``kafka://host:port[,host:port][?client.setting=value&...]``.
-"""
+- :mod:`.embedded`: the embedded bus: logs and consumer groups in one SQLite file.
+- :mod:`.embedded_db`: the SQLite file behind the embedded bus: schema, connections, writes.
+- :mod:`.embedded_fetch`: reading records of the embedded bus: fetch buffers, fair delivery.
+- :mod:`.embedded_group`: consumer groups of the embedded bus.
+- :mod:`.embedded_reader`: the embedded bus's group-less reader.
+- :mod:`.kafka`: the Kafka backend, through confluent-kafka (librdkafka).
+- :mod:`.kafka_clients`: the Kafka bus's producer and consumer.
+- :mod:`.kafka_common`: what the Kafka clients share: error classes, log routing.
+- :mod:`.kafka_reader`: the Kafka bus's group-less reader.
+- :mod:`.partitioner`: key → partition, the same on every backend (Kafka's murmur2).
+- :mod:`.reader`: the backend-neutral half of the group-less reader.
+- :mod:`.types`: the bus protocol every component uses (docs/reference/bus.md).
+- :mod:`.url`: bus URLs: ``embedded:///abs/path/bus.db``, ``kafka://host:port[?...]``."""
 
 from __future__ import annotations
 

@@ -1,39 +1,11 @@
 """The embedded bus: partitioned, offset-addressed logs and consumer groups in one SQLite file.
 
-The default backend (docs/reference/bus.md): no server, one file in the run directory, used at
-once by every process of a run on one host (rollout workers, trainer, processors). Each process — and
-each producer, consumer and heartbeat thread in it — opens its own connection; the file is in
-WAL mode, so readers never block the writer and one writer at a time appends.
-
-Tables (see :mod:`astraflow.core.bus.embedded_db`):
-
-* ``topics(name, partitions)`` and ``log_ends(topic, partition, next_offset)``, the log end
-  of each partition, advanced by producers;
-* ``messages(topic, partition, offset, key, value, headers, ts)``, keyed by
-  (topic, partition, offset); headers are msgpack ``[[name, bytes], ...]``;
-* ``group_offsets(grp, topic, partition, committed)``, only ever moved forward;
-* ``group_members(grp, member_id, topics, session_timeout, last_heartbeat, ...)``,
-  ``group_owners(grp, topic, partition, member_id)`` and ``group_state(grp, generation)``.
-
-Producing: records are buffered in memory; :meth:`EmbeddedProducer.flush` appends them all in
-one ``BEGIN IMMEDIATE`` transaction, giving each partition dense offsets from its log end.
-
-Consumer groups (:mod:`astraflow.core.bus.embedded_group`) follow Kafka's cooperative
-protocol without a coordinator: every member computes the same target assignment from the
-sorted live members and partitions, gives up (``on_revoke``, then delete the ownership row)
-what it owns outside its target, and claims (then ``on_assign``) target partitions nobody
-owns. A partition therefore has at most one owner at a time. Members heartbeat from a thread;
-whoever notices a member silent for longer than its session timeout removes it and its
-ownerships, and its partitions are redelivered from the group's committed offsets.
-
-Readers (:mod:`astraflow.core.bus.embedded_reader`) read every partition of a topic with no
-group at all: they only ever read the file.
-
-Durability: after ``flush()`` (and ``commit()``) returns, the data survives the crash or
-SIGKILL of any process with ``synchronous=normal`` (the default); surviving power loss or an
-OS crash needs ``synchronous=full`` (an fsync per transaction). Retention is out of scope:
-records stay until their topic is deleted.
-"""
+The default backend (docs/reference/bus.md): no server, one WAL-mode file in the run directory
+shared by every process of a run on one host. Producers buffer and append in one transaction
+on :meth:`EmbeddedProducer.flush`; consumer groups (:mod:`astraflow.core.bus.embedded_group`)
+follow Kafka's cooperative protocol without a coordinator. After ``flush()`` or ``commit()``
+returns, the data survives the crash of any process; surviving an OS crash needs
+``synchronous=full``."""
 
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
 """Consumer groups of the embedded bus: membership, heartbeats, rebalancing, fetch and commit.
 
-The protocol (Kafka's cooperative rebalancing, without a coordinator):
-
-* A member registers in ``group_members`` and heartbeats from a daemon thread every
-  ``session_timeout / 4``. That thread also removes members silent for longer than their own
-  session timeout, with their ownerships.
-* Every change a member must react to bumps ``group_state.generation``. A member notices it
-  cheaply: ``PRAGMA data_version`` tells whether anything was committed by another
-  connection, and only then is the generation read. It also re-checks every
-  ``session_timeout / 4`` as a safety net.
-* On a change the member computes its target with :func:`assign` (a pure function of the
-  sorted members and partitions, so every member computes the same), releases what it owns
-  outside the target (``on_revoke`` first, then the ownership row is deleted) and claims
-  target partitions that no live member owns (row inserted, then ``on_assign``). A partition
-  that must move is released by its owner at the owner's next poll, so no two members ever
-  own it at once.
-"""
+Kafka's cooperative rebalancing without a coordinator: members register in ``group_members``
+and heartbeat from a thread, which also removes silent members. On a generation change every
+member computes the same target with :func:`assign` (a pure function of the sorted members and
+partitions), releases what it owns outside it (``on_revoke`` first) and claims unowned target
+partitions (then ``on_assign``), so no partition ever has two owners."""
 
 from __future__ import annotations
 

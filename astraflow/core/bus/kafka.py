@@ -1,14 +1,9 @@
 """The Kafka backend of the bus, through confluent-kafka (librdkafka). docs/reference/bus.md.
 
-Producers are idempotent, compress with zstd and partition keys with murmur2 like Java and the
-embedded bus. Consumers join groups with cooperative-sticky assignment, never commit on their
-own, and commit synchronously when asked. Readers (:mod:`astraflow.core.bus.kafka_reader`)
-assign every partition of a topic to themselves and join no group. Topics are created with the admin client (automatic
-topic creation is never relied on).
-
-librdkafka's logs go to the ``astraflow.bus.kafka`` logger; the lines it repeats while a broker
-is unreachable are reported at WARNING at most once every few seconds per client.
-"""
+Producers are idempotent, compress with zstd and partition keys with murmur2 like the embedded
+bus. Consumers use cooperative-sticky assignment and commit only when asked, synchronously.
+Readers (:mod:`astraflow.core.bus.kafka_reader`) join no group. Topics are created with the
+admin client. librdkafka's logs go to the ``astraflow.bus.kafka`` logger."""
 
 from __future__ import annotations
 

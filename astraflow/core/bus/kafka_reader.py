@@ -1,12 +1,9 @@
 """The Kafka bus's group-less reader: every partition of one topic through ``assign()``.
 
-librdkafka starts a consumer only with a ``group.id`` (confluent-kafka refuses one without:
-"group.id must be set"), but the id reaches the broker only through ``subscribe()``, offset
-commits and committed-offset lookups (librdkafka issues #593 and confluent-kafka-python #250).
-This reader does none of them: it assigns every partition itself at an explicit offset, never
-subscribes, has auto-commit and the offset store off and never asks for committed offsets, so
-the fixed :data:`READER_GROUP_ID` is never joined and no offset is ever stored under it.
-"""
+librdkafka needs a ``group.id`` to start a consumer, but the id reaches the broker only
+through ``subscribe()``, commits and committed-offset lookups. This reader does none of them:
+it assigns every partition at an explicit offset with auto-commit and the offset store off,
+so the fixed :data:`READER_GROUP_ID` is never joined and no offset is stored under it."""
 
 from __future__ import annotations
 

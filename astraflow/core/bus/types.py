@@ -1,18 +1,11 @@
 """The bus protocol: the one narrow interface every component uses (docs/reference/bus.md).
 
-Two backends implement it (``embedded`` and ``kafka``), and one conformance suite
-(``tests/core/test_bus_conformance.py``) holds both to the same semantics:
-
-* per-partition order; a key always maps to the same partition (Kafka's murmur2 on both);
-* at-least-once: a consumer resumes from its group's committed offsets, and records delivered
-  but not committed are delivered again after a crash or a rebalance;
-* :meth:`Producer.flush` returns only when every record produced before it is durable, so a
-  consumer that flushes its outputs before :meth:`Consumer.commit` never loses work;
-* :meth:`Consumer.commit` commits every partition the member still owns and raises
-  :class:`~astraflow.core.errors.CommitError` naming only the partitions it lost (see there);
-* a :class:`Reader` (:meth:`Bus.reader`) reads every partition of a topic without a group: it
-  never commits and leaves no group, member or offset behind on the bus.
-"""
+Both backends (``embedded`` and ``kafka``) pass one conformance suite
+(``tests/core/test_bus_conformance.py``): per-partition order and stable key → partition;
+at-least-once delivery from committed offsets; :meth:`Producer.flush` returns once everything
+before it is durable; :meth:`Consumer.commit` raises
+:class:`~astraflow.core.errors.CommitError` naming only lost partitions; a :class:`Reader`
+reads a topic without a group and leaves nothing behind."""
 
 from __future__ import annotations
 

@@ -1,42 +1,19 @@
 """The wire format: one typed, versioned msgpack schema per record type
 (docs/reference/wire-format.md).
 
-Every record is a msgpack *map*. Two keys are present on every record:
-
-* ``schema`` — the record type name (``"Task"``, ``"Trajectory"``, ...), and
-* ``v`` — the schema version of that type (an int, currently 1 for all).
-
-The remaining keys are the fields below, by name. Numeric arrays (token ids, logprobs, masks,
-per-token versions) are msgpack ``bin`` values holding packed little-endian arrays (``<i4`` for
-ints, ``<f4`` for floats, ``u1`` for masks), never lists of numbers. No pickle anywhere: any
-msgpack decoder in any language reads these records. Kafka messages additionally carry the
-header ``af-schema: <schema>/<v>``.
-
-Decoding validates types and required fields and rejects unknown schema versions with a
-:class:`~astraflow.core.errors.SchemaError` that names the record and the field.
-
-Field docs say who writes a field, who reads it, and what "absent" (the default) means. The
-records live in :mod:`~astraflow.core.records.episodes` (the data path),
-:mod:`~astraflow.core.records.control` (weights, metrics, load, dead letters, claims) and
-:mod:`~astraflow.core.records.gateway`; the packed arrays in
-:mod:`~astraflow.core.records.base`, encoding in :mod:`~astraflow.core.records.codec`. Import
-them from here.
+Every record is a msgpack map with ``schema`` (the type name) and ``v`` (its version) plus its
+fields; numeric arrays are packed little-endian ``bin`` values, never pickle. Decoding
+validates and raises :class:`~astraflow.core.errors.SchemaError` naming the record and field.
+Import records from here.
 
 Modules:
 
-- :mod:`.base`: The base of every record (its schema name and version) and the packed numeric
-  arrays records carry (little-endian ``<i4``, ``<f4``, ``u1`` bytes.
-- :mod:`.checks`: The values of a trajectory checked against the run's own facts, at the door of
-  every role that trusts them.
-- :mod:`.codec`: Encoding and decoding records: msgpack bytes <-> typed, validated records, and the
-  ``af-schema`` header (see :mod:`astraflow.core.records`).
-- :mod:`.control`: The records around the data path: weight versions, heartbeats and metrics, load
-  reports, dead letters and claim checks.
-- :mod:`.episodes`: The records of the data path: tasks in, trajectories out of rollout, their
-  groups and statistics through the policies, and batches to the trainer.
-- :mod:`.gateway`: The agent gateway's records: one event of a session per record (see
-  :mod:`astraflow.core.records` for the wire format).
-"""
+- :mod:`.base`: the base of every record and the packed numeric arrays.
+- :mod:`.checks`: a trajectory's values checked against the run's own facts.
+- :mod:`.codec`: msgpack bytes <-> typed, validated records, and the ``af-schema`` header.
+- :mod:`.control`: weight versions, heartbeats, metrics, load reports, dead letters, claims.
+- :mod:`.episodes`: the data path: tasks, trajectories, groups, statistics, batches.
+- :mod:`.gateway`: the agent gateway's records: one session event per record."""
 
 from astraflow.core.records.base import (
     SCHEMA_HEADER,

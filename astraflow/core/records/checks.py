@@ -1,28 +1,11 @@
 """The values of a trajectory checked against the run's own facts, at the door of every role
-that trusts them (the post-rollout stage, which groups it, and the trainer, which trains it).
+that trusts them (the post-rollout stage and the trainer).
 
-Decoding (:mod:`astraflow.core.records`) already refuses a record of the wrong shape: arrays
-that are not whole numbers of their items, per-token arrays of different lengths. A
-well-formed record can still carry values no rollout worker writes, and one of them stops
-training for good if it gets through: a token id outside the vocabulary makes the trainer's
-embedding raise on every retry; a reward of 1e308 or NaN makes the group's advantages, and so
-the step's loss, NaN. :func:`trajectory_problem` says what is wrong with one, or None;
-:func:`checked` raises :class:`~astraflow.core.errors.SchemaError` with that reason (the
-runtime dead-letters the record with it) or returns the trajectory, its rewards clipped to the
-bound when :attr:`RecordLimits.beyond_bound` is ``clip``.
-
-What is checked:
-
-* token ids in ``[0, vocab)`` where the policy's vocabulary size is known, never negative;
-* loss-mask entries 0 or 1, ``prompt_len`` and every turn span inside the
-  sequence;
-* behaviour logprobs of trained tokens finite and not above 0 (a probability above 1 is no
-  sampled token's);
-* token versions ``>= -1`` (-1: a token no policy version sampled, as a demonstration's);
-* ``reward``, every named reward and every turn reward finite (always refused otherwise) and
-  within ``[-reward_bound, reward_bound]`` (refused or clipped, as configured);
-* ``sample_index >= 0``, ``group_size >= 0``.
-"""
+Decoding refuses a record of the wrong shape; this refuses well-formed values that would stop
+training, such as a token id outside the vocabulary or a NaN reward (the list is in
+docs/policies.md). :func:`trajectory_problem` says what is wrong with one, or None;
+:func:`checked` raises :class:`~astraflow.core.errors.SchemaError` with that reason or returns
+the trajectory, its rewards clipped when :attr:`RecordLimits.beyond_bound` is ``clip``."""
 
 from __future__ import annotations
 

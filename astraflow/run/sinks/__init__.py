@@ -1,23 +1,15 @@
 """Metric sinks: where `astraflow run` sends the metrics it collects, besides ``metrics.jsonl``
-(always written) and the roles' own Prometheus endpoints (``launch.metrics_port_base``).
+and the roles' Prometheus endpoints (docs/metrics.md).
 
-``metrics.sinks: [tensorboard, wandb]`` picks them. Every line the collector writes to
-``metrics.jsonl`` (trainer steps, evaluations, the rollout summary with in-flight episodes and
-the bus lag: every number the live view shows) reaches each sink as scalars named
-``<role>/<policy>/<gauge>`` (``trainer/default/reward_mean``, ``eval/solver/eval_accuracy``,
-``rollout/episodes_per_s``, ``lag/tasks_to_rollout``), at the line's step (the trainer's step,
-or for an evaluation the weight version it measured). Each sink gets the run's name and its
-config (secrets redacted) once, when it opens.
-
-A sink is a small class behind :class:`MetricSink`, one module each, its package imported
-only when the sink is built: a missing package is a :class:`ConfigError` naming the extra to
-install.
+``metrics.sinks: [tensorboard, wandb]`` picks them; every ``metrics.jsonl`` line reaches each
+sink as scalars named ``<role>/<policy>/<gauge>`` at the line's step. A sink is a class behind
+:class:`MetricSink`, one module each, its package imported only when it is built (missing: a
+:class:`ConfigError` naming the extra to install).
 
 Modules:
 
 - :mod:`.tensorboard_sink`: The TensorBoard sink: an event file under ``metrics.tensorboard_dir``.
-- :mod:`.wandb_sink`: The Weights & Biases sink: one wandb run named after the AstraFlow run, its
-  config the run's (secrets redacted), files under ``{out}/wandb``.
+- :mod:`.wandb_sink`: The Weights & Biases sink: one wandb run named after the AstraFlow run.
 """
 
 from __future__ import annotations

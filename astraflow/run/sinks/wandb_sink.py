@@ -1,11 +1,10 @@
 """The Weights & Biases sink: one wandb run named after the AstraFlow run, its config the
-run's (secrets redacted), files under ``{out}/wandb``. ``metrics.wandb_project`` names the
-project; ``metrics.wandb_mode`` (or ``WANDB_MODE``) picks online, offline (sync later with
-``wandb sync``) or disabled. ``pip install 'astraflow[wandb]'``.
+run's (secrets redacted), files under ``{out}/wandb``; ``pip install 'astraflow[wandb]'``.
 
-Each write is one ``log`` call with the line's step as the ``step`` field, declared as every
-metric's x-axis (``define_metric``): trainer lines and evaluations (whose step is the weight
-version they measured) arrive out of order, which wandb's own monotonic step would refuse.
+``metrics.wandb_project`` names the project; ``metrics.wandb_mode`` (or ``WANDB_MODE``) picks
+online, offline or disabled. Each write is one ``log`` call whose ``step`` field, declared as
+every metric's x-axis, is the line's step: lines arrive out of order, which wandb's own
+monotonic step would refuse.
 """
 
 from __future__ import annotations

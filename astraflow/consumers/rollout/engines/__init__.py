@@ -4,23 +4,18 @@ Each engine module is imported only when an engine of its type is built.
 
 Modules:
 
-- :mod:`.adapters`: Several policies as LoRA adapters of one base, served by one ``hf`` engine.
-- :mod:`.base`: The engine protocol: token ids in, token ids + behaviour logprobs + versions out.
-- :mod:`.hf`: The ``hf`` engine: a transformers causal LM in-process (CPU or GPU), batched
-  sampling.
-- :mod:`.hf_continuous`: Continuous batching (iteration-level scheduling) for the ``hf`` engine.
-- :mod:`.hf_process`: The ``hf`` engine in a process of its own (``rollout.engine.process: true``).
-- :mod:`.openai`: The ``openai`` engine: any OpenAI-compatible ``/v1/completions`` server (vLLM,
-  SGLang).
-- :mod:`.openai_server`: What the ``openai`` engine needs to know about the server behind it, and
-  its update gate.
-- :mod:`.sampling`: Sampling and stop checks shared by the in-process engines (torch imported
-  lazily).
-- :mod:`.speed`: A slower engine on the same hardware: ``rollout.engine.speed``.
-- :mod:`.target`: Weight targets of the rollout engines: where the syncer puts new weight versions.
-- :mod:`.vllm`: The ``vllm`` engine: vLLM in-process (``vllm.LLM``), weights loaded in place.
-- :mod:`.vllm_ext`: vLLM worker extension (``worker_extension_cls``): loads changed weight tensors
-  in place.
+- :mod:`.adapters`: several LoRA policies of one base in one ``hf`` engine.
+- :mod:`.base`: the engine protocol and :func:`~.base.build_engine`.
+- :mod:`.hf`: the ``hf`` engine: a transformers model in-process.
+- :mod:`.hf_continuous`: continuous batching for the ``hf`` engine.
+- :mod:`.hf_process`: the ``hf`` engine in a process of its own.
+- :mod:`.openai`: the ``openai`` engine: an OpenAI-compatible server.
+- :mod:`.openai_server`: server probe, logprob check and update gate of ``openai``.
+- :mod:`.sampling`: sampling and stop checks of the in-process engines.
+- :mod:`.speed`: a slower engine on the same hardware (``rollout.engine.speed``).
+- :mod:`.target`: weight targets: where the syncer puts new versions.
+- :mod:`.vllm`: the ``vllm`` engine: vLLM in-process.
+- :mod:`.vllm_ext`: the vLLM worker extension that loads changed tensors.
 """
 
 from astraflow.consumers.rollout.engines.base import (

@@ -1,22 +1,11 @@
 """Several policies as LoRA adapters of one base, served by one ``hf`` engine.
 
-Policies that train a LoRA adapter over the same base model need not each hold a copy of
-it. ``rollout.engine.adapters`` names them: the worker builds one :class:`HFEngine` of the
-base with an :class:`AdapterBank`, and each of those policies gets an :class:`AdapterView`
-(an engine of the protocol: its own version, weight target and tokenizer) over it. Requests
-of every view go through one batcher, so rows of different adapters share a forward pass.
-
-How a row gets its adapter: every linear module an adapter targets is wrapped
-(:class:`RoutedLinear`): the base layer's output, plus, for the rows of each adapter in the
-batch, ``scale · (x @ Aᵀ) @ Bᵀ`` with that adapter's current ``A``, ``B`` (peft's unmerged
-LoRA arithmetic; the base weights are never changed). The engine sets the batch's routing
-(slot of each row) before each forward and keeps it aligned as finished rows leave. An
-adapter's versions land in its slot only between decoding steps (the engine's step gate),
-so every token records the version of its own adapter that produced it, whatever the other
-adapters do meanwhile: versions are independent per policy, with no barrier between them.
-
-A slot that has received no version yet (or whose ``B`` is zero, as peft initialises it) is
-the base model: version 0 of a LoRA trainer.
+For the policies ``rollout.engine.adapters`` names, the worker builds one :class:`HFEngine` of
+the base with an :class:`AdapterBank`, and each policy gets an :class:`AdapterView` (its own
+version, weight target and tokenizer). The views share a batcher, so rows of different adapters
+share a forward pass: each targeted linear module (:class:`RoutedLinear`) adds each row's
+adapter, unmerged. Versions land between decoding steps, independently per policy; a slot with
+no version yet is the base.
 """
 
 from __future__ import annotations

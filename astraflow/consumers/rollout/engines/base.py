@@ -1,14 +1,11 @@
 """The engine protocol: token ids in, token ids + behaviour logprobs + versions out.
 
 Every engine (``hf``, ``vllm``, ``openai``) implements :class:`Engine`. The worker drives it
-through an async batcher (:mod:`astraflow.consumers.rollout.batcher`): requests of concurrent
-episodes are collected into one call of the synchronous, batched :meth:`Engine.generate`, run
-in a thread so the event loop stays responsive. An engine with ``continuous = True`` (a server
-that batches itself) gets each request on its own call instead, up to ``max_batch_size`` at once.
-
-Behaviour logprobs are the log-probability of each sampled token under the distribution that
-sampled it: temperature applied and, with top-p, renormalised over the nucleus. With
-temperature 0 (greedy) the logprob under the unscaled (temperature 1) distribution is reported.
+through an async batcher (:mod:`astraflow.consumers.rollout.batcher`): the requests of
+concurrent episodes make one call of the synchronous, batched :meth:`Engine.generate`, run in a
+thread; an engine with ``continuous = True`` gets each request on its own call. Behaviour
+logprobs are those of the distribution that sampled each token (temperature and top-p
+applied); greedy decoding reports the unscaled distribution's.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """The ``hf`` engine: a transformers causal LM in-process (CPU or GPU), batched sampling.
 
-Decoding is our own token-by-token loop over the model's KV cache (not ``generate()``), so that
-a new weight version can be applied between two decoding steps: the syncer's update runs at the
-next step boundary (:meth:`HFEngine.update_weights`), in-flight sequences continue on the new
-weights, and every token records the version of the weights whose forward pass produced it.
-A LoRA trainer's versions (adapters) are merged into the model, each from the pristine base
-weights (:mod:`astraflow.weights.adapter`). Batches are left-padded; finished rows leave the
-batch (their cache rows are dropped).
-
-With ``continuous=True`` the engine batches itself instead (iteration-level scheduling): one
-decode thread owns the model, :meth:`HFEngine.submit` hands it a request at any time and the
-request joins the running batch at the next step boundary (see
-:mod:`astraflow.consumers.rollout.engines.hf_continuous`).
+Decoding is our own token-by-token loop over the KV cache (not ``generate()``), so a new weight
+version lands between two decoding steps (:meth:`HFEngine.update_weights`): sequences in
+flight continue on the new weights and every token records the version that produced it. LoRA
+versions are merged from the pristine base weights (:mod:`astraflow.weights.adapter`). Batches
+are left-padded; finished rows leave. With ``continuous=True`` the engine batches itself
+(:meth:`HFEngine.submit`, :mod:`astraflow.consumers.rollout.engines.hf_continuous`).
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Continuous batching (iteration-level scheduling) for the ``hf`` engine.
 
-One decode thread owns the model. Requests are submitted at any time
-(:meth:`ContinuousDecoder.submit` returns a :class:`concurrent.futures.Future`) and join the
-running batch at the next decoding step boundary:
-
-* the running rows take their decoding step (one token each, on the running KV cache);
-* the newcomers are prefilled together (left-padded among themselves);
-* their KV cache is merged into the running one: the narrower of the two is padded on the left
-  of the sequence axis (attention mask 0) and the two are concatenated on the batch axis. Each
-  row keeps its own position ids, so rotary positions continue as if it ran alone;
-* one sampling call over all rows; finished rows leave (``batch_select_indices``), and leading
-  columns that are padding in every row are trimmed, so the width stays the longest row's.
-
-Weight updates land only between steps through the engine's :class:`StepGate`: the decode
-thread holds the gate while it has rows and calls ``boundary()`` before every step, so every
-token records the version of the weights whose forward pass produced it. A step whose forward
-fails fails the futures of every row in it (``EngineError``) and the thread goes on.
-
-The merge is written against transformers 5.x ``DynamicCache`` (``cache.layers[i].keys`` /
-``.values`` of full-attention ``DynamicLayer`` s); any other cache is refused with an
-``EngineError`` (run the engine with ``continuous: false``).
+One decode thread owns the model. A request (:meth:`ContinuousDecoder.submit`, which returns a
+:class:`concurrent.futures.Future`) joins the running batch at the next decoding step: its KV
+cache is merged into the running one (:func:`merge_caches`), each row keeping its own position
+ids, and finished rows leave. Weight updates land only between steps (:class:`StepGate`), so
+every token records the version that produced it; a failed step fails its rows' futures. Needs
+transformers' ``DynamicCache`` of full-attention layers (else use ``continuous: false``).
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """The ``hf`` engine in a process of its own (``rollout.engine.process: true``).
 
-Why: on a CPU the tiny models' forward passes are Python-bound, and the rollout worker's own
-Python (episodes, records, the bus) shares one interpreter lock with them, so every
-microsecond the worker spends is a microsecond the engine does not decode
-(``bench/rollout.py``: 0.65-0.74x the bare engine in-process). Run apart, the engine decodes on
-one core while the worker's event loop works on another, as a GPU engine does beside its host
-process (vLLM runs its engine core in its own process for the same reason).
-
-How:
-
-* **Weights in shared memory.** The worker process loads the model, copies every tensor of
-  its state dict into one anonymous shared-memory file (``memfd``) and points the parameters
-  at it. The engine process loads the same model directory and points its parameters at the
-  same memory. The weight syncer writes into the worker's parameters as for the in-process
-  engine (:class:`~.target.ModelTarget`); the engine process sees the bytes at once.
-* **Updates between decoding steps.** A second small shared file holds the policy version and
-  two byte-range locks. The engine process holds the *step* lock during each decoding step and
-  passes a *turnstile* before taking it; :meth:`ProcessEngine.update_weights` takes the
-  turnstile (no new step starts), then the step lock (the running step ends), runs the
-  syncer's update, writes the new version, and lets decoding go on. So, as in-process, an
-  update lands between two steps and every token records the version that produced it.
-* **Requests and results** go over two pipes as msgpack frames (no pickle): a batch of
-  :class:`~.base.GenRequest` out, its :class:`~.base.GenResult` s back.
-* **A crashed engine process** fails the batches it held (their episodes fail and are
-  counted, as for any engine error) and is started again for the next batch, on the weights
-  and version in shared memory.
-
-Static batching on a CPU only: a continuous engine schedules itself in its own thread already,
-and a GPU engine's weights live in device memory.
+On a CPU the tiny models' forward passes are Python-bound; in a process of its own the engine
+decodes on one core while the worker's event loop uses another, instead of sharing one
+interpreter lock. Both processes map the weights in shared memory, so the syncer's writes are
+seen at once, and :meth:`ProcessEngine.update_weights` lands between decoding steps. A crashed
+engine process fails its batches and is started again. CPU and static batching only
+(docs/rollout.md).
 """
 
 from __future__ import annotations
@@ -415,14 +393,15 @@ def main(argv: Sequence[str]) -> int:
     attach(model, weights_fd, args["layout"])
     ctl = Control(ctl_fd)
 
-    class Engine(HFEngine):
+    class SharedWeightsEngine(HFEngine):  # its version is the one the worker last staged
         @property
         def version(self) -> int:
             v = ctl.version
             return self.initial_version if v is None else v
 
-    engine = Engine(model=model, tokenizer=tok, max_batch_size=args["max_batch_size"],
-                    seed=args["seed"], initial_version=args["initial_version"])
+    engine = SharedWeightsEngine(model=model, tokenizer=tok,
+                                 max_batch_size=args["max_batch_size"], seed=args["seed"],
+                                 initial_version=args["initial_version"])
     engine.gate = _StepGate(ctl)  # type: ignore[assignment]
     enc, dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(Call)
     try:

@@ -1,62 +1,11 @@
 """The ``openai`` engine: any OpenAI-compatible ``/v1/completions`` server (vLLM, SGLang).
 
-Requests send the prompt as token ids and ask for the sampled token's logprob; token ids come
-back through ``return_token_ids`` (``choices[].token_ids``; vLLM and SGLang) or vLLM's
-``return_tokens_as_token_ids`` (logprob tokens spelled ``"token_id:<id>"``); a server that gives
-neither is refused (text cannot be re-tokenised reliably). The server batches (``continuous``):
-requests go one by one, up to ``max_batch_size`` in flight.
-
-What each request says, and why (checked against vLLM 0.33.0 and SGLang 0.5.23):
-
-* Sampling: every field the trainer's distribution depends on is sent, neutral where
-  astraflow has no setting (``top_k: -1``, ``min_p: 0``, ``repetition_penalty: 1``,
-  ``presence_penalty`` and ``frequency_penalty: 0``). vLLM fills a field left out from the
-  model's ``generation_config.json`` (``--generation-config auto``, its default), so the server
-  would sample from a distribution the trainer does not assume.
-* ``model`` only when ``served_model`` is configured: both servers take a request without it
-  as one for their (single) base model, while a guessed name (``vllm serve /path/x`` serves
-  ``"/path/x"``) is answered with 404.
-* Stop strings stay in the output: ``include_stop_str_in_output`` (vLLM), ``no_stop_trim``
-  (SGLang; it otherwise trims the matched stop string or stop token). Only the fields of the
-  server found (:mod:`.openai_server`) are sent; an unknown server gets both.
-* A ``finish_reason`` other than ``stop`` / ``length`` (``abort``, ``error``, ...) is an
-  :class:`EngineError`: the episode fails and is counted, never trained on.
-
-Behaviour logprobs are what the server reports, so the engine checks what it reports
-(:func:`.openai_server.logprob_problem`) and refuses a request whose logprobs would be of
-another distribution (``check_logprobs: false``: a warning, once).
-
-Weights (``admin``): the syncer's bits are kept on the host; each new version is written as a
-safetensors checkpoint under ``checkpoint_dir`` (config and tokenizer files copied from the
-model directory), then the server is told to load it:
-
-* ``sglang``: ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"}``
-  (``UpdateWeightFromDiskReqInput``; it waits for the server's in-flight requests, hence
-  ``admin_timeout``); SGLang flushes its radix cache itself (``flush_cache`` defaults to true).
-* ``vllm``: vLLM's development endpoints (``VLLM_SERVER_DEV_MODE=1``), in this order:
-  ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path"}}`` (every
-  worker reloads in place from the checkpoint), ``POST /reset_prefix_cache`` (its cache keys do
-  not include the weights; ``{"success": false}`` is an error), ``POST /update_weight_version``
-  ``{"new_version"}``.
-* ``custom``: ``POST admin_path`` with ``admin_body``, ``{path}``/``{version}`` filled in.
-
-A LoRA trainer's versions (adapters, :mod:`astraflow.weights.adapter`) are written as peft
-adapter folders (``lora-v<version>`` under ``checkpoint_dir``) and loaded by the servers'
-dynamic LoRA routes under a new name per version, ``af-v<version>``: vLLM ``POST
-/v1/load_lora_adapter`` ``{"lora_name", "lora_path"}`` (started with ``--enable-lora`` and
-``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``), SGLang ``POST /load_lora_adapter`` (the same body;
-started with ``--enable-lora``); then the previous adapter is unloaded (``unload_lora_adapter``,
-``{"lora_name"}``) and requests name the new one as their ``model``. No prefix-cache reset:
-both servers key cached prefixes by adapter.
-
-Versions per token: requests hold :class:`.openai_server.UpdateGate` shared and an update holds
-it exclusively, so the server never loads weights while one of this engine's requests runs, and
-each request is labelled with the version it ran under, exactly. The price: an update waits for
-the requests in flight to finish (new ones wait behind it), as SGLang's own update does. The
-versions servers report themselves (vLLM's ``return_weight_versions``, SGLang's
-``metadata.weight_version``) are not used: vLLM relabels in a call separate from the reload, and
-neither covers ``custom``. If loading fails part way, the server's weights are unknown, so
-requests fail until a later sync succeeds (the follower retries at its next poll).
+Requests carry token-id prompts and every sampling field; the server batches them (up to
+``max_batch_size`` in flight). A request whose logprobs would be of another distribution is
+refused (:func:`.openai_server.logprob_problem`); a finish reason other than ``stop`` /
+``length`` is an :class:`EngineError`. Weight versions are written under ``checkpoint_dir`` and
+loaded by the server (``admin``) while none of this engine's requests run
+(:class:`.openai_server.UpdateGate`). Details: docs/rollout.md, "Serving with vLLM or SGLang".
 """
 
 from __future__ import annotations
@@ -310,7 +259,8 @@ class OpenAIEngine:
 
     def _switch_lora(self, name: str, path: Path, version: int) -> None:
         """With no request in flight: load adapter ``name`` from ``path``, name it in requests
-        from now on, and unload the previous one (its folder removed)."""
+        from now on, and unload the previous one (its folder removed). No prefix-cache reset:
+        both servers key cached prefixes by adapter."""
         prefix = "/v1" if self.admin == "vllm" else ""
         timeout = self.admin_timeout + 30
         with self.gate.exclusive():

@@ -1,26 +1,10 @@
 """What the ``openai`` engine needs to know about the server behind it, and its update gate.
 
-* :func:`probe_server`: which server it is (vLLM or SGLang, from ``GET /v1/models``'s
-  ``owned_by``) and, for vLLM, its ``--logprobs-mode`` (``GET /server_info``, served only with
-  ``VLLM_SERVER_DEV_MODE=1``).
-* :func:`logprob_problem`: whether the logprobs that server reports for a request are the
-  behaviour logprobs of :mod:`.base` (those of the distribution that sampled the token), and if
-  not, what to change. Read from the servers' source (vLLM 0.33.0 ``v1/sample/sampler.py``,
-  SGLang 0.5.23 ``srt/layers/sampler.py``):
-
-  - vLLM ``processed_logprobs``: log-softmax after penalties, temperature and top-k/top-p
-    masking: the sampling distribution, always. ``raw_logprobs`` (its default): log-softmax of
-    the unscaled logits, the same only greedy or at temperature 1 without top-p. ``*_logits``
-    modes report logits, never logprobs.
-  - SGLang: ``log(softmax(logits / temperature))`` before top-p, so right only with
-    ``top_p == 1`` or greedy (temperature 0: the unscaled distribution, top-p ignored, as
-    :mod:`.base` wants). The
-    ``SGLANG_RETURN_ORIGINAL_LOGPROB`` environment variable (unscaled logprobs) is not visible
-    through its API; the docs say not to set it.
-
-* :class:`UpdateGate`: a writer-preferring read/write lock. Requests hold it shared; a weight
-  update holds it exclusively, so no request is in flight while the server loads weights and
-  every request is labelled with the version it ran under.
+:func:`probe_server` finds which server it is (vLLM or SGLang) and vLLM's ``--logprobs-mode``;
+:func:`logprob_problem` says whether the logprobs it reports for a request are the behaviour
+logprobs of :mod:`.base`, and if not, what to change (docs/rollout.md, "Serving with vLLM or
+SGLang"); :class:`UpdateGate`, a writer-preferring read/write lock, keeps requests (shared) and
+weight updates (exclusive) apart, so every request runs under one known version.
 """
 
 from __future__ import annotations
@@ -64,7 +48,8 @@ def probe_server(get: Callable[[str], Any], kind: str = "auto") -> ServerInfo:
 def logprob_problem(info: ServerInfo, temperature: float, top_p: float) -> str | None:
     """Why the logprobs ``info``'s server reports for a request sampled at ``temperature`` /
     ``top_p`` are not its behaviour logprobs, or None when they are (or cannot be known: see
-    :func:`unverified`)."""
+    :func:`unverified`). Read from the servers' samplers: vLLM 0.33.0 ``v1/sample/sampler.py``,
+    SGLang 0.5.23 ``srt/layers/sampler.py``."""
     if info.kind == "vllm" and info.logprobs_mode is not None:
         mode = info.logprobs_mode
         if mode == "processed_logprobs":

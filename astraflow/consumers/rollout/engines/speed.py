@@ -1,28 +1,11 @@
-"""A slower engine on the same hardware: ``rollout.engine.speed`` (heterogeneous workers,
-docs/rollout.md) runs any engine at a fraction ``s`` of its speed, standing in for a weaker GPU, so
-workers at 100% / 60% / 30% can run side by side on one machine.
+"""A slower engine on the same hardware: ``rollout.engine.speed`` runs any engine at a fraction
+``s`` of its speed, standing in for a weaker GPU.
 
-Semantics: every computation of the engine takes ``1/s`` as long. After a computation that took
-``t`` seconds the engine stays busy — it does not start its next computation — for another
-``t * (1/s - 1)`` seconds, asleep (no core is held), so a worker at ``s = 0.3`` produces about
-30% of the episodes per second of one at ``s = 1`` on the same CPU, and its CPU use falls with
-it. What a "computation" is depends on how the engine is driven:
-
-* a batched engine (``continuous = False``: ``hf``, ``vllm``): one :meth:`Engine.generate`
-  call, i.e. one batch (prefill and every decoding step); calls are serialised, the wait
-  included, and the batch's results come back after the wait;
-* an engine that schedules itself and offers a per-step hook (``step_hook``: the continuous
-  ``hf`` engine): one scheduler iteration (a decoding step, with the prefill of the requests
-  joining it); the wait is taken at the next step boundary, in the decode thread, and a
-  period with nothing in flight counts as served wait (an idle engine owes nothing);
-* an engine that batches itself with no such hook (``openai``: the server computes): one
-  request; it comes back ``1/s`` as late, holding its slot, so throughput falls by ``s`` only
-  while every one of the ``max_batch_size`` slots is busy — an approximation, like
-  ``rollout.engine.latency`` for a remote server.
-
-:func:`slowed` wraps an engine built by :func:`~.base.build_engine` (the worker does it when
-``speed < 1``); the wrapper is itself an :class:`~.base.Engine`, and any other attribute of
-the wrapped engine (``steps``, ``decoder``, ...) reads through.
+After a computation that took ``t`` seconds the engine sleeps another ``t * (1/s - 1)`` seconds,
+holding no core. A computation is one batched :meth:`Engine.generate` call, one scheduler step
+of an engine with a ``step_hook`` (the continuous ``hf``), or one request of an engine that
+batches itself (``openai``; an approximation). :func:`slowed` wraps an engine. See
+docs/rollout.md, "A slower engine".
 """
 
 from __future__ import annotations

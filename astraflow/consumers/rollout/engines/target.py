@@ -1,16 +1,11 @@
 """Weight targets of the rollout engines: where the syncer puts new weight versions.
 
 :class:`ModelTarget` writes into a torch model's parameters in place. Weights are published in
-the serving dtype (bf16). When the model runs in that dtype on the CPU, the syncer decodes
-deltas straight into the parameters' memory (:meth:`ModelTarget.host_bits`). Otherwise (an fp32
-model on CPU, or any model on a GPU) the syncer keeps the bf16 bits on the host and hands each
-changed tensor to :meth:`ModelTarget.apply`, which converts it into the parameter's dtype and
-device. An fp32 rollout model therefore runs on the bf16-rounded weights, exactly what a bf16
-serving engine runs.
-
-:class:`HostTarget` keeps the bits on the host only (for engines whose weights live elsewhere:
-a vLLM worker process, an OpenAI-compatible server) and reports the tensors changed since the
-last hand-off.
+bf16: a bf16 model on the CPU takes deltas straight into its memory
+(:meth:`ModelTarget.host_bits`); any other model gets each changed tensor converted into the
+parameter's dtype and device (:meth:`ModelTarget.apply`), so an fp32 model runs on the
+bf16-rounded weights. :class:`HostTarget` keeps the bits on the host only (for a vLLM worker or a
+server) and reports the tensors changed since the last hand-off.
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """The ``vllm`` engine: vLLM in-process (``vllm.LLM``), weights loaded in place.
 
-Needs vLLM >= 0.10.2 on a CUDA GPU; written against vLLM 0.33.0's source (``vllm/entrypoints/
-llm.py``, ``vllm/v1/worker/gpu_worker.py``, ``gpu_model_runner.py``, ``vllm/v1/core``).
-
-Generation is ``LLM.generate`` on token-id prompts with ``SamplingParams(logprobs=0)`` (the
-sampled token's logprob), stop strings kept in the output. The engine is built with
-``logprobs_mode="processed_logprobs"`` so behaviour logprobs are those of the temperature-scaled,
-top-p-filtered distribution that sampled; an older vLLM without that option reports raw
-logprobs (a warning says so). A request that vLLM finishes as ``abort`` or ``error`` (or any
-reason but ``stop`` / ``length``) comes back as a failed result (``GenResult.error``): that
-request's episode fails and is counted (the batch's other requests go on), rather than training
-on a cut-off answer as if it had stopped.
-
-Weights: the syncer keeps bf16 bits on the host (:class:`HostTarget`); between two ``generate``
-calls the changed tensors go to every vLLM worker through ``collective_rpc`` to a worker
-extension (:mod:`.vllm_ext`) that calls the model's ``load_weights`` in place, the route vLLM's
-RLHF examples document. One RPC carries at most ``update_chunk_mb`` of tensor bytes (a single
-larger tensor goes alone): each RPC holds several copies of its bytes in host memory across the
-two processes. After the tensors, the prefix cache is reset (see :meth:`VLLMEngine._reset_cache`).
-A LoRA trainer's versions (adapters, :mod:`astraflow.weights.adapter`) are written as peft
-adapter folders under ``adapter_dir`` and served with ``LoRARequest("af-v<version>",
-version + 1, folder)``: a new name and id per version (vLLM caches adapters by id), the previous
-one removed; vLLM must be built with ``vllm_args: {enable_lora: true, max_lora_rank: r}``.
-Updates land between batches (the batcher's calls), not between decoding steps inside a batch:
-tokens of one batch share one version. Quantized models cannot take tensor deltas (see
-:mod:`.vllm_ext`) and are refused at the first update.
-
-Not exercised in this repository's CI (no GPU): the CPU tests drive it against a fake ``vllm``
-module; the tests marked ``gpu`` run it for real where vLLM and CUDA are installed.
+Needs vLLM >= 0.10.2 on a CUDA GPU (written against 0.33.0). Built with
+``logprobs_mode="processed_logprobs"``, so behaviour logprobs are those of the distribution that
+sampled; a request finished other than ``stop`` / ``length`` fails its own episode. Between
+batches, changed tensors go to every vLLM worker (:mod:`.vllm_ext`) and the prefix cache is
+reset, so one batch's tokens share one version; quantized models are refused at the first
+update. Details: docs/rollout.md, "The ``vllm`` engine (in-process)".
 """
 
 from __future__ import annotations

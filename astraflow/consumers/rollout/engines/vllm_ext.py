@@ -1,19 +1,10 @@
 """vLLM worker extension (``worker_extension_cls``): loads changed weight tensors in place.
 
-Runs inside vLLM's worker processes, where ``self`` is the vLLM worker (vLLM mixes this class
-into its worker class); vLLM imports it by its dotted path, so it imports nothing from vLLM.
-
-Checked against vLLM 0.33.0 (``vllm/v1/worker/gpu_worker.py``, ``gpu_model_runner.py``):
-
-* The model comes from the worker's ``get_model()``, which unwraps the CUDA-graph wrapper;
-  ``model_runner.model`` may be that wrapper, whose ``load_weights`` is not the model's.
-* Changed tensors are loaded with the model's own ``load_weights`` (the loader of the
-  checkpoint format: it maps Hugging Face names onto vLLM's fused parameters, shards for tensor
-  parallelism and copies into the existing storage). That accepts any subset of tensors, so a
-  delta of a few tensors works, but only for unquantized models on CUDA: a quantized model's
-  parameters are in kernel format (packed, scaled), and vLLM's supported route for them,
-  ``reload_weights``, reprocesses whole layers and needs every tensor of a layer in one call.
-  Deltas for a quantized model are therefore refused (:class:`WeightLoadError`).
+Runs inside vLLM's worker processes, where ``self`` is the vLLM worker; vLLM imports it by its
+dotted path, so it imports nothing from vLLM. Tensors are loaded with the model's own
+``load_weights`` (the model found through ``get_model()``, which unwraps the CUDA-graph wrapper).
+That takes any subset of tensors, but only for unquantized models: deltas for a quantized model
+are refused (:class:`WeightLoadError`). Checked against vLLM 0.33.0.
 """
 
 from __future__ import annotations

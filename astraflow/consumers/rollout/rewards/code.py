@@ -1,17 +1,10 @@
 """The ``code`` reward: run the completion's program against the task's tests in the sandbox.
 
-``reference["tests"]`` is Python source (a string or a list of statements, typically
-``assert``\\ s) appended to the program extracted from the completion (the last fenced code
-block, else the whole text). The reward is 1.0 when the program exits with status 0 inside the
-limits, else 0.0; an infinite loop, a fork bomb, a huge print, a memory hog or a network call
-only ever costs the sandbox (see :mod:`.sandbox`; ``disk_mb``: what it may write, in all). A program that exits with status 0 before the
-tests run passes: the tests are plain code in the same process, not a separate judge.
-
-``python``: the interpreter that runs the program (default: the worker's own). A sandbox that
-cannot start it raises :class:`~.sandbox.SandboxError`, which the worker counts as a reward
-failure (``reward_failures``, logged) rather than a plain 0. The component
-``sandbox_unisolated`` is 1.0 when the host could not isolate the program fully (see
-:func:`~.sandbox.missing`).
+The program (the completion's last fenced code block, else its text) followed by
+``reference["tests"]`` scores 1.0 when it exits 0 within the sandbox's limits (:mod:`.sandbox`),
+else 0.0. A sandbox that cannot start ``python`` (default: the worker's interpreter) raises
+:class:`~.sandbox.SandboxError`, a counted reward failure rather than a 0; the component
+``sandbox_unisolated`` is 1.0 where the host could not isolate the program fully.
 """
 
 from __future__ import annotations

@@ -2,11 +2,9 @@
 ``score_answer(answer, entry)`` (tasks of ``producer.source: reasoning_gym``).
 
 The reference names the dataset (``rg_dataset``), its config (``rg_config``) and the item
-(``rg_entry``: question, answer, metadata, made JSON-safe). JSON has no tuples, and a few
-scorers compare tuples (ARC grids), so when the reference also says where the item came from
-(``rg_seed``, ``rg_size``, ``rg_index``: the producer writes them) the item is regenerated
-exactly, once per task (cached), and used when its question is the reference's; otherwise the
-reference's entry is scored. Dataset instances are built once per (name, config, seed, size).
+(``rg_entry``, made JSON-safe). A few scorers compare tuples, which JSON cannot hold, so where
+the reference also says where the item came from (``rg_seed``, ``rg_size``, ``rg_index``) the
+item is regenerated exactly, once per task, and used when its question is the reference's.
 """
 
 from __future__ import annotations

@@ -1,45 +1,12 @@
 """Run untrusted Python in a contained subprocess (the ``code`` reward, the ``python`` tool).
 
-What contains it (:class:`SandboxLimits`), on Linux, where the host allows each part (probed
-once per interpreter, :func:`features`):
-
-* **processes**: a new PID namespace whose init is the sandbox's: when the program ends, or is
-  killed at the timeout, the kernel kills everything it started (a ``setsid`` child or a
-  daemon included), and it sees and can signal only its own processes;
-* **user**: as root, each sandbox runs as a fresh unprivileged uid of its own, with no
-  capabilities and no way to regain them (``no_new_privs``). Where that is impossible (a worker
-  that is not root: a user namespace alone keeps the worker's kernel uid, whatever uid it
-  shows inside; as root, an interpreter other users cannot run) the code would run as the
-  worker's own uid, which owns the run's checkpoints and config: refused with
-  :class:`SandboxError` unless ``rollout.sandbox.allow_same_uid`` (:func:`configure`) accepts
-  it, with one warning per process;
-* **files**: a root of its own (``pivot_root``): a tmpfs of ``disk_mb`` holding the system
-  directories (``/usr``, ``/etc``, ``/lib``...) and the interpreter's, bound read-only, its work
-  directory, ``/tmp``, ``/var/tmp``, a ``/dev`` with only null, zero, full, random and urandom,
-  and a ``/proc`` of its own processes. Nothing else of the host is there: not the run
-  directory, not the worker's working directory, not home directories. Everything it writes
-  (work directory, ``/tmp``, ``/dev/shm``) shares that one quota, in memory, never the host's
-  disk; the environment the code gets is a fixed, clean one;
-* **network**: a new, empty network namespace (``limits.network=True`` keeps the host's);
-* **system calls**: a seccomp filter (:mod:`.sandbox_seccomp`) kills a process that uses a
-  foreign syscall ABI (32-bit ``int 0x80``, x32) and refuses ``setns``, ``unshare``, new
-  namespaces, ``ptrace``, mounting, ``bpf``, ``io_uring``, keyrings and the like;
-* **time**: a wall-clock timeout, then ``RLIMIT_CPU`` (CPU seconds) as a second line;
-* **memory**: ``RLIMIT_AS``; **process count**: ``RLIMIT_NPROC`` for a uid of its own (or the
-  user's count plus ``max_procs``); as uid 0, where the limit does not bind, new processes are
-  refused outright by the filter;
-* **output**: stdout and stderr go to files capped by ``RLIMIT_FSIZE`` (SIGXFSZ past it), read
-  back up to ``max_output_bytes``; files it writes are capped the same way.
-
-What it cannot do is listed by :func:`missing` (logged once as a warning per interpreter;
-each run without full isolation is counted in :data:`STATS` and marked in
-:attr:`SandboxResult.unisolated`). A setup that cannot run the code at all raises
-:class:`SandboxError` instead of returning a failure, so a broken sandbox never scores correct
-code 0 silently.
-
-This is strong containment of a policy's programs, not a VM: the code runs on the host's kernel
-and can read the world-readable files of the system directories it sees. For hostile code at
-scale use a container or VM runtime as well.
+:func:`run_python` runs a program under :class:`SandboxLimits` with whatever isolation the host
+allows (probed once, :func:`features`): namespaces, a root of its own, a fresh unprivileged uid,
+a seccomp filter (:mod:`.sandbox_seccomp`) and resource limits. What is missing is named by
+:func:`missing` and marked in :attr:`SandboxResult.unisolated`; running as the worker's own uid
+is refused unless ``rollout.sandbox.allow_same_uid`` (:func:`configure`). A setup that cannot
+run the code raises :class:`SandboxError`, never a silent 0. Not a VM: see docs/rollout.md,
+"Rewards and the sandbox".
 """
 
 from __future__ import annotations

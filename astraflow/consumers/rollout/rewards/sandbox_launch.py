@@ -1,21 +1,11 @@
 """The code sandbox's launcher: ``python -I -S sandbox_launch.py CONFIG_JSON``.
 
-Standard library only, and no astraflow import: it runs in a fresh interpreter of the worker's
-before the untrusted program, and after it has hidden parts of the file system it can no longer
-import anything. The worker (:mod:`.sandbox`) decides what applies and passes it as JSON; this
-script carries it out. A step that fails is reported as a line ``error: ...`` on the status
-pipe (``status_fd``) and exit status 125; the worker raises ``SandboxError`` for it, so a setup
-failure is never mistaken for the program's own failure (a reward of 0).
-
-With namespaces the processes are::
-
-    launcher (the worker's child)          waits for init, exits the way the program did
-    └─ init: PID 1 of a new PID namespace  mounts, then waits for the program
-       └─ the program                      rlimits, privileges dropped, seccomp, exec python
-
-When init ends (the program exited, or the worker killed the process group at the timeout) the
-kernel kills every other process of the namespace, including ones that started sessions of their
-own: nothing the code started outlives the sandbox.
+Standard library only, no astraflow import: it runs in a fresh interpreter before the untrusted
+program, and once it hides the file system it can import nothing more. It carries out what the
+worker (:mod:`.sandbox`) decided, passed as JSON. A failed step writes ``error: ...`` to the
+status pipe and exits 125, so the worker raises ``SandboxError`` rather than score a setup
+failure as the program's. With namespaces the program runs under an init process (PID 1); when
+init ends, the kernel kills whatever the program started.
 """
 
 from __future__ import annotations

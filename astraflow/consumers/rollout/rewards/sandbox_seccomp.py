@@ -1,22 +1,11 @@
 """The code sandbox's seccomp filter, as classic BPF (no libseccomp needed).
 
 Standard library only: :mod:`.sandbox_launch` imports it by file path before the sandboxed
-program starts. What the filter does, in order:
-
-* a system call through any ABI but the machine's own (the 32-bit ``int 0x80`` or x32 calls
-  on x86_64) **kills the process**: their numbers mean other calls, which the rules below would
-  not recognise;
-* calls that reach outside the sandbox or into the kernel's rarer corners fail with ``EPERM``:
-  joining or making namespaces (``setns``, ``unshare``, ``clone`` with a ``CLONE_NEW*`` flag),
-  ``ptrace`` and other processes' memory, mounting, modules, kexec, ``bpf``, perf events,
-  keyrings, ``userfaultfd``, ``io_uring`` (whose operations seccomp would not see), file
-  handles, swap, reboot, the clock, the kernel log;
-* ``clone3`` fails with ``ENOSYS`` (libc then falls back to ``clone``, whose flags a filter can
-  read: ``clone3`` passes them in memory);
-* ``no_fork``: new processes fail with ``EAGAIN`` (threads are allowed);
-* ``own_pid`` (where there is no PID namespace to scope signals): ``kill`` and ``tgkill`` reach
-  only the process itself (or its own process group, pid 0), other ways of signalling fail.
-  With a PID namespace the kernel already confines signals to the sandbox's processes.
+program starts. The filter kills a process that uses a foreign syscall ABI (``int 0x80``, x32),
+fails with ``EPERM`` the calls that reach outside the sandbox (namespaces, ``ptrace``,
+mounting, ``bpf``, ``io_uring`` and the like), fails ``clone3`` with ``ENOSYS`` (libc falls back
+to ``clone``, whose flags it can read) and, where asked, refuses new processes (``no_fork``)
+and signals to other processes (``own_pid``).
 """
 
 from __future__ import annotations

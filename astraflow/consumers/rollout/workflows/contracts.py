@@ -1,29 +1,16 @@
 """Reward contracts: which scalar each role of a multi-policy workflow gets, and from what.
 
-A workflow that runs several policies (roles) in one episode registers a
-:class:`RewardContract`: one :class:`RoleReward` per role, each naming a *rule* from
-:data:`RULES` that turns the episode's :class:`Outcome` into that role's reward.
+A workflow that runs several roles registers a :class:`RewardContract`: one :class:`RoleReward`
+per role, each naming a rule of :data:`RULES` that turns the episode's :class:`Outcome` into
+that role's reward.
 
 >>> register_contract(RewardContract("solver_verifier", {
 ...     "solver": RoleReward("final"), "verifier": RoleReward("verdict_correct")},
 ...     provides=frozenset({"verdict"})))
 
-Config may override a role's rule through the workflow's kwargs (``rewards``), e.g.
-``rollout.workflow.kwargs.solver_verifier.rewards: {verifier: "constant:0.5"}`` or
-``{verifier: {rule: constant, value: 0.5}}``; :func:`resolve_contract` validates it.
-
-**The degenerate-contract check** (:class:`ContractCheck`, one per process in :data:`CHECK`).
-Group-normalised advantages are ``reward - mean(group)``: a role whose reward is the same for
-every member of a group gets zero advantage, so no gradient. The check warns (once per
-workflow and role, on the ``astraflow.rollout.contract`` logger) when
-
-1. *declared*: the role's rule does not depend on the episode's outcome (``constant``: e.g. a
-   tie reward of 0.5 for everyone) — warned the first time the contract is used; or
-2. *observed*: the last ``window`` (default 8) complete groups of that role (groups of size
-   >= 2, all ``n_samples`` members seen by this worker) each had zero reward variance. A single
-   flat group is normal (every sample right, or every one wrong); ``window`` flat groups in a
-   row with no varied group between them means the contract or the task set gives the role
-   nothing to learn from. A varied group resets the count.
+Config may override a role's rule through the workflow's ``rewards`` kwarg
+(:func:`resolve_contract` validates it). :class:`ContractCheck` warns when a role's reward
+cannot vary within a group, so it gets no gradient (docs/rollout.md, "Reward contracts").
 """
 
 from __future__ import annotations

@@ -1,38 +1,10 @@
 """``multi_turn_tools``: the model calls tools through a text protocol until it answers.
 
-The protocol (what the model writes, what it gets back):
-
-* a tool call is ``<tool>NAME(ARGS)</tool>`` anywhere in an assistant turn, ARGS a JSON object
-  of keyword arguments, comma-separated JSON values as positional arguments, or nothing:
-  ``<tool>calculator({"expression": "17*23"})</tool>``, ``<tool>mul(17,23)</tool>`` (the short
-  form a tiny model can learn).
-  Generation stops at ``</tool>`` (added to the stop strings), so a turn holds at most one call;
-* the tool's output comes back as a ``tool`` message (``name`` = the tool) whose content is
-  ``result_format`` with ``{output}`` replaced, ``<result>OUTPUT</result>`` by default; errors
-  (unknown tool, malformed call, bad arguments, exception, timeout) come back the same way as
-  ``<result>error: ...</result>``, so the model can recover;
-* a turn without ``<tool>`` is the final answer; the reward scores its text. After
-  ``max_turns`` assistant turns the episode ends (``finish_reason="length"`` if the last turn
-  was still a tool call).
-
-A turn the engine cuts at ``max_new_tokens`` is an unterminated tool call (an error result, and
-the model goes on) or, without ``<tool>``, the final answer as far as it got. Under
-``rollout.reward.truncated: zero`` a cut turn, final or not, makes the episode score 0: every
-generated token of the trajectory is trained on its reward, so a positive one would reinforce
-the cut turn too. Turns running out (``max_turns``) is not a cut: the reward decides.
-
-Loss mask: the tokens the model generated in each assistant turn are 1; the prompt, every tool
-message and the chat template's tokens around them are 0.
-
-**Tool latency.** ``tool_latency`` adds a delay to every tool call, drawn from a distribution
-(:mod:`astraflow.consumers.rollout.latency`: a number of seconds, or ``{type: lognormal, p50:
-0.05, p99: 2.0}``, ``fixed``, ``uniform``, ``trace``), either one spec for every tool or a
-mapping tool name -> spec (``"*"``: the others). It stands in for a real tool's long tail
-(a code run, a search, an API): the episode ``asyncio.sleep``-s, so other episodes keep
-decoding meanwhile. Draws come from a ``random.Random`` seeded by the task id, the sample index
-and the turn, so the same episode waits the same in the pipeline and in ``bench/agentic.py``'s
-synchronous baseline. The seconds are recorded in the episode's timings (``tool_latency``) and
-counted (``tool_latency_waits``, ``tool_latency_s``); evaluation leaves them out.
+A tool call is ``<tool>NAME(ARGS)</tool>`` in an assistant turn, e.g. ``<tool>mul(17,23)</tool>``;
+generation stops at ``</tool>`` and the output, or ``error: ...``, comes back as a ``tool``
+message. A turn without a call is the final answer, scored by the reward; after ``max_turns``
+assistant turns the episode ends. Only generated tokens are masked 1. ``tool_latency`` adds a
+seeded delay after each call. The protocol in full: docs/rollout.md, "The tool protocol".
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """``solver_selector``: the solver samples ``k`` candidate answers, the selector picks one; the
 picked answer counts.
 
-The episode (roles ``solver`` and ``selector``, each a policy; see ``policies``):
-
-1. the solver answers the task's prompt ``k`` times, in ``k`` independent conversations
-   (generated concurrently, so the engine batches them);
-2. every candidate is scored by the configured reward (for the contract; the selector never
-   sees the scores);
-3. the selector gets ``selector_prompt`` (``{problem}``, ``{candidates}``: ``1. ...``, ``2. ...``
-   one per line, ``{k}``) and ends with ``CHOICE: N`` (1-based; the last one counts; a text
-   that is only a number also counts). An unclear or out-of-range choice counts
-   ``choice_unclear``: the system's answer falls back to candidate 1 and the ``picked`` rules
-   give the selector 0.
-
-Trajectories: one for the selector, and one for the solver: the picked candidate's conversation
-(candidate 1 on an unclear pick). Only one, because the pipeline counts one trajectory per
-policy per sample (``Trajectory.group_size`` is the task's ``n_samples``), so the other
-``k - 1`` candidates are not trained on. An episode cut off by the worker's timeout keeps that
-rule too: the candidates are the ``solver`` role's conversations, and a timed-out episode
-gives one record per role (the first candidate's, see ``runtime.timed_out_drafts``). Rewards come from the contract (default: solver
-``final``, the picked answer's reward; selector ``picked``; override with ``rewards``, e.g.
-``{selector: picked_correct}``). Components: ``picked`` (1-based, 0 if unclear), ``best``
-(the best candidate's reward), ``final_answer``.
+Roles ``solver`` and ``selector`` are policies (see ``policies``). The solver answers ``k``
+times, concurrently, and the reward scores every candidate; the selector gets
+``selector_prompt`` (``{problem}``, ``{candidates}``, ``{k}``) and ends with ``CHOICE: N``
+(1-based). An unclear choice counts ``choice_unclear`` and falls back to candidate 1. Two
+trajectories: the selector's, and the picked candidate's conversation (the pipeline counts one
+per policy per sample). Rewards come from the contract (default: solver ``final``, selector
+``picked``; override with ``rewards``).
 """
 
 from __future__ import annotations

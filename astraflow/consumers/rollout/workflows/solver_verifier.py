@@ -1,56 +1,12 @@
 """``solver_verifier``: the solver answers, the verifier approves or rejects, a reject earns the
 solver one retry with the verdict in its context; the final answer counts.
 
-The episode (roles ``solver`` and ``verifier``, each a policy; see ``policies``):
-
-1. the solver answers the task's prompt;
-2. the verifier gets ``verifier_prompt`` (``{problem}``: the task's prompt text, ``{answer}``:
-   the solver's answer) and writes its judgement, ending with a verdict line (below);
-3. on a reject (and ``retry``), the solver's conversation gets ``retry_prompt`` as a user turn
-   (``{verdict}``: the verifier's whole text, ``{problem}``: the task's prompt text) and the
-   solver answers again, in the same
-   conversation: its trajectory holds both answers, the verdict between them masked 0;
-4. the final answer (the retry's, else the first) is scored by the configured reward.
-
-``train_verifier_work: false`` trains only the last line of the verifier's turn (its verdict);
-the work before it (a verifier that writes its own answer first) stays as context, untrained.
-
-``turn_rewards: true`` scores the solver's two turns apart (``Trajectory.turn_rewards``): its
-first answer by that answer's own reward, its retry by the final answer's. The trainer
-normalises each turn within the group among the members that have it (the retry against the
-other retries of that problem) and gives each token its turn's advantage, so the first answer
-learns to be right and the retry learns to use the verdict, neither drowning the other. The
-trajectory's scalar ``reward`` is still the contract's (statistics, filters).
-
-``train_retry: false`` keeps the retry in the solver's trajectory as context only (masked 0):
-with one scalar reward per trajectory, the first answer and the retry share one advantage, and
-a retry whose success comes from the verifier's text (a verifier that writes its own answer)
-drowns the first answer's signal (measured on the demo: the team's solver fell 0.256 -> 0.20
-in 68 steps while trained on both); pair it with the solver rule ``first``.
-
-**The verdict format.** The verifier's text must contain ``VERDICT: approve`` or
-``VERDICT: reject`` (case-insensitive; ``yes``/``correct`` approve, ``no``/``incorrect``
-reject); the last such line counts. Without one, a last non-empty line that is just one of those
-words (``yes``, ``No.``, ``**approve**``) counts; a last word alone does not (``...is not
-correct`` must not approve). Anything else is *unclear*: the solver is not asked to retry, the verifier's
-``verdict_correct`` reward is 0, and the episode counts ``verdict_unclear``.
-
-**The verifier's latency.** ``verifier_latency`` (a spec of
-:mod:`astraflow.consumers.rollout.latency`, e.g. ``{type: lognormal, p50: 0.05, p99: 2.0}``,
-a number of seconds, or None) adds a delay after the verifier's turn, standing in for a slow
-checker: the episode ``asyncio.sleep``-s (other episodes keep decoding), draws from a
-``random.Random`` seeded by the task id and sample index (so the same episode waits the same
-in the pipeline and in ``bench/multimodel.py``'s lockstep baseline), records the seconds in the
-episode's timings (``verifier_latency``, on both trajectories) and counts
-``verifier_latency_waits`` and ``verifier_latency_s``.
-
-Trajectories: one for the solver (both its turns), one for the verifier; their rewards come
-from the workflow's reward contract (default: solver ``final``, verifier ``verdict_correct``;
-override with ``rewards``). Components: ``first_answer`` (reward before any retry),
-``retried``, ``approved`` (1/0/-1 for unclear), ``final_answer``, ``work_answer`` (the reward of
-the verifier's line before its last one when it wrote more than one: its own answer, after any
-work that leads to it, e.g. column sums; -1 when it wrote one line); the rule
-``verdict_and_work`` rewards the verifier on it too.
+Roles ``solver`` and ``verifier`` are policies (``policies`` maps them). The verifier gets
+``verifier_prompt`` (``{problem}``, ``{answer}``) and ends with ``VERDICT: approve`` or
+``VERDICT: reject``; on a reject the solver answers again in the same conversation, after
+``retry_prompt`` (``{verdict}``, ``{problem}``). Two trajectories, rewarded by the reward
+contract (default: solver ``final``, verifier ``verdict_correct``). The verdict format and the
+options: docs/rollout.md, "Several policies in one episode".
 """
 
 from __future__ import annotations
