@@ -1,6 +1,7 @@
-"""Benchmarks (run as scripts: ``python bench/<name>.py``) and their tooling (:mod:`bench.lib`).
+"""Benchmarks (each run as a module from the repository root: ``python -m bench.<name>``) and
+their shared tooling (:mod:`bench.lib`).
 
-A package only so that ``bench.lib`` is importable from the scripts (each puts the repository
-root on ``sys.path``) and from the tests (``pythonpath`` in pyproject.toml's pytest section);
-nothing under ``astraflow/`` imports it.
+A package so that the scripts import one another and :mod:`bench.lib` as ``bench.…``, and the
+tests import them too (``pythonpath`` in pyproject.toml's pytest section puts the root on the
+import path); nothing under ``astraflow/`` imports it.
 """

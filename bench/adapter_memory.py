@@ -8,8 +8,8 @@ LoRA matrices of rank ``--rank`` on q/k/v/o, what a LoRA trainer publishes) and 
 batch of ``--batch`` requests, and the growth of the resident set is reported (peak and
 after). One sample per cell on this machine.
 
-    python bench/adapter_memory.py                       # SmolLM2-135M, N = 1, 2, 4
-    python bench/adapter_memory.py --model tiny --n 1 2   # the tiny model (seconds)
+    python -m bench.adapter_memory                       # SmolLM2-135M, N = 1, 2, 4
+    python -m bench.adapter_memory --model tiny --n 1 2   # the tiny model (seconds)
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from bench.lib.models import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -39,10 +41,7 @@ def _model_path(name: str) -> Path:
     if name == "tiny":
         import tempfile
 
-        from astraflow.models.tiny import build_model, build_tokenizer, save
-
-        tok = build_tokenizer("arith")
-        return save(build_model(tok), tok, Path(tempfile.mkdtemp()) / "tiny")
+        return tiny_model(Path(tempfile.mkdtemp()), name="tiny")
     from astraflow.models.source import resolve
 
     return Path(resolve(name))
@@ -108,7 +107,7 @@ def measure(model: str, n: int, mode: str, rank: int, batch: int) -> dict[str, f
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.adapter_memory", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct",
                     help="a model path, hub id or shortcut; tiny: the tiny model")
@@ -124,7 +123,8 @@ def main() -> None:
     rows = []
     for n in args.n:
         for mode in ("adapters", "full"):
-            out = subprocess.run([sys.executable, __file__, "--model", args.model,
+            out = subprocess.run([sys.executable, "-m", "bench.adapter_memory",
+                                  "--model", args.model,
                                   "--rank", str(args.rank), "--batch", str(args.batch),
                                   "--cell", f"{mode}:{n}"], cwd=ROOT, check=True,
                                  capture_output=True, text=True).stdout

@@ -1,13 +1,13 @@
 """A tool-using agent with long-tail tool latency: the pipeline (`astraflow run`) against a
 synchronous loop on the same model, task, tool and latency, in one invocation.
 
-    python bench/agentic.py                          # p99/p50 = 40 (p50 0.05 s, p99 2 s)
-    python bench/agentic.py --ratios 1 10 40         # the curve of the ratio against the tail
-    python bench/agentic.py --p50 1                  # a slower tool: p50 1 s, p99 40 s
-    python bench/agentic.py --warm runs/agent-tools  # reuse that run's warm model
-    python bench/agentic.py --seconds 60 --only sync
-    python bench/agentic.py --repeats 3                # interleaved; medians, per-step means
-    python bench/agentic.py --from A/agentic.json B/agentic.json   # summarise earlier runs
+    python -m bench.agentic                          # p99/p50 = 40 (p50 0.05 s, p99 2 s)
+    python -m bench.agentic --ratios 1 10 40         # the curve of the ratio against the tail
+    python -m bench.agentic --p50 1                  # a slower tool: p50 1 s, p99 40 s
+    python -m bench.agentic --warm runs/agent-tools  # reuse that run's warm model
+    python -m bench.agentic --seconds 60 --only sync
+    python -m bench.agentic --repeats 3                # interleaved; medians, per-step means
+    python -m bench.agentic --from A/agentic.json B/agentic.json   # summarise earlier runs
 
 The task is examples/agent_tools.yaml (the tiny model) or, with ``--config
 examples/smollm2_tools.yaml``, the same on SmolLM2-135M-Instruct: ``a*b=`` for two-digit a, b;
@@ -59,23 +59,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from multimodel import (  # noqa: E402
-    Lockstep,
-    astraflow_run,
-    at_step,
-    f,
-    make_warm,
-    pipeline_result,
-    read_yaml,
-    run_lockstep,
-    warm_models,
-    write_yaml,
-)
-from multimodel import (
-    arm_config as multimodel_arm_config,
-)
+from bench.lib import arms
+from bench.lib.arms import make_warm, read_yaml, warm_models, write_yaml
+from bench.lib.plots import pyplot, save_figure
+from bench.multimodel import Lockstep, at_step, f, launch_pipeline, run_lockstep
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = "multi_turn_tools"
@@ -92,9 +79,9 @@ def latency(ratio: float, p50: float = P50) -> dict[str, Any]:
 def arm_config(base: Mapping[str, Any], overrides: Sequence[str], warm: Mapping[str, Path], *,
                seconds: float, tool_latency: Mapping[str, Any] | None) -> dict[str, Any]:
     """``base`` with --set ``overrides``, RL only from the ``warm`` models, launch.timeout_s =
-    ``seconds``, the tool's latency set (or removed): bench/multimodel.py's arm config."""
-    return multimodel_arm_config(base, overrides, warm, seconds=seconds, latency=tool_latency,
-                                 workflow=WORKFLOW, latency_key="tool_latency")
+    ``seconds``, the tool's latency set (or removed): bench/lib/arms.py's arm config."""
+    return arms.arm_config(base, overrides, warm, seconds=seconds, latency=tool_latency,
+                           workflow=WORKFLOW, latency_key="tool_latency")
 
 
 def episode_accuracy(cfg: Any, engine: Any) -> float:
@@ -121,15 +108,8 @@ class SyncLoop(Lockstep):
 
 
 def run_pipeline(name: str, cfg_path: Path, out: Path, *, target: float | None) -> dict[str, Any]:
-    from astraflow.config import load_experiment
-
-    cfg = load_experiment(cfg_path)
-    launched = time.time()
-    code = astraflow_run(cfg_path, out, out.parent / f"{name}.log")
-    res = {"exit": code, "wall_s": round(time.time() - launched, 1),
-           **pipeline_result(out, cfg.policies, cfg.policies[0], target)}
-    if "t0" in res:
-        res["startup_s"] = round(res.pop("t0") - launched, 1)
+    _, res = launch_pipeline(name, cfg_path, out, target=target,
+                             solver=lambda cfg: cfg.policies[0])
     res["curve"] = res.pop("solver_curve", [])
     return res
 
@@ -270,11 +250,7 @@ def plot(rows: Sequence[Mapping[str, Any]], path: Path, p50: float = P50) -> Pat
     pts = [r for r in rows if r.get("step_time_ratio") is not None]
     if len(pts) < 2:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     ax.plot([r["ratio"] for r in pts], [r["step_time_ratio"] for r in pts], "o-",
             label="s/step")
@@ -288,14 +264,11 @@ def plot(rows: Sequence[Mapping[str, Any]], path: Path, p50: float = P50) -> Pat
     ax.set_ylabel("sync / pipeline")
     ax.set_title("agent_tools: pipeline speed-up over a synchronous loop")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.agentic", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, default=ROOT / "examples" / "agent_tools.yaml")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-agentic")

@@ -1,7 +1,7 @@
 """Continuous vs static batching of the hf engine under agentic load (requests arriving over time).
 
-    python bench/batching.py                       # 64 episodes, 3 interleaved repeats
-    python bench/batching.py --episodes 32 --repeats 1 --with-transformers
+    python -m bench.batching                       # 64 episodes, 3 interleaved repeats
+    python -m bench.batching --episodes 32 --repeats 1 --with-transformers
 
 Load: ``--episodes`` concurrent episodes on one event loop, each a few (2-3) generate calls of
 ``max_new_tokens`` drawn from 2..40, separated by a random ``asyncio.sleep`` (up to
@@ -38,15 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.lib.models import tiny_model
+
 ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789 +-*=()"
-
-
-def build_model(root: Path, max_positions: int) -> Path:
-    from astraflow.models.tiny import build_model as build
-    from astraflow.models.tiny import build_tokenizer, save
-
-    tok = build_tokenizer("ascii")
-    return save(build(tok, seed=0, max_positions=max_positions), tok, root / "tiny-ascii")
 
 
 @dataclass(frozen=True)
@@ -180,7 +174,8 @@ def transformers_arm(model: Any, prompts: list[list[int]], lens: list[int],
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.batching",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch", type=int, default=64, help="max_batch_size of both engines")
@@ -197,7 +192,7 @@ def main() -> None:
     for name in ("transformers", "ContinuousBatchingLogger"):
         logging.getLogger(name).setLevel(logging.ERROR)
     root = Path(tempfile.mkdtemp(prefix="af-bench-batching-"))
-    path = build_model(root, max_positions=512)
+    path = tiny_model(root, "ascii", max_positions=512)
     episodes = workload(args.episodes, args.seed, args.spread, args.tool_latency)
     engines = {"static": make_engine(path, False, args.batch),
                "continuous": make_engine(path, True, args.batch)}

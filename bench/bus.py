@@ -1,8 +1,8 @@
 """Bus throughput and latency, produce → consume, for both backends, against a raw
 confluent-kafka loop on the same broker in the same run (the ceiling).
 
-    python bench/bus.py                      # starts a local broker unless ASTRAFLOW_KAFKA_BOOTSTRAP
-    python bench/bus.py --records 20000 --sizes 1024,65536
+    python -m bench.bus                      # starts a local broker unless ASTRAFLOW_KAFKA_BOOTSTRAP
+    python -m bench.bus --records 20000 --sizes 1024,65536
 
 Throughput: a producer *process* writes N records (flushing every 500) while this process
 consumes them; records/s = N / (last consumed - first produced). Latency: a paced run (the
@@ -149,7 +149,9 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m bench.bus",
+                                 description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--records", type=int, default=60000, help="records per 1 KB run")
     ap.add_argument("--sizes", default="1024,65536")
     ap.add_argument("--latency-records", type=int, default=500)

@@ -13,9 +13,9 @@ file system, and corrupts a published weight blob. Then it checks:
   same starting weights and stepped in this process on exactly the batches the chaos trainer
   trained, in their order (the batches topic's order: one partition).
 
-    python bench/chaos.py --warm runs/quickstart --seconds 420 --bus kafka --seed 1
-    python bench/chaos.py --seconds 120 --bus embedded       # warm-up first, then chaos
-    python bench/chaos.py --config examples/solver_verifier.yaml --seconds 300 --bus kafka
+    python -m bench.chaos --warm runs/quickstart --seconds 420 --bus kafka --seed 1
+    python -m bench.chaos --seconds 120 --bus embedded       # warm-up first, then chaos
+    python -m bench.chaos --config examples/solver_verifier.yaml --seconds 300 --bus kafka
 
 ``--config``: another experiment than the quickstart, e.g. the solver + verifier team (every
 policy's trainer, batch stage and evaluator are killed too, and every trainer is replayed).
@@ -38,14 +38,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# bench/ (its scripts' helpers) and the repository root (bench.lib)
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-
-from multimodel import ROOT, arm_config, make_warm, read_yaml, warm_models, write_yaml  # noqa: E402
-
-from astraflow.core.jsonl import log_rows  # noqa: E402
-from astraflow.core.ports import free_ports  # noqa: E402
-from bench.lib.chaos import KINDS, Fault, Injector, StepWatch, Targets, schedule  # noqa: E402
+from astraflow.core.jsonl import log_rows
+from astraflow.core.ports import free_ports
+from bench.lib.arms import ROOT, arm_config, make_warm, read_yaml, warm_models, write_yaml
+from bench.lib.chaos import KINDS, Fault, Injector, StepWatch, Targets, schedule
 
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 LABELS = {
@@ -606,7 +602,7 @@ def table(rows: Sequence[Mapping[str, Any]], command: str) -> str:
 # -- main ----------------------------------------------------------------------------------------
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=360.0, help="RL seconds under faults")
     ap.add_argument("--seed", type=int, default=0)
@@ -672,7 +668,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     setup = Setup(args)
-    command = "python bench/chaos.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m bench.chaos " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
         if args.plan:
             plan = [(float(t), k) for t, k in (x.split(":") for x in args.plan.split(","))]

@@ -49,7 +49,8 @@ def trainer_means(path: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.corrections",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--out", type=Path, help="where the retrained directories go "
                                               "(default: a temporary directory)")

@@ -1,8 +1,8 @@
 """torch's CPU throughput on a real model, for choosing the trainer's micro-batch, the
 worker's batch, the threads of each role and whether bf16 autocast pays on this CPU.
 
-    python bench/cpu_throughput.py                       # SmolLM2-135M-Instruct (imported once)
-    python bench/cpu_throughput.py --model PATH --threads 1 2 --train-tokens 1024 2048 4096
+    python -m bench.cpu_throughput                       # SmolLM2-135M-Instruct (imported once)
+    python -m bench.cpu_throughput --model PATH --threads 1 2 --train-tokens 1024 2048 4096
 
 For each thread count and precision (fp32; bf16 autocast), it measures:
 
@@ -111,7 +111,8 @@ def bf16_logprob_error(model: Any, vocab: int, seq_len: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.cpu_throughput",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--precision", nargs="+", default=["fp32", "bf16"],

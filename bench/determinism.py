@@ -27,7 +27,7 @@ from astraflow.consumers.trainer.build import build_train_state
 from astraflow.consumers.trainer.config import TrainerConfig
 from astraflow.consumers.trainer.rl import rl_step
 from astraflow.core.cores import machine_cores
-from astraflow.models.tiny import build_model, build_tokenizer, save
+from bench.lib.models import tiny_model
 from bench.trainer import quickstart_batch
 
 
@@ -53,7 +53,8 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.determinism",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
@@ -63,8 +64,7 @@ def main() -> None:
             (f"threads {cores} (every core)", cores, False)]
     batches = [quickstart_batch(k) for k in range(args.steps)]
     with tempfile.TemporaryDirectory() as tmp:
-        tok = build_tokenizer("arith")
-        model_dir = save(build_model(tok, seed=0), tok, Path(tmp) / "model")
+        model_dir = tiny_model(Path(tmp), name="model")
         rates: dict[str, list[float]] = {name: [] for name, *_ in arms}
         finals: dict[str, list[dict[str, torch.Tensor]]] = {name: [] for name, *_ in arms}
         for _ in range(max(2, args.repeats)):

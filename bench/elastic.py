@@ -6,9 +6,9 @@ fixed pool of 1, a fixed pool of ``--max`` and the scaler between them. The wait
 requests (the trainer waits: the pool should grow), then fast ones (a full pool outruns the
 trainer, slowed with one sequence per forward/backward: the pool should shrink), and again.
 
-    python bench/elastic.py                          # warm-up once, then the three arms
-    python bench/elastic.py --warm runs/quickstart   # reuse that run's warm model
-    python bench/elastic.py --arms auto --plot docs/img/elastic-live.png
+    python -m bench.elastic                          # warm-up once, then the three arms
+    python -m bench.elastic --warm runs/quickstart   # reuse that run's warm model
+    python -m bench.elastic --arms auto --plot docs/img/elastic-live.png
 
 Each arm is `astraflow run examples/quickstart.yaml` from the same warm model for
 ``--seconds`` of RL (RL only: the warm-up is not repeated). The table: trainer steps,
@@ -24,15 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from multimodel import (  # noqa: E402
+from bench.lib.arms import (
     ROOT,
     arm_config,
     astraflow_run,
@@ -41,6 +38,8 @@ from multimodel import (  # noqa: E402
     warm_models,
     write_yaml,
 )
+from bench.lib.plots import pyplot, save_figure
+from bench.lib.runlog import read_jsonl
 
 BASE = ROOT / "examples" / "quickstart.yaml"
 
@@ -68,12 +67,6 @@ def arm_sets(arm: str, args: argparse.Namespace) -> list[str]:
 def phases(spec: str) -> list[list[float]]:
     """"2.0:60,0.2:60" -> [[2.0, 60.0], [0.2, 60.0]]: wait 2 s for a minute, then 0.2 s."""
     return [[float(x) for x in part.split(":")] for part in spec.split(",")]
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 def process_seconds(start: float, end: float, initial: int,
@@ -169,11 +162,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
 def plot(row: Mapping[str, Any], path: Path) -> Path | None:
     if "error" in row:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     t0 = row["start"]
     fig, ax = plt.subplots(figsize=(8, 3.6))
     xs = [t - t0 for t, _ in row["wait_curve"]]
@@ -193,15 +182,11 @@ def plot(row: Mapping[str, Any], path: Path) -> Path | None:
     labels = ax.get_legend_handles_labels()[1] + ax2.get_legend_handles_labels()[1]
     ax.legend(lines, labels, loc="upper right", fontsize=8)
     ax.set_title("bench/elastic.py: the scaler on the slowed quickstart")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.elastic", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arms", default="fixed-1,fixed-3,auto",
                     help="comma-separated: auto, fixed-N")

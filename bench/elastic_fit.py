@@ -11,8 +11,8 @@ once) is fixed per fit. The loss is each row's distance to the paper's trainer w
 point), hours (per 0.5 h) and rollout GPU-hours (per 3 GPU-h), on seeds 100-102; the table is
 on seeds 0..N-1 (other seeds than the fit's).
 
-    python bench/elastic_fit.py                      # slots 1 and 4, ~3 min each on 2 cores
-    python bench/elastic_fit.py --slots 4 --iters 60
+    python -m bench.elastic_fit                      # slots 1 and 4, ~3 min each on 2 cores
+    python -m bench.elastic_fit --slots 4 --iters 60
 
 Every number is simulated; the paper's are printed in brackets.
 """
@@ -20,12 +20,8 @@ Every number is simulated; the paper's are printed in brackets.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.lib
 
 from bench.lib.elastic_model import SimParams
 from bench.lib.elastic_table import (
@@ -106,7 +102,8 @@ def nelder_mead(f: Callable[[list[float]], float], x0: list[float], iters: int
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.elastic_fit",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--slots", type=int, nargs="+", default=[1, 4],
                     help="groups a worker runs at once, one fit each (default 1 4)")
     ap.add_argument("--iters", type=int, default=120, help="simplex iterations per fit")

@@ -4,8 +4,8 @@ tuned settings with and without useful lag, KEDA-style scalers on raw and on use
 oracle that knows the demand curve (a bound on what any scaler could do), each averaged over
 seeds; the paper's numbers in brackets beside ours.
 
-    python bench/elastic_sim.py                       # 10 seeds, the table
-    python bench/elastic_sim.py --seeds 10 --plot docs/img/elastic-sim.png
+    python -m bench.elastic_sim                       # 10 seeds, the table
+    python -m bench.elastic_sim --seeds 10 --plot docs/img/elastic-sim.png
 
 Every number is simulated; the paper's are only printed. The elasticity target (at least 13%
 fewer total GPU-hours than the best fixed pool at no more than 5% trainer wait) is checked
@@ -23,12 +23,9 @@ over-provisioned pool's spare capacity shows only as idle slots.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.lib
 
 from bench.lib.elastic_model import Auto, Fixed, Policy, SimParams, simulate
 from bench.lib.elastic_table import (
@@ -41,6 +38,7 @@ from bench.lib.elastic_table import (
     simulate_table,
     target_line,
 )
+from bench.lib.plots import pyplot, save_figure
 
 
 def describe(p: SimParams) -> str:
@@ -53,11 +51,7 @@ def describe(p: SimParams) -> str:
 
 
 def plot(params: SimParams, path: Path, seed: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     arms = [(label, pol) for label, pol in reference_arms() if isinstance(pol, Auto)]
     fig, (ax, bx) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     for (label, pol), colour in zip(arms, ["C0", "C1", "C2", "C3"], strict=False):
@@ -75,13 +69,12 @@ def plot(params: SimParams, path: Path, seed: int) -> None:
     bx.set_ylabel("trainer wait (report window)")
     bx.set_xlabel("hours")
     bx.axhline(0.05, color="grey", lw=0.5)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.elastic_sim",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1 (default 10)")
     ap.add_argument("--steps", type=int, default=300, help="trainer steps (default 300)")
     ap.add_argument("--plot", type=Path, default=None, help="write a PNG of the auto runs")

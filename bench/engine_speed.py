@@ -2,8 +2,8 @@
 the pacer's own clock (each computation followed by ``(1/s - 1)`` times its time asleep),
 measured here as ratios against a full-speed baseline run in the same process.
 
-    python bench/engine_speed.py            # both measurements, ~1-2 minutes
-    python bench/engine_speed.py --quick    # fewer rounds and tasks
+    python -m bench.engine_speed            # both measurements, ~1-2 minutes
+    python -m bench.engine_speed --quick    # fewer rounds and tasks
 
 * **engine**: the tiny arith model's batched hf engine at ``--speed`` (default 1/3) and at
   full speed over the same greedy requests, in interleaved pairs: busy-time ratio (about
@@ -29,13 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
-def build_model(root: Path) -> Path:
-    from astraflow.models.tiny import build_model as build
-    from astraflow.models.tiny import build_tokenizer, save
-
-    tok = build_tokenizer("arith")
-    return save(build(tok, seed=0), tok, root / "tiny-arith")
+from bench.lib.models import tiny_model
 
 
 def busy_and_cpu(fn: Callable[[], object], rounds: int) -> tuple[float, float]:
@@ -116,7 +110,8 @@ def worker_run(model: Path, root: Path, speed: float, tasks: int, i: int) -> tup
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.engine_speed",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--speed", type=float, default=1 / 3, help="the engine arm's speed")
     ap.add_argument("--worker-speed", type=float, default=0.3, help="the worker arm's speed")
     ap.add_argument("--rounds", type=int, default=3, help="engine calls per timed arm")
@@ -128,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.rounds, args.repeats, args.tasks = 1, 2, 8
     with tempfile.TemporaryDirectory(prefix="af-bench-speed-") as d:
         root = Path(d)
-        model = build_model(root)
+        model = tiny_model(root)
         busy, cpu = engine_ratios(model, args.speed, args.rounds, args.repeats)
         runs: dict[float, list[tuple[float, float]]] = {1.0: [], args.worker_speed: []}
         for i in range(args.repeats):  # interleaved, so drifts hit both sides alike

@@ -1,8 +1,8 @@
 """Batches by reference: how fast the trainer fetches a batch's trajectories from the bus,
 against reading the same records sequentially, on the same bus in the same run.
 
-    python bench/fetch.py                       # embedded, and Kafka on a local broker
-    python bench/fetch.py --no-kafka --trajectories 1024 --tokens 512
+    python -m bench.fetch                       # embedded, and Kafka on a local broker
+    python -m bench.fetch --no-kafka --trajectories 1024 --tokens 512
 
 A batch of ``--trajectories`` trajectories of ``--tokens`` tokens each (4,096 × 2,048 by
 default: ≈ 107 MB of packed arrays; as one record with copies it would be ~100× Kafka's
@@ -124,7 +124,9 @@ def bench(name: str, url: str, args: argparse.Namespace) -> tuple[str, float, fl
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m bench.fetch",
+                                 description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--trajectories", type=int, default=4096)
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--interleave", type=int, default=2,

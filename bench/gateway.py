@@ -1,10 +1,10 @@
 """The agent gateway's overhead: chat completions through the gateway over HTTP against the same
 engine called directly (the ceiling), at 1, 16 and 64 concurrent sessions.
 
-    python bench/gateway.py                  # 1, 16, 64 sessions, 3 repeats, ~2-3 minutes
-    python bench/gateway.py --quick          # fewer requests, 1 repeat
-    python bench/gateway.py --record memory  # sessions recorded in memory only
-    python bench/gateway.py --model small --max-new-tokens 32 --requests 256  # ~5 minutes
+    python -m bench.gateway                  # 1, 16, 64 sessions, 3 repeats, ~2-3 minutes
+    python -m bench.gateway --quick          # fewer requests, 1 repeat
+    python -m bench.gateway --record memory  # sessions recorded in memory only
+    python -m bench.gateway --model small --max-new-tokens 32 --requests 256  # ~5 minutes
 
 Both arms use the hf engine on a model built here (no download) behind one ``Batcher``
 (rollout's, the gateway's batching), the same prompt (``a+b=`` through the chat template) and
@@ -42,24 +42,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.lib.models import tiny_model
+
 PROMPT = [{"role": "user", "content": "17+23="}]
 TURNS = 4  # calls per session
 
 
-#: --model: build_model's sizes
+#: --model: the tiny model's sizes (astraflow.models.tiny.build_model's keywords)
 SIZES: dict[str, dict[str, int]] = {
     "tiny": {},
     "small": {"hidden": 512, "layers": 4, "heads": 8, "intermediate": 2048,
               "max_positions": 256},
 }
-
-
-def build_model(root: Path, size: str) -> Path:
-    from astraflow.models.tiny import build_model as build
-    from astraflow.models.tiny import build_tokenizer, save
-
-    tok = build_tokenizer("arith")
-    return save(build(tok, seed=0, **SIZES[size]), tok, root / f"{size}-arith")
 
 
 def summary(seconds: float, latencies: list[float]) -> dict[str, float]:
@@ -123,8 +117,8 @@ async def clients(url: str, tag: str, sessions: int, per: int, max_new: int, sdk
 
 def through_gateway(url: str, tag: str, sessions: int, per: int, max_new: int, sdk: bool
                     ) -> dict[str, float]:
-    cmd = [sys.executable, __file__, "--client", url, tag, str(sessions), str(per),
-           str(max_new), *(["--sdk"] if sdk else [])]
+    cmd = [sys.executable, "-m", "bench.gateway", "--client", url, tag, str(sessions),
+           str(per), str(max_new), *(["--sdk"] if sdk else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"the client process failed:\n{proc.stderr[-3000:]}")
@@ -165,7 +159,7 @@ class Served:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.gateway", description=__doc__.split("\n")[0])
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--requests", type=int, default=512,
                     help="requests per measurement (at least 8 per session)")
@@ -199,7 +193,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="af-bench-gateway-") as d:
         root = Path(d)
-        engine = build_engine("hf", model_path=build_model(root, args.model), threads=1,
+        model = tiny_model(root, name=f"{args.model}-arith", **SIZES[args.model])
+        engine = build_engine("hf", model_path=model, threads=1,
                               max_batch_size=256, continuous=args.continuous)
         params = sum(p.numel() for p in engine.model.parameters()) / 1e6
         ids = render_prompt(engine.tokenizer, [ChatMessage(**m) for m in PROMPT])[1]

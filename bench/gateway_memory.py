@@ -4,8 +4,8 @@ context (every one a 400 context_length_exceeded), sent over HTTP to a gateway s
 thread of this process (the tiny ASCII model, built here; an embedded bus in a temporary
 directory).
 
-    python bench/gateway_memory.py                          # 1,000 prompts of 1 MiB
-    python bench/gateway_memory.py --prompts 64 --size 65536 --clients 1
+    python -m bench.gateway_memory                          # 1,000 prompts of 1 MiB
+    python -m bench.gateway_memory --prompts 64 --size 65536 --clients 1
 
 Printed: RSS before and after (and after a ``gc.collect()``), its growth per prompt, and what
 the gateway's caches hold (the rendered-template cache, the store's sessions, closed ids,
@@ -25,6 +25,8 @@ from typing import Any
 
 import httpx
 
+from bench.lib.models import tiny_model
+
 
 def rss_mb() -> float:
     """This process's resident set size, MB (Linux: /proc/self/statm)."""
@@ -43,10 +45,7 @@ def serve(root: Path, context: int) -> tuple[Any, Any, Any]:
     from astraflow.gateway.server import ServerThread
     from astraflow.gateway.service import Gateway
     from astraflow.gateway.store import SessionStore
-    from astraflow.models.tiny import build_model, build_tokenizer, save
-
-    tok = build_tokenizer("ascii")
-    model = save(build_model(tok, seed=0, max_positions=context), tok, root / "tiny-ascii")
+    model = tiny_model(root, "ascii", max_positions=context)
     engine = build_engine("hf", model_path=model, threads=1, seed=3)
     bus = connect(f"embedded://{root}/bus.db")
     bus.create_topics(run_topics("mem", ["default"]))
@@ -65,7 +64,8 @@ def held(gw: Any) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.gateway_memory",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=1000, help="distinct refused prompts")
     ap.add_argument("--size", type=int, default=1 << 20, help="bytes of each prompt's message")
     ap.add_argument("--context", type=int, default=256, help="the model's positions")

@@ -1,8 +1,8 @@
 """Learning runs too long for CI: does RL raise the train reward, through the whole dataflow?
 
-    python bench/learning.py                                   # every scenario, once
-    python bench/learning.py gateway-agent --repeats 2         # one scenario, twice
-    python bench/learning.py --warm runs/quickstart            # reuse a warm-up run
+    python -m bench.learning                                   # every scenario, once
+    python -m bench.learning gateway-agent --repeats 2         # one scenario, twice
+    python -m bench.learning --warm runs/quickstart            # reuse a warm-up run
     astraflow run examples/quickstart.yaml --warmup-only --out runs/quickstart   # makes one
 
 CI checks what these runs are made of on short runs (the trajectories exact, nothing lost or
@@ -40,6 +40,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.lib.runlog import train_rewards
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
@@ -73,17 +75,6 @@ SCENARIOS = {
         "agent_tools.yaml", ("launch.eval_problems=200",),
         steps=80, first=1, last=2, margin=0.10, warm="own", every=10),
 }
-
-
-def train_rewards(run_dir: Path, policy: str = "default") -> list[float]:
-    """The mean train reward of every RL step, in step order (the trainer's log; a step a
-    restarted trainer wrote twice counts once; SFT warm-up steps left out)."""
-    by_step: dict[int, float] = {}
-    for line in (run_dir / f"trainer-{policy}.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if "reward_mean" in row and "-sft-" not in str(row.get("batch_id", "")):
-            by_step[int(row["step"])] = float(row["reward_mean"])
-    return [by_step[k] for k in sorted(by_step)]
 
 
 def held_out(run_dir: Path, every: int, steps: int, policy: str = "default") -> list[float]:
@@ -202,7 +193,7 @@ def table(results: list[Result]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.learning", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenarios", nargs="*", default=list(SCENARIOS), metavar="SCENARIO",
                     help=f"of {', '.join(SCENARIOS)} (default: all)")

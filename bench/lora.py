@@ -1,8 +1,8 @@
 """LoRA against full fine-tuning: bytes per published version, step time, and learning.
 
-    python bench/lora.py bytes                       # tiny quickstart model + SmolLM2-135M
-    python bench/lora.py bytes --models tiny         # the tiny model only (seconds)
-    python bench/lora.py learn runs/quickstart       # a run dir whose SFT warm-up ended
+    python -m bench.lora bytes                       # tiny quickstart model + SmolLM2-135M
+    python -m bench.lora bytes --models tiny         # the tiny model only (seconds)
+    python -m bench.lora learn runs/quickstart       # a run dir whose SFT warm-up ended
     astraflow run examples/quickstart.yaml --warmup-only --out runs/quickstart   # makes one
 
 1. **Bytes per published version.** For each model, a full fine-tuning trainer and a LoRA
@@ -28,15 +28,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "consumers" / "trainer"))
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.lib.models import tiny_model
 
 LORA = {"r": 8, "alpha": 16.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 # model -> (full fine-tuning lr, batch: prompts x samples, token id range, steps)
@@ -45,10 +42,7 @@ MODELS = {"tiny": (3e-4, (16, 8), (3, 17), 6), "smollm2-135m": (1e-5, (4, 4), (3
 
 def model_path(name: str, tmp: Path) -> Path:
     if name == "tiny":
-        from astraflow.models.tiny import build_model, build_tokenizer, save
-
-        tok = build_tokenizer("arith")
-        return save(build_model(tok, seed=0), tok, tmp / "tiny")
+        return tiny_model(tmp, name="tiny")
     from astraflow.models.source import resolve
 
     return Path(resolve("smollm2-135m-instruct"))
@@ -57,14 +51,13 @@ def model_path(name: str, tmp: Path) -> Path:
 def publish_run(name: str, path: Path, lora: dict[str, Any] | None, tmp: Path
                 ) -> dict[str, float]:
     """RL steps of one trainer; every version published. Returns the measurements."""
-    from trainer_helpers import random_batch
-
     from astraflow.consumers.trainer.build import build_train_state
     from astraflow.consumers.trainer.config import TrainerConfig
     from astraflow.consumers.trainer.rl import rl_step
     from astraflow.core.bus import connect
     from astraflow.weights.publisher import Publisher
     from astraflow.weights.store import FileStore
+    from bench.lib.batches import random_batch
 
     lr, (groups, size), vocab, steps = MODELS[name]
     tag = "lora" if lora else "full"
@@ -125,10 +118,9 @@ def part_bytes(models: list[str]) -> None:
 
 def part_learn(source: Path, steps: int, every: int, lora_lr: float | None,
                arms: list[str]) -> None:
-    from sync_loop import run_sync
-
     from astraflow.config import load_experiment
     from astraflow.run.launch import RL_CONFIG
+    from bench.sync_loop import run_sync
 
     base_lr = load_experiment(source / RL_CONFIG).trainer.optimizer.lr
     lr = lora_lr or 10 * base_lr
@@ -156,7 +148,7 @@ def part_learn(source: Path, steps: int, every: int, lora_lr: float | None,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.lora", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="part", required=True)
     b = sub.add_parser("bytes")

@@ -2,11 +2,11 @@
 long-tail verifier latency: time per iteration (one trainer step of each policy),
 accuracy per step and time to a target solver accuracy, in one invocation.
 
-    python bench/multimodel.py                                  # 4 arms, 100 s of RL each
-    python bench/multimodel.py --warm runs/solver-verifier      # reuse that run's warm models
-    python bench/multimodel.py --seconds 60 --only lockstep lockstep-tail
-    python bench/multimodel.py --set launch.warmup.steps=0      # RL from the models as built
-    python bench/multimodel.py --config examples/smollm2_team.yaml --tail-p50 0.5 --tail-p99 10
+    python -m bench.multimodel                                  # 4 arms, 100 s of RL each
+    python -m bench.multimodel --warm runs/solver-verifier      # reuse that run's warm models
+    python -m bench.multimodel --seconds 60 --only lockstep lockstep-tail
+    python -m bench.multimodel --set launch.warmup.steps=0      # RL from the models as built
+    python -m bench.multimodel --config examples/smollm2_team.yaml --tail-p50 0.5 --tail-p99 10
 
 Arms (every arm starts RL from the same warm models):
 
@@ -59,7 +59,6 @@ import asyncio
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
 from collections import defaultdict, deque
@@ -68,65 +67,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.lib.arms import (
+    ROOT,
+    arm_config,
+    astraflow_run,
+    make_warm,
+    read_yaml,
+    warm_models,
+    write_yaml,
+)
+from bench.lib.runlog import read_jsonl
+
 WORKFLOW = "solver_verifier"
 TAIL = {"type": "lognormal", "p50": 0.05, "p99": 2.0}
 ARMS = ("pipeline", "lockstep", "pipeline-tail", "lockstep-tail")
 
 
 # -- configuration ---------------------------------------------------------------------------
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
-    return yaml.safe_load(path.read_text()) or {}
-
-
-def warm_models(run_dir: Path) -> dict[str, Path]:
-    """The model directory of each policy RL started from in ``run_dir`` (its config-rl.yaml:
-    the warm-up's exports, or the models as built when there was no warm-up)."""
-    from astraflow.core.errors import ConfigError
-    from astraflow.run.warmup import start_models
-
-    try:
-        return start_models(run_dir)
-    except ConfigError as e:
-        raise SystemExit(str(e)) from None
-
-
-def arm_config(base: Path | Mapping[str, Any], overrides: Sequence[str],
-               warm: Mapping[str, Path], *, seconds: float,
-               latency: Mapping[str, Any] | None, workflow: str = WORKFLOW,
-               latency_key: str = "verifier_latency") -> dict[str, Any]:
-    """``base`` (a YAML file, or its content) with --set ``overrides``, RL only from the
-    ``warm`` models, ``launch.timeout_s`` = ``seconds``, the injected latency (``workflow``'s
-    kwarg ``latency_key``: the verifier's here, the tool's in bench/agentic.py) set (or
-    removed)."""
-    import copy
-
-    from astraflow.core.config import apply_overrides
-
-    data = apply_overrides(read_yaml(base) if isinstance(base, Path) else copy.deepcopy(
-        dict(base)), overrides)
-    data["models"] = {p: {"path": str(path), "build": "none"} for p, path in warm.items()}
-    launch = data.setdefault("launch", {})
-    launch.update(timeout_s=seconds, stop_at_accuracy=None)
-    launch.setdefault("warmup", {})["steps"] = 0
-    kwargs = data.setdefault("rollout", {}).setdefault("workflow", {}).setdefault(
-        "kwargs", {}).setdefault(workflow, {})
-    kwargs.pop(latency_key, None)
-    if latency is not None:
-        kwargs[latency_key] = dict(latency)
-    return data
-
-
-def write_yaml(data: Mapping[str, Any], path: Path) -> Path:
-    import yaml
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(dict(data), sort_keys=False))
-    return path
-
 
 def check_shared_base(config: Mapping[str, Any], overrides: Sequence[str],
                       warm: Mapping[str, Path]) -> None:
@@ -146,40 +103,6 @@ def check_shared_base(config: Mapping[str, Any], overrides: Sequence[str],
                          f"of one base, but RL would start them from different models "
                          f"({where}): run the bench without a warm-up "
                          "(--set launch.warmup.steps=0)")
-
-
-def astraflow_run(config: Path, out: Path, log: Path, sets: Sequence[str] = (),
-                  flags: Sequence[str] = ()) -> int:
-    cmd = [sys.executable, "-m", "astraflow.cli.app", "run", str(config), "--out", str(out),
-           "--no-live", "--fresh", *flags, *[a for s in sets for a in ("--set", s)]]
-    print(f"  $ astraflow run {config} --out {out} --fresh {' '.join(flags)} "
-          f"{' '.join(f'--set {s}' for s in sets)}", flush=True)
-    with open(log, "w") as fh:
-        return subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT).returncode
-
-
-def make_warm(config: Mapping[str, Any], overrides: Sequence[str], out: Path) -> Path:
-    """Run the config's warm-up once (`astraflow run --warmup-only`; without a warm-up,
-    launch.warmup.steps 0, a run of one second leaves the models as built); its run
-    directory."""
-    import copy
-
-    from astraflow.core.config import apply_overrides
-
-    run_dir = out / "warmup"
-    data = apply_overrides(copy.deepcopy(dict(config)), overrides)
-    warms = data.get("launch", {}).get("warmup", {}).get("steps", 0) > 0
-    if not warms:
-        data = apply_overrides(data, ["launch.timeout_s=1", "launch.stop_at_accuracy=null",
-                                      "launch.evaluate=false"])
-    cfg = write_yaml(data, out / "warmup.yaml")
-    t0 = time.monotonic()
-    code = astraflow_run(cfg, run_dir, out / "warmup.log",
-                         flags=["--warmup-only"] if warms else [])
-    print(f"[warmup] exit {code} in {time.monotonic() - t0:.0f} s", flush=True)
-    if not (run_dir / "config-rl.yaml").exists():
-        raise SystemExit(f"the warm-up run left no config-rl.yaml; see {out / 'warmup.log'}")
-    return run_dir
 
 
 # -- evaluation: one code path for every arm's models ---------------------------------------
@@ -561,12 +484,6 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def pipeline_result(out: Path, policies: Sequence[str], solver: str,
                     target: float | None) -> dict[str, Any]:
     """Iteration time and curves of a finished run directory (trainer-<policy>.jsonl: exact
@@ -623,16 +540,27 @@ def trainer_versions(metrics: Sequence[Mapping[str, Any]], policy: str,
             and "version" in r and "time" in r]
 
 
-def run_pipeline(name: str, cfg_path: Path, out: Path, *, target: float | None) -> dict[str, Any]:
+def launch_pipeline(name: str, cfg_path: Path, out: Path, *, target: float | None,
+                    solver: Callable[[Any], str] | None = None) -> tuple[Any, dict[str, Any]]:
+    """`astraflow run` of the arm ``cfg_path`` into ``out`` (its output in ``<name>.log``
+    beside it): the loaded config and :func:`pipeline_result`, the exit code, the wall time and
+    the startup added. ``solver``: the policy whose accuracy the target is of, from the config
+    (the team's solver by default)."""
     from astraflow.config import load_experiment
 
     cfg = load_experiment(cfg_path)
     launched = time.time()
     code = astraflow_run(cfg_path, out, out.parent / f"{name}.log")
+    solver_policy = solver(cfg) if solver is not None else cfg.team()["solver"]
     res = {"exit": code, "wall_s": round(time.time() - launched, 1),
-           **pipeline_result(out, cfg.policies, cfg.team()["solver"], target)}
+           **pipeline_result(out, cfg.policies, solver_policy, target)}
     if "t0" in res:  # from the launch to the first trainer ready (not in s/iter)
         res["startup_s"] = round(res.pop("t0") - launched, 1)
+    return cfg, res
+
+
+def run_pipeline(name: str, cfg_path: Path, out: Path, *, target: float | None) -> dict[str, Any]:
+    cfg, res = launch_pipeline(name, cfg_path, out, target=target)
     final = {p: out / "final" / p for p in cfg.policies}
     if all((f / "config.json").exists() for f in final.values()):
         engines = hf_engines(cfg, final, adapters=False)  # LoRA: the merged exports
@@ -737,7 +665,7 @@ def tail_latency(tail: Mapping[str, Any] | None, p50: float | None,
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.multimodel", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, default=ROOT / "examples" / "solver_verifier.yaml")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-multimodel")

@@ -1,8 +1,8 @@
 """Records/s through the full post-rollout chain (assembler → staleness → dynamic sampling)
 against the bus's raw consume → produce rate, measured on the same bus in the same run.
 
-    python bench/policies.py                  # embedded, and Kafka on a local broker
-    python bench/policies.py --no-kafka --groups 2000 --tokens 600
+    python -m bench.policies                  # embedded, and Kafka on a local broker
+    python -m bench.policies --no-kafka --groups 2000 --tokens 600
 
 Input: realistic trajectories (``--group-size`` per group, ``--tokens`` tokens each, a fifth
 of them prompt; packed int32/float32/uint8 arrays; a third of the groups zero-variance),
@@ -182,7 +182,7 @@ def bench(url: str, label: str, args: argparse.Namespace, tmp: Path) -> list[tup
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.policies", description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--groups", type=int, default=1000)
     ap.add_argument("--group-size", type=int, default=8)

@@ -3,14 +3,14 @@ the trainer's wait ratio, for 1 vs 2 rollout processes, embedded vs Kafka, again
 synchronous single-process baseline (bench/sync_loop.py: generate, then train, alternating)
 started from the same model in the same run.
 
-    python bench/quickstart.py    # embedded-2, embedded-1, kafka-2, kafka-1, sync; 0.45; 300 s each
-    python bench/quickstart.py --only embedded-2 sync   # a subset
-    python bench/quickstart.py --only embedded-1 embedded-1p sync   # 1p: rollout.engine.process
-    python bench/quickstart.py --threshold 0.35 --seconds 240 --out runs/bench-quickstart
+    python -m bench.quickstart    # embedded-2, embedded-1, kafka-2, kafka-1, sync; 0.45; 300 s each
+    python -m bench.quickstart --only embedded-2 sync   # a subset
+    python -m bench.quickstart --only embedded-1 embedded-1p sync   # 1p: rollout.engine.process
+    python -m bench.quickstart --threshold 0.35 --seconds 240 --out runs/bench-quickstart
     # a real model, no warm-up (SmolLM2-135M-Instruct on chain_sum; greedy starts near 0.41)
-    python bench/quickstart.py --config examples/smollm2_chain_sum.yaml --only embedded-1 sync \
+    python -m bench.quickstart --config examples/smollm2_chain_sum.yaml --only embedded-1 sync \
         --no-kafka --threshold 0.55 --seconds 900 --every 5
-    python bench/quickstart.py ... --set rollout.engine.dtype=float32   # every arm overridden
+    python -m bench.quickstart ... --set rollout.engine.dtype=float32   # every arm overridden
 
 With a config that warms up (``launch.warmup.steps`` > 0, the quickstart's), the first
 pipeline run does the SFT warm-up; every other run (and the baseline) starts RL from that
@@ -45,8 +45,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.lib.runlog import read_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
 
 PIPELINES = {  # name: (rollout workers, bus, engine in a process of its own)
     "embedded-2": (2, "embedded", False),
@@ -60,12 +61,6 @@ PIPELINES = {  # name: (rollout workers, bus, engine in a process of its own)
     "kafka-1": (1, "kafka", False),
 }
 DEFAULT = ["embedded-2", "embedded-1", "kafka-2", "kafka-1"]
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def time_to_threshold(rows: list[dict[str, Any]], threshold: float) -> float | None:
@@ -139,7 +134,7 @@ def run_baseline(source: Path, *, threshold: float, seconds: float, every: int,
                  seed: int | None = None, out: Path | None = None) -> dict[str, Any]:
     """The synchronous loop from ``source``: a run directory whose warm-up ended, or a config
     without a warm-up (bench/sync_loop.py's ``start_point``)."""
-    from sync_loop import run_sync
+    from bench.sync_loop import run_sync
 
     print(f"[sync] baseline from {source}, seed {seed}", flush=True)
     curve = run_sync(source, seconds=seconds, every=every, threshold=threshold,
@@ -178,7 +173,7 @@ def warm_model(run_dir: Path, policy: str = "default") -> Path:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.quickstart", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, default=ROOT / "examples" / "quickstart.yaml")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-quickstart")

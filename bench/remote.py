@@ -2,8 +2,8 @@
 workers sit behind a far link, and does a regional mirror keep the trainer's egress flat?
 
     scripts/install-toxiproxy.sh                 # once (Go builds toxiproxy-server)
-    python bench/remote.py                       # warm-up once, then the three arms + egress
-    python bench/remote.py --warm runs/quickstart --seconds 120
+    python -m bench.remote                       # warm-up once, then the three arms + egress
+    python -m bench.remote --warm runs/quickstart --seconds 120
 
 **Part 1, trainer wait.** The quickstart on a local Kafka broker (started here) from one warm
 model, ``--seconds`` of RL per arm, three rollout workers of unequal speed (``--speeds``
@@ -58,15 +58,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# bench/ (its scripts' helpers) and the repository root (bench.lib)
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-
-import multimodel as mm  # noqa: E402  (bench/: the arms' config and run helpers)
-from elastic import exit_code, read_jsonl  # noqa: E402
-
-from astraflow.core.ports import free_port  # noqa: E402
-
-ROOT = mm.ROOT
+from astraflow.core.ports import free_port
+from bench.elastic import exit_code
+from bench.lib.arms import (
+    ROOT,
+    arm_config,
+    astraflow_run,
+    make_warm,
+    read_yaml,
+    warm_models,
+    write_yaml,
+)
+from bench.lib.runlog import read_jsonl
 
 BASE = ROOT / "examples" / "quickstart.yaml"
 #: librdkafka settings for the far workers' clients (docs/wan.md)
@@ -225,12 +228,12 @@ def run_arm(arm: str, base: dict[str, Any], warm: Mapping[str, Path], args: argp
             f"rollout.engine.latency={workers[0][1]}"]
     if arm == "remote-full":
         sets.append("weights.max_delta_fraction=1e-9")  # no delta is ever small enough
-    data = mm.arm_config(base, sets, warm, seconds=args.seconds, latency=None,
+    data = arm_config(base, sets, warm, seconds=args.seconds, latency=None,
                       workflow="single_turn", latency_key="latency")
     run_dir = args.out / arm
-    cfg = mm.write_yaml(data, args.out / f"{arm}.yaml")
+    cfg = write_yaml(data, args.out / f"{arm}.yaml")
     code: list[int] = []
-    runner = threading.Thread(target=lambda: code.append(mm.astraflow_run(
+    runner = threading.Thread(target=lambda: code.append(astraflow_run(
         cfg, run_dir, args.out / f"{arm}.log", [f"bus.url=kafka://{bootstrap}"])))
     t0 = time.monotonic()
     runner.start()
@@ -378,7 +381,7 @@ def table(rows: Sequence[Mapping[str, Any]], eg: Sequence[Mapping[str, Any]],
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.remote", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arms", default="local,remote,remote-full")
     ap.add_argument("--seconds", type=float, default=180.0, help="RL seconds per arm")
@@ -420,8 +423,8 @@ def main() -> int:
     if find_toxiproxy() is None:
         raise SystemExit(f"bench/remote.py needs Toxiproxy: {INSTALL_HINT}")
     args.out.mkdir(parents=True, exist_ok=True)
-    base = mm.read_yaml(BASE)
-    warm = mm.warm_models(args.warm or mm.make_warm(base, args.sets, args.out))
+    base = read_yaml(BASE)
+    warm = warm_models(args.warm or make_warm(base, args.sets, args.out))
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if arms[0] != "local" and args.bandwidth is None:
         raise SystemExit("the first arm must be `local` (it sizes the link), or give "

@@ -1,10 +1,10 @@
 """Rollout worker overhead: one worker against its own engine called directly (the ceiling).
 
-    python bench/rollout.py            # 256 tasks x 8 samples per measurement, ~1-2 minutes
-    python bench/rollout.py --quick    # 64 tasks x 8 samples
-    python bench/rollout.py --quick --continuous   # the hf engine's continuous batching
-    python bench/rollout.py --config examples/smollm2_chain_sum.yaml   # a real model, ~4 min
-    python bench/rollout.py --model smollm2 --tasks 16 --repeats 2 --continuous
+    python -m bench.rollout            # 256 tasks x 8 samples per measurement, ~1-2 minutes
+    python -m bench.rollout --quick    # 64 tasks x 8 samples
+    python -m bench.rollout --quick --continuous   # the hf engine's continuous batching
+    python -m bench.rollout --config examples/smollm2_chain_sum.yaml   # a real model, ~4 min
+    python -m bench.rollout --model smollm2 --tasks 16 --repeats 2 --continuous
 
 Both sides use the same hf engine, the same prompts, the same sampling and the same batch
 size. By default the model is the tiny arith one (built here, no download; its Python
@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.lib.models import tiny_model
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"smollm2": ROOT / "examples" / "smollm2_chain_sum.yaml"}  # --model: its config
 #: --tasks, --samples, --batch, --max-new-tokens (full, --quick) without a config
@@ -72,14 +74,6 @@ class Setup:
     label: str = "tiny-arith"
 
 
-def build_model(root: Path) -> Path:
-    from astraflow.models.tiny import build_model as build
-    from astraflow.models.tiny import build_tokenizer, save
-
-    tok = build_tokenizer("arith")
-    return save(build(tok, seed=0), tok, root / "tiny-arith")
-
-
 def tasks(n: int, samples: int) -> list[Any]:
     from astraflow.core.records import ChatMessage, Task
 
@@ -90,7 +84,7 @@ def tasks(n: int, samples: int) -> list[Any]:
 
 
 def tiny_setup(root: Path, n: int, samples: int, max_new: int) -> Setup:
-    return Setup(build_model(root), tasks(n, samples), {"max_new_tokens": max_new})
+    return Setup(tiny_model(root), tasks(n, samples), {"max_new_tokens": max_new})
 
 
 def config_setup(path: Path, root: Path, n: int, samples: int | None,
@@ -197,7 +191,7 @@ def rate(x: float) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.rollout", description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=None,
                     help="run on this experiment config's model, tasks, sampling and reward "
                          "(default: the tiny arith model)")

@@ -8,8 +8,8 @@ the team-alphabet tiny model (the solver_verifier example's shape, same seed) tr
 SFT on ``a+b=`` for a, b in 0..99, once per digit order, with greedy held-out accuracy every
 --every steps (300 problems never trained on).
 
-    python bench/sum_order.py                       # both orders, 600 steps each (~3 min)
-    python bench/sum_order.py --orders lsb --steps 1000 --seed 1
+    python -m bench.sum_order                       # both orders, 600 steps each (~3 min)
+    python -m bench.sum_order --orders lsb --steps 1000 --seed 1
 
 One process, one thread (``--threads``); the two orders run one after the other from the same
 initial weights and the same stream of problems.
@@ -133,7 +133,8 @@ def first_reaching(curve: list[dict[str, float]], level: float) -> int | None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.sum_order",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--orders", nargs="+", choices=ORDERS, default=list(ORDERS))
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--every", type=int, default=50)

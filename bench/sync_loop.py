@@ -3,9 +3,9 @@ step, alternating) from the model a run's RL starts from: the baseline `astraflo
 compared against in bench/quickstart.py, and a check of the RL recipe without any bus or
 process in between.
 
-    python bench/sync_loop.py runs/quickstart                  # after scripts/quickstart.sh
-    python bench/sync_loop.py runs/quickstart --seconds 300 --every 25 --threshold 0.4
-    python bench/sync_loop.py examples/smollm2_chain_sum.yaml --seconds 900 --threshold 0.55
+    python -m bench.sync_loop runs/quickstart                  # after scripts/quickstart.sh
+    python -m bench.sync_loop runs/quickstart --seconds 300 --every 25 --threshold 0.4
+    python -m bench.sync_loop examples/smollm2_chain_sum.yaml --seconds 900 --threshold 0.55
 
 SOURCE is a run directory of `astraflow run` whose warm-up ended (its config-rl.yaml and the
 models its RL phase started from: the warm-up's exports, or the models as configured), or an
@@ -206,7 +206,7 @@ def run_sync(source: Path, *, policy: str = "default", seconds: float = 300.0,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.sync_loop", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("source", type=Path,
                     help="a run directory whose warm-up ended, or a config without a warm-up")

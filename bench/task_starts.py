@@ -4,9 +4,9 @@ accuracy (what RL's train reward estimates) and pass@k, through the evaluator's 
 climbs from a task whose sampled accuracy is neither ~0 (no group has a right answer to learn
 from) nor ~1; this is how examples/smollm2_chain_sum.yaml's task was chosen.
 
-    python bench/task_starts.py                       # SmolLM2-135M-Instruct, the tasks below
-    python bench/task_starts.py --problems 32 --only chain_sum syllogism
-    python bench/task_starts.py --model /path/to/hf-folder --max-new-tokens 32
+    python -m bench.task_starts                       # SmolLM2-135M-Instruct, the tasks below
+    python -m bench.task_starts --problems 32 --only chain_sum syllogism
+    python -m bench.task_starts --model /path/to/hf-folder --max-new-tokens 32
 
 One invocation is one sample of each task's held-out problems (seeded): say so when quoting.
 """
@@ -31,7 +31,8 @@ TASKS: dict[str, tuple[str, dict[str, Any], str]] = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.task_starts",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct",
                     help="a models.<policy>.path: folder, .gguf, hub id or shortcut")
     ap.add_argument("--only", nargs="*", default=None, choices=sorted(TASKS))

@@ -3,8 +3,8 @@
 solver-alone config, each for the same seconds from the same start (the base model, fresh LoRA adapters), then the
 final weights of each measured on the same held-out problems.
 
-    python bench/team_vs_alone.py                          # 2 pairs, 600 s of each run
-    python bench/team_vs_alone.py --pairs 3 --seconds 900 --out runs/team-vs-alone
+    python -m bench.team_vs_alone                          # 2 pairs, 600 s of each run
+    python -m bench.team_vs_alone --pairs 3 --seconds 900 --out runs/team-vs-alone
 
 The runs evaluate nothing while they train (``launch.evaluate=false``: the evaluators would
 take the cores from training, unequally for one policy and two); afterwards `astraflow
@@ -109,7 +109,8 @@ def table(pairs: list[dict[str, Any]], votes: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.team_vs_alone",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--team", type=Path, default=TEAM)
     ap.add_argument("--alone", type=Path, default=ALONE)
     ap.add_argument("--pairs", type=int, default=2)

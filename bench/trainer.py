@@ -1,9 +1,9 @@
 """The trainer on the tiny model: step cost against a plain loop, the whole consumer on the
 bus, and what the model learns.
 
-    python bench/trainer.py            # about a minute on 2 cores
-    python bench/trainer.py --quick    # fewer repeats
-    python bench/trainer.py --parallel fsdp --ranks 2   # sharded vs 1 process (see
+    python -m bench.trainer            # about a minute on 2 cores
+    python -m bench.trainer --quick    # fewer repeats
+    python -m bench.trainer --parallel fsdp --ranks 2   # sharded vs 1 process (see
                                                         # bench/trainer_parallel.py)
 
 1. **Step cost.** A quickstart-sized RL batch (64 prompts × 8 samples, 7 prompt + 4 completion
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,22 +34,18 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "consumers" / "trainer"))
-from trainer_helpers import produce, trajectory  # noqa: E402
-
-from astraflow.config import ExperimentConfig  # noqa: E402
-from astraflow.consumers.trainer.build import build_train_state  # noqa: E402
-from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState  # noqa: E402
-from astraflow.consumers.trainer.config import TrainerConfig  # noqa: E402
-from astraflow.consumers.trainer.rl import rl_step  # noqa: E402
-from astraflow.core.bus import embedded_url  # noqa: E402
-from astraflow.core.records import Batch, Group  # noqa: E402
-from astraflow.models.tiny import build_model, build_tokenizer, save  # noqa: E402
-from astraflow.run.resources import open_bus  # noqa: E402
-from astraflow.run.roles import configured_trainer  # noqa: E402
-from astraflow.weights import FileStore, Publisher  # noqa: E402
-
-TOK = build_tokenizer("arith")
+from astraflow.config import ExperimentConfig
+from astraflow.consumers.trainer.build import build_train_state
+from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState
+from astraflow.consumers.trainer.config import TrainerConfig
+from astraflow.consumers.trainer.rl import rl_step
+from astraflow.core.bus import embedded_url
+from astraflow.core.records import Batch, Group
+from astraflow.run.resources import open_bus
+from astraflow.run.roles import configured_trainer
+from astraflow.weights import FileStore, Publisher
+from bench.lib.batches import TOK, produce, trajectory
+from bench.lib.models import tiny_model
 
 
 def quickstart_batch(seq: int, *, prompts: int = 64, group: int = 8, zero_share: float = 0.5
@@ -149,8 +144,7 @@ def part2(model_dir: Path, steps: int, tmp: Path) -> None:
 
 
 def part3(model_dir: Path, tmp: Path) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "consumers" / "trainer"))
-    from trainer_helpers import SEVEN, sample, sft_batch
+    from bench.lib.batches import SEVEN, sample, sft_batch
 
     e = build_train_state(TrainerConfig(device="cpu", mode="sft", optimizer={"lr": 2e-3}),
                      model_dir)
@@ -184,7 +178,7 @@ def part3(model_dir: Path, tmp: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python -m bench.trainer")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--parallel", choices=["ddp", "fsdp"],
                     help="compare N ranks of this kind with one process instead")
@@ -194,7 +188,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4, help="model depth (--parallel)")
     args = ap.parse_args()
     if args.parallel:
-        from trainer_parallel import compare
+        from bench.trainer_parallel import compare
 
         compare(args.parallel, args.ranks, steps=args.steps, hidden=args.hidden,
                 layers=args.layers)
@@ -202,7 +196,7 @@ def main() -> None:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        model_dir = save(build_model(TOK, seed=0), TOK, tmp / "model")
+        model_dir = tiny_model(tmp, name="model")
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
         part1(model_dir, 2 if args.quick else 5)
         part2(model_dir, 20 if args.quick else 50, tmp)

@@ -1,4 +1,4 @@
-"""The sharded trainer against one process: ``bench/trainer.py --parallel fsdp --ranks 2``.
+"""The sharded trainer against one process: ``python -m bench.trainer --parallel fsdp --ranks 2``.
 
 Both runs train the same quickstart-sized RL batches (64 prompts × 8 samples, see
 ``bench/trainer.py``'s ``quickstart_batch``) from the same tiny Qwen2 model (``--hidden``,
@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.lib.models import tiny_model
+
 
 def rank_main(model_dir: str, parallel: str, steps: int, out: str) -> None:
     """One rank: build the engine, train, write rank 0's measurements to ``out``."""
@@ -36,9 +38,7 @@ def rank_main(model_dir: str, parallel: str, steps: int, out: str) -> None:
     from astraflow.consumers.trainer.config import TrainerConfig
     from astraflow.consumers.trainer.rl import rl_step
     from astraflow.consumers.trainer.sharding import local_numel
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from trainer import quickstart_batch
+    from bench.trainer import quickstart_batch
 
     tc = TrainerConfig.model_validate({"parallel": parallel, "optimizer": {"lr": 1e-3},
                                        "micro_batch_tokens": 1024, "threads": 1})
@@ -66,7 +66,8 @@ def run(model_dir: Path, parallel: str, ranks: int, steps: int, tmp: Path) -> di
     from astraflow.core.gang import gang_argv
 
     out = tmp / f"{parallel}-{ranks}.json"
-    argv = [sys.executable, __file__, "--rank", str(model_dir), parallel, str(steps), str(out)]
+    argv = [sys.executable, "-m", "bench.trainer_parallel", "--rank", str(model_dir), parallel,
+            str(steps), str(out)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     subprocess.run(gang_argv(ranks, argv) if ranks > 1 else argv, check=True, env=env,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)
@@ -74,13 +75,10 @@ def run(model_dir: Path, parallel: str, ranks: int, steps: int, tmp: Path) -> di
 
 
 def compare(parallel: str, ranks: int, *, steps: int, hidden: int, layers: int) -> None:
-    from astraflow.models.tiny import build_model, build_tokenizer, save
-
-    tok = build_tokenizer("arith")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        model_dir = save(build_model(tok, hidden=hidden, layers=layers,
-                                     intermediate=4 * hidden, seed=0), tok, tmp / "model")
+        model_dir = tiny_model(tmp, name="model", hidden=hidden, layers=layers,
+                               intermediate=4 * hidden)
         one = run(model_dir, "ddp", 1, steps, tmp)
         many = run(model_dir, parallel, ranks, steps, tmp)
     print(f"## {parallel} × {ranks} ranks vs 1 process — tiny Qwen2 {hidden}×{layers} "

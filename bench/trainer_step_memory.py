@@ -4,8 +4,8 @@ tokens, random ids, a third of the rewards 1), the config's trainer settings (bf
 the SmolLM2 examples) and threads. Each size runs in a process of its own, so that each peak
 RSS is its own.
 
-    python bench/trainer_step_memory.py                                  # 1,024 and 2,048
-    python bench/trainer_step_memory.py --config examples/smollm2_chain_sum.yaml --tokens 4096
+    python -m bench.trainer_step_memory                                  # 1,024 and 2,048
+    python -m bench.trainer_step_memory --config examples/smollm2_chain_sum.yaml --tokens 4096
 
 Measured once here (2 cores, 1 thread, examples/smollm2_solver_verifier.yaml's trainer): 14.6 s
 a step and 6.8 GB peak RSS at 2,048-token micro-batches, 13.8 s and 5.3 GB at 1,024. One
@@ -65,7 +65,7 @@ def one(config: Path, policy: str, tokens: int, steps: int, threads: int) -> dic
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.trainer_step_memory", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path,
                     default=ROOT / "examples" / "smollm2_solver_verifier.yaml")
@@ -85,8 +85,9 @@ def main() -> int:
     print("| micro-batch tokens | step (s) | peak RSS (GB) |\n|---|---|---|")
     for tokens in args.tokens:
         out = subprocess.run(
-            [sys.executable, __file__, "--config", str(args.config), "--policy", args.policy,
-             "--steps", str(args.steps), "--threads", str(args.threads), "--one", str(tokens)],
+            [sys.executable, "-m", "bench.trainer_step_memory", "--config", str(args.config),
+             "--policy", args.policy, "--steps", str(args.steps), "--threads", str(args.threads),
+             "--one", str(tokens)],
             capture_output=True, text=True, check=True).stdout
         r = json.loads(out.strip().splitlines()[-1])
         print(f"| {r['tokens']} | {r['step_s']} | {r['peak_rss_gb']} |", flush=True)

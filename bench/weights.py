@@ -1,7 +1,7 @@
 """Weight deltas: how sparse real bf16 updates are, and what the codec makes of them.
 
-    python bench/weights.py            # all three parts, a few minutes on 2 cores
-    python bench/weights.py --quick    # smaller model and tensor set, well under a minute
+    python -m bench.weights            # all three parts, a few minutes on 2 cores
+    python -m bench.weights --quick    # smaller model and tensor set, well under a minute
 
 1. **Sparsity on real training.** A causal LM built here (pure torch, ~29M parameters, untied
    embeddings; 14% of the parameters are embedding and head, as in Qwen3 1.7B–14B's 10–18%) is
@@ -228,7 +228,8 @@ def alternatives(n: int = 20_000_000, unchanged: float = 0.989) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.weights",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, under a minute")
     ap.add_argument("--params", type=int, default=None, help="part 2 size (default 100M)")
     ap.add_argument("--steps", type=int, default=None, help="part 1 steps per lr")
@@ -239,7 +240,7 @@ def main() -> None:
     args.pretrain_steps = args.pretrain_steps or (20 if args.quick else 40)
     params = args.params or (5_000_000 if args.quick else 100_000_000)
     parts = {int(p) for p in args.parts.split(",")}
-    cmd = "python bench/weights.py " + " ".join(sys.argv[1:])
+    cmd = "python -m bench.weights " + " ".join(sys.argv[1:])
     print(f"<!-- {cmd.strip()} -->")
     if 1 in parts:
         print("\n## 1. Fraction of bf16 values unchanged per AdamW step\n")

@@ -1,7 +1,7 @@
 """Rank 0's memory while publishing an FSDP2-sharded model: from the shards vs gather-then-encode.
 
-    python bench/weights_sharded.py                  # 2 ranks (gloo, CPU), ~34 MB fp32 model
-    python bench/weights_sharded.py --ranks 4 --width 2048
+    python -m bench.weights_sharded                  # 2 ranks (gloo, CPU), ~34 MB fp32 model
+    python -m bench.weights_sharded --ranks 4 --width 2048
 
 Each mode runs in its own ``torchrun`` (so one's high-water mark cannot hide the other's):
 the model (``--layers`` Linear(width, width) + an uneven 3-row head, sharded by
@@ -125,7 +125,8 @@ def worker(out: Path, mode: str, layers: int, width: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.weights_sharded",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--width", type=int, default=1024)
@@ -140,7 +141,8 @@ def main() -> None:
         runs = {}
         for mode in ("gathered", "sharded"):
             subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                            str(args.ranks), "--master_port", str(free_port()), __file__,
+                            str(args.ranks), "--master_port", str(free_port()), "-m",
+                            "bench.weights_sharded",
                             "--worker", mode, "--out", str(out), "--layers", str(args.layers),
                             "--width", str(args.width)], check=True, timeout=1200)
             runs[mode] = json.loads((out / f"{mode}.json").read_text())

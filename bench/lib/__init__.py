@@ -1,6 +1,6 @@
 """What the benchmarks and their tests share, and the package does not ship: the chaos
-injector (:mod:`.chaos`, :mod:`.disk`, :mod:`.recovery`), the emulated WAN (:mod:`.wan`) and
-the elasticity model with the scaler's rule in the loop (:mod:`.elastic_model`,
-:mod:`.elastic_table`). Imported as ``bench.lib.<module>`` with the repository root on
-``sys.path``.
+injector (:mod:`.chaos`, :mod:`.disk`, :mod:`.recovery`), the emulated WAN (:mod:`.wan`), the
+elasticity model with the scaler's rule in the loop (:mod:`.elastic_model`,
+:mod:`.elastic_table`) and the trainer benches' made-up records (:mod:`.batches`). Imported as
+``bench.lib.<module>`` (the scripts run as ``python -m bench.<name>`` from the repository root).
 """

@@ -7,16 +7,12 @@ arms of several result files (``FILE:ARM`` taking only the named ones)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import agentic  # noqa: E402
+from bench import agentic
 
 
 def run(accs: dict[int, float], *, time: float | None, s_step: float,

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from bench import chaos as bench
 from bench.lib.chaos import (
     Fault,
     Injector,
@@ -30,11 +30,6 @@ from bench.lib.chaos import (
     schedule,
 )
 from bench.lib.recovery import Beat, recover, restarts, versions_backwards
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import chaos as bench  # noqa: E402
 
 
 def test_the_plan_is_seeded_and_covers_every_kind() -> None:

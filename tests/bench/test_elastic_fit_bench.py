@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench import elastic_fit
 
-import elastic_fit  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_simplex_finds_a_known_minimum_and_stays_in_bounds() -> None:
@@ -29,7 +28,7 @@ def test_the_simplex_finds_a_known_minimum_and_stays_in_bounds() -> None:
 
 @pytest.mark.slow
 def test_the_script_fits_and_prints_the_table() -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "elastic_fit.py"), "--slots",
+    out = subprocess.run([sys.executable, "-m", "bench.elastic_fit", "--slots",
                           "4", "--iters", "2", "--seeds", "1"], capture_output=True,
                          text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]

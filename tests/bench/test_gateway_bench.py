@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_gateway_bench_runs_every_arm() -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gateway.py"), "--sessions", "1", "4",
+        [sys.executable, "-m", "bench.gateway", "--sessions", "1", "4",
          "--requests", "16", "--repeats", "1"], cwd=ROOT, capture_output=True, text=True,
         timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

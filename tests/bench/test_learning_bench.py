@@ -4,15 +4,14 @@ sets exist, the values validate), and the reward curve is read as the trainer lo
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench import learning
+from bench.lib.runlog import train_rewards
 
-import learning  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", sorted(learning.SCENARIOS))
@@ -52,4 +51,4 @@ def test_the_curve_is_the_trainers_rl_steps_once_each(tmp_path: Path) -> None:
             {"step": 2, "batch_id": "b2", "reward_mean": 0.25},  # a restarted trainer's again
             {"step": 3, "batch_id": "b3", "reward_mean": 0.3}]
     (tmp_path / "trainer-default.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert learning.train_rewards(tmp_path) == [0.1, 0.25, 0.3]
+    assert train_rewards(tmp_path) == [0.1, 0.25, 0.3]

@@ -6,18 +6,16 @@ adapter, and a step runs. A tiny model built here; not timings."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-from multimodel import (  # noqa: E402
+from astraflow.config import ExperimentConfig
+from astraflow.run.resources import model_dir
+from bench.lib.arms import arm_config
+from bench.multimodel import (
     Lockstep,
-    arm_config,
     check_adapter_applied,
     check_shared_base,
     served,
@@ -25,8 +23,7 @@ from multimodel import (  # noqa: E402
     versions_line,
 )
 
-from astraflow.config import ExperimentConfig  # noqa: E402
-from astraflow.run.resources import model_dir  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 pytest.importorskip("peft")
 

@@ -3,13 +3,7 @@ prompt), the held-out split, and a short run whose loss falls."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import sum_order  # noqa: E402
+from bench import sum_order
 
 
 def test_the_orders_write_the_same_sum_in_opposite_directions() -> None:

@@ -5,16 +5,14 @@ step."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench import sync_loop
 
-import sync_loop  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_float32_engine_samples_from_the_trainers_model_itself() -> None:

@@ -13,6 +13,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+# the trainer's rewards per RL step (bench/learning.py reads them with it too)
+from bench.lib.runlog import train_rewards  # noqa: F401  (the run tests import it from here)
+
 ROOT = Path(__file__).resolve().parents[2]
 STOP_GRACE_S = 60.0
 
@@ -75,18 +78,6 @@ def check_finished(out: Path, rc: int, output: str, *, steps: int,
     assert acc["unaccounted"] == 0 and acc["trained_twice"] == 0, acc
     assert acc["trained"] == steps * per_step, acc
     return summary
-
-
-def rl_rewards(out: Path) -> list[float]:
-    """The mean train reward of every RL step, in step order (the trainer's own log; the SFT
-    warm-up's steps, batches ``<policy>-sft-<n>``, are left out; a step written twice by a
-    restarted trainer counts once)."""
-    by_step: dict[int, float] = {}
-    for line in (out / "trainer-default.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if "reward_mean" in row and "-sft-" not in row["batch_id"]:
-            by_step[int(row["step"])] = float(row["reward_mean"])
-    return [by_step[k] for k in sorted(by_step)]
 
 
 def replayed(out: Path, *policies: str) -> str:

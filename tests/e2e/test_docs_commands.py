@@ -52,8 +52,8 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]
 MARKER = re.compile(r"^\s*<!--\s*(?P<kind>runnable|not-runnable|file)\s*(?::\s*(?P<arg>.*?))?"
                     r"\s*-->\s*$")
 #: a command that trains or runs a suite: its page is a ``slow`` test
-LONG = re.compile(r"^\s*(astraflow (run|train)\b|scripts/(quickstart|test)\.sh|python bench/)",
-                  re.MULTILINE)
+LONG = re.compile(r"^\s*(astraflow (run|train)\b|scripts/(quickstart|test)\.sh"
+                  r"|python -m bench\.)", re.MULTILINE)
 #: wall-clock limit of a page: a base, and more for each long command
 PAGE_BASE_S, LONG_COMMAND_S = 90, 240
 #: the checkout's entries a session's clone does not link (made fresh, or not the user's)

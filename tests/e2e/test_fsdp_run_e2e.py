@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from run_helpers import check_finished, launched, rl_rewards
+from run_helpers import check_finished, launched, train_rewards
 from test_quickstart_e2e import QUICKSTART, trainer_step
 
 
@@ -84,4 +84,4 @@ def test_fsdp_trainer_survives_a_killed_rank(tmp_path: Path, quickstart_warmup: 
     ckpt = out / "checkpoints" / "trainer-default" / f"step-{STEPS:010d}"
     assert json.loads((ckpt / "meta.json").read_text())["layout"] == "dcp"
     assert (out / "final" / "default" / "model.safetensors").exists()
-    assert len(rl_rewards(out)) == STEPS
+    assert len(train_rewards(out)) == STEPS

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from run_helpers import check_finished, replayed, rl_rewards, run_astraflow
+from run_helpers import check_finished, replayed, run_astraflow, train_rewards
 
 from astraflow.core.bus import connect
 from astraflow.core.bus.reader import read_all
@@ -80,7 +80,7 @@ def test_the_agent_trains_through_astraflow_run(tmp_path: Path, quickstart_warm:
     out = tmp_path / "run"
     rc, output, seconds = run_example(out, quickstart_warm)
     acc = check_finished(out, rc, output, steps=STEPS, per_step=GROUPS * SAMPLES)["accounting"]
-    rewards = rl_rewards(out)
+    rewards = train_rewards(out)
     assert len(rewards) == STEPS
     # the warm model answers some sums of 0..19 right (a broken reward or layout gives 0)
     assert all(0.0 <= r <= 1.0 for r in rewards) and sum(rewards) / STEPS > 0.05, \

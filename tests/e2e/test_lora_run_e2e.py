@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 import pytest
-from run_helpers import check_finished, rl_rewards
+from run_helpers import check_finished, train_rewards
 from test_fsdp_run_e2e import STEPS, run_killing_rank_1
 
 SETS = [f"trainer.max_steps={STEPS}", "launch.eval_every=40", "trainer.checkpoint_every=5",
@@ -42,4 +42,4 @@ def test_a_sharded_lora_trainer_survives_a_killed_rank(
                 (out / "metrics.jsonl").read_text().splitlines() if "weight_version_min" in x]
     assert versions and max(v for v in versions if v is not None) >= STEPS // 2, versions[-5:]
     assert (out / "final" / "default" / "model.safetensors").exists()  # adapter merged
-    assert len(rl_rewards(out)) == STEPS
+    assert len(train_rewards(out)) == STEPS

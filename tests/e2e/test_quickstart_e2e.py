@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from run_helpers import check_finished, launched, rl_rewards, run_astraflow
+from run_helpers import check_finished, launched, run_astraflow, train_rewards
 
 from astraflow.run.warmup import start_models
 
@@ -139,7 +139,7 @@ def learned(out: Path, warmup: Path) -> None:
     and 0.266 → 0.286, while runs started from higher landings gained +0.06 and more, and the
     5-minute runs of docs/results/quickstart.md (650-900 steps) reached 0.58 and 0.70. One evaluation alone can dip
     by ~0.08 (0.284 → 0.204 in the CI run)."""
-    rewards = rl_rewards(out)
+    rewards = train_rewards(out)
     assert len(rewards) == STEPS, len(rewards)
     window = 25
     means = [sum(rewards[i:i + window]) / window for i in range(len(rewards) - window + 1)]
@@ -190,5 +190,5 @@ def test_the_same_experiment_on_kafka(tmp_path: Path, kafka_bootstrap: str,
                  steps=KAFKA_STEPS), out, timeout=600)
     summary = check_run(out, rc, output, steps=KAFKA_STEPS)
     assert all(r["restarts"] == 0 for r in summary["roles"].values()), summary["roles"]
-    rewards = rl_rewards(out)
+    rewards = train_rewards(out)
     assert len(rewards) == KAFKA_STEPS and all(0.0 <= r <= 1.0 for r in rewards), rewards

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from run_helpers import check_finished, launched, replayed, rl_rewards, run_astraflow
+from run_helpers import check_finished, launched, replayed, run_astraflow, train_rewards
 from test_quickstart_e2e import QUICKSTART, trainer_step
 from waiting import alive, eventually
 
@@ -69,6 +69,6 @@ def test_a_run_killed_whole_resumes_and_loses_no_rollout(tmp_path: Path,
     # resumed from a checkpoint (every 5 steps) at or after the one before the kill
     assert len(starts) == 2 and starts[1]["resumed"], starts
     assert starts[1]["version"] >= 10 and starts[1]["version"] % 5 == 0, starts
-    assert len(rl_rewards(out)) == STEPS
+    assert len(train_rewards(out)) == STEPS
     # the versions of both lives of the trainer, retrained from the log, bit for bit
     replayed(out, "default")

@@ -17,6 +17,7 @@ relative, 1.8e-6 absolute).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,8 @@ from safetensors.torch import load_file
 from trainer_helpers import random_batch
 
 WORKER = Path(__file__).parent / "fsdp_worker.py"
+# the repository root, for the worker's trainer_helpers -> bench.lib.batches
+ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow
 
 
@@ -39,7 +42,9 @@ def run_worker(model: Path, out: Path, *, ranks: int = 1, parallel: str = "ddp",
                  "--nproc-per-node", str(ranks)])
     proc = subprocess.run([*launcher, str(WORKER), str(model), str(out),
                            "--parallel", parallel, *extra],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     result = json.loads((out / "result.json").read_text())
     result["params"] = load_file(str(out / "params.safetensors"))
