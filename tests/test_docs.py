@@ -80,7 +80,7 @@ def test_every_relative_link_and_anchor_resolves() -> None:
 def test_the_link_check_catches_what_it_should(tmp_path: Path) -> None:
     page = tmp_path / "p.md"
     page.write_text("# A `code` title: here\n\n[a](#a-code-title-here) [b](q.md#x) "
-                    "`[not](a-link.md)`\n```\n[nor](this.md)\n```\n")
+                    "`[not](y.md)`\n```\n[nor](z.md)\n```\n")
     assert _links(page) == ["#a-code-title-here", "q.md#x"]
     assert _anchors(page) == {"a-code-title-here"}
 

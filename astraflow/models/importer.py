@@ -1,6 +1,6 @@
 """Importing a model into a plain safetensors folder: a gguf file (dequantized to fp32), a
 shortcut's gguf file, or a hub id. What ``astraflow models import`` runs, and what
-:func:`astraflow.models.resolve.resolve` runs once per gguf file into the cache.
+:func:`astraflow.models.source.resolve` runs once per gguf file into the cache.
 
 Every import is built aside and renamed into place under a file lock, so processes importing
 the same file at once agree on one folder. Each folder gets an ``astraflow-source.json``
