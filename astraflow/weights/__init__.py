@@ -15,7 +15,7 @@ Modules:
 - :mod:`.codec`: the per-tensor codec: raw bits in, compressed bytes out, bit-exact back.
 - :mod:`.config`: config section ``weights``.
 - :mod:`.files`: durable local files: write to a temporary name, fsync, rename.
-- :mod:`.follow`: reading ``weights.<policy>``, shared by the syncer and the mirror.
+- :mod:`.follow`: reading ``weights.<policy>``, shared by its readers and the publisher.
 - :mod:`.http`: the HTTP weight store's client, :class:`HttpStore`.
 - :mod:`.mirror`: the regional mirror: each version once across the far link.
 - :mod:`.netio`: socket reads with an idle timeout and a deadline.
