@@ -1,5 +1,5 @@
-"""Reading ``weights.<policy>``: what the syncer, the mirror, the publisher (its newest full version) and the
-policy stages (:mod:`astraflow.policies.trust`) share.
+"""Reading ``weights.<policy>``: what the syncer, the mirror, the publisher (its newest full
+version) and the policy stages (:mod:`astraflow.policies.trust`) share.
 
 :func:`read_new` reads every manifest published so far with a group-less reader, and
 :func:`decode_manifest` turns a record into a manifest of the expected policy or says why not.
