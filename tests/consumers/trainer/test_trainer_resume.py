@@ -166,11 +166,16 @@ def test_sigkill_and_sigterm_resume_bit_identical(tmp_path: Path, tiny_dir: Path
     assert trained == [[0, 1, 2, 3, 4], [3, 4, 5, 6], [7]]
 
     # versions 4 and 5 were published twice (before the kill and after the resume): with
-    # the same bits, and the same as the uninterrupted run's
+    # the same bits, and the same as the uninterrupted run's. The publisher coalesces a
+    # version into the next when the trainer outpaces it (a loaded CI run skipped version 3
+    # of the uninterrupted run), so each run publishes its last version and some of the
+    # others, and every version both runs published has the same bits in both
     digests = {name: published(bus, cfg.run) for name, (_, _, bus, cfg) in runs.items()}
-    assert sorted(digests["killed"]) == sorted(digests["straight"]) == list(range(1, 9))
+    for name, seen in digests.items():
+        assert FINAL in seen and set(seen) <= set(range(1, FINAL + 1)), (name, sorted(seen))
     for v, seen in digests["killed"].items():
-        assert seen == {next(iter(digests["straight"][v]))}, v
+        assert len(seen) == 1, v  # published twice: the same bits
+        assert v not in digests["straight"] or seen == digests["straight"][v], v
 
     a, b = tensors(runs["straight"][0], FINAL, tiny_dir), tensors(out, FINAL, tiny_dir)
     assert a.keys() == b.keys()
