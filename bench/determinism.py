@@ -37,13 +37,13 @@ def run_arm(model_dir: Path, batches: list, threads: int, deterministic: bool
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(deterministic)
     try:
-        engine = build_train_state(TrainerConfig.model_validate(
+        state = build_train_state(TrainerConfig.model_validate(
             {"device": "cpu", "threads": threads, "deterministic": deterministic}), model_dir)
         t0 = time.perf_counter()
         for v, batch in enumerate(batches):
-            rl_step(engine, batch, v)
+            rl_step(state, batch, v)
         rate = len(batches) / (time.perf_counter() - t0)
-        return rate, {k: t.detach().clone() for k, t in engine.model.state_dict().items()}
+        return rate, {k: t.detach().clone() for k, t in state.model.state_dict().items()}
     finally:
         torch.use_deterministic_algorithms(False)
 

@@ -64,21 +64,21 @@ def publish_run(name: str, path: Path, lora: dict[str, Any] | None, tmp: Path
     cfg = TrainerConfig(device="cpu", optimizer={"lr": lr * (10 if lora else 1)}, lora=lora,
                         micro_batch_tokens=4096)
     t0 = time.perf_counter()
-    engine = build_train_state(cfg, path)
+    state = build_train_state(cfg, path)
     load_s = time.perf_counter() - t0
     bus = connect(f"embedded://{tmp}/{name}-{tag}.db")
     pub = Publisher(bus, run="bench", policy=f"{name}-{tag}", store=FileStore(tmp / "w"),
                     background=False, full_every=10_000)
-    pub.adapter = engine.adapter  # as build_trainer does
-    pub.publish(engine.state_tensors(), 0)
+    pub.adapter = state.adapter  # as build_trainer does
+    pub.publish(state.state_tensors(), 0)
     full_bytes = pub.last_manifests[0].total_bytes
     deltas, step_s, kinds = [], [], set()
     for v in range(steps):
         batch = random_batch(v, groups=groups, group_size=size, vocab=vocab)
         t = time.perf_counter()
-        rl_step(engine, batch, v)
+        rl_step(state, batch, v)
         step_s.append(time.perf_counter() - t)
-        pub.publish(engine.state_tensors(), v + 1)
+        pub.publish(state.state_tensors(), v + 1)
         # what a worker holding the previous version fetches: the delta, or the full snapshot
         # where the delta would exceed max_delta_fraction of the dense size (Publisher)
         m = min(pub.last_manifests, key=lambda m: m.total_bytes)
@@ -87,7 +87,7 @@ def publish_run(name: str, path: Path, lora: dict[str, Any] | None, tmp: Path
         kinds.add(m.kind)
     pub.close()
     bus.close()
-    trainable = sum(p.numel() for p in engine.model.parameters() if p.requires_grad)
+    trainable = sum(p.numel() for p in state.model.parameters() if p.requires_grad)
     return {"delta": statistics.mean(deltas[1:]), "full": full_bytes,
             "step_s": statistics.median(step_s), "trainable": trainable, "load_s": load_s,
             "dense": pub.stats.dense_bytes / max(1, pub.stats.versions),

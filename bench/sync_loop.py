@@ -152,11 +152,11 @@ def run_sync(source: Path, *, policy: str = "default", seconds: float = 300.0,
 
         cfg = cfg.model_copy(update={"trainer": with_overrides(cfg.trainer, trainer)})
     every = every or cfg.launch.eval_every
-    engine = build_train_state(cfg.trainer, mdir)  # seeds torch with the trainer's seed
+    state = build_train_state(cfg.trainer, mdir)  # seeds torch with the trainer's seed
     torch.set_num_threads(threads)  # after: build_train_state applies trainer.threads (a role's)
     seed = cfg.seed if seed is None else seed
     torch.manual_seed(seed)
-    model = engine.model
+    model = state.model
     sampler = serving_copy(model, cfg.rollout.engine.dtype)
     tok = load_tokenizer(mdir)
     reward = build_reward(cfg.rollout.reward)
@@ -189,7 +189,7 @@ def run_sync(source: Path, *, policy: str = "default", seconds: float = 300.0,
                                max_new_tokens=engine_cfg.max_new_tokens, reward=reward,
                                step=step, autocast=engine_cfg.mixed_precision == "bf16")
         sampling_s += time.perf_counter() - t0
-        rl_step(engine, Batch(id=str(step), policy=policy, seq=step, groups=groups), step)
+        rl_step(state, Batch(id=str(step), policy=policy, seq=step, groups=groups), step)
         if sampler is not model:  # the new weights into the sampling copy
             with torch.no_grad():
                 for dst, src in zip(sampler.parameters(), model.parameters(), strict=True):

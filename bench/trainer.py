@@ -36,7 +36,7 @@ import torch
 
 from astraflow.config import ExperimentConfig
 from astraflow.consumers.trainer.build import build_train_state
-from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState
+from astraflow.consumers.trainer.checkpoint import CheckpointDir, CheckpointMeta
 from astraflow.consumers.trainer.config import TrainerConfig
 from astraflow.consumers.trainer.rl import rl_step
 from astraflow.core.bus import embedded_url
@@ -85,22 +85,22 @@ def plain_step(model: Any, opt: Any, batch: Batch) -> None:
 
 def part1(model_dir: Path, repeats: int) -> None:
     batches = [quickstart_batch(s) for s in range(4)]
-    engines = {
+    states = {
         "ours, skip zero-advantage groups": build_train_state(
             TrainerConfig(device="cpu", micro_batch_tokens=16384), model_dir),
         "ours, no skipping": build_train_state(
             TrainerConfig(device="cpu", micro_batch_tokens=16384,
                           skip_zero_advantage_groups=False), model_dir),
     }
-    plain = copy.deepcopy(engines["ours, no skipping"].model)
+    plain = copy.deepcopy(states["ours, no skipping"].model)
     plain_opt = torch.optim.AdamW(plain.parameters(), lr=3e-4)
-    times: dict[str, list[float]] = {"plain loop": [], **{k: [] for k in engines}}
+    times: dict[str, list[float]] = {"plain loop": [], **{k: [] for k in states}}
     for r in range(repeats):  # interleaved, so slow stretches of the machine hit all alike
         for b in batches:
             t = time.perf_counter()
             plain_step(plain, plain_opt, b)
             times["plain loop"].append(time.perf_counter() - t)
-            for name, e in engines.items():
+            for name, e in states.items():
                 t = time.perf_counter()
                 rl_step(e, b, r)
                 times[name].append(time.perf_counter() - t)
@@ -131,7 +131,7 @@ def part2(model_dir: Path, steps: int, tmp: Path) -> None:
     publisher.close()
     ck = CheckpointDir(tmp / "ck", run="bench", policy="default")
     t = time.perf_counter()
-    ck.save(trainer.engine.model, trainer.engine.optimizer, TrainerState(version=1))
+    ck.save(trainer.state.model, trainer.state.optimizer, CheckpointMeta(version=1))
     ck_s = time.perf_counter() - t
     print(f"\n### 2. On the bus ({steps} batches, publish every step, checkpoint every 10)\n")
     print(f"- {stats.steps / elapsed:.1f} steps/s end to end ({elapsed / stats.steps * 1e3:.0f}"

@@ -31,7 +31,7 @@ from bench.lib.models import tiny_model
 
 
 def rank_main(model_dir: str, parallel: str, steps: int, out: str) -> None:
-    """One rank: build the engine, train, write rank 0's measurements to ``out``."""
+    """One rank: build the train state, train, write rank 0's measurements to ``out``."""
     import torch
 
     from astraflow.consumers.trainer.build import build_train_state
@@ -42,23 +42,23 @@ def rank_main(model_dir: str, parallel: str, steps: int, out: str) -> None:
 
     tc = TrainerConfig.model_validate({"parallel": parallel, "optimizer": {"lr": 1e-3},
                                        "micro_batch_tokens": 1024, "threads": 1})
-    engine = build_train_state(tc, model_dir)
+    state = build_train_state(tc, model_dir)
     rss_built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     times, first = [], {}
     for k in range(steps + 2):
         started = time.perf_counter()
-        m = rl_step(engine, quickstart_batch(k, zero_share=0.0), k)
+        m = rl_step(state, quickstart_batch(k, zero_share=0.0), k)
         if k == 0:
             first = {"loss": m["loss"], "grad_norm": m["grad_norm"]}
         if k >= 2:
             times.append(time.perf_counter() - started)
-    if engine.rank == 0:
+    if state.rank == 0:
         Path(out).write_text(json.dumps({
-            "world": engine.world, "step_s": sum(times) / len(times), **first,
+            "world": state.world, "step_s": sum(times) / len(times), **first,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "rss_after_build_mb": rss_built / 1024,
-            "state_mb": local_numel(engine.model) * 4 * 4 / 2**20,
-            "params": sum(p.numel() for p in engine.model.parameters()) if engine.world == 1
+            "state_mb": local_numel(state.model) * 4 * 4 / 2**20,
+            "params": sum(p.numel() for p in state.model.parameters()) if state.world == 1
             else None, "torch_threads": torch.get_num_threads()}))
 
 

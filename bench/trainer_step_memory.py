@@ -38,7 +38,7 @@ def one(config: Path, policy: str, tokens: int, steps: int, threads: int) -> dic
     from astraflow.run.resources import model_dir
 
     cfg = load_experiment(config, [f"trainer.micro_batch_tokens={tokens}"])
-    engine = build_train_state(cfg.trainer_for(policy), model_dir(cfg, policy, ROOT / "runs" /
+    state = build_train_state(cfg.trainer_for(policy), model_dir(cfg, policy, ROOT / "runs" /
                                                                "trainer-step-memory"))
     torch.set_num_threads(threads)
     rng = random.Random(0)
@@ -58,7 +58,7 @@ def one(config: Path, policy: str, tokens: int, steps: int, threads: int) -> dic
         groups = [Group(group_id=str(g), task_id=str(g),
                         trajectories=[trajectory(g, j) for j in range(8)]) for g in range(8)]
         t0 = time.perf_counter()
-        rl_step(engine, Batch(id=str(s), policy=policy, seq=s, groups=groups), s)
+        rl_step(state, Batch(id=str(s), policy=policy, seq=s, groups=groups), s)
         seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return {"tokens": tokens, "step_s": round(seconds, 2), "peak_rss_gb": round(peak, 2)}

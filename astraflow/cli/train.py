@@ -61,16 +61,16 @@ def train(
             out.mkdir(parents=True, exist_ok=True)
             bus = open_bus(cfg, out)
             trainer = configured_trainer(cfg, name, out, bus=bus)
-            engine = trainer.engine
+            state = trainer.state
             # fsdp: every rank publishes its own rows; a LoRA adapter (a few MB) is gathered
             # and published whole by rank 0
-            if publish and engine.parallel == "fsdp" and engine.adapter is None:
+            if publish and state.parallel == "fsdp" and state.adapter is None:
                 trainer.publisher = publisher = configured_rank_publisher(
-                    cfg, name, out, bus, rank=engine.rank, world=engine.world)
-            if engine.rank == 0:  # data parallel: rank 0 alone talks to the bus
+                    cfg, name, out, bus, rank=state.rank, world=state.world)
+            if state.rank == 0:  # data parallel: rank 0 alone talks to the bus
                 if publish and publisher is None:
                     trainer.publisher = publisher = configured_publisher(cfg, name, out, bus)
-                    publisher.adapter = engine.adapter  # LoRA: manifests name the base
+                    publisher.adapter = state.adapter  # LoRA: manifests name the base
                 # the component names the policy: a run's lines tell its trainers apart
                 trainer.metrics = metrics = MetricsEmitter(
                     bus, run=cfg.run, role="trainer", component=component_id(f"trainer-{name}"),

@@ -131,9 +131,9 @@ def differing_tensor(tensors: dict[str, Any], manifest: Any) -> str | None:
 
 def retraining(config: Any, run_dir: Path, policy: str, bus: Any, *, what: str = "replay"
                ) -> tuple[Any, int, Iterator[tuple[Step, dict[str, float]]]]:
-    """A fresh trainer engine of ``policy`` built from ``config`` and the run's starting
+    """A fresh train state of ``policy`` built from ``config`` and the run's starting
     weights, the number of steps the run's trainer took, and the generator that trains the
-    engine on the run's batches in its order, yielding (step, the step's metrics) after each."""
+    state on the run's batches in its order, yielding (step, the step's metrics) after each."""
     from astraflow.consumers.trainer.build import build_train_state, step_function
     from astraflow.consumers.trainer.loop import resolve
     from astraflow.core.fetch import fetch
@@ -146,7 +146,7 @@ def retraining(config: Any, run_dir: Path, policy: str, bus: Any, *, what: str =
                           f"{what} runs one process (a sharded {what} is not built yet)")
     tc = config.trainer_for(policy)
     steps = trained_steps(run_dir / f"trainer-{policy}.jsonl")
-    engine = build_train_state(tc, model_dir(config, policy, run_dir))
+    state = build_train_state(tc, model_dir(config, policy, run_dir))
     step = step_function(tc.mode)
     store = claims(config, run_dir)
 
@@ -158,15 +158,15 @@ def retraining(config: Any, run_dir: Path, policy: str, bus: Any, *, what: str =
                 raise ReplayError(f"{s.topic}[{s.partition}]@{s.offset} holds batch "
                                   f"{batch.id!r}, the log says "
                                   f"{s.batch_id!r}")
-            yield s, step(engine, resolve(bus, batch, store), s.version - 1)
+            yield s, step(state, resolve(bus, batch, store), s.version - 1)
 
-    return engine, len(steps), run()
+    return state, len(steps), run()
 
 
 def replay_policy(config: Any, run_dir: Path, policy: str, bus: Any,
                   progress: Callable[[int, int], None] | None = None) -> PolicyReplay:
     """Retrain ``policy`` from the run's batches and compare each published version."""
-    engine, n, steps = retraining(config, run_dir, policy, bus)
+    state, n, steps = retraining(config, run_dir, policy, bus)
     manifests = published(bus, config.run, policy)
     result = PolicyReplay(policy)
     started = time.monotonic()
@@ -174,7 +174,7 @@ def replay_policy(config: Any, run_dir: Path, policy: str, bus: Any,
         result.steps += 1
         manifest = manifests.get(s.version)
         if manifest is not None:
-            why = differing_tensor(engine.state_tensors(), manifest)
+            why = differing_tensor(state.state_tensors(), manifest)
             result.checked += 1
             if why is not None:
                 result.first_difference = (f"version {s.version} differs (batch "

@@ -64,14 +64,15 @@ def run_evals(run_dir: Path, policy: str) -> dict[int, float]:
     return out
 
 
-def _serve(engine: Any, evaluator: Any, dtype: str | None, version: int) -> None:
-    """The engine's weights into the evaluator's model, as the run's evaluator received them
+def _serve(state: Any, evaluator: Any, dtype: str | None, version: int) -> None:
+    """The train state's weights into the evaluator's model, as the run's evaluator received them
     (cast to the serving dtype ``weights.dtype``)."""
     from astraflow.weights.bits import as_bits
 
-    if engine.adapter is not None:  # LoRA: the adapter's tensors, merged into the model on commit
-        evaluator.target.set_adapter(engine.adapter)
-    for name, t in engine.state_tensors().items():
+    # LoRA: the adapter's tensors, merged into the model at finish_version
+    if state.adapter is not None:
+        evaluator.target.set_adapter(state.adapter)
+    for name, t in state.state_tensors().items():
         kind, bits = as_bits(t, name=name, dtype=dtype)
         evaluator.target.apply(name, kind, tuple(t.shape), bits)
     evaluator.target.finish_version(version)
@@ -82,7 +83,7 @@ def retrain_policy(config: Any, run_dir: Path, out: Path, policy: str, bus: Any,
                    progress: Callable[[int, int], None] | None = None) -> Retrained:
     from astraflow.run.roles import configured_evaluator
 
-    engine, n, steps = retraining(config, run_dir, policy, bus, what="retrain")
+    state, n, steps = retraining(config, run_dir, policy, bus, what="retrain")
     original = run_evals(run_dir, policy)
     evaluator = configured_evaluator(config, policy, run_dir, bus=bus)
     result = Retrained(policy, original=original)
@@ -91,7 +92,7 @@ def retrain_policy(config: Any, run_dir: Path, out: Path, policy: str, bus: Any,
     def measure(version: int) -> None:
         if version not in original:
             return
-        _serve(engine, evaluator, config.weights.dtype, version)
+        _serve(state, evaluator, config.weights.dtype, version)
         acc, extra = evaluator.measure()
         result.evals.append((version, acc))
         write({"source": f"evaluator-{policy}", "step": version, "policy": policy,

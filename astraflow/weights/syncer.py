@@ -387,7 +387,7 @@ class Syncer:
             blob.decode_into(t, flat)
             self._put(t.name, t.dtype, shape, flat)
         self._digests = {t.name: t.digest for t in blob.header.tensors}
-        self._committed(m, uris)
+        self._finish_version(m, uris)
 
     def _put(self, name: str, dtype: str, shape: tuple[int, ...], flat: np.ndarray) -> None:
         self.target.apply(name, dtype, shape, flat)
@@ -396,7 +396,8 @@ class Syncer:
         else:
             self._shadow.pop(name, None)
 
-    def _committed(self, m: WeightManifest, uris: set[str]) -> None:
+    def _finish_version(self, m: WeightManifest, uris: set[str]) -> None:
+        """Every tensor of version ``m`` is in the target: the target finishes the version."""
         self._version = m.version
         if hasattr(self.target, "set_adapter"):  # LoRA: how the adapter applies (weights/adapter.py)
             self.target.set_adapter(m.adapter)
@@ -444,7 +445,7 @@ class Syncer:
                 touched.discard(e.name)
                 self._put(e.name, e.dtype, tuple(e.shape), full[e.name])
         self._digests = {part_key(t): t.digest for t in m.tensors}
-        self._committed(m, set(uris_of(m)))
+        self._finish_version(m, set(uris_of(m)))
 
     def _check_base(self, m: WeightManifest, blob: Blob) -> None:
         names = {t.name for t in blob.header.tensors}

@@ -48,10 +48,10 @@ def test_a_bf16_engine_samples_from_a_bf16_copy_refreshed_after_every_step(
     monkeypatch.setattr(sync_loop, "serving_copy", spy)
     real_step = sync_loop.rl_step
 
-    def step_that_moves(engine, batch, version):  # a random model's rewards are all 0: no
-        out = real_step(engine, batch, version)  # gradient, so the test moves the weights
+    def step_that_moves(state, batch, version):  # a random model's rewards are all 0: no
+        out = real_step(state, batch, version)  # gradient, so the test moves the weights
         with torch.no_grad():
-            for param in engine.model.parameters():
+            for param in state.model.parameters():
                 param.add_(0.01 * (version + 1))
         return out
 

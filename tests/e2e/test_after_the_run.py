@@ -128,17 +128,17 @@ def checkpoint_of(tmp_path: Path, base: Path, lora: dict[str, Any] | None) -> Pa
     import torch
 
     from astraflow.consumers.trainer.build import build_train_state
-    from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState
+    from astraflow.consumers.trainer.checkpoint import CheckpointDir, CheckpointMeta
     from astraflow.consumers.trainer.config import TrainerConfig
 
-    engine = build_train_state(TrainerConfig(device="cpu", lora=lora), base)
+    state = build_train_state(TrainerConfig(device="cpu", lora=lora), base)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for name, p in engine.model.named_parameters():
+        for name, p in state.model.named_parameters():
             if p.requires_grad and (lora is None or "lora_B" in name):
                 p.add_(0.05 * torch.randn(p.shape, generator=gen))
     return CheckpointDir(tmp_path / "ck", run="r", policy="default").save(
-        engine.model, engine.optimizer, TrainerState(version=1))
+        state.model, state.optimizer, CheckpointMeta(version=1))
 
 
 def test_the_page_loads_and_generates_with_a_tiny_final_folder(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ _EXPORTS = {
     "token_logprobs": "losses", "token_weights": "losses", "kl_penalty": "losses",
     "prepare": "batching", "micro_batches": "batching",
     "TrainState": "state", "rl_step": "rl", "sft_step": "sft",
-    "CheckpointDir": "checkpoint", "TrainerState": "checkpoint",
+    "CheckpointDir": "checkpoint", "CheckpointMeta": "checkpoint",
     "Trainer": "loop", "TrainStats": "loop", "TrainerError": "loop",
     "build_train_state": "build", "build_trainer": "build", "build_publisher": "build",
     "TrainerConfig": "config",

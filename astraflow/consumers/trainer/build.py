@@ -125,7 +125,7 @@ def build_train_state(tc: TrainerConfig, model_path: str | Path) -> TrainState:
                                   lr=oc.lr, betas=oc.betas,
                                   weight_decay=oc.weight_decay, eps=oc.eps)
     ref = None
-    # LoRA's reference is its own base (the adapter switched off: engine.reference); a full
+    # LoRA's reference is its own base (the adapter switched off: state.reference); a full
     # model's is a frozen copy, sharded like the model under fsdp (1/N of it per rank)
     if tc.mode == "rl" and tc.loss.kl != "none" and adapter is None:
         ref, _ = load_model(model_path, device)
@@ -167,18 +167,18 @@ def build_trainer(tc: TrainerConfig, model: ModelConfig, *, run: str, policy: st
     ``{out}`` in the paths is the run directory ``out``. ``limits``: what a batch's
     trajectories are checked against (``data.records``); the token ids' bound is always the
     loaded model's vocabulary."""
-    engine = build_train_state(tc, model_dir(model, policy, out))
+    state = build_train_state(tc, model_dir(model, policy, out))
     limits = limits or RecordLimits()
-    vocab = vocab_size(engine.model)
+    vocab = vocab_size(state.model)
     if vocab is not None:
         limits = dataclasses.replace(limits, vocab={**limits.vocab, policy: vocab})
-    if publisher is not None and engine.adapter is not None:
-        publisher.adapter = engine.adapter  # manifests say: a LoRA adapter over this base
+    if publisher is not None and state.adapter is not None:
+        publisher.adapter = state.adapter  # manifests say: a LoRA adapter over this base
     checkpoints = CheckpointDir(tc.checkpoint_root(out, policy), run=run, policy=policy,
                                 keep=tc.keep_checkpoints)
     log_path = Path(out).resolve() / f"trainer-{policy}.jsonl" if tc.log_jsonl else None
     cores = None
-    if engine.world == 1 and engine.device.type == "cpu":
+    if state.world == 1 and state.device.type == "cpu":
         # one machine's cores shared with the rollout workers (`astraflow run` on a CPU host):
         # the trainer lends its share while it waits for a batch and keeps its own threads
         # (steps bit-for-bit the same whoever else is busy: core/cores.py)
@@ -186,7 +186,7 @@ def build_trainer(tc: TrainerConfig, model: ModelConfig, *, run: str, policy: st
 
         cores = from_env(f"trainer-{policy}", borrow=False)
     return Trainer(
-        bus=bus, run=run, policy=policy, engine=engine, step_fn=step_function(tc.mode),
+        bus=bus, run=run, policy=policy, state=state, step_fn=step_function(tc.mode),
         checkpoints=checkpoints, publisher=publisher, checkpoint_every=tc.checkpoint_every,
         publish_every=tc.publish_every, publish_initial=tc.publish_initial,
         max_version=tc.max_steps, session_timeout=tc.session_timeout_s,

@@ -39,8 +39,8 @@ class CheckpointError(AstraflowError):
 
 
 @dataclass
-class TrainerState:
-    """What a checkpoint holds besides tensors."""
+class CheckpointMeta:
+    """What a checkpoint holds besides tensors (written to its ``meta.json``)."""
 
     version: int
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)  # topic -> part -> next
@@ -165,17 +165,17 @@ class CheckpointDir:
         return self.root / f"step-{version:010d}"
 
     def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             state: TrainerState) -> Path:
-        """Write a checkpoint of ``state.version`` atomically; prune old ones. A sharded
-        model's checkpoint is a collective: every rank calls this (only rank 0's ``state``
+             meta: CheckpointMeta) -> Path:
+        """Write a checkpoint of ``meta.version`` atomically; prune old ones. A sharded
+        model's checkpoint is a collective: every rank calls this (only rank 0's ``meta``
         is written)."""
         from astraflow.consumers.trainer.sharding import is_sharded
 
         if is_sharded(model):
-            return self._save_sharded(model, optimizer, state)
+            return self._save_sharded(model, optimizer, meta)
         self.root.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        tmp = self.root / f".tmp-step-{state.version:010d}-{os.getpid()}"
+        tmp = self.root / f".tmp-step-{meta.version:010d}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         opt_tensors, opt_meta = _optimizer_parts(optimizer)
@@ -186,11 +186,11 @@ class CheckpointDir:
             save_file(tensors, str(tmp / name))
             _fsync_file(tmp / name)
             digests[name] = _sha256(tmp / name)
-        return self._finish(tmp, state, digests, {"format": FORMAT, "optimizer": opt_meta},
+        return self._finish(tmp, meta, digests, {"format": FORMAT, "optimizer": opt_meta},
                             started)
 
     def _save_sharded(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                      state: TrainerState) -> Path:
+                      meta: CheckpointMeta) -> Path:
         import torch.distributed as dist
 
         from astraflow.consumers.trainer.sharded_checkpoint import save_shards
@@ -199,7 +199,7 @@ class CheckpointDir:
         rank, world = dist.get_rank(), dist.get_world_size()
         pid = torch.tensor([os.getpid()], dtype=torch.int64, device=_comm_device())
         dist.broadcast(pid, src=0)  # every rank writes into rank 0's temporary directory
-        tmp = self.root / f".tmp-step-{state.version:010d}-{int(pid.item())}"
+        tmp = self.root / f".tmp-step-{meta.version:010d}-{int(pid.item())}"
         if rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
@@ -207,34 +207,34 @@ class CheckpointDir:
         dist.barrier()
         save_shards(model, optimizer, tmp / "dcp")  # returns after .metadata is written
         if rank != 0:
-            return self.path(state.version)
+            return self.path(meta.version)
         digests = {}
         for file in sorted((tmp / "dcp").iterdir()):
             _fsync_file(file)
             digests[f"dcp/{file.name}"] = _sha256(file)
         _fsync_dir(tmp / "dcp")
-        return self._finish(tmp, state, digests,
+        return self._finish(tmp, meta, digests,
                             {"format": FORMAT_DCP, "layout": "dcp", "world": world}, started)
 
-    def _finish(self, tmp: Path, state: TrainerState, digests: dict[str, str],
+    def _finish(self, tmp: Path, meta: CheckpointMeta, digests: dict[str, str],
                 extra: dict[str, Any], started: float) -> Path:
         """RNG file, meta.json, rename into place, prune (rank 0)."""
         rng_tensors, rng_meta = _rng_parts()
         save_file(_own(rng_tensors), str(tmp / "rng.safetensors"))
         _fsync_file(tmp / "rng.safetensors")
         digests["rng.safetensors"] = _sha256(tmp / "rng.safetensors")
-        meta = {**extra, "run": self.run, "policy": self.policy,
-                "version": state.version,
-                "offsets": {t: {str(p): o for p, o in parts.items()}
-                            for t, parts in state.offsets.items()},
-                "recent": list(state.recent), "counters": dict(state.counters),
-                "rng": rng_meta, "files": digests, "created_at": time.time()}
+        meta_json = {**extra, "run": self.run, "policy": self.policy,
+                     "version": meta.version,
+                     "offsets": {t: {str(p): o for p, o in parts.items()}
+                                 for t, parts in meta.offsets.items()},
+                     "recent": list(meta.recent), "counters": dict(meta.counters),
+                     "rng": rng_meta, "files": digests, "created_at": time.time()}
         with open(tmp / "meta.json", "w") as f:
-            json.dump(meta, f)
+            json.dump(meta_json, f)
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(tmp)
-        final = self.path(state.version)
+        final = self.path(meta.version)
         if final.exists():  # a re-run of a version after a damaged newer checkpoint
             aside = self.root / f".old-{final.name}-{os.getpid()}"
             final.rename(aside)
@@ -243,7 +243,7 @@ class CheckpointDir:
         _fsync_dir(self.root)
         self._prune()
         log.info("checkpoint policy=%s version=%d path=%s seconds=%.3f", self.policy,
-                 state.version, final, time.monotonic() - started)
+                 meta.version, final, time.monotonic() - started)
         return final
 
     def _prune(self) -> None:
@@ -273,7 +273,7 @@ class CheckpointDir:
         return meta
 
     def load(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
-             ) -> TrainerState | None:
+             ) -> CheckpointMeta | None:
         """Restore the newest sound checkpoint into ``model`` and ``optimizer`` (and the RNGs);
         None when there is none. A damaged checkpoint is skipped with a warning; one of
         another run or policy is an error."""
@@ -289,7 +289,7 @@ class CheckpointDir:
             self._load_tensors(path, meta, model, optimizer)
             _load_rng(load_file(str(path / "rng.safetensors")), meta["rng"])
             log.info("resumed policy=%s version=%d from %s", self.policy, version, path)
-            return TrainerState(
+            return CheckpointMeta(
                 version=int(meta["version"]),
                 offsets={t: {int(p): int(o) for p, o in parts.items()}
                          for t, parts in meta["offsets"].items()},

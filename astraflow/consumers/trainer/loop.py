@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState
+from astraflow.consumers.trainer.checkpoint import CheckpointDir, CheckpointMeta
 from astraflow.consumers.trainer.mismatch import Alarm, describe
 from astraflow.consumers.trainer.quarantine import PoisonBatchError, Quarantine
 from astraflow.consumers.trainer.sharding import publish_weights
@@ -63,7 +63,7 @@ class Trainer:
     ``run(...)`` as often as wanted, ``close()``. Build one with
     :func:`astraflow.consumers.trainer.build.build_trainer`."""
 
-    def __init__(self, *, bus: Bus, run: str, policy: str, engine: TrainState, step_fn: StepFn,
+    def __init__(self, *, bus: Bus, run: str, policy: str, state: TrainState, step_fn: StepFn,
                  checkpoints: CheckpointDir, publisher: Any = None,
                  checkpoint_every: int = 50, publish_every: int = 1,
                  publish_initial: bool = False, max_version: int | None = None,
@@ -86,7 +86,7 @@ class Trainer:
         self.claims = claims  # where claimed (oversized) records are
         self.run_name = run
         self.policy = policy
-        self.engine = engine
+        self.state = state
         self.step_fn = step_fn
         self.checkpoints = checkpoints
         self.publisher = publisher
@@ -139,13 +139,13 @@ class Trainer:
         if self._ready:
             return
         self._ready = True
-        if self.engine.world > 1:
+        if self.state.world > 1:
             from astraflow.consumers.trainer.dist import BatchChannel
 
-            self._channel = BatchChannel(self.engine.device)
-        if self.engine.rank > 0:
-            state = self.checkpoints.load(self.engine.model, self.engine.optimizer)
-            self.version = state.version if state is not None else 0
+            self._channel = BatchChannel(self.state.device)
+        if self.state.rank > 0:
+            meta = self.checkpoints.load(self.state.model, self.state.optimizer)
+            self.version = meta.version if meta is not None else 0
             return
         self._proc = Processor(
             self.bus, self, [Input([self.topic], self.group, self._decode, self._handle,
@@ -174,7 +174,7 @@ class Trainer:
         if self.cores is not None:
             self.cores.close()
             self.cores = None
-        if self._channel is not None and self.engine.rank == 0:
+        if self._channel is not None and self.state.rank == 0:
             self._channel.send(None)
         self._channel = None
         if self.publisher is not None:
@@ -192,7 +192,7 @@ class Trainer:
         the configured final version (``max_version``); then checkpoint and commit."""
         self.setup()
         stats = self._stats = TrainStats(version=self.version)
-        if self.engine.rank > 0:
+        if self.state.rank > 0:
             return self._follow(stats)
         assert self._proc is not None
         self._max_steps = max_steps
@@ -218,18 +218,18 @@ class Trainer:
                 break
             assert data is not None
             if kind == "batch":
-                self.step_fn(self.engine, decode(data, Batch), self.version)
+                self.step_fn(self.state, decode(data, Batch), self.version)
                 self.version += 1
                 stats.steps += 1
             elif data == b"gather":
-                self.engine.state_tensors()
+                self.state.state_tensors()
             elif data == b"publish":
-                publish_weights(self.engine, self.publisher, self.version)
+                publish_weights(self.state, self.publisher, self.version)
             elif data.startswith(b"save:"):
-                self.checkpoints.save(self.engine.model, self.engine.optimizer,
-                                      TrainerState(version=int(data[5:])))
+                self.checkpoints.save(self.state.model, self.state.optimizer,
+                                      CheckpointMeta(version=int(data[5:])))
             else:
-                raise TrainerError(f"rank {self.engine.rank}: unknown command {data!r} from "
+                raise TrainerError(f"rank {self.state.rank}: unknown command {data!r} from "
                                    "rank 0 (ranks of different builds?)")
         stats.version = self.version
         return stats
@@ -237,14 +237,14 @@ class Trainer:
     def _collective(self, op: bytes) -> None:
         """Rank 0: have the other ranks join ``op`` (fsdp only: under ddp rank 0 holds the
         whole model and does these alone)."""
-        if self._channel is not None and self.engine.parallel == "fsdp":
+        if self._channel is not None and self.state.parallel == "fsdp":
             self._channel.command(op)
 
     # ------------------------------------------------------------- the handler
 
     def restore(self) -> Resume | None:
-        state = self.checkpoints.load(self.engine.model, self.engine.optimizer)
-        if state is None:
+        meta = self.checkpoints.load(self.state.model, self.state.optimizer)
+        if meta is None:
             committed = self.bus.committed(self.group, self.topic)
             if any(committed.values()) and self.on_missing_checkpoint == "error":
                 raise TrainerError(
@@ -255,21 +255,21 @@ class Trainer:
                     "weights from the committed offsets")
             return None
         self._resumed = True
-        self.version = self._checkpointed = self._published = state.version
-        self._ckpt_offsets = {(t, p): o for t, parts in state.offsets.items()
+        self.version = self._checkpointed = self._published = meta.version
+        self._ckpt_offsets = {(t, p): o for t, parts in meta.offsets.items()
                               for p, o in parts.items()}
-        for bid in state.recent:
+        for bid in meta.recent:
             self._remember(bid)
-        self.telemetry.counters = dict(state.counters)
+        self.telemetry.counters = dict(meta.counters)
         if self.publisher is not None and hasattr(self.publisher, "resume"):
             # the checkpoint's weights are the version the dead trainer published: the next
             # version goes out as a delta against them, not as a full snapshot
             if getattr(self.publisher, "sharded", False):  # its next version is a full one
-                self.publisher.resume({}, state.version)
+                self.publisher.resume({}, meta.version)
             else:
                 self._collective(b"gather")
-                self.publisher.resume(self.engine.state_tensors(), state.version)
-        return Resume(dict(self._ckpt_offsets), state.version)
+                self.publisher.resume(self.state.state_tensors(), meta.version)
+        return Resume(dict(self._ckpt_offsets), meta.version)
 
     def checkpoint(self, offsets: dict[TP, int], outbox: list[OutRecord], cycle: int
                    ) -> dict[TP, int]:
@@ -282,7 +282,7 @@ class Trainer:
             for (t, p), o in offsets.items():
                 by_topic.setdefault(t, {})[p] = o
             self._collective(f"save:{self.version}".encode())
-            self.checkpoints.save(self.engine.model, self.engine.optimizer, TrainerState(
+            self.checkpoints.save(self.state.model, self.state.optimizer, CheckpointMeta(
                 version=self.version, offsets=by_topic, recent=list(self.recent),
                 counters=dict(self.telemetry.counters)))
             self._checkpointed = self.version
@@ -449,11 +449,11 @@ class Trainer:
                 raise PoisonBatchError(f"batch {batch.id!r}: {n - 1} tries each ended the "
                                        "trainer's process; quarantined")
             try:
-                metrics = self.step_fn(self.engine, batch, self.version)
+                metrics = self.step_fn(self.state, batch, self.version)
             except Exception as e:
-                if self.engine.world > 1:
+                if self.state.world > 1:
                     raise
-                self.engine.optimizer.zero_grad(set_to_none=True)
+                self.state.optimizer.zero_grad(set_to_none=True)
                 if n < q.max_tries:
                     log.warning("batch id=%s: step failed (try %d of %d), trying again: %s: %s",
                                 batch.id, n, q.max_tries, type(e).__name__, e)
@@ -471,7 +471,7 @@ class Trainer:
         if self.publisher is None:
             return
         self._collective(b"publish")
-        publish_weights(self.engine, self.publisher, self.version)
+        publish_weights(self.state, self.publisher, self.version)
         self._published = self.version
         self.telemetry.inc("published")
 

@@ -25,27 +25,27 @@ _SUMMED = ("loss", "pg_loss", "tokens", "clip_low", "clip_high", "dual_clip", "c
            "padded_tokens", "seqs_trained", "micro_batches", *mismatch.SUMMED)
 
 
-def rl_step(engine: TrainState, batch: Batch, version: int) -> dict[str, float]:
+def rl_step(state: TrainState, batch: Batch, version: int) -> dict[str, float]:
     """Train on ``batch`` with the weights of ``version``; the result is ``version + 1``.
     Returns the step's metrics (means over the batch's loss tokens where per token)."""
-    spec = engine.spec
+    spec = state.spec
     gives_all_grad = spec.kl != "none" or spec.entropy_coef > 0
-    prep = prepare(batch, advantages=True, std_norm=engine.std_norm, adv_eps=engine.adv_eps,
-                   skip_zero=engine.skip_zero and not gives_all_grad)
-    mbs = micro_batches(prep, token_budget=engine.token_budget, aggregation=spec.aggregation,
-                        norm_length=spec.norm_length, pad_id=engine.pad_id,
-                        device=engine.device, shard=(engine.rank, engine.world))
+    prep = prepare(batch, advantages=True, std_norm=state.std_norm, adv_eps=state.adv_eps,
+                   skip_zero=state.skip_zero and not gives_all_grad)
+    mbs = micro_batches(prep, token_budget=state.token_budget, aggregation=spec.aggregation,
+                        norm_length=spec.norm_length, pad_id=state.pad_id,
+                        device=state.device, shard=(state.rank, state.world))
     entropy = ("grad" if spec.entropy_coef > 0 else
-               "metric" if engine.entropy_metric else "none")
-    engine.model.eval()
+               "metric" if state.entropy_metric else "none")
+    state.model.eval()
     totals: dict[str, float] = defaultdict(float)
-    tally = mismatch.Tally(engine.mismatch_threshold)
+    tally = mismatch.Tally(state.mismatch_threshold)
     for mb in mbs:
-        logp, ent = forward(engine, engine.model, mb, entropy=entropy)
+        logp, ent = forward(state, state.model, mb, entropy=entropy)
         ref = None
         if spec.kl != "none":
-            with torch.no_grad(), reference(engine) as ref_model:
-                ref, _ = forward(engine, ref_model, mb)
+            with torch.no_grad(), reference(state) as ref_model:
+                ref, _ = forward(state, ref_model, mb)
         out = policy_loss(logp, mb.behav, mb.adv, mb.mask, spec, ref_logp=ref, entropy=ent,
                           weights=mb.weights)
         out.loss.backward()
@@ -63,11 +63,11 @@ def rl_step(engine: TrainState, batch: Batch, version: int) -> dict[str, float]:
         totals["padded_tokens"] += mb.padded_tokens
         totals["seqs_trained"] += mb.input_ids.shape[0]
         totals["micro_batches"] += 1
-    filler_passes(engine, len(mbs), prep)
+    filler_passes(state, len(mbs), prep)
     totals.update(tally.totals())
-    totals = _reduce(engine, totals)
+    totals = _reduce(state, totals)
     metrics = dict(prep.stats)
-    metrics.update(apply_gradients(engine, version))
+    metrics.update(apply_gradients(state, version))
     n = max(totals.get("tokens", 0.0), 1.0)
     metrics.update({
         "loss": totals.get("loss", 0.0),
@@ -97,16 +97,16 @@ def rl_step(engine: TrainState, batch: Batch, version: int) -> dict[str, float]:
     return metrics
 
 
-def _reduce(engine: TrainState, totals: dict[str, float]) -> dict[str, float]:
+def _reduce(state: TrainState, totals: dict[str, float]) -> dict[str, float]:
     """Sum (max for maxima) the per-rank totals across data-parallel ranks."""
-    if engine.world == 1:
+    if state.world == 1:
         return dict(totals)
     import torch.distributed as dist
 
     summed = torch.tensor([totals.get(k, 0.0) for k in _SUMMED], dtype=torch.float64,
-                          device=engine.device)
+                          device=state.device)
     maxed = torch.tensor([totals.get(k, 0.0) for k in _MAXED], dtype=torch.float64,
-                         device=engine.device)
+                         device=state.device)
     dist.all_reduce(summed, op=dist.ReduceOp.SUM)
     dist.all_reduce(maxed, op=dist.ReduceOp.MAX)
     return {**dict(zip(_SUMMED, summed.tolist(), strict=True)),

@@ -19,25 +19,25 @@ from astraflow.consumers.trainer.state import TrainState, apply_gradients, forwa
 from astraflow.core.records import Batch
 
 
-def sft_step(engine: TrainState, batch: Batch, version: int) -> dict[str, float]:
+def sft_step(state: TrainState, batch: Batch, version: int) -> dict[str, float]:
     """Train on ``batch``; returns the step's metrics (``loss`` is the mean token NLL)."""
     prep = prepare(batch, advantages=False)
-    mbs = micro_batches(prep, token_budget=engine.token_budget, aggregation="token-mean",
-                        pad_id=engine.pad_id, device=engine.device,
-                        shard=(engine.rank, engine.world))
-    engine.model.train()
+    mbs = micro_batches(prep, token_budget=state.token_budget, aggregation="token-mean",
+                        pad_id=state.pad_id, device=state.device,
+                        shard=(state.rank, state.world))
+    state.model.train()
     totals = torch.zeros(4, dtype=torch.float64)  # loss, tokens, padded, micro-batches
     for mb in mbs:
-        logp, _ = forward(engine, engine.model, mb)
+        logp, _ = forward(state, state.model, mb)
         out = sft_loss(logp, mb.mask, weights=mb.weights)
         out.loss.backward()
         totals += torch.tensor([float(out.loss.detach()), out.stats["tokens"],
                                 mb.padded_tokens, 1.0], dtype=torch.float64)
-    filler_passes(engine, len(mbs), prep)
-    if engine.world > 1:
+    filler_passes(state, len(mbs), prep)
+    if state.world > 1:
         import torch.distributed as dist
 
-        totals = totals.to(engine.device)
+        totals = totals.to(state.device)
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
         totals = totals.cpu()
     loss, tokens, padded, n_mb = totals.tolist()
@@ -45,5 +45,5 @@ def sft_step(engine: TrainState, batch: Batch, version: int) -> dict[str, float]
                "batch_tokens": float(prep.n_tokens), "padded_tokens": padded,
                "micro_batches": n_mb, "trajectories": prep.stats["trajectories"],
                "reward_mean": prep.stats["reward_mean"]}
-    metrics.update(apply_gradients(engine, version))
+    metrics.update(apply_gradients(state, version))
     return metrics

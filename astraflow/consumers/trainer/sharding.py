@@ -151,43 +151,43 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
     return float(total)
 
 
-def filler_passes(engine: TrainState, done: int, prep: Prepared) -> None:
+def filler_passes(state: TrainState, done: int, prep: Prepared) -> None:
     """Run the forwards and backwards this rank lacks (it ran ``done``) so that every rank
     runs ``ceil(micro-batches / world)`` of them (fsdp only; see the module docstring)."""
-    if engine.parallel != "fsdp" or engine.world == 1:
+    if state.parallel != "fsdp" or state.world == 1:
         return
     from astraflow.consumers.trainer.batching import pack
     from astraflow.consumers.trainer.state import reference
 
-    total = len(pack([s.length for s in prep.seqs], engine.token_budget))
-    for _ in range(-(-total // engine.world) - done):
-        ids = torch.full((1, 2), engine.pad_id, dtype=torch.long, device=engine.device)
-        with engine.autocast():
-            out = engine.model(input_ids=ids, attention_mask=torch.ones_like(ids),
+    total = len(pack([s.length for s in prep.seqs], state.token_budget))
+    for _ in range(-(-total // state.world) - done):
+        ids = torch.full((1, 2), state.pad_id, dtype=torch.long, device=state.device)
+        with state.autocast():
+            out = state.model(input_ids=ids, attention_mask=torch.ones_like(ids),
                                use_cache=False)
-        if engine.mode == "rl" and engine.spec.kl != "none":  # its gathers too, in order
-            with torch.no_grad(), reference(engine) as ref, engine.autocast():
+        if state.mode == "rl" and state.spec.kl != "none":  # its gathers too, in order
+            with torch.no_grad(), reference(state) as ref, state.autocast():
                 ref(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
         (out.logits.float().sum() * 0.0).backward()
 
 
-def full_state(engine: TrainState) -> dict[str, torch.Tensor]:
+def full_state(state: TrainState) -> dict[str, torch.Tensor]:
     """Every weight by state-dict name as a whole tensor. Under fsdp a collective: every rank
     must call it at the same point (each gets the full tensors)."""
     from torch.distributed.tensor import DTensor
 
     return {k: v.full_tensor() if isinstance(v, DTensor) else v
-            for k, v in engine.model.state_dict().items()}
+            for k, v in state.model.state_dict().items()}
 
 
-def publish_weights(engine: TrainState, publisher: Any, version: int) -> None:
+def publish_weights(state: TrainState, publisher: Any, version: int) -> None:
     """Hand ``version``'s weights to ``publisher``; every rank calls it. A sharded publisher
     (:class:`~astraflow.weights.sharded.ShardedPublisher`, ``sharded = True``) gets each
     rank's own shards and no rank gathers the model; any other publisher gets whole tensors
     (under fsdp gathered by every rank, a collective) and rank 0 publishes."""
     if getattr(publisher, "sharded", False):
-        publisher.publish(engine.model.state_dict(), version)
+        publisher.publish(state.model.state_dict(), version)
         return
-    tensors = engine.state_tensors()
-    if engine.rank == 0 and publisher is not None:
+    tensors = state.state_tensors()
+    if state.rank == 0 and publisher is not None:
         publisher.publish(tensors, version)

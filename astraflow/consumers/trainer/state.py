@@ -83,46 +83,46 @@ class TrainState:
 
 
 @contextlib.contextmanager
-def reference(engine: TrainState) -> Iterator[torch.nn.Module]:
+def reference(state: TrainState) -> Iterator[torch.nn.Module]:
     """The frozen initial model the KL penalty compares with, for the ``with`` block: the
     reference copy (sharded like the model under fsdp), or with LoRA the model itself with its
     adapter switched off (the base: a fresh adapter adds zero, so the base is the initial
     policy, and no second copy is held)."""
-    if engine.ref_model is not None:
-        yield engine.ref_model
-    elif engine.adapter is not None:
-        with engine.model.disable_adapter():  # type: ignore[operator]
-            yield engine.model
+    if state.ref_model is not None:
+        yield state.ref_model
+    elif state.adapter is not None:
+        with state.model.disable_adapter():  # type: ignore[operator]
+            yield state.model
     else:
-        raise ValueError(f"loss.kl={engine.spec.kl} needs a reference model")
+        raise ValueError(f"loss.kl={state.spec.kl} needs a reference model")
 
 
-def forward(engine: TrainState, model: torch.nn.Module, mb: MicroBatch, *,
+def forward(state: TrainState, model: torch.nn.Module, mb: MicroBatch, *,
             entropy: str = "none") -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token logprobs [b, L-1] of ``mb``'s targets under ``model`` at the engine's sampling
     temperature, and the entropy per position: ``entropy`` is "none", "metric" (computed
     without a graph) or "grad" (part of the loss)."""
-    with engine.autocast():
+    with state.autocast():
         out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
     logits = out.logits[:, :-1]
-    logp = token_logprobs(logits, mb.targets, temperature=engine.temperature)
+    logp = token_logprobs(logits, mb.targets, temperature=state.temperature)
     ent = None
     if entropy != "none":
         with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
-            ent = token_entropy(logits, temperature=engine.temperature)
+            ent = token_entropy(logits, temperature=state.temperature)
     return logp, ent
 
 
-def apply_gradients(engine: TrainState, version: int) -> dict[str, float]:
+def apply_gradients(state: TrainState, version: int) -> dict[str, float]:
     """Zero-fill, all-reduce (sum), clip and apply the accumulated gradients; returns
     ``grad_norm`` (before clipping) and ``lr``."""
-    params = engine.params
+    params = state.params
     grads: list[torch.Tensor] = []
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         grads.append(p.grad)
-    if engine.world > 1 and engine.parallel != "fsdp":  # fsdp summed in the backward
+    if state.world > 1 and state.parallel != "fsdp":  # fsdp summed in the backward
         import torch.distributed as dist
 
         flat = torch.cat([g.reshape(-1) for g in grads])
@@ -132,20 +132,20 @@ def apply_gradients(engine: TrainState, version: int) -> dict[str, float]:
             n = g.numel()
             g.copy_(flat[offset:offset + n].view_as(g))
             offset += n
-    max_norm = engine.grad_clip if engine.grad_clip is not None else math.inf
-    if engine.parallel == "fsdp":
+    max_norm = state.grad_clip if state.grad_clip is not None else math.inf
+    if state.parallel == "fsdp":
         from astraflow.consumers.trainer.sharding import clip_grad_norm
 
         norm = clip_grad_norm(params, max_norm)
     else:
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    lr = engine.lr_at(version)
-    for group in engine.optimizer.param_groups:
+    lr = state.lr_at(version)
+    for group in state.optimizer.param_groups:
         group["lr"] = lr
     finite = math.isfinite(norm)
     if finite:
-        engine.optimizer.step()
+        state.optimizer.step()
     # A non-finite gradient (an overflow, a bad batch) is dropped rather than written into
     # the weights and the optimizer's moments; the step still counts, reported as skipped.
-    engine.optimizer.zero_grad(set_to_none=True)
+    state.optimizer.zero_grad(set_to_none=True)
     return {"grad_norm": norm, "lr": lr, "nonfinite_grad": float(not finite)}

@@ -55,7 +55,7 @@ class AdapterSpec(msgspec.Struct, kw_only=True):
 
 
 class WeightManifest(Record, tag="WeightManifest", kw_only=True):
-    """The commit marker of a weight version. Key: ``policy``. Trainer → rollout workers."""
+    """The publish marker of a weight version. Key: ``policy``. Trainer → rollout workers."""
 
     policy: str
     version: int

@@ -30,7 +30,7 @@ def test_rl_steps_on_cuda(experiment: Any, tmp_path: Path, precision: str) -> No
     publisher = Publisher(bus, run=cfg.run, policy="default",
                           store=FileStore(tmp_path / "weights"))
     trainer = configured_trainer(cfg, "default", tmp_path, bus=bus, publisher=publisher)
-    assert next(trainer.engine.model.parameters()).is_cuda
+    assert next(trainer.state.model.parameters()).is_cuda
     stats = trainer.run(timeout=120)
     trainer.close()
     publisher.close()
@@ -49,7 +49,7 @@ def test_rl_steps_on_cuda(experiment: Any, tmp_path: Path, precision: str) -> No
     # resume on the same device from the checkpoint at 3
     again = configured_trainer(cfg, "default", tmp_path, bus=bus)
     again.setup()
-    assert again.version == 3 and next(again.engine.model.parameters()).is_cuda
+    assert again.version == 3 and next(again.state.model.parameters()).is_cuda
     again.close()
 
 
@@ -72,7 +72,7 @@ def test_fsdp_bf16_steps(experiment: Any, tmp_path: Path, device: str) -> None:
                           store=FileStore(tmp_path / "weights"))
     try:
         trainer = configured_trainer(cfg, "default", tmp_path, bus=bus, publisher=publisher)
-        p = next(trainer.engine.model.parameters())
+        p = next(trainer.state.model.parameters())
         assert isinstance(p, DTensor) and p.device.type == device
         assert p.dtype == torch.float32  # the sharded master weights
         stats = trainer.run(timeout=120)
@@ -111,7 +111,7 @@ def test_fsdp_cpu_offload_steps_on_cuda(experiment: Any, tmp_path: Path) -> None
     produce(bus, cfg.run, [random_batch(s) for s in range(2)])
     try:
         trainer = configured_trainer(cfg, "default", tmp_path, bus=bus)
-        p = next(trainer.engine.model.parameters())
+        p = next(trainer.state.model.parameters())
         assert isinstance(p, DTensor) and p.device.type == "cpu"
         stats = trainer.run(timeout=120)
         trainer.close()

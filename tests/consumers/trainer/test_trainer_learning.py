@@ -47,7 +47,7 @@ def test_rl_raises_reward_with_stale_samples(experiment: Any, tmp_path: Path) ->
     bus = open_bus(cfg, tmp_path)
     trainer = configured_trainer(cfg, "default", tmp_path, bus=bus)
     trainer.setup()
-    behaviour = copy.deepcopy(trainer.engine.model)
+    behaviour = copy.deepcopy(trainer.state.model)
     gen = torch.Generator().manual_seed(0)
     prompts_n, group = 8, 8
     rewards = []
@@ -65,7 +65,7 @@ def test_rl_raises_reward_with_stale_samples(experiment: Any, tmp_path: Path) ->
             for i in range(prompts_n)]
         produce(bus, cfg.run, [Batch(id=f"default-{step}", policy="default", seq=step,
                                      groups=groups)])
-        behaviour.load_state_dict(trainer.engine.model.state_dict())  # lags one version
+        behaviour.load_state_dict(trainer.state.model.state_dict())  # lags one version
         assert trainer.run(max_steps=1, timeout=30).steps == 1
     trainer.close()
     log = steps(tmp_path / "trainer-default.jsonl")

@@ -44,9 +44,9 @@ def test_trains_publishes_checkpoints_and_commits(experiment: Any, tmp_path: Pat
     trainer = configured_trainer(cfg, "default", tmp_path, bus=bus, publisher=publisher)
     committed: list[dict[int, int]] = []
 
-    def step(engine: Any, batch: Any, version: int) -> dict[str, float]:
+    def step(state: Any, batch: Any, version: int) -> dict[str, float]:
         committed.append(bus.committed(trainer.group, trainer.topic))
-        return rl_step(engine, batch, version)
+        return rl_step(state, batch, version)
 
     trainer.step_fn = step
     stats = trainer.run(timeout=60)
@@ -81,10 +81,10 @@ def test_restart_seeks_to_the_checkpoint(experiment: Any, tmp_path: Path,
     class Crash(BaseException):  # the process dies: no exception the trainer may catch
         pass
 
-    def crash_at_3(engine: Any, batch: Any, version: int) -> dict[str, float]:
+    def crash_at_3(state: Any, batch: Any, version: int) -> dict[str, float]:
         if version == 3:
             raise Crash
-        return rl_step(engine, batch, version)
+        return rl_step(state, batch, version)
 
     first.step_fn = crash_at_3
     with pytest.raises(Crash):
@@ -96,9 +96,9 @@ def test_restart_seeks_to_the_checkpoint(experiment: Any, tmp_path: Path,
     second = configured_trainer(cfg, "default", tmp_path, bus=bus)
     seen: list[tuple[int, str]] = []
 
-    def record(engine: Any, batch: Any, version: int) -> dict[str, float]:
+    def record(state: Any, batch: Any, version: int) -> dict[str, float]:
         seen.append((version, batch.id))
-        return rl_step(engine, batch, version)
+        return rl_step(state, batch, version)
 
     second.step_fn = record
     stats = second.run(max_steps=3, timeout=60)
@@ -121,13 +121,13 @@ def test_a_batch_that_makes_the_step_raise_is_quarantined_and_training_goes_on(
     class Killed(BaseException):  # the process dies: no exception the trainer may catch
         pass
 
-    def poisoned(engine: Any, batch: Any, version: int) -> dict[str, float]:
+    def poisoned(state: Any, batch: Any, version: int) -> dict[str, float]:
         tries.append(batch.id)
         if batch.id == "default-1":
             raise IndexError("index out of range in self")  # what an embedding raises
         if batch.id == "default-2" and len(tries) == 4:
             raise Killed
-        return rl_step(engine, batch, version)
+        return rl_step(state, batch, version)
 
     first = configured_trainer(cfg, "default", tmp_path, bus=bus)
     first.step_fn = poisoned
@@ -163,7 +163,7 @@ def test_a_batch_whose_tries_killed_the_process_is_quarantined_on_restart(
     class Killed(BaseException):  # as far as the trainer knows, its process died here
         pass
 
-    def dies(engine: Any, batch: Any, version: int) -> dict[str, float]:
+    def dies(state: Any, batch: Any, version: int) -> dict[str, float]:
         raise Killed
 
     for _ in range(2):

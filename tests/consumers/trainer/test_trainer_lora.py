@@ -11,7 +11,7 @@ import torch
 from trainer_helpers import random_batch
 
 from astraflow.consumers.trainer.build import build_train_state
-from astraflow.consumers.trainer.checkpoint import CheckpointDir, TrainerState
+from astraflow.consumers.trainer.checkpoint import CheckpointDir, CheckpointMeta
 from astraflow.consumers.trainer.config import TrainerConfig
 from astraflow.consumers.trainer.rl import rl_step
 from astraflow.core.errors import ConfigError
@@ -21,13 +21,13 @@ pytest.importorskip("peft")
 LORA = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}
 
 
-def lora_engine(tiny_dir: Path, **lora: object):
+def lora_state(tiny_dir: Path, **lora: object):
     return build_train_state(TrainerConfig(device="cpu", optimizer={"lr": 1e-2},
                                       lora={**LORA, **lora}), tiny_dir)
 
 
 def test_only_adapter_params_train_and_have_optimizer_state(tiny_dir: Path) -> None:
-    e = lora_engine(tiny_dir)
+    e = lora_state(tiny_dir)
     trainable = {n for n, p in e.model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     base = {n: p.detach().clone() for n, p in e.model.named_parameters() if not p.requires_grad}
@@ -57,11 +57,11 @@ def test_only_adapter_params_train_and_have_optimizer_state(tiny_dir: Path) -> N
 
 def test_checkpoint_holds_the_adapter_and_resumes_exactly(tiny_dir: Path,
                                                           tmp_path: Path) -> None:
-    e = lora_engine(tiny_dir)
+    e = lora_state(tiny_dir)
     for v in range(2):
         rl_step(e, random_batch(v), v)
     ckpts = CheckpointDir(tmp_path, run="r", policy="p")
-    path = ckpts.save(e.model, e.optimizer, TrainerState(version=2))
+    path = ckpts.save(e.model, e.optimizer, CheckpointMeta(version=2))
     from safetensors.torch import load_file
 
     saved = load_file(str(path / "model.safetensors"))
@@ -69,7 +69,7 @@ def test_checkpoint_holds_the_adapter_and_resumes_exactly(tiny_dir: Path,
     full = sum(p.numel() for p in e.model.parameters())
     assert sum(t.numel() for t in saved.values()) < 0.2 * full
 
-    fresh = lora_engine(tiny_dir)  # another adapter init: the checkpoint must replace it
+    fresh = lora_state(tiny_dir)  # another adapter init: the checkpoint must replace it
     torch.manual_seed(99)
     assert ckpts.load(fresh.model, fresh.optimizer) is not None
     for (n, a), b in zip(e.model.state_dict().items(), fresh.model.state_dict().values(),
@@ -88,11 +88,11 @@ def test_the_kl_reference_of_a_lora_model_is_its_base(tiny_dir: Path) -> None:
     step for step, and the KL starts at exactly 0 (a fresh adapter adds zero)."""
     from astraflow.consumers.trainer.build import load_model
 
-    def engine():
+    def train_state():
         return build_train_state(TrainerConfig(device="cpu", optimizer={"lr": 1e-2}, lora=LORA,
                                           loss={"kl": "k3", "kl_coef": 0.5}), tiny_dir)
 
-    own, copy = engine(), engine()
+    own, copy = train_state(), train_state()
     assert own.ref_model is None  # no second copy held
     copy.ref_model, _ = load_model(tiny_dir, torch.device("cpu"))
     copy.ref_model.eval().requires_grad_(False)
@@ -113,7 +113,7 @@ def test_the_kl_reference_of_a_lora_model_is_its_base(tiny_dir: Path) -> None:
 
 def test_unknown_target_module_names_the_linear_layers(tiny_dir: Path) -> None:
     with pytest.raises(ConfigError, match="q_proj"):
-        lora_engine(tiny_dir, target_modules=["attn_qkv"])
+        lora_state(tiny_dir, target_modules=["attn_qkv"])
 
 
 def test_lora_config_validation() -> None:
@@ -155,7 +155,7 @@ def test_rl_steps_through_the_loop_publish_adapters_a_rollout_engine_merges(
         trainer.close()
         publisher.close()
     base = load_file(str(tiny_dir / "model.safetensors"))
-    model = trainer.engine.model
+    model = trainer.state.model
     for n, p in model.named_parameters():
         if not p.requires_grad:
             key = n.removeprefix("base_model.model.").replace(".base_layer.", ".")
@@ -191,11 +191,11 @@ def test_exported_checkpoint_is_the_merged_model(tiny_dir: Path, tmp_path: Path)
 
     from astraflow.run.launch import export_model
 
-    e = lora_engine(tiny_dir)
+    e = lora_state(tiny_dir)
     for v in range(2):
         rl_step(e, random_batch(v), v)
     path = CheckpointDir(tmp_path / "ck", run="r", policy="p").save(
-        e.model, e.optimizer, TrainerState(version=2))
+        e.model, e.optimizer, CheckpointMeta(version=2))
     dest = export_model(path, tiny_dir, tmp_path / "final", lora_scale=8.0 / 4)
     exported = AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32).eval()
     merged = copy.deepcopy(e.model).merge_and_unload().eval()

@@ -55,13 +55,13 @@ def with_versions(batch: Batch, version: int) -> Batch:
 
 
 @pytest.fixture
-def engine(tiny_dir: Path):  # noqa: ANN201
+def state(tiny_dir: Path):  # noqa: ANN201
     return build_train_state(TrainerConfig.model_validate({"device": "cpu"}), tiny_dir)
 
 
-def test_the_trainers_own_logprobs_show_no_mismatch(engine) -> None:  # noqa: ANN001
-    batch = with_versions(on_policy(random_batch(0, groups=4, group_size=4), engine.model), 0)
-    m = rl_step(engine, batch, 0)
+def test_the_trainers_own_logprobs_show_no_mismatch(state) -> None:  # noqa: ANN001
+    batch = with_versions(on_policy(random_batch(0, groups=4, group_size=4), state.model), 0)
+    m = rl_step(state, batch, 0)
     assert m["mismatch_tokens_fresh"] > 0 and m["mismatch_tokens_stale"] == 0, m
     # the same weights, the same fp32 maths in another batch layout: rounding only
     assert 0.0 <= m["mismatch_k3_fresh"] < 1e-10 and m["mismatch_abs_max_fresh"] < 1e-4, m
@@ -69,10 +69,10 @@ def test_the_trainers_own_logprobs_show_no_mismatch(engine) -> None:  # noqa: AN
     assert Alarm.from_config(MismatchConfig(max_k3=1e-6, max_beyond=0.01)).breaches(m) == []
 
 
-def test_a_disagreeing_engine_breaches_and_stale_tokens_are_apart(engine) -> None:  # noqa: ANN001
-    clean = on_policy(random_batch(0, groups=4, group_size=4), engine.model)
+def test_a_disagreeing_engine_breaches_and_stale_tokens_are_apart(state) -> None:  # noqa: ANN001
+    clean = on_policy(random_batch(0, groups=4, group_size=4), state.model)
     # fresh tokens whose engine logprobs are off by ~0.3 nats: k3 ≈ E[d²/2] ≈ 0.045
-    m = rl_step(engine, with_versions(perturbed(clean, 0.3), 0), 0)
+    m = rl_step(state, with_versions(perturbed(clean, 0.3), 0), 0)
     assert 0.02 < m["mismatch_k3_fresh"] < 0.1, m
     assert m["mismatch_abs_max_fresh"] >= m["mismatch_abs_p99_fresh"] > 0.3, m
     alarm = Alarm.from_config(MismatchConfig())  # the default: k3 above 0.01
@@ -82,12 +82,12 @@ def test_a_disagreeing_engine_breaches_and_stale_tokens_are_apart(engine) -> Non
     assert "train-inference mismatch at step 1 (default)" in line and "tokens sampled" in line
     # the same perturbation on tokens sampled at an older version: counted as stale, and
     # stale tokens never raise the alarm (the policy moved since: that is not a mismatch)
-    m = rl_step(engine, with_versions(perturbed(clean, 0.3), 0), 1)
+    m = rl_step(state, with_versions(perturbed(clean, 0.3), 0), 1)
     assert m["mismatch_tokens_fresh"] == 0 and m["mismatch_k3_stale"] > 0.02, m
     assert alarm.breaches(m) == []
     # a share of tokens beyond the threshold
     beyond = Alarm.from_config(MismatchConfig(max_k3=None, max_beyond=0.1, token_threshold=0.2))
-    m = rl_step(engine, with_versions(perturbed(clean, 0.3), 2), 2)
+    m = rl_step(state, with_versions(perturbed(clean, 0.3), 2), 2)
     assert m["mismatch_beyond_fresh"] > 0.3, m
     (why,) = beyond.breaches(m)
     assert "|log ratio| > 0.2" in why and "max_beyond 0.1" in why

@@ -254,10 +254,10 @@ def test_memory_savers_change_nothing(key: str, tiny_dir: Path) -> None:
             tc = TrainerConfig.model_validate({
                 "parallel": "fsdp", "micro_batch_tokens": 30, "optimizer": {"lr": 1e-3},
                 "fsdp": {key: on}})
-            engine = build_train_state(tc, tiny_dir)
-            losses = [rl_step(engine, random_batch(k, groups=5, group_size=4), k)["loss"]
+            state = build_train_state(tc, tiny_dir)
+            losses = [rl_step(state, random_batch(k, groups=5, group_size=4), k)["loss"]
                       for k in range(2)]
-            results.append((losses, engine.state_tensors()))
+            results.append((losses, state.state_tensors()))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

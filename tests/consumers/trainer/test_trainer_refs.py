@@ -46,11 +46,11 @@ def weights_after(cfg: Any, out: Path, batches: list[Batch]) -> dict[str, torch.
     produce(bus, cfg.run, refs if out.name == "refs" else batches)
     trainer = configured_trainer(cfg, "default", out, bus=bus)
     stats = trainer.run(max_steps=len(batches), timeout=120)
-    state = {k: v.detach().clone() for k, v in trainer.engine.model.state_dict().items()}
+    weights = {k: v.detach().clone() for k, v in trainer.state.model.state_dict().items()}
     trainer.close()
     bus.close()
     assert stats.steps == len(batches) and stats.dead_lettered == 0
-    return state
+    return weights
 
 
 def test_training_on_references_equals_training_on_copies(experiment: Any,

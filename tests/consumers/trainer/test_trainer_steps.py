@@ -19,8 +19,8 @@ from astraflow.consumers.trainer.state import TrainState, forward
 from astraflow.core.records import Batch, Group
 
 
-def engine(tiny_dir: Path, *, sgd: bool = False, **kw: object) -> TrainState:
-    """An engine on the tiny model; ``sgd``: plain SGD at lr 1 without clipping, so that the
+def train_state(tiny_dir: Path, *, sgd: bool = False, **kw: object) -> TrainState:
+    """A train state on the tiny model; ``sgd``: plain SGD at lr 1 without clipping, so that the
     parameter change *is* the gradient (Adam's first step, lr·g/|g|, would amplify rounding
     differences of near-zero gradient entries into full-size steps)."""
     e = build_train_state(TrainerConfig.model_validate({"device": "cpu", **kw}), tiny_dir)
@@ -74,7 +74,7 @@ def test_micro_batching_is_exact(tiny_dir: Path, agg: str) -> None:
     batch = random_batch(0, groups=4, group_size=4)
     results = []
     for budget in (100_000, 12):
-        e = engine(tiny_dir, sgd=True, micro_batch_tokens=budget, loss={"aggregation": agg})
+        e = train_state(tiny_dir, sgd=True, micro_batch_tokens=budget, loss={"aggregation": agg})
         m = rl_step(e, batch, 0)
         results.append((params(e), m))
     (p_whole, m_whole), (p_micro, m_micro) = results
@@ -88,7 +88,7 @@ def test_skipping_zero_advantage_groups_changes_nothing_but_time(tiny_dir: Path)
     batch = random_batch(1, groups=6, group_size=4, zero_groups=3)
     results = []
     for skip in (False, True):
-        e = engine(tiny_dir, sgd=True, skip_zero_advantage_groups=skip)
+        e = train_state(tiny_dir, sgd=True, skip_zero_advantage_groups=skip)
         m = rl_step(e, batch, 0)
         m2 = rl_step(e, random_batch(2, groups=2, zero_groups=1), 1)
         results.append((params(e), m, m2))
@@ -104,7 +104,7 @@ def test_all_groups_skipped_is_a_zero_gradient_step(tiny_dir: Path) -> None:
     batch = random_batch(3, groups=2, zero_groups=2)
     out = []
     for skip in (False, True):
-        e = engine(tiny_dir, skip_zero_advantage_groups=skip)
+        e = train_state(tiny_dir, skip_zero_advantage_groups=skip)
         before = params(e)
         m = rl_step(e, batch, 0)
         out.append(params(e))
@@ -114,7 +114,7 @@ def test_all_groups_skipped_is_a_zero_gradient_step(tiny_dir: Path) -> None:
 
 
 def on_policy_batch(e: TrainState, seq: int) -> Batch:
-    """random_batch with behaviour logprobs recomputed by the engine's current model."""
+    """random_batch with behaviour logprobs recomputed by the state's current model."""
     batch = random_batch(seq, groups=3, group_size=4)
     prep = prepare(batch, skip_zero=False)
     (mb,) = micro_batches(prep, token_budget=10**6)
@@ -138,7 +138,7 @@ def on_policy_batch(e: TrainState, seq: int) -> Batch:
 def test_decoupled_step_equals_on_policy_grpo_step(tiny_dir: Path) -> None:
     results = []
     for decoupled in (True, False):
-        e = engine(tiny_dir, sgd=True, loss={"decoupled": decoupled})
+        e = train_state(tiny_dir, sgd=True, loss={"decoupled": decoupled})
         m = rl_step(e, on_policy_batch(e, 4), 0)
         assert m["behav_weight_max"] == pytest.approx(1.0, abs=1e-5)
         assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
@@ -147,7 +147,7 @@ def test_decoupled_step_equals_on_policy_grpo_step(tiny_dir: Path) -> None:
 
 
 def test_proximal_recompute_equals_detached_forward(tiny_dir: Path) -> None:
-    e = engine(tiny_dir)
+    e = train_state(tiny_dir)
     prep = prepare(random_batch(5), skip_zero=False)
     (mb,) = micro_batches(prep, token_budget=10**6)
     e.model.eval()
