@@ -8,11 +8,13 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
+
+from bench.lib.procs import alive
+
+__all__ = ["alive", "eventually", "wait_for"]  # alive: bench/lib/procs.py, shared with bench
 
 T = TypeVar("T")
 
@@ -46,17 +48,3 @@ def eventually(cond: Callable[[], Any], timeout: float, every: float = 0.02) -> 
             return True
         time.sleep(every)
     return bool(cond())
-
-
-def alive(pid: int) -> bool:
-    """Whether process `pid` still runs: a zombie (ended, not yet reaped by its parent) is
-    not. A SIGKILLed process still runs for a moment while the kernel tears it down, so a
-    test that kills one waits with `eventually(lambda: not alive(pid), ...)`."""
-    try:
-        os.kill(pid, 0)
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (ProcessLookupError, FileNotFoundError):
-        return False
-    except PermissionError:  # someone else's process under a reused pid: not ours, gone
-        return False
-    return state not in ("Z", "X")

@@ -22,7 +22,7 @@ It acts on a run from the outside, the way the world would: it reads the run dir
 
 Every action is a :class:`Fault`, appended to a JSONL log as it happens. What the faults did to
 the run (recovery times, crash loops) is judged afterwards from the run's heartbeats
-(:mod:`bench.lib.recovery`). Standard library and core only.
+(:mod:`bench.lib.recovery`). Standard library, core and :mod:`bench.lib.procs` only.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.core.errors import AstraflowError
+from bench.lib.procs import alive
 
 log = logging.getLogger(__name__)
 
@@ -114,15 +115,6 @@ def read_pids(run_dir: Path) -> dict[str, int]:
                 .items()}
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
-
-
-def alive(pid: int) -> bool:
-    """Is ``pid`` a live process (not a zombie)?"""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 @dataclass

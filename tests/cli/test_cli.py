@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_helpers import astraflow
 from typer.testing import CliRunner
 
 from astraflow.cli.app import app
 from astraflow.core.bus import connect
 from astraflow.core.records import ChatMessage, Task, encode, schema_header
-
-
-def astraflow(*args: str, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "astraflow.cli.app", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_topics_create_list_describe_and_inspect(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import said
 from typer.testing import CliRunner
 
 from astraflow.cli.app import app
@@ -22,11 +23,6 @@ QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 #: the console script a user types (``python -m`` would put the working directory on
 #: sys.path by itself, and hide what item 8 is about)
 ASTRAFLOW = Path(sys.executable).with_name("astraflow")
-
-
-def said(result: object) -> str:
-    """The output with rich's line wrapping and panel borders undone."""
-    return " ".join(result.output.replace("│", " ").split())  # type: ignore[attr-defined]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

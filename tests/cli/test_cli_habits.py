@@ -4,11 +4,10 @@ a directory unasked."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import astraflow, said
 from typer.testing import CliRunner
 
 from astraflow import __version__
@@ -18,17 +17,6 @@ from astraflow.run.orchestrate import _prepare_out
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
-
-
-def astraflow(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "astraflow.cli.app", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def said(result: object) -> str:
-    """The output with rich's line wrapping and panel borders undone."""
-    text = result.output  # type: ignore[attr-defined]
-    return " ".join(text.replace("│", " ").split())
 
 
 def test_version_prints_the_package_version() -> None:
@@ -82,7 +70,7 @@ def test_a_role_refuses_a_run_directory_without_a_bus(tmp_path: Path, role: list
 
 
 def test_every_out_defaults_to_runs_slash_the_run_name(tmp_path: Path) -> None:
-    r = astraflow("rollout", str(QUICKSTART), "--set", "run=habits", cwd=tmp_path)
+    r = astraflow("rollout", str(QUICKSTART), "--set", "run=habits", cwd=tmp_path, timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
     err = " ".join(r.stderr.split())
     assert f"no bus in the run directory runs/habits ({tmp_path}/runs/habits/bus.db" in err

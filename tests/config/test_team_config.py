@@ -10,7 +10,7 @@ import pytest
 from astraflow.config import load_experiment
 from astraflow.core.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEAM = ROOT / "examples" / "solver_verifier.yaml"
 
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from astraflow.core.bus import connect
 from astraflow.core.bus.embedded_group import assign
@@ -45,11 +46,12 @@ def _wait_line(proc: subprocess.Popen[str], expected: str, timeout: float) -> No
 def _poll_until(consumers, done, timeout: float = 10.0) -> list:
     """Poll every consumer until ``done()``; return the records delivered meanwhile."""
     records = []
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "condition not reached in time"
+
+    def consume() -> None:
         for c in consumers:
             records.extend(c.consume(100, timeout=0.02))
+
+    wait_for(done, timeout, "the condition", tick=consume)
     return records
 
 

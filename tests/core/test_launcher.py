@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from astraflow.core.launcher import LAUNCHER_PID_ENV, Child, role_env, stop_all
 from astraflow.core.metrics import PORT_ENV
@@ -35,10 +36,8 @@ def argv(mode: str = "drain") -> list[str]:
 
 
 def wait_up(child: Child, count: int = 1, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while child.tail(100).splitlines().count("up") < count:
-        assert time.monotonic() < deadline, f"not up: {child.tail()!r}"
-        time.sleep(0.02)
+    wait_for(lambda: child.tail(100).splitlines().count("up") >= count, timeout,
+             lambda: f"'up' in the child's log: {child.tail()!r}", every=0.02)
 
 
 def test_a_child_names_its_launcher_has_its_own_session_and_one_log(
@@ -84,10 +83,8 @@ def test_the_local_actuator_launches_children_that_watch_it(tmp_path: Path,
     try:
         assert act.scale(1, 0).ok
         log = tmp_path / "logs" / "scaled-rollout-0.log"
-        deadline = time.monotonic() + 30
-        while "up" not in log.read_text().splitlines():
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.02)
+        wait_for(lambda: "up" in log.read_text().splitlines(), 30,
+                 lambda: f"'up' in the log: {log.read_text()!r}", every=0.02)
         # it names this process its launcher (a child stops itself if this process dies),
         # and no child takes the launcher's metrics port
         assert f"env {os.getpid()} unset True" in log.read_text()

@@ -11,8 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+from waiting import alive, eventually, wait_for
+
 from astraflow.core.launcher import LAUNCHER_PID_ENV
-from bench.lib.chaos import alive
 
 # a role: watches its launcher, says on SIGTERM that it stopped, starts a child of its own
 # (which must not inherit the watch) and writes that child's view of the variable
@@ -53,21 +54,13 @@ def _launch(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], int]:
         stdout=subprocess.PIPE, text=True)
     assert launcher.stdout is not None
     role = int(launcher.stdout.readline())
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "started").exists():
-        assert time.monotonic() < deadline, "the role did not start"
-        time.sleep(0.05)
+    wait_for((tmp_path / "started").exists, 60, "the role to start")
     return launcher, role
 
 
 def _gone(pid: int, within: float) -> bool:
     """Whether ``pid`` has ended, or ends within ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while alive(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    return eventually(lambda: not alive(pid), within, every=0.05)
 
 
 def test_a_role_stops_itself_once_its_launcher_is_killed(tmp_path: Path) -> None:

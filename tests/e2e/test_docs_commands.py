@@ -234,7 +234,8 @@ def rewrite(text: str) -> str:
     return "\n".join(out)
 
 
-def free_port() -> int:
+# not astraflow.core.ports.free_ports: `astraflow broker --port N` takes N+1 for its controller
+def free_port_and_next() -> int:
     """A free port of 127.0.0.1 whose next port is free too (a broker's controller port)."""
     while True:
         with socket.socket() as a, socket.socket() as b:
@@ -446,7 +447,7 @@ def run_session(session: Session, tmp: Path) -> None:
     """Run a session's script in a fresh clone; fail naming the block, with the output tail."""
     clone = make_clone(tmp)
     env = session_env(tmp)
-    ports = {p: str(free_port()) for p in fixed_ports([t for _, _, t in session.items])}
+    ports = {p: str(free_port_and_next()) for p in fixed_ports([t for _, _, t in session.items])}
     script = tmp / "commands.sh"
     script.write_text(session.script(ports))
     output = tmp / "output.txt"

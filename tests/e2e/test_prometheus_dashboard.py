@@ -49,6 +49,7 @@ def install_hint() -> str:
             "https://prometheus.io/download/, or deselect this test with -m 'not slow'")
 
 
+# not core.ports.free_ports: n consecutive ports (metrics_port_base + i), below the ephemeral range
 def free_port_range(n: int) -> int:
     """A port p such that p .. p+n-1 are free now (the roles bind them on 0.0.0.0), below
     Linux's ephemeral range (32768-60999): a role binds its port only after its imports, and

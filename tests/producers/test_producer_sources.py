@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from jsonl_files import write_jsonl
 
 from astraflow.producers.config import FieldMap
 from astraflow.producers.sources import SourceError, read_jsonl, read_parquet
-
-
-def write_jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    return path
 
 
 def test_jsonl_rows_map_to_tasks(tmp_path: Path) -> None:

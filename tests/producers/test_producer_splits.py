@@ -8,15 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonl_files import write_jsonl
 
 from astraflow.producers import SourceError, held_out_specs, split_specs, task_name, tasks
 from astraflow.producers.arithmetic import arithmetic
 from astraflow.producers.config import ProducerConfig
-
-
-def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def prompts(specs: Any) -> list[str]:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from jsonl_files import write_jsonl
 
 from astraflow.config import load_experiment
 from astraflow.core.errors import AstraflowError
@@ -24,16 +25,11 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save(build_model(tok, seed=0), tok, tmp_path_factory.mktemp("tiny") / "model")
 
 
-def _jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture
 def data(tmp_path: Path) -> tuple[Path, Path]:
-    train = _jsonl(tmp_path / "train.jsonl",
+    train = write_jsonl(tmp_path / "train.jsonl",
                    [{"id": f"t{i}", "prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(5)])
-    test = _jsonl(tmp_path / "test.jsonl",
+    test = write_jsonl(tmp_path / "test.jsonl",
                   [{"id": f"h{i}", "prompt": f"{i}+2=", "answer": str(i + 2)} for i in range(5)])
     return train, test
 
@@ -158,7 +154,7 @@ def test_a_broken_data_file_and_a_missing_extractor_are_problems_not_crashes(
 
 def test_a_warm_up_without_reference_answers_is_refused(
         tmp_path: Path, tiny_dir: Path) -> None:
-    train = _jsonl(tmp_path / "train.jsonl", [{"prompt": "1+1=", "tests": "assert True"}])
+    train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "1+1=", "tests": "assert True"}])
     cfg = load_experiment(None, [
         f"models.default.path={tiny_dir}", "producer.source=jsonl", f"producer.path=[{train}]",
         "producer.test_fraction=0", "launch.evaluate=false", "launch.warmup.steps=10",

@@ -4,10 +4,10 @@ and clear errors for a missing step or a warm-up-only log."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from jsonl_files import write_jsonl
 
 from astraflow.run.replay import ReplayError, trained_steps
 
@@ -18,11 +18,6 @@ def line(step: int, batch: str, offset: int) -> dict:
     return {"step": step, "batch_id": batch, "origin": f"{TOPIC}[0]@{offset}", "loss": 0.1}
 
 
-def write(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def test_the_rl_phase_after_a_warm_up_and_a_resume(tmp_path: Path) -> None:
     rows = [{"event": "start", "version": 0, "resumed": False},
             *[line(k, f"default-sft-{k}", 100 + k) for k in range(1, 6)],  # the warm-up
@@ -30,7 +25,7 @@ def test_the_rl_phase_after_a_warm_up_and_a_resume(tmp_path: Path) -> None:
             line(1, "default-0", 0), line(2, "default-1", 1), line(3, "default-2", 2),
             {"event": "start", "version": 2, "resumed": True},  # killed after 3, resumed at 2
             line(3, "default-2", 2), line(4, "default-3", 3)]
-    steps = trained_steps(write(tmp_path / "t.jsonl", rows))
+    steps = trained_steps(write_jsonl(tmp_path / "t.jsonl", rows))
     assert [(s.version, s.batch_id, s.topic, s.partition, s.offset) for s in steps] == [
         (1, "default-0", TOPIC, 0, 0), (2, "default-1", TOPIC, 0, 1),
         (3, "default-2", TOPIC, 0, 2), (4, "default-3", TOPIC, 0, 3)]
@@ -39,9 +34,9 @@ def test_the_rl_phase_after_a_warm_up_and_a_resume(tmp_path: Path) -> None:
 def test_a_missing_step_and_a_warm_up_only_log_are_refused(tmp_path: Path) -> None:
     gap = [{"event": "start", "version": 0, "resumed": False}, line(1, "b0", 0), line(3, "b2", 2)]
     with pytest.raises(ReplayError, match="step 2 is not logged"):
-        trained_steps(write(tmp_path / "gap.jsonl", gap))
+        trained_steps(write_jsonl(tmp_path / "gap.jsonl", gap))
     sft = [{"event": "start", "version": 0, "resumed": False}, line(1, "default-sft-1", 0)]
     with pytest.raises(ReplayError, match="SFT warm-up"):
-        trained_steps(write(tmp_path / "sft.jsonl", sft))
+        trained_steps(write_jsonl(tmp_path / "sft.jsonl", sft))
     with pytest.raises(ReplayError, match="no such trainer log"):
         trained_steps(tmp_path / "absent.jsonl")

@@ -4,9 +4,10 @@ batch is requests per engine call, or unknown where the engine batches itself un
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
+from waiting import wait_for
 
 from astraflow.consumers.rollout.batcher import Batcher
 from astraflow.consumers.rollout.engines.base import EngineError, GenRequest, GenResult
@@ -142,12 +143,9 @@ def test_a_pipelined_engine_gets_a_second_batch_only_when_full() -> None:
     full, so batches stay full; the rest goes when it is idle."""
     engine = Held()
 
-    async def until(cond: object, what: str) -> None:
-        for _ in range(500):
-            if cond():  # type: ignore[operator]
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError(what)
+    async def until(cond: Callable[[], object], what: str) -> None:
+        # the shared wait, polled on a thread so that the loop (and the batcher) runs meanwhile
+        await asyncio.to_thread(wait_for, cond, 5.0, what, every=0.01)
 
     async def main() -> list[object]:
         b = Batcher(engine)

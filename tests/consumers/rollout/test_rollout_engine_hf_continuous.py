@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 from test_rollout_engine_hf import TOL, teacher_forced
-from waiting import wait_for as _wait_for
+from waiting import wait_for
 
 from astraflow.consumers.rollout.batcher import Batcher
 from astraflow.consumers.rollout.engines import EngineError, GenRequest, GenResult, build_engine
@@ -22,10 +22,7 @@ from astraflow.consumers.rollout.runtime import Runtime, run_episode
 from astraflow.core.records import ChatMessage, Task
 
 WAIT = 60.0  # seconds any future or event may take on a busy 2-core machine
-
-
-def wait_for(cond: Any) -> None:
-    _wait_for(cond, WAIT, every=0.002)  # overlaps are short: look often
+LOOK = 0.002  # seconds between looks of a wait_for: overlaps are short, look often
 
 
 def make(path: Path, **kw: Any) -> HFEngine:
@@ -59,7 +56,7 @@ def test_mid_batch_joins_change_no_logprob(ascii_dir: Path) -> None:
 
     engine.step_hook = hook
     submit(0)
-    wait_for(lambda: len(futs) == len(prompts))
+    wait_for(lambda: len(futs) == len(prompts), WAIT, every=LOOK)
     results = {i: f.result(WAIT) for i, f in futs.items()}
     engine.close()
     for i, r in results.items():
@@ -88,7 +85,7 @@ def test_joins_keep_logprobs_under_any_sampling(arith_dir: Path, temperature: fl
     engine.eos = set()
     submit(0)
     submit(1)
-    wait_for(lambda: len(futs) == 5)
+    wait_for(lambda: len(futs) == 5, WAIT, every=LOOK)
     for i, f in futs.items():
         r = f.result(WAIT)
         ref = teacher_forced(engine, prompts[i], r.token_ids, temperature, top_p)
@@ -109,7 +106,7 @@ def test_joined_requests_share_forward_passes(arith_dir: Path) -> None:
 
     engine.step_hook = hook
     futs.append(engine.submit(GenRequest(tok("1+2=")["input_ids"], max_new_tokens=n)))
-    wait_for(lambda: len(futs) == 3)
+    wait_for(lambda: len(futs) == 3, WAIT, every=LOOK)
     for f in futs:
         assert len(f.result(WAIT).token_ids) == n
     engine.close()
@@ -142,7 +139,7 @@ def test_weight_update_lands_between_steps(arith_dir: Path) -> None:
             t = threading.Thread(target=engine.update_weights, args=(update,))
             threads.append(t)
             t.start()
-            wait_for(lambda: bool(engine.gate._pending))
+            wait_for(lambda: bool(engine.gate._pending), WAIT, every=LOOK)
         if it == 5:
             late.append(engine.submit(GenRequest(tok("5+5=")["input_ids"], max_new_tokens=3)))
 
@@ -191,7 +188,7 @@ def test_context_limit_finishes_length(arith_dir: Path) -> None:
     full = engine.submit(GenRequest(tok("1" * 63)["input_ids"], max_new_tokens=5))
     assert full.result(WAIT).token_ids == [] and full.result().finish_reason == "length"
     assert len(short.result(WAIT).token_ids) == 10
-    wait_for(lambda: bool(late))
+    wait_for(lambda: bool(late), WAIT, every=LOOK)
     r = late[0].result(WAIT)
     assert len(r.token_ids) == 2 and r.finish_reason == "length"
     with pytest.raises(EngineError, match="empty prompt"):
@@ -208,7 +205,7 @@ def test_close_fails_pending_and_running_requests(arith_dir: Path) -> None:
     def hook(it: int) -> None:  # hold the decode thread mid-request until close is asked
         if it == 2:
             started.set()
-            wait_for(lambda: engine.decoder._stop)
+            wait_for(lambda: engine.decoder._stop, WAIT, every=LOOK)
 
     engine.step_hook = hook
     futs = [engine.submit(GenRequest(tok("1+1=")["input_ids"], max_new_tokens=40))
@@ -244,7 +241,7 @@ def test_failed_forward_fails_its_requests_and_the_engine_goes_on(arith_dir: Pat
 
     engine.step_hook = lambda it: submit() if it == 1 else None  # prefilled with the first
     submit()
-    wait_for(lambda: len(futs) == 2)
+    wait_for(lambda: len(futs) == 2, WAIT, every=LOOK)
     for f in futs:
         with pytest.raises(EngineError, match="simulated device error"):
             f.result(WAIT)
@@ -318,7 +315,7 @@ def test_a_cancelled_request_leaves_the_batch(arith_dir: Path) -> None:
     doomed = engine.submit(GenRequest(tok("1+1=")["input_ids"], max_new_tokens=60))
     assert started.wait(WAIT)
     assert doomed.cancel()  # what asyncio.wrap_future does when its episode is cancelled
-    wait_for(lambda: not engine.decoder.rows)
+    wait_for(lambda: not engine.decoder.rows, WAIT, every=LOOK)
     r = engine.submit(GenRequest(tok("2+2=")["input_ids"], max_new_tokens=3)).result(WAIT)
     assert len(r.token_ids) == 3
     engine.close()

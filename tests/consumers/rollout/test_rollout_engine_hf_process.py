@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 from rollout_helpers import make_task, produce, read_all
-from waiting import wait_for
+from waiting import alive, wait_for
 
 from astraflow.config import ExperimentConfig
 from astraflow.consumers.rollout.engines import EngineError, GenRequest, build_engine
@@ -30,7 +30,6 @@ from astraflow.run.resources import open_bus
 from astraflow.run.roles import configured_worker
 from astraflow.weights.publisher import Publisher
 from astraflow.weights.store import FileStore
-from bench.lib.chaos import alive
 
 TOL = 1e-4
 

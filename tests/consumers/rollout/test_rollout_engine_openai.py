@@ -25,6 +25,7 @@ from astraflow.consumers.rollout.engines import EngineError, GenRequest, build_e
 from astraflow.consumers.rollout.engines.hf import HFEngine
 from astraflow.consumers.rollout.engines.openai import NEUTRAL_SAMPLING, OpenAIEngine
 from astraflow.core.bus import Bus
+from astraflow.core.ports import free_port
 from astraflow.weights.publisher import Publisher
 from astraflow.weights.store import FileStore
 
@@ -539,7 +540,6 @@ def vllm_server(arith_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     """``vllm serve`` on the tiny model, in dev mode, with processed logprobs."""
     import os
     import shutil
-    import socket
     import subprocess
     import urllib.request
 
@@ -549,9 +549,7 @@ def vllm_server(arith_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     exe = shutil.which("vllm")
     if exe is None:
         pytest.skip("no `vllm` command on PATH")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     logf = (tmp_path_factory.mktemp("vllm") / "server.log").open("w")
     proc = subprocess.Popen(
         [exe, "serve", str(arith_dir), "--host", "127.0.0.1", "--port", str(port),
