@@ -62,7 +62,8 @@ from typing import Any
 from bench.lib import arms
 from bench.lib.arms import make_warm, read_yaml, warm_models, write_yaml
 from bench.lib.plots import pyplot, save_figure
-from bench.multimodel import Lockstep, at_step, f, launch_pipeline, run_lockstep
+from bench.lib.report import or_dash
+from bench.multimodel import Lockstep, at_step, launch_pipeline, mean_upto, run_lockstep
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = "multi_turn_tools"
@@ -114,21 +115,16 @@ def run_pipeline(name: str, cfg_path: Path, out: Path, *, target: float | None) 
     return res
 
 
-def mean_accuracy(curve: Sequence[Mapping[str, float]], last: int) -> float | None:
-    """Mean of the evaluations at steps 1..``last``: accuracy per trainer step over a range,
-    less noisy than one evaluation (each is a sample of the held-out problems)."""
-    points = [c["accuracy"] for c in curve if 0 < c["step"] <= last]
-    return sum(points) / len(points) if points else None
-
-
 def steps_to(curve: Sequence[Mapping[str, float]], target: float | None) -> int | None:
     """The first evaluated step at or above ``target``."""
     return next((int(c["step"]) for c in curve if target is not None and c["step"] > 0
                  and c["accuracy"] >= target), None)
 
 
-def train_rewards(res: Mapping[str, Any]) -> list[float]:
-    """Mean training reward of each trainer step (the rows of either arm)."""
+def result_train_rewards(res: Mapping[str, Any]) -> list[float]:
+    """Mean training reward of each trainer step, from an arm's result (its ``rows``: the
+    pipeline's trainer log rows by policy, or the loop's rows; not a run directory's log, as
+    :func:`bench.lib.runlog.train_rewards` reads)."""
     rows = res.get("rows") or []
     if isinstance(rows, Mapping):  # the pipeline's: by policy
         rows = next(iter(rows.values()), [])
@@ -160,7 +156,7 @@ def per_step(runs: Sequence[tuple[str, Mapping[str, Any]]], target: float | None
         curve = r.get("curve") or []
         if grid and curve and curve[-1]["step"] >= grid[-1]:  # shorter runs: time only
             k["acc"].append(statistics.fmean(at_step(curve, g) or 0.0 for g in grid))
-            rew = train_rewards(r)[:grid[-1]]
+            rew = result_train_rewards(r)[:grid[-1]]
             if rew:
                 k["reward"].append(statistics.fmean(rew))
         k["time"].append(r.get("time_to_target_s"))
@@ -192,20 +188,21 @@ def per_step(runs: Sequence[tuple[str, Mapping[str, Any]]], target: float | None
     steps_label = f"{grid[0]}–{grid[-1]}" if grid else "-"
 
     def pm(v: float | None, se: float | None) -> str:
-        return f(v) + ("" if se is None else f" ± {se:.3f}")
+        return or_dash(v, '.3f') + ("" if se is None else f" ± {se:.3f}")
 
     lines = [f"| arm | runs (to step {grid[-1] if grid else '-'}) | s/step (median) | "
-             f"time to {f(target, '.2f')} (s, median; each) | steps to it (median) | "
+             f"time to {or_dash(target, '.2f')} (s, median; each) | steps to it (median) | "
              f"mean accuracy, steps {steps_label} | its difference to the loop | "
              f"mean train reward, same steps | sync / this time |",
              "|" + "---|" * 9]
     for r in rows:
-        each = ", ".join(f(t, ".1f") for t in r["times"])
+        each = ", ".join(or_dash(t, ".1f") for t in r["times"])
         lines.append(
-            f"| {r['arm']} | {len(r['times'])} ({r['runs']}) | {f(r['s_step'], '.3f')} | "
-            f"{f(r['time'], '.1f')} ({each}; reached {r['reached']}) | {f(r['steps'], '.0f')} | "
+            f"| {r['arm']} | {len(r['times'])} ({r['runs']}) | {or_dash(r['s_step'], '.3f')} | "
+            f"{or_dash(r['time'], '.1f')} ({each}; reached {r['reached']}) | "
+            f"{or_dash(r['steps'], '.0f')} | "
             f"{pm(r['acc'], r['acc_se'])} | {pm(r.get('acc_diff'), r.get('acc_diff_se'))} | "
-            f"{pm(r['reward'], r['reward_se'])} | {f(r.get('time_ratio'), '.2f')} |")
+            f"{pm(r['reward'], r['reward_se'])} | {or_dash(r.get('time_ratio'), '.2f')} |")
     return "\n".join(lines), rows
 
 
@@ -215,14 +212,17 @@ def report(results: Mapping[str, Mapping[str, Any]], ratios: Sequence[float],
     common = min((r["iterations"] for r in done.values()), default=0)
     lines = [f"| arm | tool latency p99/p50 | s/step | steps | accuracy start → end | "
              f"accuracy @ step {common} | mean accuracy, steps 1–{common} | "
-             f"time to {f(target, '.2f')} (s) |", "|" + "---|" * 8]
+             f"time to {or_dash(target, '.2f')} (s) |", "|" + "---|" * 8]
     for name, r in results.items():
         curve = r.get("curve") or []
         lines.append(
-            f"| {name} | {r.get('ratio', '-')} | {f(r.get('s_per_iter'), '.3f')} | "
-            f"{r.get('iterations', '-')} | {f(curve[0]['accuracy'] if curve else None)} → "
-            f"{f(curve[-1]['accuracy'] if curve else None)} | {f(at_step(curve, common))} | "
-            f"{f(mean_accuracy(curve, common))} | {f(r.get('time_to_target_s'), '.1f')} |")
+            f"| {name} | {r.get('ratio', '-')} | {or_dash(r.get('s_per_iter'), '.3f')} | "
+            f"{r.get('iterations', '-')} | "
+            f"{or_dash(curve[0]['accuracy'] if curve else None, '.3f')} → "
+            f"{or_dash(curve[-1]['accuracy'] if curve else None, '.3f')} | "
+            f"{or_dash(at_step(curve, common), '.3f')} | "
+            f"{or_dash(mean_upto(curve, common), '.3f')} | "
+            f"{or_dash(r.get('time_to_target_s'), '.1f')} |")
 
     def median(kind: str, key: str) -> float | None:
         """The median of ``key`` over the runs of an arm kind (one run: its value)."""
@@ -240,8 +240,8 @@ def report(results: Mapping[str, Mapping[str, Any]], ratios: Sequence[float],
         rows.append(row)
     lines += ["", "| p99/p50 | sync / pipeline s/step | sync / pipeline time to target |",
               "|---|---|---|"]
-    lines += [f"| {r['ratio']:g} | {f(r.get('step_time_ratio'), '.2f')} | "
-              f"{f(r.get('time_to_target_ratio'), '.2f')} |" for r in rows]
+    lines += [f"| {r['ratio']:g} | {or_dash(r.get('step_time_ratio'), '.2f')} | "
+              f"{or_dash(r.get('time_to_target_ratio'), '.2f')} |" for r in rows]
     return "\n".join(lines), rows
 
 
@@ -353,8 +353,8 @@ def main() -> int:
         res["ratio"] = ratio
         results[name] = res
         print(f"[{name}] done in {time.monotonic() - t0:.0f} s: s/step "
-              f"{f(res.get('s_per_iter'), '.3f')}, steps {res.get('iterations')}, "
-              f"time to target {f(res.get('time_to_target_s'), '.1f')}", flush=True)
+              f"{or_dash(res.get('s_per_iter'), '.3f')}, steps {res.get('iterations')}, "
+              f"time to target {or_dash(res.get('time_to_target_s'), '.1f')}", flush=True)
         (args.out / "agentic.json").write_text(json.dumps(
             {"target": target, "p50": args.p50, "results": results}, indent=1, default=str))
     table, rows = report(results, args.ratios, target)
@@ -372,8 +372,9 @@ def main() -> int:
           f"{args.out / 'agentic.json'}")
     for r in rows:  # the ratios last
         print(f"ratio, tool latency p99/p50 {r['ratio']:g} (p50 {args.p50:g} s): sync / pipeline "
-              f"s/step {f(r.get('step_time_ratio'), '.2f')}, time to {f(target, '.2f')} "
-              f"{f(r.get('time_to_target_ratio'), '.2f')}")
+              f"s/step {or_dash(r.get('step_time_ratio'), '.2f')}, "
+              f"time to {or_dash(target, '.2f')} "
+              f"{or_dash(r.get('time_to_target_ratio'), '.2f')}")
     return 0
 
 

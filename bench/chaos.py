@@ -39,9 +39,19 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.core.jsonl import log_rows
+from astraflow.core.launcher import cli
 from astraflow.core.ports import free_ports
-from bench.lib.arms import ROOT, arm_config, make_warm, read_yaml, warm_models, write_yaml
+from bench.lib.arms import (
+    ROOT,
+    arm_config,
+    cli_run_args,
+    make_warm,
+    read_yaml,
+    warm_models,
+    write_yaml,
+)
 from bench.lib.chaos import KINDS, Fault, Injector, StepWatch, Targets, schedule
+from bench.lib.runlog import read_summary
 
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 LABELS = {
@@ -205,8 +215,7 @@ def run_with_faults(cfg: Path, setup: Setup, plan: Sequence[tuple[float, str]], 
     from astraflow.config import load_experiment
 
     run_dir = setup.run_dir
-    cmd = [sys.executable, "-m", "astraflow.cli.app", "run", str(cfg), "--out", str(run_dir),
-           "--no-live", "--fresh"]  # an arm's directory: a rerun replaces it
+    cmd = cli(*cli_run_args(cfg, run_dir))  # an arm's directory: a rerun replaces it
     print(f"  $ astraflow run {cfg} --out {run_dir} --no-live --fresh", flush=True)
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -344,7 +353,7 @@ def replay(bus: Any, config: Any, run_dir: Path, policy: str) -> dict[str, Any]:
         return {"ok": False, "reason": f"checkpoint at version {version} holds offsets {upto} "
                                        f"of {topic}: {len(seq)} distinct batches below them"}
     order = _logged_order(run_dir / f"trainer-{policy}.jsonl", seq[:version])
-    engine = build_train_state(tc, model_dir(config, policy, run_dir))
+    state = build_train_state(tc, model_dir(config, policy, run_dir))
     step = step_function(tc.mode)
     store = claims(config, run_dir)
     # the trajectories read once (fetching each batch's 512 references through a reader of
@@ -354,9 +363,9 @@ def replay(bus: Any, config: Any, run_dir: Path, policy: str) -> dict[str, Any]:
     t0 = time.monotonic()
     for v, b in enumerate(seq[:version]):
         local = all((r.topic, r.partition, r.offset) in index for g in b.groups for r in g.refs)
-        step(engine, resolve_from(index, b) if local else resolve(bus, b, store), v)
+        step(state, resolve_from(index, b) if local else resolve(bus, b, store), v)
     final = load_file(str(ck / "model.safetensors"))
-    mine = {k: v.detach().cpu() for k, v in engine.model.state_dict().items()}
+    mine = {k: v.detach().cpu() for k, v in state.model.state_dict().items()}
     names = sorted(set(final) & set(mine))
     diff = [k for k in names if not torch.equal(final[k], mine[k])]
     worst = max((float((final[k] - mine[k]).abs().max()) for k in diff), default=0.0)
@@ -521,8 +530,7 @@ def check(bus: Any, config: Any, run_dir: Path, injector: Injector, rc: int,
     from astraflow.run.accounting import account
     from bench.lib.recovery import recover, restarts, versions_backwards
 
-    summary = json.loads((run_dir / "summary.json").read_text()) \
-        if (run_dir / "summary.json").exists() else {}
+    summary = read_summary(run_dir)
     acc = summary.get("accounting") or account(bus, config)
     beats = heartbeats(bus, config.run)
     recover(injector.faults, beats, injector.pid_history)

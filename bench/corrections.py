@@ -15,12 +15,12 @@ Prints markdown; nothing here gates CI.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
 
 from astraflow.run.retrain import retrain
+from bench.lib.runlog import read_jsonl
 
 #: (name, trainer overrides)
 ARMS: list[tuple[str, list[str]]] = [
@@ -39,7 +39,7 @@ ARMS: list[tuple[str, list[str]]] = [
 
 
 def trainer_means(path: Path) -> dict[str, float]:
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    rows = read_jsonl(path)
     out = {}
     for k in ("behav_weight_mean", "capped_frac", "clip_frac"):
         xs = [r[k] for r in rows if isinstance(r.get(k), int | float)]

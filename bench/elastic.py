@@ -39,7 +39,7 @@ from bench.lib.arms import (
     write_yaml,
 )
 from bench.lib.plots import pyplot, save_figure
-from bench.lib.runlog import read_jsonl
+from bench.lib.runlog import read_jsonl, read_summary
 
 BASE = ROOT / "examples" / "quickstart.yaml"
 
@@ -110,8 +110,7 @@ def run_arm(arm: str, base: dict[str, Any], warm: Mapping[str, Path], args: argp
     t0 = time.monotonic()
     code = astraflow_run(cfg, run_dir, args.out / f"{arm}.log")
     print(f"[{arm}] exit {code} in {time.monotonic() - t0:.0f} s", flush=True)
-    summary = json.loads((run_dir / "summary.json").read_text()) \
-        if (run_dir / "summary.json").exists() else {}
+    summary = read_summary(run_dir)
     steps = [r for r in read_jsonl(run_dir / "trainer-default.jsonl")
              if "step" in r and "event" not in r]
     starts = [r["time"] for r in read_jsonl(run_dir / "trainer-default.jsonl")

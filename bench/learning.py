@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.lib.runlog import train_rewards
+from bench.lib.arms import astraflow, cli_run_args
+from bench.lib.runlog import read_jsonl, train_rewards
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -80,7 +80,7 @@ SCENARIOS = {
 def held_out(run_dir: Path, every: int, steps: int, policy: str = "default") -> list[float]:
     """The evaluator's held-out accuracy on the grid 0, every, 2*every, ... steps: at each, the
     newest evaluation at or before it."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
     lines = [r for r in rows if "eval_accuracy" in r and r.get("policy", policy) == policy]
     grid = []
     for k in range(0, steps + 1, every):
@@ -105,22 +105,22 @@ def run_args(s: Scenario, warm_run: Path | None, out: Path) -> list[str]:
         model = start_models(warm_run)["default"]
         sets += [f"models.default.path={model}", "models.default.build=none",
                  "launch.warmup.steps=0"]
-    return ["run", str(EXAMPLES / s.config), "--out", str(out), "--no-live", *warm,
-            *[a for v in sets for a in ("--set", v)]]
+    # no --fresh: a run directory left by an earlier invocation is refused, not deleted
+    return cli_run_args(EXAMPLES / s.config, out, sets, warm, fresh=False)
 
 
-def astraflow(args: list[str], log: Path) -> int:
-    with log.open("w") as f:
-        return subprocess.call([sys.executable, "-m", "astraflow.cli.app", *args],
-                               stdout=f, stderr=subprocess.STDOUT)
-
-
-def make_warm(out: Path) -> Path:
+def quickstart_warmup(out: Path) -> Path:
+    """`astraflow run examples/quickstart.yaml --warmup-only` into ``out``/warmup; its run
+    directory. Not :func:`bench.lib.arms.make_warm`: that one runs a rewritten copy of any
+    config (a one-second run where it has no warm-up), deletes an earlier directory
+    (--fresh) and checks for config-rl.yaml; this one runs the example itself, refuses an
+    earlier directory (an SFT warm-up this bench can reuse with --warm) and fails on the exit
+    code."""
     run = out / "warmup"
     print(f"[warm-up] astraflow run examples/quickstart.yaml --warmup-only --out {run}",
           flush=True)
-    code = astraflow(["run", str(EXAMPLES / "quickstart.yaml"), "--warmup-only", "--out",
-                      str(run), "--no-live"], out / "warmup.log")
+    code = astraflow(cli_run_args(EXAMPLES / "quickstart.yaml", run, flags=["--warmup-only"],
+                                  fresh=False), out / "warmup.log", cwd=None)
     if code != 0:
         raise SystemExit(f"the warm-up failed (exit {code}); see {out / 'warmup.log'}")
     return run
@@ -158,7 +158,7 @@ def run_one(name: str, repeat: int, warm_run: Path | None, out: Path) -> Result:
     args = run_args(s, warm_run, run_dir)
     print(f"[{name} #{repeat}] astraflow {' '.join(args)}", flush=True)
     t0 = time.monotonic()
-    code = astraflow(args, out / f"{name}-{repeat}.log")
+    code = astraflow(args, out / f"{name}-{repeat}.log", cwd=None)
     seconds = time.monotonic() - t0
     curve, steps = measured(s, run_dir)
     if len(curve) < s.first + s.last:
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown scenario {unknown}; known: {', '.join(SCENARIOS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     needs_warm = any(SCENARIOS[n].warm != "own" for n in args.scenarios)
-    warm = args.warm or (make_warm(args.out) if needs_warm else None)
+    warm = args.warm or (quickstart_warmup(args.out) if needs_warm else None)
     results = [run_one(n, i, warm, args.out)
                for i in range(args.repeats) for n in args.scenarios]
     (args.out / "learning.json").write_text(json.dumps([asdict(r) for r in results], indent=1))

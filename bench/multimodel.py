@@ -76,6 +76,7 @@ from bench.lib.arms import (
     warm_models,
     write_yaml,
 )
+from bench.lib.report import or_dash
 from bench.lib.runlog import read_jsonl
 
 WORKFLOW = "solver_verifier"
@@ -599,30 +600,29 @@ def versions_line(name: str, curves: Mapping[str, Sequence[Mapping[str, float]]]
     return f"- {name}: versions at {marks} of {end:.0f} s: {per}"
 
 
-def f(v: Any, spec: str = ".3f") -> str:
-    return "-" if v is None else format(v, spec)
-
-
 def report(results: Mapping[str, Mapping[str, Any]], *, target: float | None) -> str:
     done = {k: r for k, r in results.items() if r.get("iterations")}
     common = min((r["iterations"] for r in done.values()), default=0)
     head = (f"| arm | s/iter | iterations | solver acc start → end | solver / system acc @ "
             f"step {common} | mean of evaluations at steps 1–{common}: solver / system | "
-            f"time to solver {f(target, '.2f')} (s) | final solver | final verifier | "
+            f"time to solver {or_dash(target, '.2f')} (s) | final solver | final verifier | "
             "final system |")
     lines = [head, "|" + "---|" * 10]
     for name, r in results.items():
         curve = r.get("solver_curve") or []
         fin = r.get("final", {})
         lines.append(
-            f"| {name} | {f(r.get('s_per_iter'), '.2f')} | {r.get('iterations', '-')} | "
-            f"{f(curve[0]['accuracy'] if curve else None)} → "
-            f"{f(curve[-1]['accuracy'] if curve else None)} | {f(at_step(curve, common))} / "
-            f"{f(at_step(r.get('system_curve') or [], common))} | "
-            f"{f(mean_upto(curve, common))} / "
-            f"{f(mean_upto(r.get('system_curve') or [], common))} | "
-            f"{f(r.get('time_to_target_s'), '.1f')} | {f(fin.get('solver_accuracy'))} | "
-            f"{f(fin.get('verifier_accuracy'))} | {f(fin.get('system_accuracy'))} |")
+            f"| {name} | {or_dash(r.get('s_per_iter'), '.2f')} | {r.get('iterations', '-')} | "
+            f"{or_dash(curve[0]['accuracy'] if curve else None, '.3f')} → "
+            f"{or_dash(curve[-1]['accuracy'] if curve else None, '.3f')} | "
+            f"{or_dash(at_step(curve, common), '.3f')} / "
+            f"{or_dash(at_step(r.get('system_curve') or [], common), '.3f')} | "
+            f"{or_dash(mean_upto(curve, common), '.3f')} / "
+            f"{or_dash(mean_upto(r.get('system_curve') or [], common), '.3f')} | "
+            f"{or_dash(r.get('time_to_target_s'), '.1f')} | "
+            f"{or_dash(fin.get('solver_accuracy'), '.3f')} | "
+            f"{or_dash(fin.get('verifier_accuracy'), '.3f')} | "
+            f"{or_dash(fin.get('system_accuracy'), '.3f')} |")
     lines.append("")
     for name, r in results.items():  # where the time goes
         if "breakdown_s" in r:
@@ -633,7 +633,7 @@ def report(results: Mapping[str, Mapping[str, Any]], *, target: float | None) ->
         elif r.get("s_per_iter_steady") is not None:
             lines.append(f"- {name}: {r['s_per_iter_steady']:.2f} s/iter after the first step "
                          f"(the slower trainer), steps {r.get('steps')}, processes started in "
-                         f"{f(r.get('startup_s'), '.0f')} s (not counted)")
+                         f"{or_dash(r.get('startup_s'), '.0f')} s (not counted)")
     lines += [versions_line(name, r["version_curve"]) for name, r in results.items()
               if r.get("version_curve")]
     ratios = []

@@ -39,13 +39,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.lib.runlog import read_jsonl
+from bench.lib.arms import astraflow, cli_run_args, read_yaml, set_args, write_yaml
+from bench.lib.report import or_dash
+from bench.lib.runlog import read_jsonl, read_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,27 +90,22 @@ ARM_SETS = {"embedded-1-fixed": ["launch.share_cores=false"]}
 def run_pipeline(name: str, config: Path, out: Path, *, workers: int, bus: str,
                  threshold: float, seconds: float, warm: Path | None, every: int,
                  process: bool = False, seed: int | None = None) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "astraflow.cli.app", "run", str(config), "--out", str(out),
-           "--no-live", "--fresh", "--set", f"launch.rollout_workers={workers}",
-           *[a for s in ARM_SETS.get(name, []) for a in ("--set", s)],
-           "--set", f"rollout.engine.process={str(process).lower()}",
-           "--set", f"launch.stop_at_accuracy={threshold}",
-           "--set", f"launch.timeout_s={seconds}",
-           "--set", f"launch.eval_every={every}", "--set", "launch.eval_samples=0"]
+    args = cli_run_args(config, out, [
+        f"launch.rollout_workers={workers}", *ARM_SETS.get(name, []),
+        f"rollout.engine.process={str(process).lower()}", f"launch.stop_at_accuracy={threshold}",
+        f"launch.timeout_s={seconds}", f"launch.eval_every={every}", "launch.eval_samples=0"])
     if seed is not None:  # the trainer's and the engines' seeds
-        cmd += ["--set", f"trainer.seed={seed}", "--set", f"rollout.engine.seed={seed}"]
+        args += set_args([f"trainer.seed={seed}", f"rollout.engine.seed={seed}"])
     if bus != "embedded":  # a run name of its own: the broker outlives each run
-        cmd += ["--bus", bus, "--set", f"run=bench-{name}-{os.getpid()}"]
+        args += ["--bus", bus, *set_args([f"run=bench-{name}-{os.getpid()}"])]
     if warm is not None:
-        cmd += ["--set", f"models.default.path={warm}", "--set", "models.default.build=none",
-                "--set", "launch.warmup.steps=0"]
-    print(f"[{name}] {' '.join(cmd[2:])}", flush=True)
+        args += set_args([f"models.default.path={warm}", "models.default.build=none",
+                          "launch.warmup.steps=0"])
+    print(f"[{name}] astraflow.cli.app {' '.join(args)}", flush=True)
     t0 = time.monotonic()
-    with open(out.parent / f"{name}.log", "w") as log:
-        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+    code = astraflow(args, out.parent / f"{name}.log")
     rows = read_jsonl(out / "metrics.jsonl")
-    summary = json.loads((out / "summary.json").read_text()) if (
-        out / "summary.json").exists() else {}
+    summary = read_summary(out)
     evals = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
     measured = [[r["step"], round(r["eval_accuracy"], 3)] for r in rows if "eval_accuracy" in r]
     result = {"name": name, "exit": code, "wall_s": round(time.monotonic() - t0, 1),
@@ -155,13 +150,9 @@ def run_baseline(source: Path, *, threshold: float, seconds: float, every: int,
 
 def with_overrides(config: Path, sets: list[str], dest: Path) -> Path:
     """``config`` with the ``--set`` overrides applied, written to ``dest``."""
-    import yaml
-
     from astraflow.core.config import apply_overrides
 
-    data = apply_overrides(yaml.safe_load(config.read_text()) or {}, sets)
-    dest.write_text(yaml.safe_dump(data, sort_keys=False))
-    return dest
+    return write_yaml(apply_overrides(read_yaml(config), sets), dest)
 
 
 def warm_model(run_dir: Path, policy: str = "default") -> Path:
@@ -267,11 +258,11 @@ def main() -> int:
     print(f"{'run':<15}{'to threshold s':>16}{'wait ratio':>12}{'episodes/s':>12}"
           f"{'steps':>8}{'steps/s':>9}{'first':>8}{'last':>8}{'best':>8}{'advantage':>11}")
     for r in results:
-        print(f"{r['name']:<15}{fmt(r['time_to_threshold_s'], '.1f'):>16}"
-              f"{fmt(r['wait_ratio']):>12}{fmt(r['episodes_per_s'], '.0f'):>12}"
-              f"{fmt(r['steps'], '.0f'):>8}{fmt(r.get('steps_per_s')):>9}"
-              f"{fmt(r['eval_first'], '.3f'):>8}{fmt(r.get('eval_last'), '.3f'):>8}"
-              f"{fmt(r['eval_best'], '.3f'):>8}{fmt(r.get('async_advantage')):>11}")
+        print(f"{r['name']:<15}{or_dash(r['time_to_threshold_s'], '.1f'):>16}"
+              f"{or_dash(r['wait_ratio'], '.2f'):>12}{or_dash(r['episodes_per_s'], '.0f'):>12}"
+              f"{or_dash(r['steps'], '.0f'):>8}{or_dash(r.get('steps_per_s'), '.2f'):>9}"
+              f"{or_dash(r['eval_first'], '.3f'):>8}{or_dash(r.get('eval_last'), '.3f'):>8}"
+              f"{or_dash(r['eval_best'], '.3f'):>8}{or_dash(r.get('async_advantage'), '.2f'):>11}")
     for r in results:  # which versions each side measured: the resolution of its time
         print(f"  {r['name']} evaluated (version, accuracy): "
               f"{' '.join(f'{s:g}:{a:.3f}' for s, a in r.get('evaluated') or [])}")
@@ -290,18 +281,14 @@ def main() -> int:
         print(f"{'arm':<15}{'to threshold s':>16}{'steps/s':>9}{'sync / this':>13}"
               f"{'paired ratios':>28}")
         for a in arms:
-            print(f"{a['arm']:<15}{fmt(a['time_to_threshold_s'], '.1f'):>16}"
-                  f"{fmt(a['steps_per_s']):>9}{fmt(a.get('advantage')):>13}"
-                  f"{' '.join(fmt(x) for x in a.get('paired', [])):>28}")
+            print(f"{a['arm']:<15}{or_dash(a['time_to_threshold_s'], '.1f'):>16}"
+                  f"{or_dash(a['steps_per_s'], '.2f'):>9}{or_dash(a.get('advantage'), '.2f'):>13}"
+                  f"{' '.join(or_dash(x, '.2f') for x in a.get('paired', [])):>28}")
     for r in results:  # the ratios last: the baseline's time to the threshold over each arm's
         if r["arm"] != "sync":
             print(f"ratio {r['name']}: sync / pipeline time to {args.threshold} = "
-                  f"{fmt(r.get('async_advantage'))}")
+                  f"{or_dash(r.get('async_advantage'), '.2f')}")
     return 0 if all(r["exit"] == 0 for r in results) else 1
-
-
-def fmt(v: Any, spec: str = ".2f") -> str:
-    return "-" if v is None else format(v, spec)
 
 
 def summarise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:

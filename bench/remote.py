@@ -50,7 +50,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -58,6 +57,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from astraflow.core.launcher import cli
 from astraflow.core.ports import free_port
 from bench.elastic import exit_code
 from bench.lib.arms import (
@@ -66,10 +66,11 @@ from bench.lib.arms import (
     astraflow_run,
     make_warm,
     read_yaml,
+    set_args,
     warm_models,
     write_yaml,
 )
-from bench.lib.runlog import read_jsonl
+from bench.lib.runlog import read_jsonl, read_summary
 
 BASE = ROOT / "examples" / "quickstart.yaml"
 #: librdkafka settings for the far workers' clients (docs/wan.md)
@@ -127,9 +128,8 @@ class Region:
         for i, (speed, latency) in enumerate(workers):
             sets = [*sets_far, f"rollout.engine.speed={speed}",
                     f"rollout.engine.latency={latency}"]
-            cmd = [sys.executable, "-m", "astraflow.cli.app", "rollout", str(cfg),
-                   "--out", str(run_dir), "--worker-id", f"rollout-{arm}-{where}{i}",
-                   *[a for s in sets for a in ("--set", s)]]
+            cmd = cli("rollout", str(cfg), "--out", str(run_dir),
+                      "--worker-id", f"rollout-{arm}-{where}{i}", *set_args(sets))
             fh = open(logs / f"{arm}-{where}{i}.log", "w")  # noqa: SIM115 - closed with it
             self.procs.append(subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
                                                cwd=ROOT))
@@ -245,8 +245,7 @@ def run_arm(arm: str, base: dict[str, Any], warm: Mapping[str, Path], args: argp
         far_codes = region.stop_workers()
     print(f"[{arm}] exit {code[0] if code else None} in {time.monotonic() - t0:.0f} s; the "
           f"bench's workers exited {far_codes}", flush=True)
-    summary = json.loads((run_dir / "summary.json").read_text()) \
-        if (run_dir / "summary.json").exists() else {}
+    summary = read_summary(run_dir)
     acc = summary.get("accounting", {})
     row = {"arm": arm, **trainer_row(run_dir, args.skip_s), "unaccounted": acc.get("unaccounted"),
            "trained_twice": acc.get("trained_twice"), "workers": worker_stats(run_dir)}

@@ -27,11 +27,12 @@ import argparse
 import json
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.lib.arms import astraflow, cli_run_args
 
 ROOT = Path(__file__).resolve().parents[1]
 TEAM = ROOT / "examples" / "smollm2_team.yaml"
@@ -39,12 +40,10 @@ ALONE = ROOT / "examples" / "smollm2_solver_alone.yaml"
 NUM = r"([0-9.]+)"
 
 
-def astraflow(args: list[str], log: Path, timeout: float) -> str:
+def astraflow_checked(args: list[str], log: Path, timeout: float) -> str:
     """Run the CLI, its output to ``log`` (and returned); a failure is an error."""
     print(f"  $ astraflow {' '.join(args)}", flush=True)
-    with open(log, "w") as fh:
-        rc = subprocess.run([sys.executable, "-m", "astraflow.cli.app", *args], stdout=fh,
-                            stderr=subprocess.STDOUT, cwd=ROOT, timeout=timeout).returncode
+    rc = astraflow(args, log, timeout=timeout)
     text = log.read_text()
     if rc != 0:
         raise RuntimeError(f"astraflow {args[0]} exited {rc}; see {log}:\n{text[-3000:]}")
@@ -53,9 +52,9 @@ def astraflow(args: list[str], log: Path, timeout: float) -> str:
 
 def train(config: Path, out: Path, seconds: float, seed: int) -> dict[str, Any]:
     t0 = time.monotonic()
-    astraflow(["run", str(config), "--out", str(out), "--no-live", "--fresh",
-               "--set", f"launch.timeout_s={seconds}", "--set", "launch.evaluate=false",
-               "--set", f"seed={seed}"], out.parent / f"{out.name}.log", seconds + 600)
+    astraflow_checked(cli_run_args(config, out, [f"launch.timeout_s={seconds}",
+                                                 "launch.evaluate=false", f"seed={seed}"]),
+                      out.parent / f"{out.name}.log", seconds + 600)
     summary = json.loads((out / "summary.json").read_text())
     acc = summary["accounting"]
     steps = summary.get("trainer_steps_by_policy") or {"solver": summary.get("trainer_steps")}
@@ -66,9 +65,9 @@ def train(config: Path, out: Path, seconds: float, seed: int) -> dict[str, Any]:
 def evaluate(out: Path, what: list[str], log: str) -> str:
     """`astraflow evaluate` of the run's own config: version 0, then the run's last version
     (eval_every too large to stop earlier: the last version is evaluated once it is idle)."""
-    return astraflow(["evaluate", str(out / "config.yaml"), "--out", str(out), *what,
-                      "--max-evals", "2", "--timeout", "1200",
-                      "--set", "launch.eval_every=1000000"], out.parent / log, 1500)
+    return astraflow_checked(["evaluate", str(out / "config.yaml"), "--out", str(out), *what,
+                              "--max-evals", "2", "--timeout", "1200",
+                              "--set", "launch.eval_every=1000000"], out.parent / log, 1500)
 
 
 def team_scores(out: Path) -> list[dict[str, Any]]:

@@ -1,12 +1,12 @@
-"""An arm of a benchmark that runs `astraflow run`: its config (a base YAML with --set
-overrides, RL from warm models, a time budget, an injected latency), the warm-up run that
-makes those models, and the run itself (bench/multimodel.py, agentic.py, elastic.py,
-chaos.py, remote.py)."""
+"""An arm of a benchmark that runs `astraflow run`: its command line and the runner of any
+`astraflow` subcommand (bench/learning.py, quickstart.py, team_vs_alone.py too), its config (a
+base YAML with --set overrides, RL from warm models, a time budget, an injected latency), the
+warm-up run that makes those models, and the run itself (bench/multimodel.py, agentic.py,
+elastic.py, chaos.py, remote.py)."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -67,14 +67,38 @@ def write_yaml(data: Mapping[str, Any], path: Path) -> Path:
     return path
 
 
+def set_args(sets: Sequence[str]) -> list[str]:
+    """``--set S`` for each of ``sets``."""
+    return [a for s in sets for a in ("--set", s)]
+
+
+def cli_run_args(config: Path, out: Path, sets: Sequence[str] = (), flags: Sequence[str] = (),
+                 *, fresh: bool = True) -> list[str]:
+    """The arguments of `astraflow run CONFIG --out OUT --no-live [--fresh] FLAGS --set ...`
+    (an arm's directory: ``fresh`` replaces it on a rerun)."""
+    return ["run", str(config), "--out", str(out), "--no-live", *(["--fresh"] if fresh else []),
+            *flags, *set_args(sets)]
+
+
+def astraflow(args: Sequence[str], log: Path, *, timeout: float | None = None,
+              cwd: Path | None = ROOT) -> int:
+    """Run `astraflow ARGS` with this interpreter (:func:`astraflow.core.launcher.cli`), in
+    ``cwd`` (None: this process's), its stdout and stderr to ``log``; its exit code.
+    ``timeout``: subprocess.TimeoutExpired past it."""
+    from astraflow.core.launcher import cli
+
+    with open(log, "w") as fh:
+        return subprocess.run(cli(*args), stdout=fh, stderr=subprocess.STDOUT, cwd=cwd,
+                              timeout=timeout).returncode
+
+
 def astraflow_run(config: Path, out: Path, log: Path, sets: Sequence[str] = (),
                   flags: Sequence[str] = ()) -> int:
-    cmd = [sys.executable, "-m", "astraflow.cli.app", "run", str(config), "--out", str(out),
-           "--no-live", "--fresh", *flags, *[a for s in sets for a in ("--set", s)]]
+    """An arm's `astraflow run` (:func:`cli_run_args`, said on stdout), in the repository
+    root, its output to ``log``; its exit code."""
     print(f"  $ astraflow run {config} --out {out} --fresh {' '.join(flags)} "
           f"{' '.join(f'--set {s}' for s in sets)}", flush=True)
-    with open(log, "w") as fh:
-        return subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+    return astraflow(cli_run_args(config, out, sets, flags), log)
 
 
 def make_warm(config: Mapping[str, Any], overrides: Sequence[str], out: Path) -> Path:
