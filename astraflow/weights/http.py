@@ -143,6 +143,9 @@ class HttpStore:
             f"{self!r} is read-only: the trainer writes blobs to a FileStore and serves that "
             "directory with `astraflow weights serve DIR`")
 
+    def delete(self, path: str) -> None:
+        raise WeightStoreError(f"{self!r} is read-only: blobs are deleted where they are written")
+
     def open(self, path: str, offset: int = 0, *, deadline: float | None = None) -> BinaryIO:
         """The blob from byte ``offset``; the stream's ``length`` is the bytes it will give."""
         if offset == 0:

@@ -380,17 +380,26 @@ class Publisher:
             manifests.append(manifest_for(enc, policy=self.policy, uri=uri,
                                           adapter=self.adapter))
             self._check_fits(manifests[-1])  # before any blob of the version is stored
+        stored: list[str] = []
         try:
             for enc, uri in zip(encs, uris, strict=True):
                 self.store.put(uri, enc.blob)
+                stored.append(uri)
                 self.stats.bytes_written += len(enc.blob)
         except StoreFullError as e:
             # a counted drop, not a dead trainer: this version is not published (workers keep
             # the one they hold) and the next one is encoded against the last published base,
-            # so it goes out once there is room again
+            # so it goes out once there is room again. Its blobs already stored (a delta
+            # before the full that did not fit) go: no manifest will ever name them
             self.stats.skipped_full += 1
             log.error("version=%d not published (%d skipped so far): %s", version,
                       self.stats.skipped_full, e)
+            for uri in stored:
+                try:
+                    self.store.delete(uri)
+                except (OSError, WeightStoreError) as gone:
+                    log.warning("could not delete blob %r of unpublished version=%d: %s",
+                                uri, version, gone)
             return None
         for m in manifests:
             send(self._producer, Output(self.topic, m, record_key("weights", m)))

@@ -79,6 +79,10 @@ class WeightStore(Protocol):
     def size(self, path: str) -> int:
         """The blob's size in bytes; BlobNotFoundError when absent."""
 
+    def delete(self, path: str) -> None:
+        """Remove the blob (absent: nothing to do); the publisher's clean-up of a version it
+        could not store whole."""
+
 
 class FileStore:
     """Blobs as files under ``root`` (a local disk or a shared mount such as NFS)."""
@@ -128,6 +132,9 @@ class FileStore:
 
     def exists(self, path: str) -> bool:
         return self.local_path(path).is_file()
+
+    def delete(self, path: str) -> None:
+        self.local_path(path).unlink(missing_ok=True)
 
     def size(self, path: str) -> int:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -575,6 +576,41 @@ def test_a_full_store_skips_versions_counted_and_the_chain_goes_on(bus, tmp_path
         syncer = Syncer(bus, run=RUN, policy=POLICY, store=store, target=target)
         assert syncer.sync_once(timeout=5) == 3
         assert np.array_equal(target.tensors["w"], w["w"])
+        pub.close()
+    finally:
+        subprocess.run(["umount", str(root)], check=False)
+
+
+def test_a_version_the_store_cannot_hold_whole_leaves_none_of_its_blobs(bus, tmp_path) -> None:
+    """At a full boundary a version is a delta and a full; on a real tmpfs with room for the
+    small delta only, the version is not published and its delta is deleted too (no manifest
+    will ever name it: a stray blob of a version nobody can read)."""
+    import subprocess
+
+    root = tmp_path / "store"
+    root.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root (mount -t tmpfs); this host refuses it")
+    try:
+        store = FileStore(root)
+        rng = np.random.default_rng(0)
+        w = {"w": rng.standard_normal(60_000).astype(np.float32)}  # ~240 KB a full
+        pub = Publisher(bus, run=RUN, policy=POLICY, store=store, dtype=None,
+                        background=False, full_every=1)
+        pub.publish(w, 1)
+        filler = root / "filler"
+        with open(filler, "wb") as f, contextlib.suppress(OSError):  # every byte left taken
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        os.truncate(filler, filler.stat().st_size - (64 << 10))  # room for a small delta
+        w["w"][:10] += 1.0
+        pub.publish(w, 2)  # a delta (fits) and a full (does not)
+        assert pub.stats.skipped_full == 1 and pub.stats.versions == 1
+        blobs = sorted(p.name for p in (root / POLICY).iterdir())
+        assert [b for b in blobs if b.startswith("v0000000002")] == [], blobs
+        assert len(blobs) == 1 and blobs[0].startswith("v0000000001.full"), blobs
         pub.close()
     finally:
         subprocess.run(["umount", str(root)], check=False)
