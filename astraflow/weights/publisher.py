@@ -24,7 +24,7 @@ from astraflow.weights.bits import bits_dict, blob_digest, digest
 from astraflow.weights.blob import CODEC, Bits, EncodedVersion, check_compatible, encode_version
 from astraflow.weights.codec import DEFAULT_LEVEL
 from astraflow.weights.follow import decode_manifest, read_new
-from astraflow.weights.store import StoreFullError, WeightStore
+from astraflow.weights.store import StoreFullError, WeightStore, discard
 
 log = logging.getLogger("astraflow.weights.publisher")
 
@@ -394,12 +394,7 @@ class Publisher:
             self.stats.skipped_full += 1
             log.error("version=%d not published (%d skipped so far): %s", version,
                       self.stats.skipped_full, e)
-            for uri in stored:
-                try:
-                    self.store.delete(uri)
-                except (OSError, WeightStoreError) as gone:
-                    log.warning("could not delete blob %r of unpublished version=%d: %s",
-                                uri, version, gone)
+            discard(self.store, stored, f"unpublished version={version}")
             return None
         for m in manifests:
             send(self._producer, Output(self.topic, m, record_key("weights", m)))

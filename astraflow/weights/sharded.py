@@ -28,7 +28,7 @@ from astraflow.weights.bits import as_bits, blob_digest
 from astraflow.weights.blob import CODEC, Bits, EncodedVersion, check_compatible, encode_version
 from astraflow.weights.codec import DEFAULT_LEVEL
 from astraflow.weights.publisher import ManifestTooLargeError, PublishStats
-from astraflow.weights.store import StoreFullError, WeightStore
+from astraflow.weights.store import StoreFullError, WeightStore, discard
 
 log = logging.getLogger("astraflow.weights.sharded")
 
@@ -212,6 +212,7 @@ class ShardedPublisher:
         if not all(e["stored"] for e in everyone):
             self.stats.skipped_full += 1
             log.error("version=%d not published: a rank's store was full", version)
+            discard(self.store, [d["uri"] for d in described], f"unpublished version={version}")
             return
         if self._producer is not None:
             self._send(everyone, kinds, version, total_dense)
@@ -245,6 +246,7 @@ class ShardedPublisher:
                                  "base_digest": t.base_digest} for t in h.tensors]})
         except StoreFullError as e:
             log.error("rank=%d version=%d: %s", self.rank, version, e)
+            discard(self.store, [str(d["uri"]) for d in out], f"unpublished version={version}")
             return [], False
         return out, True
 

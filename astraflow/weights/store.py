@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import http.client
+import logging
 import os
 import re
 import stat
@@ -21,6 +22,8 @@ from typing import BinaryIO, Protocol, runtime_checkable
 
 from astraflow.core.errors import WeightStoreError
 from astraflow.weights.files import NotRegularFileError, fsync_dir, open_regular, write_atomic
+
+log = logging.getLogger("astraflow.weights.store")
 
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,127}", re.ASCII)  # fullmatch only
 MAX_PATH = 512
@@ -82,6 +85,16 @@ class WeightStore(Protocol):
     def delete(self, path: str) -> None:
         """Remove the blob (absent: nothing to do); the publisher's clean-up of a version it
         could not store whole."""
+
+
+def discard(store: WeightStore, paths: list[str], why: str) -> None:
+    """Delete the blobs ``paths`` of a version that will not be published (``why``, for the
+    log); a blob that cannot be deleted is logged and left."""
+    for path in paths:
+        try:
+            store.delete(path)
+        except (OSError, WeightStoreError) as e:
+            log.warning("could not delete blob %r of %s: %s", path, why, e)
 
 
 class FileStore:
