@@ -542,75 +542,75 @@ def test_a_manifest_over_the_bus_limit_is_a_clear_error_before_any_blob(tmp_path
     small.close()
 
 
-def test_a_full_store_skips_versions_counted_and_the_chain_goes_on(bus, tmp_path) -> None:
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 1 MiB tmpfs (needs root: skipped where mounting is refused), unmounted after."""
+    import subprocess
+
+    root = tmp_path / "store"
+    root.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root (mount -t tmpfs); this host refuses it")
+    try:
+        yield root
+    finally:
+        subprocess.run(["umount", str(root)], check=False)
+
+
+def fill(root: Path, leave: int = 0) -> Path:
+    """Take every byte left on ``root``'s file system but ``leave``; the filler file."""
+    filler = root / "filler"
+    with open(filler, "wb") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+    if leave:
+        os.truncate(filler, filler.stat().st_size - leave)
+    return filler
+
+
+def test_a_full_store_skips_versions_counted_and_the_chain_goes_on(bus, tiny_disk) -> None:
     """A store with no space left (a real 1 MiB tmpfs, filled): the version is not published
     and counted, the trainer's publisher keeps going, and once there is room the next version
     goes out against the last published base, so syncers stay exact."""
-    import subprocess
-
-    root = tmp_path / "store"
-    root.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs needs root (mount -t tmpfs); this host refuses it")
-    try:
-        store = FileStore(root)
-        rng = np.random.default_rng(0)
-        w = {"w": rng.standard_normal(60_000).astype(np.float32)}  # ~240 KB a full
-        pub = Publisher(bus, run=RUN, policy=POLICY, store=store, dtype=None,
-                        background=False, full_every=100)
-        pub.publish(w, 1)
-        filler = root / "filler"
-        with open(filler, "wb") as f, contextlib.suppress(OSError):  # every byte left taken
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        w["w"] = w["w"] + 1.0  # a dense change: the delta needs room too
-        pub.publish(w, 2)
-        assert pub.stats.skipped_full == 1 and pub.stats.versions == 1
-        assert not [p for p in root.iterdir() if p.name.startswith(".")]  # no temp left
-        filler.unlink()
-        w["w"][:10] += 1.0
-        pub.publish(w, 3)
-        target = DictTarget({})
-        syncer = Syncer(bus, run=RUN, policy=POLICY, store=store, target=target)
-        assert syncer.sync_once(timeout=5) == 3
-        assert np.array_equal(target.tensors["w"], w["w"])
-        pub.close()
-    finally:
-        subprocess.run(["umount", str(root)], check=False)
+    root = tiny_disk
+    store = FileStore(root)
+    rng = np.random.default_rng(0)
+    w = {"w": rng.standard_normal(60_000).astype(np.float32)}  # ~240 KB a full
+    pub = Publisher(bus, run=RUN, policy=POLICY, store=store, dtype=None,
+                    background=False, full_every=100)
+    pub.publish(w, 1)
+    filler = fill(root)
+    w["w"] = w["w"] + 1.0  # a dense change: the delta needs room too
+    pub.publish(w, 2)
+    assert pub.stats.skipped_full == 1 and pub.stats.versions == 1
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]  # no temp left
+    filler.unlink()
+    w["w"][:10] += 1.0
+    pub.publish(w, 3)
+    target = DictTarget({})
+    syncer = Syncer(bus, run=RUN, policy=POLICY, store=store, target=target)
+    assert syncer.sync_once(timeout=5) == 3
+    assert np.array_equal(target.tensors["w"], w["w"])
+    pub.close()
 
 
-def test_a_version_the_store_cannot_hold_whole_leaves_none_of_its_blobs(bus, tmp_path) -> None:
+def test_a_version_the_store_cannot_hold_whole_leaves_none_of_its_blobs(bus, tiny_disk) -> None:
     """At a full boundary a version is a delta and a full; on a real tmpfs with room for the
     small delta only, the version is not published and its delta is deleted too (no manifest
     will ever name it: a stray blob of a version nobody can read)."""
-    import subprocess
-
-    root = tmp_path / "store"
-    root.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs needs root (mount -t tmpfs); this host refuses it")
-    try:
-        store = FileStore(root)
-        rng = np.random.default_rng(0)
-        w = {"w": rng.standard_normal(60_000).astype(np.float32)}  # ~240 KB a full
-        pub = Publisher(bus, run=RUN, policy=POLICY, store=store, dtype=None,
-                        background=False, full_every=1)
-        pub.publish(w, 1)
-        filler = root / "filler"
-        with open(filler, "wb") as f, contextlib.suppress(OSError):  # every byte left taken
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        os.truncate(filler, filler.stat().st_size - (64 << 10))  # room for a small delta
-        w["w"][:10] += 1.0
-        pub.publish(w, 2)  # a delta (fits) and a full (does not)
-        assert pub.stats.skipped_full == 1 and pub.stats.versions == 1
-        blobs = sorted(p.name for p in (root / POLICY).iterdir())
-        assert [b for b in blobs if b.startswith("v0000000002")] == [], blobs
-        assert len(blobs) == 1 and blobs[0].startswith("v0000000001.full"), blobs
-        pub.close()
-    finally:
-        subprocess.run(["umount", str(root)], check=False)
+    root = tiny_disk
+    rng = np.random.default_rng(0)
+    w = {"w": rng.standard_normal(60_000).astype(np.float32)}  # ~240 KB a full
+    pub = Publisher(bus, run=RUN, policy=POLICY, store=FileStore(root), dtype=None,
+                    background=False, full_every=1)
+    pub.publish(w, 1)
+    fill(root, leave=64 << 10)  # room for a small delta
+    w["w"][:10] += 1.0
+    pub.publish(w, 2)  # a delta (fits) and a full (does not)
+    assert pub.stats.skipped_full == 1 and pub.stats.versions == 1
+    blobs = sorted(p.name for p in (root / POLICY).iterdir())
+    assert [b for b in blobs if b.startswith("v0000000002")] == [], blobs
+    assert len(blobs) == 1 and blobs[0].startswith("v0000000001.full"), blobs
+    pub.close()
