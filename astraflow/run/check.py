@@ -350,6 +350,7 @@ def _check_memory(config: ExperimentConfig, policy: str, model_config: dict[str,
     est = estimate(model_config, config, policy, params)
     report.good(f"models.{policy}", est.describe())
     report.good(f"trainer.{policy}.memory", describe_trainer(est, gpu_gb))
+    _check_precision(config, policy, report)
     limit = est.available_bytes()
     if limit is not None and est.host_bytes > limit:
         report.bad(f"models.{policy}", f"the roles on this host need about "
@@ -357,6 +358,26 @@ def _check_memory(config: ExperimentConfig, policy: str, model_config: dict[str,
                    f"{limit / 2**30:.1f} GiB: fewer launch.rollout_workers, a smaller "
                    "rollout.engine.max_batch_size, or a bigger machine")
     return est
+
+
+def _check_precision(config: ExperimentConfig, policy: str, report: CheckReport) -> None:
+    """What ``trainer.mixed_precision`` computes in on this host's CPU (a trainer that runs on
+    a GPU is not judged here): ``auto``'s choice, or why ``bf16`` will be slow."""
+    import torch
+
+    from astraflow.consumers.trainer.precision import resolve, slow_bf16
+
+    tc = config.trainer_for(policy)
+    if tc.device == "cuda" or (tc.device == "auto" and torch.cuda.is_available()):
+        return
+    key = f"trainer.{policy}.mixed_precision"
+    slow = slow_bf16(tc.mixed_precision, cpu=True)
+    if slow:
+        report.good(key, f"warning: {slow}")
+    elif tc.mixed_precision == "auto":
+        got = resolve("auto", cpu=True)
+        report.good(key, "auto: bf16 on this CPU (it has bf16 instructions)" if got == "bf16"
+                    else "auto: fp32 on this CPU (no bf16 instructions)")
 
 
 def _check_run_memory(config: ExperimentConfig, estimates: Sequence[MemoryEstimate],

@@ -72,7 +72,12 @@ def _device_settings(tc: TrainerConfig) -> Any:
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state()
-    return Accelerator(cpu=cpu, mixed_precision=tc.mixed_precision)
+    from astraflow.consumers.trainer.precision import resolve, slow_bf16
+
+    slow = slow_bf16(tc.mixed_precision, cpu=cpu)
+    if slow:
+        log.warning(slow)
+    return Accelerator(cpu=cpu, mixed_precision=resolve(tc.mixed_precision, cpu=cpu))
 
 
 def load_model(path: str | Path, device: torch.device) -> tuple[torch.nn.Module, int]:

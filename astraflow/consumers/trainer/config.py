@@ -213,8 +213,11 @@ class TrainerConfig(Section):
                            "sums gradients; fsdp shards weights, gradients and optimizer "
                            "state over the ranks (FSDP2, see trainer.fsdp)")
     fsdp: FsdpConfig = FsdpConfig()
-    mixed_precision: Literal["no", "bf16", "fp16"] = pydantic.Field(
-        "no", description="autocast compute dtype; master weights stay fp32")
+    mixed_precision: Literal["no", "bf16", "fp16", "auto"] = pydantic.Field(
+        "no", description="autocast compute dtype; master weights stay fp32. auto: bf16 where "
+                          "the device computes it natively (a CUDA GPU with bf16, a CPU with "
+                          "avx512_bf16 or amx_bf16), else no (fp32): a CPU without bf16 "
+                          "instructions emulates it many times slower than fp32")
     seed: int = pydantic.Field(0, description="torch / numpy / python seed")
     deterministic: bool = pydantic.Field(
         False, description="torch.use_deterministic_algorithms(True) (bit-identical resume "
