@@ -55,6 +55,7 @@ def team_policies(c: ExperimentConfig) -> Problems:
                 type=error("bad_latency", "; ".join(e.problems)),
                 loc=("rollout", "workflow", "kwargs", workflow, "verifier_latency"),
                 input=latency))
+    errors += _tool_check(c, workflow)
     for role, policy in c.team().items():
         if policy in c.policies:
             continue
@@ -66,6 +67,37 @@ def team_policies(c: ExperimentConfig) -> Problems:
             f"the role with rollout.workflow.kwargs.{workflow}.policies.{role}"),
             loc=loc, input=policy))
     return errors
+
+
+def _tool_check(c: ExperimentConfig, workflow: str) -> Problems:
+    """A team's ``verifier_tool`` is a registered tool and its ``answer_extract`` an
+    extractor: refused at load time, not found wrong by every episode."""
+    kw = c.team_kwargs()
+    where = ("rollout", "workflow", "kwargs", workflow)
+    out: Problems = []
+    tool = kw.get("verifier_tool")
+    if tool is not None:
+        from astraflow.consumers.rollout.tools import TOOLS
+
+        if not isinstance(tool, str) or tool not in TOOLS:
+            out.append(InitErrorDetails(type=error(
+                "unknown_tool", f"unknown tool {tool!r}; registered: {', '.join(TOOLS.names())}"),
+                loc=(*where, "verifier_tool"), input=tool))
+    extract = kw.get("answer_extract")
+    if extract is not None:
+        from astraflow.consumers.rollout.rewards.extract import check_extractor
+
+        try:
+            check_extractor(str(extract))
+        except ValueError as e:
+            out.append(InitErrorDetails(type=error("unknown_extractor", str(e)),
+                                        loc=(*where, "answer_extract"), input=extract))
+    if kw.get("tool_verdict") and tool is None:
+        out.append(InitErrorDetails(type=error(
+            "tool_verdict_without_tool", "tool_verdict compares the claim with the tool's "
+            "answer: name the tool (verifier_tool: calculator)"),
+            loc=(*where, "tool_verdict"), input=True))
+    return out
 
 
 def verifier_work(c: ExperimentConfig) -> Problems:

@@ -63,3 +63,16 @@ def test_columns_work_needs_an_addition_task() -> None:
     cols = load_experiment(ROOT / "examples" / "solver_verifier_columns.yaml")
     assert cols.launch.warmup.verifier_work == "columns"
     assert load_experiment(TEAM).launch.warmup.verifier_work == "sum"
+
+
+def test_a_tool_check_names_a_registered_tool_and_extractor() -> None:
+    kw = "rollout.workflow.kwargs.solver_verifier"
+    (problem,) = refused(f"{kw}.verifier_tool=abacus")
+    assert f"{kw}.verifier_tool: unknown tool 'abacus'; registered: " in problem
+    assert "calculator" in problem
+    (problem,) = refused(f"{kw}.answer_extract=last_digit")
+    assert f"{kw}.answer_extract: unknown answer extractor 'last_digit'" in problem
+    (problem,) = refused(f"{kw}.tool_verdict=true")
+    assert f"{kw}.tool_verdict: tool_verdict compares the claim with the tool's answer" in problem
+    team = load_experiment(ROOT / "examples" / "smollm2_team.yaml")  # the shipped example
+    assert team.team_kwargs()["verifier_tool"] == "calculator"

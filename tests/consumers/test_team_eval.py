@@ -186,6 +186,54 @@ def test_team_system_accuracy_equals_the_workflow_on_scripted_episodes(rule_engi
     assert sum(f > 0.5 for f in finals) / len(finals) == res.system_accuracy
 
 
+def test_a_team_that_checks_with_the_calculator_is_evaluated_as_the_workflow_runs(
+        rule_engine) -> None:
+    """The team evaluator runs the tool check as the rollout does: the calculator is called
+    on the verifier's expression and the verdict is the claim against its answer."""
+    from astraflow.models.tiny import build_tokenizer
+
+    cfg = example(launch__eval_problems=200)
+    tok = build_tokenizer("ascii")
+    specs = held_out(cfg.producer, 200)
+
+    def solver(text: str) -> str:
+        if "?c" in text:  # the retry, after "?c<expression> = <value>"
+            return re.findall(r"-?\d+", text)[-1]  # the calculator's value
+        a, b = map(int, re.findall(r"(\d+)\+(\d+)=", text)[0])
+        return str(a + b if a % 2 == 0 else a + b + 1)
+
+    def verifier(text: str) -> str:  # writes the check: right, wrong (a*b) or none
+        a, b = map(int, re.findall(r"(\d+)\+(\d+)=", text)[0])
+        return "" if a % 11 == 0 else f"{a}*{b}" if a % 5 == 0 else f"{a}+{b}"
+
+    engines = {"solver": rule_engine(tok, solver, version=3),
+               "verifier": rule_engine(tok, verifier, version=4)}
+    kwargs = {"verifier_prompt": "{problem}{answer}?", "verifier_tool": "calculator",
+              "tool_verdict": True, "retry_prompt": "?c{check}\n",
+              "rewards": {"verifier": "verdict_and_work"}}
+    res = team_episodes(engines, specs, workflow_kwargs=kwargs, max_new_tokens=12)
+    final = first = retried = unclear = 0
+    for spec in specs:
+        a, b = map(int, re.findall(r"(\d+)\+(\d+)=", spec.prompt[-1].content)[0])
+        answer = a + b if a % 2 == 0 else a + b + 1
+        first += answer == a + b
+        if a % 11 == 0:  # no expression: no verdict, the first answer stands
+            unclear += 1
+            final += answer == a + b
+            continue
+        told = a * b if a % 5 == 0 else a + b
+        if answer == told:
+            final += answer == a + b
+        else:  # rejected: the retry says the calculator's value
+            retried += 1
+            final += told == a + b
+    n = len(specs)
+    assert 0 < unclear < retried < n
+    assert res.gauges() == pytest.approx({
+        "system_accuracy": final / n, "first_accuracy": first / n, "retry_rate": retried / n,
+        "unclear_rate": unclear / n, "error_rate": 0.0})
+
+
 # ------------------------------------------------------------- real tiny models, on the bus
 
 def constant_verifier(word: str, *, steps: int = 40, seed: int = 0) -> Any:

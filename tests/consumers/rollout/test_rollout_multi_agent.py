@@ -493,3 +493,106 @@ def test_a_turn_reward_count_that_misses_the_turns_is_a_workflow_error(ascii_tok
         await rt.close()
 
     asyncio.run(go())
+
+
+def test_first_expression_finds_the_computation_in_the_verifiers_text() -> None:
+    from astraflow.consumers.rollout.workflows.solver_verifier import first_expression
+
+    assert first_expression("To check, write the expression 8 - 0 = 8.") == "8 - 0"
+    assert first_expression("(12 + 3) * 2 and then 1 + 1") == "(12 + 3) * 2"
+    assert first_expression("-4+7") == "-4+7"
+    assert first_expression("the answer is 5") is None and first_expression("") is None
+
+
+@pytest.mark.parametrize(("first", "check", "verdict", "retried", "work"), [
+    # a wrong answer, the check right, the verdict right: the retry sees the tool's result
+    ("6", "I compute 2 + 3", "no", True, 1.0),
+    # a right answer approved after a right check: no retry
+    ("5", "2+3", "yes", False, 1.0),
+    # a check with no arithmetic in it: the tool is not called, the work earns 0
+    ("6", "no idea", "no", True, 0.0),
+    # a check that computes the wrong thing: the tool answers it, the work earns 0
+    ("6", "2 * 3", "yes", False, 0.0),
+])
+def test_a_verifier_checks_with_a_tool(ascii_tokenizer, first: str, check: str, verdict: str,
+                                       retried: bool, work: float) -> None:
+    tok = ascii_tokenizer
+    solver = [first, "5"] if retried else [first]
+    rt, engines = runtime(tok, {"solver": solver, "verifier": [check, verdict]},
+                          {"solver": 2, "verifier": 5}, workflow_kwargs={"solver_verifier": {
+                              "verifier_tool": "calculator", "check_max_new_tokens": 30,
+                              "retry_prompt": "Rejected; the calculator says {check}. Again:",
+                              "rewards": {"verifier": "verdict_and_work"}}})
+    (out,) = run(rt, [(task("solver_verifier"), 0)])
+    d = by_policy(out)
+    v = d["verifier"]
+    assert generated(tok, v) == [check, verdict]  # the check and the verdict, one trajectory
+    asked = tok.decode(engines["verifier"].calls[1].prompt_ids)  # what the verdict turn saw
+    computed = {"I compute 2 + 3": "2 + 3 = 5", "2+3": "2+3 = 5", "2 * 3": "2 * 3 = 6",
+                "no idea": "? = nothing (no arithmetic expression was written)"}[check]
+    assert f"The calculator computed {computed}" in asked
+    assert f"The proposed answer is {first}." in asked
+    assert engines["verifier"].calls[0].max_new_tokens == 30  # the check turn's own budget
+    assert engines["verifier"].calls[1].max_new_tokens == 200
+    # both verifier turns are trained, the tool's message between them is context
+    user = [s for s in v.spans if s.role == "user"][-1]
+    assert set(v.loss_mask[user.start:user.end]) == {0}
+    assert masked_versions(v) == {5}
+    assert v.rewards["work_answer"] == work
+    assert d["solver"].rewards["retried"] == float(retried)
+    if retried:
+        seen = tok.decode(engines["solver"].calls[1].prompt_ids)
+        assert f"Rejected; the calculator says {computed}. Again:" in seen
+        assert d["solver"].reward == 1.0
+    assert out.ctx.counters.get("check_no_expression", 0) == (check == "no idea")
+
+
+def test_an_unknown_check_tool_reaches_the_verifier_as_an_error(ascii_tokenizer) -> None:
+    rt, engines = runtime(ascii_tokenizer, {"solver": ["6", "5"], "verifier": ["2+3", "no"]},
+                          {"solver": 0, "verifier": 0}, workflow_kwargs={"solver_verifier": {
+                              "verifier_tool": "abacus", "rewards": {
+                                  "verifier": "verdict_and_work"}}})
+    (out,) = run(rt, [(task("solver_verifier"), 0)])
+    v = by_policy(out)["verifier"]
+    assert "unknown tool 'abacus'" in ascii_tokenizer.decode(engines["verifier"].calls[1].prompt_ids)
+    assert v.rewards["work_answer"] == 0.0
+    assert out.ctx.counters["tool_failures"] == 1.0
+
+
+@pytest.mark.parametrize(("first", "check", "verdict", "work"), [
+    ("6", "2 + 3", False, 1.0),  # the tool's 5 is not the claim 6: rejected, the retry told 5
+    ("5", "so 2+3", True, 1.0),  # the claim is the tool's answer: approved
+    ("5", "2 * 3", False, 0.0),  # a wrong check rejects a right claim
+    ("6", "I cannot", None, 0.0),  # no check: no verdict, no retry
+])
+def test_a_tool_verdict_compares_the_claim_with_the_tools_answer(
+        ascii_tokenizer, first: str, check: str, verdict: bool | None, work: float) -> None:
+    tok = ascii_tokenizer
+    solver = [f"It is {first}.", "5"] if verdict is False else [f"It is {first}."]
+    rt, engines = runtime(tok, {"solver": solver, "verifier": [check]},
+                          {"solver": 1, "verifier": 4}, workflow_kwargs={"solver_verifier": {
+                              "verifier_tool": "calculator", "tool_verdict": True,
+                              "answer_extract": "last_number",
+                              "verifier_prompt": "{problem} claim {answer}; check:",
+                              "retry_prompt": "No: {check}.",
+                              "rewards": {"verifier": "verdict_and_work"}}})
+    (out,) = run(rt, [(task("solver_verifier"), 0)])
+    d = by_policy(out)
+    # the verifier saw the extracted claim, wrote one turn (its check) and nothing more
+    assert f"2+3= claim {first}; check:" in tok.decode(engines["verifier"].calls[0].prompt_ids)
+    assert generated(tok, d["verifier"]) == [check] and len(engines["verifier"].calls) == 1
+    assert d["verifier"].rewards["approved"] == (-1.0 if verdict is None else float(verdict))
+    assert d["verifier"].rewards["work_answer"] == work
+    if verdict is False:
+        told = {"2 + 3": "2 + 3 = 5", "2 * 3": "2 * 3 = 6"}[check]
+        assert f"No: {told}." in tok.decode(engines["solver"].calls[1].prompt_ids)
+    assert len(engines["solver"].calls) == (2 if verdict is False else 1)
+    assert out.ctx.counters.get("verdict_unclear", 0) == (verdict is None)
+
+
+def test_same_number() -> None:
+    from astraflow.consumers.rollout.workflows.solver_verifier import same_number
+
+    assert same_number("8", "8.0") and same_number("-3", " -3 ")
+    assert not same_number("8", "9") and not same_number("8", "eight")
+    assert not same_number("", "")
