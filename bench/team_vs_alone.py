@@ -5,6 +5,7 @@ final weights of each measured on the same held-out problems.
 
     python -m bench.team_vs_alone                          # 2 pairs, 600 s of each run
     python -m bench.team_vs_alone --pairs 3 --seconds 900 --out runs/team-vs-alone
+    python -m bench.team_vs_alone --first-pair 2 --pairs 1  # one more pair after those 2
 
 The runs evaluate nothing while they train (``launch.evaluate=false``: the evaluators would
 take the cores from training, unequally for one policy and two); afterwards `astraflow
@@ -95,8 +96,8 @@ def table(pairs: list[dict[str, Any]], votes: int) -> str:
     lines = ["| pair | team steps (solver/verifier) | team system: start → end | team solver "
              "first answer | alone steps | alone greedy: start → end | alone maj@"
              f"{votes} end | margin |", "|---|---|---|---|---|---|---|---:|"]
-    for i, p in enumerate(pairs):
-        t, a = p["team"], p["alone"]
+    for p in pairs:
+        i, t, a = p["pair"], p["team"], p["alone"]
         steps = t["run"]["steps"] or {}
         lines.append(
             f"| {i} | {steps.get('solver')}/{steps.get('verifier')} | "
@@ -113,17 +114,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--team", type=Path, default=TEAM)
     ap.add_argument("--alone", type=Path, default=ALONE)
     ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--first-pair", type=int, default=0,
+                    help="number of the first pair: pair i runs with seed i, team first when "
+                         "i is even (more pairs after an earlier invocation: --first-pair 2)")
     ap.add_argument("--seconds", type=float, default=600.0, help="launch.timeout_s of a run")
     ap.add_argument("--votes", type=int, default=2,
                     help="answers the baseline draws for its majority vote (the team's most)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "team-vs-alone")
     args = ap.parse_args(argv)
-    if args.pairs < 1 or args.seconds <= 0 or args.votes < 1:
-        ap.error("--pairs >= 1, --seconds > 0 and --votes >= 1")
+    if args.pairs < 1 or args.seconds <= 0 or args.votes < 1 or args.first_pair < 0:
+        ap.error("--pairs >= 1, --first-pair >= 0, --seconds > 0 and --votes >= 1")
     args.out.mkdir(parents=True, exist_ok=True)
     pairs: list[dict[str, Any]] = []
-    for i in range(args.pairs):
-        pair: dict[str, Any] = {}
+    for i in range(args.first_pair, args.first_pair + args.pairs):
+        pair: dict[str, Any] = {"pair": i}
         order = ("team", "alone") if i % 2 == 0 else ("alone", "team")
         for arm in order:
             out = args.out / f"{arm}-{i}"

@@ -21,6 +21,7 @@ Modules:
 - :mod:`.lora`: LoRA on the trainer (``trainer.lora``): train and publish the adapter.
 - :mod:`.losses`: The GRPO-family policy loss, the SFT loss, and token logprobs.
 - :mod:`.mismatch`: Train–inference mismatch of the engine's token logprobs.
+- :mod:`.precision`: ``trainer.mixed_precision: auto``: bf16 where the hardware computes it natively.
 - :mod:`.quarantine`: Poison batches: tried a bounded number of times, then dead-lettered.
 - :mod:`.rl`: One RL optimizer step on one batch.
 - :mod:`.sft`: One SFT optimizer step on a batch of demonstrations.
