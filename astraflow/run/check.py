@@ -363,12 +363,10 @@ def _check_memory(config: ExperimentConfig, policy: str, model_config: dict[str,
 def _check_precision(config: ExperimentConfig, policy: str, report: CheckReport) -> None:
     """What ``trainer.mixed_precision`` computes in on this host's CPU (a trainer that runs on
     a GPU is not judged here): ``auto``'s choice, or why ``bf16`` will be slow."""
-    import torch
-
-    from astraflow.consumers.trainer.precision import resolve, slow_bf16
+    from astraflow.consumers.trainer.precision import on_cpu, resolve, slow_bf16
 
     tc = config.trainer_for(policy)
-    if tc.device == "cuda" or (tc.device == "auto" and torch.cuda.is_available()):
+    if not on_cpu(tc.device):
         return
     key = f"trainer.{policy}.mixed_precision"
     slow = slow_bf16(tc.mixed_precision, cpu=True)

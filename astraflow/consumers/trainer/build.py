@@ -63,17 +63,17 @@ def _device_settings(tc: TrainerConfig) -> Any:
         torch.use_deterministic_algorithms(True)
     if tc.threads is not None:
         torch.set_num_threads(tc.threads)
+    from astraflow.consumers.trainer.precision import on_cpu, resolve, slow_bf16
+
     # cpu=True also for "auto" without CUDA: under torchrun that is what makes accelerate
     # set up the gloo process group (MULTI_CPU) instead of a lone process per rank
-    cpu = tc.device == "cpu" or (tc.device == "auto" and not torch.cuda.is_available())
+    cpu = on_cpu(tc.device)
     # accelerate keeps one AcceleratorState per process and refuses another precision: a
     # second trainer in the process (another policy, a test) gets its own; the distributed
     # state (PartialState) is kept
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state()
-    from astraflow.consumers.trainer.precision import resolve, slow_bf16
-
     slow = slow_bf16(tc.mixed_precision, cpu=cpu)
     if slow:
         log.warning(slow)

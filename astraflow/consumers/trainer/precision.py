@@ -30,6 +30,14 @@ def cpu_native_bf16() -> bool:
     return False
 
 
+def on_cpu(device: str) -> bool:
+    """Whether a trainer with ``trainer.device`` ``device`` computes on the CPU (``auto``
+    without a CUDA device included)."""
+    import torch
+
+    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+
+
 def resolve(setting: str, *, cpu: bool) -> str:
     """The autocast precision of ``setting`` (``no``, ``bf16``, ``fp16`` or ``auto``) on the
     trainer's device (``cpu``: a CPU, else CUDA)."""

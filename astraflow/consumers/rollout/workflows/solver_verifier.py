@@ -195,11 +195,11 @@ async def solver_verifier(ctx: EpisodeContext, task: Task, *, retry: bool = True
     if verdict is None:
         ctx.count("verdict_unclear")
     judged = (await ctx.reward(first.text)).value
-    lines = [line for line in verdict_text.splitlines() if line.strip()]
     work: float | None
     if verifier_tool is not None:  # the verifier's work is its check: the tool's answer
         work = (await ctx.reward(checked)).value if checked is not None else 0.0
-    else:
+    else:  # the line before its verdict
+        lines = [line for line in verdict_text.splitlines() if line.strip()]
         work = (await ctx.reward(lines[-2])).value if len(lines) > 1 else None
 
     final = judged
