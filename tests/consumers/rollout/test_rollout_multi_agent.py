@@ -575,9 +575,10 @@ def test_a_tool_verdict_compares_the_claim_with_the_tools_answer(
                               "answer_extract": "last_number",
                               "verifier_prompt": "{problem} claim {answer}; check:",
                               "retry_prompt": "No: {check}.",
-                              "rewards": {"verifier": "verdict_and_work"}}})
+                              "rewards": {"verifier": "work"}}})
     (out,) = run(rt, [(task("solver_verifier"), 0)])
     d = by_policy(out)
+    assert d["verifier"].reward == work  # the `work` rule: its check alone, 0 without one
     # the verifier saw the extracted claim, wrote one turn (its check) and nothing more
     assert f"2+3= claim {first}; check:" in tok.decode(engines["verifier"].calls[0].prompt_ids)
     assert generated(tok, d["verifier"]) == [check] and len(engines["verifier"].calls) == 1

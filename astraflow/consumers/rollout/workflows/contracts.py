@@ -127,6 +127,12 @@ RULES: dict[str, Rule] = {
         "answer (the line before its verdict, scored as the solver's answer is): a process "
         "reward for a verifier that computes before it judges, so its work is trained on the "
         "reference and cannot drift to copying the claim", needs=frozenset({"verdict", "work"})),
+    "work": Rule(
+        lambda o, _: 0.0 if o.work is None else o.work, "the reward of the verifier's own "
+        "work alone (its line before the verdict, or with a tool its check: the tool's "
+        "answer, scored as the solver's answer is); with `tool_verdict` the verdict follows "
+        "from the check, so this is the whole of what the verifier decides",
+        needs=frozenset({"work"})),
     "picked": Rule(_picked, "reward of the picked candidate (0 for an unclear pick)",
                    needs=frozenset({"picked"})),
     "picked_correct": Rule(_picked_correct, "1 if the picked candidate is correct, else 0 "
