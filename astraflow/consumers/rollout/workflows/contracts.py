@@ -90,9 +90,12 @@ def _verdict_balanced(o: Outcome, _: float) -> float:
     return 0.5 / (rate if right else 1.0 - rate)
 
 
+def _work(o: Outcome, _: float) -> float:
+    return 0.0 if o.work is None else o.work  # a verifier that showed no work earns nothing
+
+
 def _verdict_and_work(o: Outcome, _: float) -> float:
-    work = 0.0 if o.work is None else o.work
-    return (_verdict_balanced(o, _) + work) / 2
+    return (_verdict_balanced(o, _) + _work(o, _)) / 2
 
 
 def _picked(o: Outcome, _: float) -> float:
@@ -128,7 +131,7 @@ RULES: dict[str, Rule] = {
         "reward for a verifier that computes before it judges, so its work is trained on the "
         "reference and cannot drift to copying the claim", needs=frozenset({"verdict", "work"})),
     "work": Rule(
-        lambda o, _: 0.0 if o.work is None else o.work, "the reward of the verifier's own "
+        _work, "the reward of the verifier's own "
         "work alone (its line before the verdict, or with a tool its check: the tool's "
         "answer, scored as the solver's answer is); with `tool_verdict` the verdict follows "
         "from the check, so this is the whole of what the verifier decides",
