@@ -17,13 +17,16 @@ import os, signal, sys, time
 from pathlib import Path
 out = Path(sys.argv[1])
 rank = os.environ["RANK"]
+def put(name, text):  # whole or absent: the test reads a file as soon as it exists
+    (out / f"{name}.part").write_text(text)
+    os.replace(out / f"{name}.part", out / name)
 def stop(*_):
-    (out / f"stopped{rank}").write_text("")
+    put(f"stopped{rank}", "")
     sys.exit(0)
 signal.signal(signal.SIGTERM, stop)  # before the pid file: the test signals once it is there
-(out / f"pid{rank}").write_text(str(os.getpid()))
-(out / f"env{rank}").write_text(" ".join(os.environ[k] for k in (
+put(f"env{rank}", " ".join(os.environ[k] for k in (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")))
+put(f"pid{rank}", str(os.getpid()))
 mode = sys.argv[2]
 if mode == "exit":
     sys.exit(0)
