@@ -109,6 +109,10 @@ def start(
     controller_port: Annotated[int | None, typer.Option(
         help="KRaft controller port (default: --port + 1).")] = None,
     heap: Annotated[str, typer.Option(help="JVM heap (-Xmx).")] = "512m",
+    jvm_flags: Annotated[str | None, typer.Option(
+        help="The JVM's other options, space-separated (default: the client compiler and the "
+             "serial collector, light for a development broker; \"\" for the JVM's own "
+             "defaults, e.g. for a heavy sustained load).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait until it answers.")] = 90.0,
     listener: Annotated[list[str] | None, typer.Option(
         help="An extra plaintext listener for clients behind a proxy or NAT, as "
@@ -129,7 +133,8 @@ def start(
         else:
             broker = LocalBroker(data_dir, port=port,
                                  controller_port=controller_port or port + 1, heap=heap,
-                                 extra_listeners=extra or None)
+                                 extra_listeners=extra or None,
+                                 jvm_flags=None if jvm_flags is None else jvm_flags.split())
             with _spinner("Starting Kafka") as say:
                 broker.start(timeout=timeout, progress=say)
         st = broker.status()

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from astraflow.cli.broker import app as broker_cli
 from astraflow.core.broker import LocalBroker, fetch_jars, kafka_version, require_java
 from astraflow.core.broker.jars import INSTALL_HINT, java_major
+from astraflow.core.broker.local import DEV_JVM_FLAGS
 from astraflow.core.errors import BrokerError
 
 
@@ -107,6 +108,19 @@ def test_bad_extra_listeners_are_refused(tmp_path: Path, listeners: dict[str, tu
                                          error: str) -> None:
     with pytest.raises(BrokerError, match=re.escape(error)):
         LocalBroker(tmp_path, port=19092, controller_port=19093, extra_listeners=listeners)
+
+
+def test_jvm_flags_default_to_the_light_ones_and_are_kept_in_the_state_file(
+        tmp_path: Path) -> None:
+    assert LocalBroker(tmp_path / "a").jvm_flags == DEV_JVM_FLAGS
+    (tmp_path / "b").mkdir()
+    b = LocalBroker(tmp_path / "b", jvm_flags=["-XX:+UseG1GC"])
+    b._write_state(None)
+    assert LocalBroker.attach(tmp_path / "b").jvm_flags == ("-XX:+UseG1GC",)
+    assert LocalBroker(tmp_path / "b", jvm_flags=()).jvm_flags == ()  # the JVM's own defaults
+    for bad in (["UseG1GC"], ["-Xmx2g"], ["-Xms1g"]):
+        with pytest.raises(BrokerError, match="bad JVM flags"):
+            LocalBroker(tmp_path / "c", jvm_flags=bad)
 
 
 def test_free_ports_are_chosen_and_kept_in_the_state_file(tmp_path: Path) -> None:

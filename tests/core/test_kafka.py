@@ -11,6 +11,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -280,9 +281,15 @@ def test_cli_starts_and_stops_a_broker(tmp_path_factory: pytest.TempPathFactory)
     port = free.port
     cli = CliRunner()
     out = cli.invoke(broker_cli, ["start", "--dir", str(data), "--port", str(port),
-                                  "--controller-port", str(free.controller_port)])
+                                  "--controller-port", str(free.controller_port),
+                                  "--jvm-flags", "-XX:+UseSerialGC -XX:-UsePerfData"])
     try:
         assert out.exit_code == 0, out.output
+        # the flags given reach the JVM, in place of the default ones
+        pid = LocalBroker.attach(data).pid()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert b"-XX:+UseSerialGC" in argv and b"-XX:-UsePerfData" in argv, argv
+        assert b"-XX:TieredStopAtLevel=1" not in argv, argv
         assert f"--bus kafka://127.0.0.1:{port}" in out.output
         bus = connect(f"kafka://127.0.0.1:{port}")
         assert isinstance(bus.list_topics(), dict)
