@@ -271,7 +271,8 @@ def smollm2_dir(smollm2_gguf: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def gguf_model(smollm2_gguf: Path) -> tuple[Any, Any]:
-    """The model and tokenizer as transformers reads the gguf file (dequantized, fp32)."""
+    """The model and tokenizer as transformers reads the gguf file (dequantized, fp32; ~35 s
+    of CPU: its tests share one test process, GGUF_GROUP)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -283,6 +284,9 @@ def gguf_model(smollm2_gguf: Path) -> tuple[Any, Any]:
 
 
 CHAT = [{"role": "user", "content": "What is 2+2? Answer in one word."}]
+#: the tests of gguf_model in one process of scripts/test.sh (pytest-xdist --dist loadgroup):
+#: split over two, each built it
+GGUF_GROUP = pytest.mark.xdist_group("smollm2-gguf")
 
 
 def _max_logit_gap(model: Any, reference: Any, tok: Any) -> float:
@@ -295,6 +299,7 @@ def _max_logit_gap(model: Any, reference: Any, tok: Any) -> float:
 
 
 @pytest.mark.slow
+@GGUF_GROUP
 def test_the_import_computes_what_the_gguf_file_does(smollm2_dir: Path,
                                                      gguf_model: tuple[Any, Any]) -> None:
     from safetensors import safe_open
@@ -357,6 +362,7 @@ def test_model_dir_resolves_a_gguf_file_to_its_cached_import_once(
 
 
 @pytest.mark.slow
+@GGUF_GROUP
 def test_cli_imports_a_gguf_file_end_to_end(tmp_path: Path, smollm2_gguf: Path,
                                             gguf_model: tuple[Any, Any]) -> None:
     from astraflow.models.tiny import load
