@@ -117,7 +117,7 @@ def test_a_sampled_evaluation_is_refused_where_answers_are_greedy() -> None:
         assert ": launch.eval_temperature: " in problem and "set it to 0" in problem
 
 
-# Reduced budget: the example's warm-up (to its band, ~110 s here), then STEPS RL steps with
+# Reduced budget: the example's warm-up (to its band, ~80 s here alone), then STEPS RL steps with
 # held-out evaluations at 0 and STEPS. That RL then raises held-out accuracy (80 steps: from
 # the band's ~0.27 to 0.39-0.52 at steps 70/80 in five runs; flat for ~40 steps first, with
 # short collapses of this 0.53M-parameter model on one character of its tool call) is
