@@ -8,6 +8,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/bootstrap.sh"
 cd "$ROOT"
+# Bytecode caches are written (__pycache__/, git-ignored) even where the environment says not
+# to: without them pytest rewrites the asserts of every test module anew in each of its seven
+# processes of a CI run (~24 CPU-s a collection here against ~13 with the cache).
+unset PYTHONDONTWRITEBYTECODE
 echo "==> fetching the Kafka broker jars (cached after the first time)"
 astraflow broker fetch
 # tests/e2e/test_prometheus_dashboard.py runs the real Prometheus server against a run; it
