@@ -30,6 +30,12 @@ class Served:
     bus: Bus
     run: str
     srv: ServerThread
+    # one client for the test's calls, its connections kept open (a new connection per call
+    # cost the tests' CPU, nothing the gateway is tested on); thread-safe
+    http: httpx.Client = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.http = httpx.Client(base_url=self.url, timeout=60)
 
     def client(self, session: str | None = None, **kwargs: Any) -> Any:
         """The official SDK pointed at the gateway (a session's base URL when given)."""
@@ -37,13 +43,6 @@ class Served:
 
         base = f"{self.url}/sessions/{session}/v1" if session else f"{self.url}/v1"
         return openai.OpenAI(base_url=base, api_key="-", max_retries=0, **kwargs)
-
-    http: httpx.Client = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        # one client for the test's calls, its connections kept open (a new connection per
-        # call cost the tests' CPU, nothing the gateway is tested on); thread-safe
-        self.http = httpx.Client(base_url=self.url, timeout=60)
 
     def post(self, path: str, body: Any = None, **kwargs: Any) -> httpx.Response:
         return self.http.post(path, json=body, **kwargs)
