@@ -51,14 +51,17 @@ def load_tokenizer(path: str | Path) -> Any:
     loads exactly as saved: ``AutoTokenizer`` would pick the model type's class and lay its
     normalizer and pre-tokenizer over it (a tiny model's character vocabulary would then lose
     spaces and newlines). Any other goes through ``AutoTokenizer``. The chat template is kept
-    as the folder has it."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
+    as the folder has it. (AutoTokenizer is imported only where it is used: importing it
+    imports torch, ~3 CPU-s that `astraflow run` and `astraflow check` need not pay.)"""
     quiet()
     p = Path(path)
     if _plain_tokenizer(p):
+        from transformers import PreTrainedTokenizerFast
+
         tok = PreTrainedTokenizerFast.from_pretrained(p)
     else:
+        from transformers import AutoTokenizer
+
         tok = AutoTokenizer.from_pretrained(p)
     return prepare_tokenizer(tok, p)
 

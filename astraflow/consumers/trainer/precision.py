@@ -30,12 +30,21 @@ def cpu_native_bf16() -> bool:
     return False
 
 
+#: what a host with a GPU torch could use has (NVIDIA's driver; ROCm's kernel driver)
+GPU_DRIVER_PATHS = (Path("/proc/driver/nvidia"), Path("/dev/nvidiactl"), Path("/dev/kfd"))
+
+
 def on_cpu(device: str) -> bool:
     """Whether a trainer with ``trainer.device`` ``device`` computes on the CPU (``auto``
-    without a CUDA device included)."""
+    without a CUDA device included). Without a GPU driver on the host that is known without
+    importing torch (~3 CPU-s, which `astraflow run`'s own process need not pay)."""
+    if device != "auto":
+        return device == "cpu"
+    if not any(p.exists() for p in GPU_DRIVER_PATHS):
+        return True
     import torch
 
-    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    return not torch.cuda.is_available()
 
 
 def resolve(setting: str, *, cpu: bool) -> str:

@@ -47,6 +47,24 @@ def test_explicit_settings_pass_through(cpuinfo) -> None:
     assert precision.slow_bf16("bf16", cpu=False) is None  # a GPU is not judged by the CPU
 
 
+def test_device_auto_is_the_cpu_without_a_gpu_driver_else_what_torch_finds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    assert precision.on_cpu("cpu") and not precision.on_cpu("cuda")
+    asked: list[bool] = []
+
+    def cuda_available() -> bool:
+        asked.append(True)
+        return True
+
+    monkeypatch.setattr(torch.cuda, "is_available", cuda_available)
+    monkeypatch.setattr(precision, "GPU_DRIVER_PATHS", (tmp_path / "nvidia",))
+    assert precision.on_cpu("auto") and not asked  # no driver: the CPU, torch not asked
+    (tmp_path / "nvidia").mkdir()
+    assert not precision.on_cpu("auto") and asked  # a driver: torch says whether CUDA works
+
+
 def test_the_trainer_built_with_auto_computes_as_resolved(cpuinfo, caplog) -> None:
     from astraflow.consumers.trainer.build import _device_settings
     from astraflow.consumers.trainer.config import TrainerConfig
