@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from run_helpers import check_finished, launched, train_rewards
+from run_helpers import SMALL_BATCH, check_finished, launched, train_rewards
 from test_quickstart_e2e import QUICKSTART, trainer_step
 
 
@@ -52,7 +52,7 @@ def run_killing_rank_1(out: Path, warm: Path, sets: list[str], *,
                 killed = rank_pid(gang, 1)
                 assert killed is not None, "no rank 1 under the trainer's gang"
                 os.kill(killed, signal.SIGKILL)
-            time.sleep(0.5)
+            time.sleep(0.2)
         proc.wait(60)
     assert killed is not None, "the run ended before the kill"
     return proc.returncode, log.read_text()
@@ -71,9 +71,10 @@ def test_fsdp_trainer_survives_a_killed_rank(tmp_path: Path, quickstart_warmup: 
     with every trajectory accounted for and leaves its final model."""
     out = tmp_path / "run"
     sets = [f"trainer.max_steps={STEPS}", "launch.eval_every=40", "trainer.checkpoint_every=5",
-            "trainer.parallel=fsdp", "launch.trainer_ranks=2", "launch.timeout_s=600"]
+            "trainer.parallel=fsdp", "launch.trainer_ranks=2", "launch.timeout_s=600",
+            f"data.batch_size={SMALL_BATCH}"]
     rc, output = run_killing_rank_1(out, quickstart_warmup, sets, deadline_s=800)
-    summary = check_finished(out, rc, output, steps=STEPS, per_step=64 * 8)
+    summary = check_finished(out, rc, output, steps=STEPS, per_step=SMALL_BATCH * 8)
     trainer = summary["roles"]["trainer-default"]
     assert trainer["restarts"] >= 1 and 1 in trainer["exit_codes"], trainer
     assert "rank 1 of 2 exited with -9" in (out / "logs" / "trainer-default.log").read_text()

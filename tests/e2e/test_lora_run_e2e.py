@@ -17,12 +17,12 @@ import json
 from pathlib import Path
 
 import pytest
-from run_helpers import check_finished, train_rewards
+from run_helpers import SMALL_BATCH, check_finished, train_rewards
 from test_fsdp_run_e2e import STEPS, run_killing_rank_1
 
 SETS = [f"trainer.max_steps={STEPS}", "launch.eval_every=40", "trainer.checkpoint_every=5",
         "trainer.parallel=fsdp", "launch.trainer_ranks=2", "trainer.lora={r: 8, alpha: 16}",
-        "trainer.optimizer.lr=1.0e-3", "launch.timeout_s=600"]
+        "trainer.optimizer.lr=1.0e-3", "launch.timeout_s=600", f"data.batch_size={SMALL_BATCH}"]
 
 
 @pytest.mark.slow
@@ -31,7 +31,7 @@ def test_a_sharded_lora_trainer_survives_a_killed_rank(
         tmp_path: Path, quickstart_warmup: Path) -> None:
     out = tmp_path / "run"
     rc, output = run_killing_rank_1(out, quickstart_warmup, SETS, deadline_s=800)
-    summary = check_finished(out, rc, output, steps=STEPS, per_step=64 * 8)
+    summary = check_finished(out, rc, output, steps=STEPS, per_step=SMALL_BATCH * 8)
     trainer = summary["roles"]["trainer-default"]
     assert trainer["restarts"] >= 1 and 1 in trainer["exit_codes"], trainer
     rows = [json.loads(x) for x in (out / "trainer-default.jsonl").read_text().splitlines()]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from run_helpers import ROOT, check_finished, replayed, run_astraflow
+from run_helpers import ROOT, SMALL_BATCH, check_finished, replayed, run_astraflow
 from test_quickstart_e2e import QUICKSTART
 
 from astraflow.core.records import Batch, Trajectory, decode, encode
@@ -47,10 +47,10 @@ def test_a_run_is_replayed_bit_for_bit_and_an_altered_batch_is_named(
     sets = [f"models.default.path={quickstart_warm}", "models.default.build=none",
             "launch.warmup.steps=0", f"trainer.max_steps={STEPS}", "launch.eval_every=4",
             "launch.eval_problems=100", "trainer.lora={r: 8, alpha: 16}",
-            "trainer.optimizer.lr=1.0e-3", "launch.timeout_s=300"]
+            "trainer.optimizer.lr=1.0e-3", "launch.timeout_s=300", f"data.batch_size={SMALL_BATCH}"]
     rc, output = run_astraflow(["run", str(QUICKSTART), "--out", str(out), "--no-live",
                                 *[a for s in sets for a in ("--set", s)]], out, timeout=400)
-    check_finished(out, rc, output, steps=STEPS, per_step=64 * 8)
+    check_finished(out, rc, output, steps=STEPS, per_step=SMALL_BATCH * 8)
 
     assert f"default: {STEPS} versions reproduced bit for bit" in replayed(out, "default")
 

@@ -14,7 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-from run_helpers import check_finished, launched, replayed, run_astraflow, train_rewards
+from run_helpers import (
+    SMALL_BATCH,
+    check_finished,
+    launched,
+    replayed,
+    run_astraflow,
+    train_rewards,
+)
 from test_quickstart_e2e import QUICKSTART, trainer_step
 from waiting import alive, eventually
 
@@ -38,7 +45,7 @@ def test_a_run_killed_whole_resumes_and_loses_no_rollout(tmp_path: Path,
                                                          quickstart_warmup: Path) -> None:
     out = tmp_path / "run"
     sets = [f"trainer.max_steps={STEPS}", "trainer.checkpoint_every=5", "launch.evaluate=false",
-            "launch.timeout_s=400"]
+            "launch.timeout_s=400", f"data.batch_size={SMALL_BATCH}"]
     args = ["run", str(QUICKSTART), "--out", str(out), "--no-live", "--warm",
             str(quickstart_warmup), *[a for s in sets for a in ("--set", s)]]
     killed: list[int] = []
@@ -59,7 +66,7 @@ def test_a_run_killed_whole_resumes_and_loses_no_rollout(tmp_path: Path,
         pid for pid in killed if alive(pid)]
 
     rc, output = run_astraflow([*args, "--resume"], out, timeout=600)
-    summary = check_finished(out, rc, output, steps=STEPS, per_step=64 * 8)
+    summary = check_finished(out, rc, output, steps=STEPS, per_step=SMALL_BATCH * 8)
     acc = summary["accounting"]
     # every trajectory ever produced (before the kill and after) has one fate
     assert acc["produced"] == sum(v for k, v in acc.items()
