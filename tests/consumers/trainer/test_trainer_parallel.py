@@ -1,5 +1,6 @@
-"""Parallel trainers compute what one process computes: 2 ranks (torchrun, gloo, CPU) under
-``trainer.parallel: fsdp`` and ``ddp`` against 1 rank, same batches, 5 RL steps (3 for SmolLM2), on the
+"""Parallel trainers compute what one process computes: 2 ranks (gloo, CPU; forked with the
+variables torchrun and astraflow's gang give: rank_launcher.py) under
+``trainer.parallel: fsdp`` and ``ddp`` against 1 rank, same batches, 5 RL steps (2 for SmolLM2), on the
 quickstart's tiny Qwen2, on a 4-layer Llama built from a config and on the real
 SmolLM2-135M-Instruct (imported from its gguf once per machine).
 
@@ -17,35 +18,24 @@ relative, 1.8e-6 absolute).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from rank_launcher import RanksFailed, run_ranks
 from safetensors.torch import load_file
 from trainer_helpers import random_batch
 
-WORKER = Path(__file__).parent / "fsdp_worker.py"
-# the repository root, for the worker's trainer_helpers -> bench.lib.batches
-ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow
 
 
 def run_worker(model: Path, out: Path, *, ranks: int = 1, parallel: str = "ddp",
                extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Run fsdp_worker.py on ``ranks`` processes; its result.json and final weights."""
-    launcher = ([sys.executable] if ranks == 1 else
-                [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 "--nproc-per-node", str(ranks)])
-    proc = subprocess.run([*launcher, str(WORKER), str(model), str(out),
-                           "--parallel", parallel, *extra],
-                          capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    """Run fsdp_worker.py on ``ranks`` processes (forked: rank_launcher); its result.json and
+    final weights."""
+    run_ranks([str(model), str(out), "--parallel", parallel, *extra], ranks=ranks,
+              logs=out.parent / f"{out.name}-logs")
     result = json.loads((out / "result.json").read_text())
     result["params"] = load_file(str(out / "params.safetensors"))
     return result
@@ -194,6 +184,16 @@ def test_two_ranks_match_one(parallel: str, name: str, models: dict[str, Path],
             assert 0.45 * total < n < 0.55 * total, (n, total)
     else:
         assert two["local_numel"] == [total, total]
+
+
+def test_a_failed_rank_is_named_with_its_log(tmp_path: Path) -> None:
+    """The launcher of these tests fails loudly: a rank that exits non-zero is named, with
+    what it wrote, and no rank is left running."""
+    with pytest.raises(RanksFailed) as failed:
+        run_ranks([str(tmp_path / "model"), str(tmp_path / "out"), "--no-such-option"],
+                  ranks=2, logs=tmp_path / "logs")
+    assert "exited with 2" in str(failed.value), failed.value
+    assert "unrecognized arguments: --no-such-option" in str(failed.value), failed.value
 
 
 def test_fsdp_with_a_kl_reference_matches_one(tiny_dir: Path, tmp_path: Path) -> None:
