@@ -1,4 +1,4 @@
-"""One rank of the sharded-publishing test (run by torchrun with the gloo backend): a small
+"""One rank of the sharded-publishing test (run by tests/rank_launcher.py, or torchrun, with the gloo backend): a small
 model sharded by FSDP2's ``fully_shard``, its weights set to :func:`weights_of` ``(v)`` for
 each version, published from the shards. Usage: ``sharded_worker.py OUT VERSIONS``."""
 

@@ -1,16 +1,16 @@
-"""Publishing from the shards: two gloo ranks (torchrun) publish an FSDP2-sharded model, and a
+"""Publishing from the shards: two gloo ranks (forked: tests/rank_launcher.py) publish an FSDP2-sharded model, and a
 syncer following their manifests holds, version by version, bit for bit what a syncer
 following a single-process publisher of the same weights holds; the full/delta choices are
 the same too. Shards are uneven (3 rows on 2 ranks) and one rank owns an empty shard."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from rank_launcher import run_ranks
 
 from astraflow.core.bus import connect
 from astraflow.core.records import BlobPart, TensorEntry, WeightManifest, decode, encode
@@ -45,11 +45,8 @@ def test_sharded_publish_matches_unsharded(tmp_path: Path) -> None:
     sys.path.insert(0, str(HERE))
     import sharded_worker as w
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(HERE / "sharded_worker.py"), str(tmp_path),
-         str(VERSIONS)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_ranks(HERE / "sharded_worker.py", [str(tmp_path), str(VERSIONS)], ranks=2,
+              logs=tmp_path / "logs", timeout=300)
     assert "('2.weight', (0, 0))" in (tmp_path / "rows-1.txt").read_text()  # an empty shard
     assert "('1.weight', (2, 1))" in (tmp_path / "rows-1.txt").read_text()  # uneven
 

@@ -1,4 +1,4 @@
-"""One rank of tests/consumers/trainer/test_trainer_lora_fsdp.py (run under torchrun, gloo): a tiny model
+"""One rank of tests/consumers/trainer/test_trainer_lora_fsdp.py (run as a rank by tests/rank_launcher.py, or under torchrun; gloo): a tiny model
 wrapped with peft LoRA first, then FSDP2 ``fully_shard`` per decoder block and the root (the
 frozen base sharded too); a few AdamW steps; rank 0 writes the gathered tensors."""
 

@@ -1,5 +1,5 @@
 """A train state on identical batches, run alone or as ranks (tests of parallelism): the tests
-fork its processes from a preloaded interpreter (rank_launcher.py); it runs as well under
+fork its processes from a preloaded interpreter (tests/rank_launcher.py); it runs as well under
 torchrun:
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 fsdp_worker.py \

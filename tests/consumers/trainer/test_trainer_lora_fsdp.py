@@ -5,18 +5,18 @@ does, leaves the base alone and keeps AdamW state for the adapter only. The orde
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from rank_launcher import run_ranks
 
 pytest.importorskip("peft")
 HERE = Path(__file__).parent
 
 
-@pytest.mark.slow  # two torchrun processes: ~30 s on 2 shared cores
+@pytest.mark.slow  # two rank processes (tests/rank_launcher.py)
 def test_fsdp_of_a_peft_model_trains_like_one_process(tiny_dir: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
@@ -24,11 +24,8 @@ def test_fsdp_of_a_peft_model_trains_like_one_process(tiny_dir: Path, tmp_path: 
     from _lora_fsdp_worker import train
 
     out = tmp_path / "sharded.safetensors"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(HERE / "_lora_fsdp_worker.py"), str(tiny_dir), str(out)],
-        capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_ranks(HERE / "_lora_fsdp_worker.py", [str(tiny_dir), str(out)], ranks=2,
+              logs=tmp_path / "logs", timeout=240)
     sharded = load_file(str(out))
     single = train(str(tiny_dir), shard=False)
     assert sharded.keys() == single.keys()

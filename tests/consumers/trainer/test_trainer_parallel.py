@@ -1,5 +1,5 @@
 """Parallel trainers compute what one process computes: 2 ranks (gloo, CPU; forked with the
-variables torchrun and astraflow's gang give: rank_launcher.py) under
+variables torchrun and astraflow's gang give: tests/rank_launcher.py) under
 ``trainer.parallel: fsdp`` and ``ddp`` against 1 rank, same batches, 5 RL steps (2 for SmolLM2), on the
 quickstart's tiny Qwen2, on a 4-layer Llama built from a config and on the real
 SmolLM2-135M-Instruct (imported from its gguf once per machine).
@@ -27,6 +27,7 @@ from rank_launcher import RanksFailed, run_ranks
 from safetensors.torch import load_file
 from trainer_helpers import random_batch
 
+WORKER = Path(__file__).parent / "fsdp_worker.py"
 pytestmark = pytest.mark.slow
 
 
@@ -34,7 +35,7 @@ def run_worker(model: Path, out: Path, *, ranks: int = 1, parallel: str = "ddp",
                extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run fsdp_worker.py on ``ranks`` processes (forked: rank_launcher); its result.json and
     final weights."""
-    run_ranks([str(model), str(out), "--parallel", parallel, *extra], ranks=ranks,
+    run_ranks(WORKER, [str(model), str(out), "--parallel", parallel, *extra], ranks=ranks,
               logs=out.parent / f"{out.name}-logs")
     result = json.loads((out / "result.json").read_text())
     result["params"] = load_file(str(out / "params.safetensors"))
@@ -190,7 +191,7 @@ def test_a_failed_rank_is_named_with_its_log(tmp_path: Path) -> None:
     """The launcher of these tests fails loudly: a rank that exits non-zero is named, with
     what it wrote, and no rank is left running."""
     with pytest.raises(RanksFailed) as failed:
-        run_ranks([str(tmp_path / "model"), str(tmp_path / "out"), "--no-such-option"],
+        run_ranks(WORKER, [str(tmp_path / "model"), str(tmp_path / "out"), "--no-such-option"],
                   ranks=2, logs=tmp_path / "logs")
     assert "exited with 2" in str(failed.value), failed.value
     assert "unrecognized arguments: --no-such-option" in str(failed.value), failed.value

@@ -2,7 +2,7 @@
 same world size, and load at another (2 → 1, 1 → 2 ranks) into exactly the unsharded state;
 a single-file checkpoint (the ddp format, format 1) loads into an fsdp trainer.
 
-Each run is fsdp_worker.py (1 process, or 2 on gloo; rank_launcher.py); "equal" is
+Each run is fsdp_worker.py (1 process, or 2 on gloo; tests/rank_launcher.py); "equal" is
 ``torch.equal`` of the whole weights and the whole AdamW state by parameter name."""
 
 from __future__ import annotations

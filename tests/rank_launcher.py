@@ -1,4 +1,4 @@
-"""fsdp_worker.py's processes forked from one preloaded interpreter: astraflow's own fork server
+"""A test's rank processes forked from one preloaded interpreter: astraflow's own fork server
 (astraflow.core.forkserver, the one `astraflow run` forks its torch roles from), one per test
 process, instead of a fresh interpreter per rank under torchrun. Each fresh process imported
 torch and transformers again (~7 CPU-s here, the most of a tiny model's test); a forked one
@@ -7,7 +7,7 @@ starts with them imported.
 The ranks get what the gang of `astraflow run` gives its ranks (astraflow.core.gang: torchrun's
 variables, the rendezvous store hosted by the launcher, here the test process), so the
 trainer's own multi-rank path is what runs. torchrun itself still launches the ranks of
-test_trainer_lora_fsdp.py, test_trainer_data_parallel.py and tests/weights/test_weights_sharded.py."""
+tests/consumers/trainer/test_trainer_data_parallel.py (`astraflow train` under torchrun)."""
 
 from __future__ import annotations
 
@@ -21,16 +21,14 @@ from pathlib import Path
 from astraflow.core.forkserver import ForkedProcess, ForkServer
 from astraflow.core.gang import host_store, rank_env
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]  # for the worker's trainer_helpers -> bench.lib.batches
-MODULE = "fsdp_worker"
+ROOT = Path(__file__).resolve().parents[1]  # for the workers' imports of bench.lib
 
 _server: ForkServer | None = None
 
 
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
 def server() -> ForkServer:
@@ -54,10 +52,12 @@ class RanksFailed(AssertionError):
     """A rank exited non-zero or the ranks outlived their time; the message has their logs."""
 
 
-def run_ranks(args: list[str], *, ranks: int, logs: Path, timeout: float = 900.0) -> None:
-    """``python -m fsdp_worker *args`` on ``ranks`` forked processes (one: no distributed
-    variables at all, as a plain run). When one rank fails the others are killed (a rank left
-    alone would wait in a collective until its timeout); :class:`RanksFailed` says which."""
+def run_ranks(script: Path, args: list[str], *, ranks: int, logs: Path,
+              timeout: float = 900.0) -> None:
+    """``python SCRIPT *args`` on ``ranks`` forked processes (one: no distributed variables at
+    all, as a plain run), each run as ``python -m`` runs the script's module from its folder.
+    When one rank fails the others are killed (a rank left alone would wait in a collective
+    until its timeout); :class:`RanksFailed` says which."""
     logs.mkdir(parents=True, exist_ok=True)
     store = host_store(ranks) if ranks > 1 else None  # held until the ranks are done
     env = _env()
@@ -65,8 +65,8 @@ def run_ranks(args: list[str], *, ranks: int, logs: Path, timeout: float = 900.0
     try:
         for r in range(ranks):
             renv = env if store is None else {**env, **rank_env(r, ranks, store.port)}
-            children.append(server().start([sys.executable, "-m", MODULE, *args], renv,
-                                           logs / f"rank{r}.log", cwd=str(HERE)))
+            children.append(server().start([sys.executable, "-m", script.stem, *args], renv,
+                                           logs / f"rank{r}.log", cwd=str(script.parent)))
         deadline = time.monotonic() + timeout
         while True:
             codes = [c.poll() for c in children]
